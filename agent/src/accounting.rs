@@ -1,0 +1,36 @@
+//! The limiter of `generic` devices: accounting only. Its shares are ACCOUNTED, which the
+//! API states as "counted in the ledger, not enforced", never ENFORCED.
+
+use std::collections::BTreeMap;
+
+use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
+
+pub const MECHANISM: &str = "accounting-only";
+
+#[derive(Debug, Default)]
+pub struct AccountingLimiter;
+
+impl Limiter for AccountingLimiter {
+    fn mechanisms(&self) -> Vec<String> {
+        vec![MECHANISM.to_owned()]
+    }
+
+    fn accounting_only(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, _spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        Ok(Enforcement {
+            mechanism: MECHANISM.to_owned(),
+            enforced: BTreeMap::new(),
+        })
+    }
+
+    fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.apply(spec)
+    }
+
+    fn remove(&self, _share_key: &str) -> Result<(), LimiterError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! The `shareguard` command line: `agent` runs the daemon; every other subcommand talks
+//! to a running agent over its socket.
+
+use std::{io::Read, path::PathBuf, process::ExitCode};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use shareguard_proto::v1 as pb;
+use tokio_stream::StreamExt;
+
+use crate::{client::connect, config, convert::parse_phase, convert::phase_to_pb};
+
+#[derive(Parser, Debug)]
+#[command(name = "shareguard", version, about = "Enforce and verify DRA consumable-capacity shares on this node")]
+pub struct Cli {
+    /// The agent's API socket.
+    #[arg(long, global = true, env = "SHAREGUARD_SOCKET", default_value = "/run/shareguard/agent.sock")]
+    pub socket: PathBuf,
+    /// Output format: human tables, or proto3 canonical JSON.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the node agent.
+    Agent {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Devices with capacity, allocated and free.
+    Devices,
+    /// Shares, optionally filtered.
+    Shares {
+        #[arg(long)]
+        device: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+        /// e.g. enforced, accounted, released
+        #[arg(long)]
+        phase: Option<String>,
+    },
+    /// One share by shareID (or dedicated key).
+    Share { id: String },
+    /// Stream share changes (a snapshot first).
+    Watch {
+        #[arg(long)]
+        device: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+    },
+    /// Send a PrepareRequest written in proto3 canonical JSON ("-" reads stdin).
+    Prepare {
+        #[arg(short = 'f', long = "file")]
+        file: String,
+    },
+    /// Release claims by uid.
+    Release {
+        #[arg(required = true)]
+        claim_uids: Vec<String>,
+        /// Control-plane epoch; defaults to the highest the agent accepted.
+        #[arg(long)]
+        epoch: Option<u64>,
+    },
+}
+
+fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(v)?)
+}
+
+fn table(rows: Vec<Vec<String>>) -> String {
+    let cols = rows.first().map(Vec::len).unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn kv(m: &std::collections::HashMap<String, String>) -> String {
+    let mut v: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    v.sort();
+    v.join(",")
+}
+
+fn phase_name(p: i32) -> String {
+    pb::Phase::try_from(p)
+        .map(|p| p.as_str_name().trim_start_matches("PHASE_").to_owned())
+        .unwrap_or_else(|_| p.to_string())
+}
+
+fn share_rows(shares: &[pb::ShareStatus]) -> String {
+    let mut rows = vec![
+        ["SHARE", "CLAIM", "DEVICE", "PHASE", "MECHANISM", "REQUESTED", "ENFORCED", "REASON"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for s in shares {
+        let claim = s.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)).unwrap_or_default();
+        let req: Vec<String> = s.limits.iter().map(|l| format!("{}={}", l.name, l.requested)).collect();
+        let enf: Vec<String> = s
+            .limits
+            .iter()
+            .map(|l| format!("{}={}", l.name, if l.enforced.is_empty() { "-" } else { &l.enforced }))
+            .collect();
+        rows.push(vec![
+            if s.share_id.is_empty() { "(dedicated)".into() } else { s.share_id.clone() },
+            claim,
+            s.device.clone(),
+            phase_name(s.phase),
+            s.mechanism.clone(),
+            req.join(","),
+            enf.join(","),
+            s.reason.clone(),
+        ]);
+    }
+    table(rows)
+}
+
+fn device_rows(devices: &[pb::DeviceStatus]) -> String {
+    let mut rows = vec![
+        ["DEVICE", "DRIVER", "POOL", "KIND", "CAPACITY", "ALLOCATED", "FREE", "SHARES", "MECHANISMS"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for d in devices {
+        rows.push(vec![
+            d.name.clone(),
+            d.driver.clone(),
+            d.pool.clone(),
+            d.kind.clone(),
+            kv(&d.capacity),
+            kv(&d.allocated),
+            kv(&d.free),
+            format!("{}{}", d.live_shares, if d.dedicated { " (dedicated)" } else { "" }),
+            d.mechanisms.join(","),
+        ]);
+    }
+    table(rows)
+}
+
+fn read_input(file: &str) -> anyhow::Result<String> {
+    if file == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {file}"))
+    }
+}
+
+/// Runs a client subcommand. Returns the exit code: 1 when any claim was refused.
+pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = cli.output;
+    let mut c = connect(&cli.socket).await?;
+    match cli.cmd {
+        Cmd::Agent { .. } => bail!("`agent` is not a client command"),
+        Cmd::Devices => {
+            let r = c.list_devices(pb::ListDevicesRequest {}).await?.into_inner();
+            match out {
+                Output::Json => println!("{}", json(&r)?),
+                Output::Table => print!("{}", device_rows(&r.devices)),
+            }
+        }
+        Cmd::Shares { device, namespace, phase } => {
+            let phase = match phase {
+                None => pb::Phase::Unspecified,
+                Some(p) => phase_to_pb(parse_phase(&p).with_context(|| format!("--phase: {p:?} is not a phase"))?),
+            };
+            let r = c
+                .list_shares(pb::ListSharesRequest {
+                    device: device.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                    phase: phase as i32,
+                })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => println!("{}", json(&r)?),
+                Output::Table => print!("{}", share_rows(&r.shares)),
+            }
+        }
+        Cmd::Share { id } => {
+            let r = c.get_share(pb::GetShareRequest { share_id: id }).await?.into_inner();
+            match out {
+                Output::Json => println!("{}", json(&r)?),
+                Output::Table => print!("{}", share_rows(std::slice::from_ref(&r))),
+            }
+        }
+        Cmd::Watch { device, namespace } => {
+            let mut s = c
+                .watch_shares(pb::WatchSharesRequest {
+                    device: device.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            while let Some(ev) = s.next().await {
+                let ev = ev?;
+                match out {
+                    // One event per line, so the stream can be piped into line tools.
+                    Output::Json => println!("{}", serde_json::to_string(&ev)?),
+                    Output::Table => {
+                        let kind = pb::watch_shares_response::Kind::try_from(ev.kind)
+                            .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())
+                            .unwrap_or_default();
+                        match ev.share {
+                            Some(sh) => println!(
+                                "{kind} {} {}/{} {} {}",
+                                if sh.share_id.is_empty() { "(dedicated)" } else { &sh.share_id },
+                                sh.claim.as_ref().map(|c| c.namespace.as_str()).unwrap_or(""),
+                                sh.claim.as_ref().map(|c| c.name.as_str()).unwrap_or(""),
+                                sh.device,
+                                phase_name(sh.phase)
+                            ),
+                            None => println!("{kind}"),
+                        }
+                    }
+                }
+            }
+        }
+        Cmd::Prepare { file } => {
+            let text = read_input(&file)?;
+            let req: pb::PrepareRequest = serde_json::from_str(&text)
+                .with_context(|| format!("{file}: not a PrepareRequest in proto3 JSON"))?;
+            let r = c.prepare(req).await?.into_inner();
+            match out {
+                Output::Json => println!("{}", json(&r)?),
+                Output::Table => {
+                    let shares: Vec<pb::ShareStatus> = r.claims.values().flat_map(|c| c.shares.clone()).collect();
+                    print!("{}", share_rows(&shares));
+                }
+            }
+            let mut refused = false;
+            let mut uids: Vec<&String> = r.claims.keys().collect();
+            uids.sort();
+            for uid in uids {
+                if let Some(e) = r.claims[uid].error.as_ref().filter(|e| !e.code.is_empty()) {
+                    refused = true;
+                    eprintln!(
+                        "claim {uid}: {} {}{}{}",
+                        e.code,
+                        if e.field.is_empty() { String::new() } else { format!("{}: ", e.field) },
+                        e.message,
+                        if e.retryable { " (retryable)" } else { "" }
+                    );
+                }
+            }
+            return Ok(if refused { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        }
+        Cmd::Release { claim_uids, epoch } => {
+            let epoch = match epoch {
+                Some(e) => e,
+                None => c.list_devices(pb::ListDevicesRequest {}).await?.into_inner().epoch,
+            };
+            let claims = claim_uids
+                .iter()
+                .map(|uid| pb::ClaimRef { uid: uid.clone(), ..Default::default() })
+                .collect();
+            let r = c.unprepare(pb::UnprepareRequest { epoch, claims }).await?.into_inner();
+            if out == Output::Json {
+                println!("{}", json(&r)?);
+            }
+            let mut failed = false;
+            for uid in &claim_uids {
+                match r.claims.get(uid).filter(|e| !e.code.is_empty()) {
+                    Some(e) => {
+                        failed = true;
+                        eprintln!("claim {uid}: {} {}", e.code, e.message);
+                    }
+                    None if out == Output::Table => println!("claim {uid}: released"),
+                    None => {}
+                }
+            }
+            return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

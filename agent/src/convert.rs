@@ -1,0 +1,112 @@
+//! Translation between the library's records and the `shareguard.v1` messages.
+
+use shareguard_proto::v1 as pb;
+
+use crate::{
+    device_status,
+    engine::{DeviceView, PrepareOutcome},
+    error::ClaimError,
+    record::{Phase, ShareRecord},
+};
+
+pub fn phase_to_pb(p: Phase) -> pb::Phase {
+    match p {
+        Phase::Preparing => pb::Phase::Preparing,
+        Phase::Enforced => pb::Phase::Enforced,
+        Phase::Accounted => pb::Phase::Accounted,
+        Phase::Degraded => pb::Phase::Degraded,
+        Phase::Failed => pb::Phase::Failed,
+        Phase::Unknown => pb::Phase::Unknown,
+        Phase::Releasing => pb::Phase::Releasing,
+        Phase::Released => pb::Phase::Released,
+    }
+}
+
+pub fn phase_from_pb(p: pb::Phase) -> Option<Phase> {
+    Phase::ALL.into_iter().find(|x| phase_to_pb(*x) == p)
+}
+
+/// Phase names as the CLI accepts them: "enforced", "ENFORCED" or "PHASE_ENFORCED".
+pub fn parse_phase(s: &str) -> Option<Phase> {
+    let up = s.to_ascii_uppercase();
+    let name = up.strip_prefix("PHASE_").unwrap_or(&up);
+    Phase::ALL.into_iter().find(|p| p.name() == name)
+}
+
+pub fn error_to_pb(e: &ClaimError) -> pb::Error {
+    pb::Error {
+        code: e.code.as_str().to_owned(),
+        message: e.message.clone(),
+        retryable: e.retryable,
+        field: e.field.clone(),
+    }
+}
+
+fn timestamp(ms: u64) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        // Below 1e9 by construction, so it fits.
+        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {
+    pb::ShareStatus {
+        share_id: r.share_id.clone().unwrap_or_default(),
+        claim: Some(pb::ClaimRef {
+            uid: r.claim.uid.clone(),
+            namespace: r.claim.namespace.clone(),
+            name: r.claim.name.clone(),
+        }),
+        driver: r.driver.clone(),
+        pool: r.pool.clone(),
+        device: r.device.clone(),
+        request: r.request.clone(),
+        phase: phase_to_pb(r.phase) as i32,
+        mechanism: r.mechanism.clone(),
+        limits: r
+            .consumed
+            .iter()
+            .map(|(name, q)| pb::CapacityLimit {
+                name: name.clone(),
+                requested: q.to_string(),
+                enforced: r.enforced.get(name).map(|e| e.to_string()).unwrap_or_default(),
+            })
+            .collect(),
+        usage: Vec::new(),
+        error: r.error.as_ref().map(error_to_pb),
+        policy_version: r.policy_version.clone(),
+        allocation_id: r.allocation_id.clone(),
+        device_status_json: device_status::render(r),
+        updated_at: Some(timestamp(r.updated_at_ms)),
+        admin_access: r.admin_access,
+        reason: r.reason.clone(),
+    }
+}
+
+pub fn outcome_to_pb(o: &PrepareOutcome) -> pb::ClaimResult {
+    pb::ClaimResult {
+        shares: o.shares.iter().map(share_to_pb).collect(),
+        error: o.error.as_ref().map(error_to_pb),
+        cdi_device_ids: o.cdi_device_ids.clone(),
+    }
+}
+
+pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
+    let c = &d.config;
+    pb::DeviceStatus {
+        name: c.name.clone(),
+        driver: c.driver.clone(),
+        pool: c.pool.clone(),
+        kind: c.kind.as_str().to_owned(),
+        capacity: c.capacities.iter().map(|(k, v)| (k.clone(), v.value.to_string())).collect(),
+        allocated: d.usage.allocated.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        free: d.free.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        policy: c.capacities.iter().map(|(k, v)| (k.clone(), v.policy.to_proto())).collect(),
+        allowed_namespaces: c.allowed_namespaces.clone(),
+        admin_namespaces: c.admin_namespaces.clone(),
+        mechanisms: d.mechanisms.clone(),
+        live_shares: d.usage.live,
+        dedicated: d.usage.dedicated_by.is_some(),
+    }
+}

@@ -1,0 +1,271 @@
+//! The agent library's core: admission against the ledger, durable state, enforcement
+//! through each device's limiter, and recovery at start. The gRPC layer only translates
+//! to and from these calls; every decision is taken here.
+
+mod locks;
+mod prepare;
+mod query;
+mod recover;
+mod unprepare;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use shareguard_common::limiter::{LimitSpec, Limiter, Target};
+use tokio::sync::broadcast;
+
+pub use prepare::PrepareOutcome;
+pub use query::{DeviceView, ShareFilter};
+
+use crate::{
+    accounting::AccountingLimiter,
+    audit::AuditLog,
+    config::{Config, DeviceKind},
+    error::RequestError,
+    ledger::State,
+    metrics::Metrics,
+    record::{Phase, ShareRecord},
+    store::{Batch, Store, StoreError},
+    sync::lock,
+};
+
+/// Changes are broadcast to watchers; one that falls this far behind gets a new snapshot.
+const EVENT_BUFFER: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("state store at {path}: {source}")]
+    Store { path: String, source: StoreError },
+    #[error("audit log {path}: {source}")]
+    Audit { path: String, source: std::io::Error },
+    #[error("no limiter for device {0}")]
+    NoLimiter(String),
+}
+
+pub struct Engine {
+    cfg: Arc<Config>,
+    store: Store,
+    state: Mutex<State>,
+    locks: locks::ClaimLocks,
+    limiters: HashMap<String, Arc<dyn Limiter>>,
+    events: broadcast::Sender<ShareRecord>,
+    audit: AuditLog,
+    metrics: Arc<Metrics>,
+}
+
+/// Limiters for the devices of `cfg`, by kind.
+pub fn default_limiters(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
+    cfg.devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Generic)
+        .map(|d| (d.name.clone(), Arc::new(AccountingLimiter) as Arc<dyn Limiter>))
+        .collect()
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Opens the store under `cfg.agent.state_dir`, rebuilds the ledger from it and
+    /// re-verifies every live share (see [`recover`]). `boot_id` is the kernel's boot id:
+    /// when it differs from the stored one, no enforcement survived and live enforced
+    /// shares become UNKNOWN.
+    pub fn open(
+        cfg: Arc<Config>,
+        limiters: HashMap<String, Arc<dyn Limiter>>,
+        boot_id: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Engine, OpenError> {
+        for d in &cfg.devices {
+            if !limiters.contains_key(&d.name) {
+                return Err(OpenError::NoLimiter(d.name.clone()));
+            }
+        }
+        let store_dir = cfg.agent.state_dir.join("store");
+        let store_err = |source| OpenError::Store {
+            path: store_dir.display().to_string(),
+            source,
+        };
+        let store = Store::open(&store_dir).map_err(store_err)?;
+        let loaded = store.load().map_err(store_err)?;
+        let audit = AuditLog::open(&cfg.agent.audit_log).map_err(|source| OpenError::Audit {
+            path: cfg.agent.audit_log.display().to_string(),
+            source,
+        })?;
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let mut engine = Engine {
+            cfg,
+            store,
+            state: Mutex::new(State::default()),
+            locks: locks::ClaimLocks::default(),
+            limiters,
+            events,
+            audit,
+            metrics,
+        };
+        let (state, batch) = recover::recover(&engine, loaded, boot_id);
+        engine.store.commit(&batch).map_err(store_err)?;
+        engine.store.flush_blocking().map_err(store_err)?;
+        engine.state = Mutex::new(state);
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn limiter(&self, device: &str) -> Option<&Arc<dyn Limiter>> {
+        self.limiters.get(device)
+    }
+
+    fn accounting_only(&self, device: &str) -> bool {
+        self.limiter(device).is_none_or(|l| l.accounting_only())
+    }
+
+    /// I4: refuses epochs below the highest accepted, and makes a higher one durable
+    /// before anything that carries it is acknowledged.
+    async fn fence(&self, epoch: u64) -> Result<(), RequestError> {
+        let bumped = {
+            let mut st = lock(&self.state);
+            if epoch < st.epoch {
+                return Err(RequestError::StaleEpoch {
+                    got: epoch,
+                    current: st.epoch,
+                });
+            }
+            if epoch > st.epoch {
+                self.store.commit(&Batch {
+                    epoch: Some(epoch),
+                    ..Default::default()
+                })?;
+                st.epoch = epoch;
+                true
+            } else {
+                false
+            }
+        };
+        if bumped {
+            self.store.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Commits `batch` and applies the same change to the in-memory state, under the
+    /// state lock so no decision sees one without the other. Not yet durable.
+    fn commit_locked(&self, st: &mut State, batch: Batch) -> Result<(), StoreError> {
+        self.store.commit(&batch)?;
+        for k in &batch.delete_shares {
+            st.remove(k);
+        }
+        for k in &batch.delete_claims {
+            st.claims.remove(k);
+        }
+        for c in batch.put_claims {
+            st.claims.insert(c.claim.uid.clone(), c);
+        }
+        for r in batch.put_shares {
+            // Receivers may lag or be absent; a send error only means nobody listens.
+            let _ = self.events.send(r.clone());
+            st.put(r);
+        }
+        Ok(())
+    }
+
+    /// Commits under the lock, then waits until it is durable.
+    async fn commit_durable(&self, batch: Batch) -> Result<(), StoreError> {
+        {
+            let mut st = lock(&self.state);
+            self.commit_locked(&mut st, batch)?;
+        }
+        self.store.flush().await
+    }
+
+    /// Removes RELEASED and FAILED records whose retention has passed, and claim records
+    /// left with no shares. Returns how many share records were removed.
+    pub async fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let retention = u64::try_from(self.cfg.agent.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
+        let removed = {
+            let mut st = lock(&self.state);
+            let expired: Vec<String> = st
+                .records
+                .values()
+                .filter(|r| !r.phase.holds_capacity())
+                .filter(|r| now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms)) >= retention)
+                .map(|r| r.key.clone())
+                .collect();
+            if expired.is_empty() {
+                return Ok(0);
+            }
+            let mut batch = Batch::default();
+            for c in st.claims.values() {
+                let left: Vec<String> = c
+                    .share_keys
+                    .iter()
+                    .filter(|k| !expired.contains(k) && st.records.contains_key(*k))
+                    .cloned()
+                    .collect();
+                if left.is_empty() {
+                    batch.delete_claims.push(c.claim.uid.clone());
+                } else if left.len() != c.share_keys.len() {
+                    let mut c = c.clone();
+                    c.share_keys = left;
+                    batch.put_claims.push(c);
+                }
+            }
+            let n = expired.len();
+            batch.delete_shares = expired;
+            self.commit_locked(&mut st, batch)?;
+            n
+        };
+        self.store.flush().await?;
+        Ok(removed)
+    }
+}
+
+fn spec_of(r: &ShareRecord) -> LimitSpec {
+    LimitSpec {
+        share_key: r.key.clone(),
+        device: r.device.clone(),
+        limits: r.consumed.clone(),
+        target: Target {
+            pod_uid: r.target.pod_uid.clone(),
+            cgroup_paths: r.target.cgroup_paths.clone(),
+            netns_path: r.target.netns_path.clone(),
+            interface: r.target.interface.clone(),
+        },
+    }
+}
+
+/// I5: ENFORCED only when every consumed capacity was read back equal to the request.
+/// Returns the phase and, when it is not ENFORCED, why.
+fn judge(r: &ShareRecord, enforced: &std::collections::BTreeMap<String, shareguard_common::Quantity>) -> (Phase, String) {
+    for (name, want) in &r.consumed {
+        match enforced.get(name) {
+            None => return (Phase::Degraded, format!("{name}: nothing enforced was read back")),
+            Some(got) if got != want => {
+                return (Phase::Degraded, format!("{name}: read back {got}, requested {want}"));
+            }
+            Some(_) => {}
+        }
+    }
+    (Phase::Enforced, "limit applied and read back".to_owned())
+}
+
+/// Where the store lives under a state directory (for tools and tests).
+pub fn store_dir(state_dir: &Path) -> std::path::PathBuf {
+    state_dir.join("store")
+}

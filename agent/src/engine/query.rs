@@ -1,0 +1,109 @@
+//! Read-only views: one share, filtered lists, the device inventory with what is
+//! allocated and free, and a consistent snapshot for watchers.
+
+use std::collections::BTreeMap;
+
+use shareguard_common::Quantity;
+use tokio::sync::broadcast;
+
+use crate::{
+    config::DeviceConfig,
+    ledger::{self, DeviceUsage},
+    record::{Phase, ShareRecord},
+    sync::lock,
+};
+
+use super::Engine;
+
+#[derive(Clone, Debug, Default)]
+pub struct ShareFilter {
+    pub device: Option<String>,
+    pub namespace: Option<String>,
+    pub phase: Option<Phase>,
+}
+
+impl ShareFilter {
+    pub fn matches(&self, r: &ShareRecord) -> bool {
+        self.device.as_ref().is_none_or(|d| *d == r.device)
+            && self.namespace.as_ref().is_none_or(|n| *n == r.claim.namespace)
+            && self.phase.is_none_or(|p| p == r.phase)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DeviceView {
+    pub config: DeviceConfig,
+    pub usage: DeviceUsage,
+    pub free: BTreeMap<String, Quantity>,
+    pub mechanisms: Vec<String>,
+}
+
+fn sorted(mut v: Vec<ShareRecord>) -> Vec<ShareRecord> {
+    v.sort_by(|a, b| {
+        (&a.device, &a.claim.namespace, &a.claim.name, &a.key).cmp(&(
+            &b.device,
+            &b.claim.namespace,
+            &b.claim.name,
+            &b.key,
+        ))
+    });
+    v
+}
+
+impl Engine {
+    pub fn get_share(&self, key: &str) -> Option<ShareRecord> {
+        lock(&self.state).records.get(key).cloned()
+    }
+
+    pub fn list_shares(&self, f: &ShareFilter) -> Vec<ShareRecord> {
+        let st = lock(&self.state);
+        sorted(st.records.values().filter(|r| f.matches(r)).cloned().collect())
+    }
+
+    /// The matching shares and a receiver for every later change, taken under one lock
+    /// so no change falls between the snapshot and the stream.
+    pub fn subscribe(&self, f: &ShareFilter) -> (Vec<ShareRecord>, broadcast::Receiver<ShareRecord>) {
+        let st = lock(&self.state);
+        let rx = self.events.subscribe();
+        let snap = sorted(st.records.values().filter(|r| f.matches(r)).cloned().collect());
+        (snap, rx)
+    }
+
+    pub fn devices(&self) -> Vec<DeviceView> {
+        let st = lock(&self.state);
+        self.cfg
+            .devices
+            .iter()
+            .map(|d| {
+                let usage = ledger::usage(&st, d);
+                let free = d
+                    .capacities
+                    .iter()
+                    .map(|(name, cap)| {
+                        let used = usage.allocated.get(name).copied().unwrap_or(Quantity::ZERO);
+                        (name.clone(), cap.value.checked_sub(&used).unwrap_or(Quantity::ZERO))
+                    })
+                    .collect();
+                DeviceView {
+                    config: d.clone(),
+                    usage,
+                    free,
+                    mechanisms: self.limiter(&d.name).map(|l| l.mechanisms()).unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        lock(&self.state).epoch
+    }
+
+    pub fn phase_counts(&self) -> BTreeMap<Phase, u64> {
+        let st = lock(&self.state);
+        let mut m: BTreeMap<Phase, u64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();
+        for r in st.records.values() {
+            *m.entry(r.phase).or_default() += 1;
+        }
+        m
+    }
+}

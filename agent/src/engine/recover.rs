@@ -1,0 +1,87 @@
+//! Start-up: rebuild the ledger from the store and re-verify what the kernel or driver
+//! still enforces. Nothing is freed here: a share that cannot be verified becomes UNKNOWN
+//! or DEGRADED and keeps its capacity until an explicit Unprepare.
+
+use crate::{
+    audit::{AuditLine, Decision, now_rfc3339},
+    ledger::State,
+    record::{Phase, ShareRecord},
+    store::{Batch, Loaded},
+};
+
+use super::{Engine, judge, now_ms, spec_of};
+
+pub(super) fn recover(engine: &Engine, loaded: Loaded, boot_id: &str) -> (State, Batch) {
+    let rebooted = loaded.boot_id.as_deref().is_some_and(|b| b != boot_id);
+    let mut state = State {
+        epoch: loaded.epoch,
+        ..Default::default()
+    };
+    let mut batch = Batch {
+        boot_id: (loaded.boot_id.as_deref() != Some(boot_id)).then(|| boot_id.to_owned()),
+        ..Default::default()
+    };
+    for c in loaded.claims {
+        state.claims.insert(c.claim.uid.clone(), c);
+    }
+    let now = now_ms();
+    for mut r in loaded.shares {
+        if let Some((phase, reason)) = reverify(engine, &r, rebooted)
+            && (phase != r.phase || reason != r.reason)
+        {
+            engine.audit.write(&AuditLine {
+                time: now_rfc3339(),
+                decision: Decision::Recover,
+                reason: &format!("{} -> {}: {reason}", r.phase.name(), phase.name()),
+                tenant: &r.claim.namespace,
+                claim_uid: &r.claim.uid,
+                claim_name: &r.claim.name,
+                share_id: r.share_id.as_deref().unwrap_or(""),
+                device: &r.device,
+                amounts: r.consumed.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+                policy_version: &r.policy_version,
+                allocation_id: &r.allocation_id,
+                epoch: r.epoch,
+                caller_uid: None,
+                code: None,
+            });
+            r.phase = phase;
+            r.reason = reason;
+            r.updated_at_ms = now;
+            batch.put_shares.push(r.clone());
+        }
+        state.put(r);
+    }
+    (state, batch)
+}
+
+/// The phase a live record should have now, or None to leave it as it is.
+fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, String)> {
+    if !r.phase.holds_capacity() || r.phase == Phase::Releasing {
+        // Released and failed records hold nothing; a release that was interrupted stays
+        // RELEASING, holding its capacity, until the Unprepare is repeated.
+        return None;
+    }
+    let Some(limiter) = engine.limiter(&r.device) else {
+        return Some((
+            Phase::Unknown,
+            format!("device {} is no longer in the inventory; capacity stays reserved until Unprepare", r.device),
+        ));
+    };
+    if limiter.accounting_only() {
+        // Accounting has no kernel state to lose; PREPARING cannot be left behind because
+        // accounting shares are written in their final phase.
+        return (r.phase == Phase::Preparing)
+            .then(|| (Phase::Accounted, "accounted (not enforced): device has no enforcement mechanism".to_owned()));
+    }
+    if rebooted {
+        return Some((
+            Phase::Unknown,
+            "node rebooted: no enforcement survives a reboot; waiting for the pod's Prepare to be repeated".to_owned(),
+        ));
+    }
+    Some(match limiter.verify(&spec_of(r)) {
+        Ok(e) => judge(r, &e.enforced),
+        Err(e) => (Phase::Unknown, format!("could not be verified after restart: {e}")),
+    })
+}

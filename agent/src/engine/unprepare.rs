@@ -1,0 +1,123 @@
+//! Unprepare: RELEASING (persisted) -> limiter removed -> RELEASED (tombstone), freeing
+//! the capacity exactly once. Releasing an unknown or already released claim succeeds.
+
+use std::collections::HashSet;
+
+use shareguard_proto::v1 as pb;
+use tracing::{Instrument, info, info_span};
+
+use crate::{
+    audit::Decision,
+    error::{ClaimError, RequestError},
+    record::{Phase, ShareRecord},
+    store::Batch,
+    sync::lock,
+    validate::validate_claim_uid,
+};
+
+use super::{Engine, now_ms};
+
+impl Engine {
+    /// Returns, per claim in request order, the claim uid and its error (None: released).
+    pub async fn unprepare(
+        &self,
+        epoch: u64,
+        claims: &[pb::ClaimRef],
+        caller_uid: u32,
+    ) -> Result<Vec<(String, Option<ClaimError>)>, RequestError> {
+        self.check_batch("claims", claims.len())?;
+        let mut seen = HashSet::new();
+        for (i, c) in claims.iter().enumerate() {
+            if !c.uid.is_empty() && !seen.insert(c.uid.as_str()) {
+                return Err(RequestError::Invalid {
+                    field: format!("claims[{i}].uid"),
+                    message: format!("{:?} appears twice in the request", c.uid),
+                });
+            }
+        }
+        self.fence(epoch).await?;
+        let mut out = Vec::with_capacity(claims.len());
+        for (i, c) in claims.iter().enumerate() {
+            let span = info_span!("unprepare", claim = %c.uid, namespace = %c.namespace, epoch);
+            let res = async {
+                validate_claim_uid(&format!("claims[{i}]"), c)?;
+                self.release_claim(&c.uid, caller_uid).await
+            }
+            .instrument(span)
+            .await;
+            out.push((c.uid.clone(), res.err()));
+        }
+        Ok(out)
+    }
+
+    async fn release_claim(&self, uid: &str, caller: u32) -> Result<(), ClaimError> {
+        let _guard = self.locks.lock(uid).await;
+        let live: Vec<ShareRecord> = {
+            let st = lock(&self.state);
+            let Some(cr) = st.claims.get(uid) else {
+                info!("claim not known: nothing to release");
+                return Ok(());
+            };
+            cr.share_keys
+                .iter()
+                .filter_map(|k| st.records.get(k))
+                .filter(|r| r.phase.holds_capacity())
+                .cloned()
+                .collect()
+        };
+        if live.is_empty() {
+            return Ok(());
+        }
+        let (accounting, mut enforcing): (Vec<ShareRecord>, Vec<ShareRecord>) =
+            live.into_iter().partition(|r| self.accounting_only(&r.device));
+
+        if !enforcing.is_empty() {
+            // Persist RELEASING first, so a crash between here and the removal leaves a
+            // share that says what was happening to it.
+            let now = now_ms();
+            for r in &mut enforcing {
+                r.phase = Phase::Releasing;
+                r.reason = "release in progress".to_owned();
+                r.updated_at_ms = now;
+            }
+            self.commit_durable(Batch { put_shares: enforcing.clone(), ..Default::default() })
+                .await
+                .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+            for r in &mut enforcing {
+                if let Err(e) = self.remove_blocking(r).await {
+                    let err = ClaimError::unavailable(format!("removing the limit of {} failed: {e}", r.key));
+                    r.error = Some(err.clone());
+                    r.reason = format!("release incomplete, capacity still held: {e}");
+                    r.updated_at_ms = now_ms();
+                    self.commit_durable(Batch { put_shares: vec![r.clone()], ..Default::default() })
+                        .await
+                        .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+                    return Err(err);
+                }
+            }
+        }
+
+        let now = now_ms();
+        let released: Vec<ShareRecord> = accounting
+            .into_iter()
+            .chain(enforcing)
+            .map(|mut r| {
+                r.phase = Phase::Released;
+                r.reason = "released".to_owned();
+                r.error = None;
+                r.enforced.clear();
+                r.updated_at_ms = now;
+                r.released_at_ms = Some(now);
+                r
+            })
+            .collect();
+        self.commit_durable(Batch { put_shares: released.clone(), ..Default::default() })
+            .await
+            .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+        for r in &released {
+            self.audit_share(r, Decision::Release, "released; capacity freed", Some(caller), None);
+        }
+        info!(shares = released.len(), "claim released");
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! Typed errors of the agent library and the gRPC code each one maps to.
+//!
+//! Per-claim refusals are [`ClaimError`]s: they travel inside `ClaimResult.error` and are
+//! persisted with FAILED shares. Whole-request problems are [`RequestError`]s and become a
+//! gRPC status. Each kind keeps its own code; nothing is folded into one catch-all.
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::StoreError;
+
+/// The gRPC code names the API promises in `Error.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Code {
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    AlreadyExists,
+    Unavailable,
+    Internal,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidArgument => "InvalidArgument",
+            Code::PermissionDenied => "PermissionDenied",
+            Code::ResourceExhausted => "ResourceExhausted",
+            Code::FailedPrecondition => "FailedPrecondition",
+            Code::AlreadyExists => "AlreadyExists",
+            Code::Unavailable => "Unavailable",
+            Code::Internal => "Internal",
+        }
+    }
+
+    pub fn to_tonic(self) -> tonic::Code {
+        match self {
+            Code::InvalidArgument => tonic::Code::InvalidArgument,
+            Code::PermissionDenied => tonic::Code::PermissionDenied,
+            Code::ResourceExhausted => tonic::Code::ResourceExhausted,
+            Code::FailedPrecondition => tonic::Code::FailedPrecondition,
+            Code::AlreadyExists => tonic::Code::AlreadyExists,
+            Code::Unavailable => tonic::Code::Unavailable,
+            Code::Internal => tonic::Code::Internal,
+        }
+    }
+}
+
+/// Why one claim (or one of its allocations) was refused or failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{}{message}", if field.is_empty() { String::new() } else { format!("{field}: ") })]
+pub struct ClaimError {
+    pub code: Code,
+    /// The request field at fault, e.g. `claims[0].allocations[1].share_id`; may be empty.
+    pub field: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl ClaimError {
+    fn new(code: Code, field: impl Into<String>, message: impl Into<String>, retryable: bool) -> Self {
+        Self {
+            code,
+            field: field.into(),
+            message: message.into(),
+            retryable,
+        }
+    }
+
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, field, message, false)
+    }
+
+    pub fn denied(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, field, message, false)
+    }
+
+    /// Capacity may be freed by a release, so a later retry can succeed.
+    pub fn exhausted(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::ResourceExhausted, field, message, true)
+    }
+
+    pub fn conflict(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::AlreadyExists, field, message, false)
+    }
+
+    pub fn precondition(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::FailedPrecondition, field, message, false)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, "", message, true)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, "", message, true)
+    }
+
+    /// Short label for metrics and audit: the code name.
+    pub fn reason(&self) -> &'static str {
+        self.code.as_str()
+    }
+}
+
+/// Problems with a whole request; no claim of it was looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("epoch: {got} is older than the highest accepted epoch {current}")]
+    StaleEpoch { got: u64, current: u64 },
+    #[error("{field}: {count} entries, more than the limit of {max} per request")]
+    BatchTooLarge {
+        field: &'static str,
+        count: usize,
+        max: usize,
+    },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("caller has no peer credentials; connect over the agent's unix socket")]
+    Unauthenticated,
+    #[error("caller uid {uid} is not in allowed_uids")]
+    CallerNotAllowed { uid: u32 },
+    #[error("share {0} not found")]
+    NotFound(String),
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RequestError {
+    pub fn to_status(&self) -> tonic::Status {
+        let code = match self {
+            RequestError::StaleEpoch { .. } => tonic::Code::FailedPrecondition,
+            RequestError::BatchTooLarge { .. } | RequestError::Invalid { .. } => {
+                tonic::Code::InvalidArgument
+            }
+            RequestError::Unauthenticated => tonic::Code::Unauthenticated,
+            RequestError::CallerNotAllowed { .. } => tonic::Code::PermissionDenied,
+            RequestError::NotFound(_) => tonic::Code::NotFound,
+            // The store refused a write: the node cannot make anything durable right now.
+            RequestError::Store(_) => tonic::Code::Unavailable,
+        };
+        tonic::Status::new(code, self.to_string())
+    }
+}

@@ -1,0 +1,193 @@
+//! The `shareguard.v1.NodeAgent` service: authenticates the caller, translates messages,
+//! and hands every decision to the [`Engine`].
+
+use std::{pin::Pin, sync::Arc};
+
+use shareguard_proto::v1::{self as pb, node_agent_server::NodeAgent};
+use tokio::sync::{broadcast::error::RecvError, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
+use tracing::{debug, info_span};
+
+use crate::{
+    convert::{device_to_pb, outcome_to_pb, phase_from_pb, share_to_pb},
+    engine::{Engine, ShareFilter},
+    error::{RequestError, ClaimError},
+};
+
+/// How many watch events may wait for a slow client before its stream falls behind and
+/// is re-synchronised with a fresh snapshot.
+const WATCH_QUEUE: usize = 256;
+
+pub struct Api {
+    engine: Arc<Engine>,
+    allowed_uids: Vec<u32>,
+}
+
+impl Api {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        let allowed_uids = engine.config().agent.allowed_uids.clone();
+        Self { engine, allowed_uids }
+    }
+
+    /// Callers are identified by the kernel's peer credentials on the unix socket, never
+    /// by anything they say about themselves.
+    fn caller<T>(&self, req: &Request<T>) -> Result<u32, Status> {
+        let uid = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .map(|c| c.uid())
+            .ok_or_else(|| RequestError::Unauthenticated.to_status())?;
+        if !self.allowed_uids.contains(&uid) {
+            return Err(RequestError::CallerNotAllowed { uid }.to_status());
+        }
+        Ok(uid)
+    }
+}
+
+fn filter(device: &str, namespace: &str, phase: i32) -> Result<ShareFilter, Status> {
+    let phase = match pb::Phase::try_from(phase) {
+        Ok(pb::Phase::Unspecified) => None,
+        Ok(p) => phase_from_pb(p),
+        Err(_) => {
+            return Err(RequestError::Invalid {
+                field: "phase".into(),
+                message: format!("{phase} is not a Phase"),
+            }
+            .to_status());
+        }
+    };
+    let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    Ok(ShareFilter {
+        device: opt(device),
+        namespace: opt(namespace),
+        phase,
+    })
+}
+
+fn unprepare_entry(e: Option<&ClaimError>) -> pb::Error {
+    e.map(crate::convert::error_to_pb).unwrap_or_default()
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchSharesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeAgent for Api {
+    async fn prepare(
+        &self,
+        req: Request<pb::PrepareRequest>,
+    ) -> Result<Response<pb::PrepareResponse>, Status> {
+        let uid = self.caller(&req)?;
+        let r = req.into_inner();
+        let outcomes = self
+            .engine
+            .prepare(r.epoch, &r.claims, uid)
+            .await
+            .map_err(|e| e.to_status())?;
+        let claims = outcomes.iter().map(|o| (o.uid.clone(), outcome_to_pb(o))).collect();
+        Ok(Response::new(pb::PrepareResponse { claims }))
+    }
+
+    async fn unprepare(
+        &self,
+        req: Request<pb::UnprepareRequest>,
+    ) -> Result<Response<pb::UnprepareResponse>, Status> {
+        let uid = self.caller(&req)?;
+        let r = req.into_inner();
+        let results = self
+            .engine
+            .unprepare(r.epoch, &r.claims, uid)
+            .await
+            .map_err(|e| e.to_status())?;
+        let claims = results
+            .iter()
+            .map(|(uid, e)| (uid.clone(), unprepare_entry(e.as_ref())))
+            .collect();
+        Ok(Response::new(pb::UnprepareResponse { claims }))
+    }
+
+    async fn get_share(
+        &self,
+        req: Request<pb::GetShareRequest>,
+    ) -> Result<Response<pb::ShareStatus>, Status> {
+        self.caller(&req)?;
+        let id = req.into_inner().share_id;
+        let _span = info_span!("get_share", share = %id).entered();
+        self.engine
+            .get_share(&id)
+            .map(|r| Response::new(share_to_pb(&r)))
+            .ok_or_else(|| RequestError::NotFound(id).to_status())
+    }
+
+    async fn list_shares(
+        &self,
+        req: Request<pb::ListSharesRequest>,
+    ) -> Result<Response<pb::ListSharesResponse>, Status> {
+        self.caller(&req)?;
+        let r = req.into_inner();
+        let f = filter(&r.device, &r.namespace, r.phase)?;
+        let shares = self.engine.list_shares(&f).iter().map(share_to_pb).collect();
+        Ok(Response::new(pb::ListSharesResponse { shares }))
+    }
+
+    type WatchSharesStream = WatchStream;
+
+    async fn watch_shares(
+        &self,
+        req: Request<pb::WatchSharesRequest>,
+    ) -> Result<Response<Self::WatchSharesStream>, Status> {
+        self.caller(&req)?;
+        let r = req.into_inner();
+        let f = filter(&r.device, &r.namespace, 0)?;
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            let send = |kind: pb::watch_shares_response::Kind, share: Option<pb::ShareStatus>| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(Ok(pb::WatchSharesResponse { kind: kind as i32, share })).await.is_ok()
+                }
+            };
+            'resync: loop {
+                let (snapshot, mut events) = engine.subscribe(&f);
+                for r in &snapshot {
+                    if !send(pb::watch_shares_response::Kind::Snapshot, Some(share_to_pb(r))).await {
+                        return;
+                    }
+                }
+                if !send(pb::watch_shares_response::Kind::SnapshotEnd, None).await {
+                    return;
+                }
+                loop {
+                    match events.recv().await {
+                        Ok(r) if f.matches(&r) => {
+                            if !send(pb::watch_shares_response::Kind::Changed, Some(share_to_pb(&r))).await {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(n)) => {
+                            debug!(missed = n, "watcher fell behind; sending a fresh snapshot");
+                            continue 'resync;
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_devices(
+        &self,
+        req: Request<pb::ListDevicesRequest>,
+    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
+        self.caller(&req)?;
+        let devices = self.engine.devices().iter().map(device_to_pb).collect();
+        Ok(Response::new(pb::ListDevicesResponse {
+            devices,
+            epoch: self.engine.epoch(),
+        }))
+    }
+}

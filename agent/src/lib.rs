@@ -1,0 +1,24 @@
+//! shareguard: the per-node agent that makes Kubernetes DRA consumable-capacity shares
+//! real. See `docs/architecture.md` for how the modules fit together.
+
+#![forbid(unsafe_code)]
+
+pub mod accounting;
+pub mod audit;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod convert;
+pub mod device_status;
+pub mod engine;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod ledger;
+pub mod metrics;
+pub mod policy;
+pub mod record;
+pub mod server;
+pub mod store;
+pub mod sync;
+pub mod validate;

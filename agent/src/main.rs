@@ -1,0 +1,37 @@
+//! `shareguard`: `shareguard agent --config FILE` runs the node agent; the other
+//! subcommands are the SRE's command line over the agent's socket.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use shareguard::cli::{Cli, Cmd, run_client};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shareguard: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match &cli.cmd {
+        Cmd::Agent { config } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .init();
+            rt.block_on(shareguard::server::run(config)).map(|()| ExitCode::SUCCESS)
+        }
+        _ => rt.block_on(run_client(cli)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shareguard: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

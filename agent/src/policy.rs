@@ -1,0 +1,286 @@
+//! Request policies (resource.k8s.io `CapacityRequestPolicy`) and the I2 check.
+//!
+//! The scheduler rounds a request up to what the policy allows before it writes the
+//! allocation result. The agent re-checks the rounded amount and never rounds itself:
+//! an amount the policy does not allow is a scheduler or shim bug, and is refused.
+
+use shareguard_common::Quantity;
+use shareguard_proto::v1 as pb;
+
+/// At most this many valid values, as in the Kubernetes API.
+pub const MAX_VALID_VALUES: usize = 10;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// No policy: any amount, bounded only by the capacity.
+    Any,
+    Values(Vec<Quantity>),
+    Range {
+        min: Quantity,
+        max: Option<Quantity>,
+        step: Option<Quantity>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// What a request naming no amount consumes (applied by the scheduler, not here).
+    pub default: Option<Quantity>,
+    pub rule: Rule,
+}
+
+/// A policy that is itself malformed, with the part at fault (`default`, `valid_values[2]`,
+/// `valid_range.step`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{part}: {message}")]
+pub struct PolicyError {
+    pub part: String,
+    pub message: String,
+}
+
+fn perr(part: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        part: part.into(),
+        message: message.into(),
+    }
+}
+
+fn parse(part: &str, s: &str) -> Result<Quantity, PolicyError> {
+    let q = Quantity::parse(s).map_err(|e| perr(part, e.to_string()))?;
+    if q.is_negative() {
+        return Err(perr(part, format!("{s:?} is negative")));
+    }
+    Ok(q)
+}
+
+impl Policy {
+    pub const ANY: Policy = Policy {
+        default: None,
+        rule: Rule::Any,
+    };
+
+    /// Builds a policy from its string parts and checks it the way the Kubernetes API
+    /// validates a ResourceSlice: one rule at most, values ascending and unique, a default
+    /// that the rule allows, a positive step, min <= max.
+    pub fn from_parts(
+        default: Option<&str>,
+        valid_values: &[String],
+        range: Option<(&str, Option<&str>, Option<&str>)>,
+    ) -> Result<Policy, PolicyError> {
+        let default = default.map(|d| parse("default", d)).transpose()?;
+        let rule = match (valid_values.is_empty(), range) {
+            (false, Some(_)) => {
+                return Err(perr(
+                    "valid_values",
+                    "valid_values and valid_range are mutually exclusive",
+                ));
+            }
+            (false, None) => {
+                if valid_values.len() > MAX_VALID_VALUES {
+                    return Err(perr(
+                        "valid_values",
+                        format!("{} entries, at most {MAX_VALID_VALUES}", valid_values.len()),
+                    ));
+                }
+                let mut values = Vec::with_capacity(valid_values.len());
+                for (i, v) in valid_values.iter().enumerate() {
+                    let q = parse(&format!("valid_values[{i}]"), v)?;
+                    if let Some(prev) = values.last()
+                        && q <= *prev
+                    {
+                        return Err(perr(
+                            format!("valid_values[{i}]"),
+                            format!("{v:?} is not above the previous value {prev}: values must be ascending and unique"),
+                        ));
+                    }
+                    values.push(q);
+                }
+                Rule::Values(values)
+            }
+            (true, Some((min, max, step))) => {
+                let min = parse("valid_range.min", min)?;
+                let max = max.map(|m| parse("valid_range.max", m)).transpose()?;
+                let step = step.map(|s| parse("valid_range.step", s)).transpose()?;
+                if let Some(max) = max
+                    && max < min
+                {
+                    return Err(perr(
+                        "valid_range.max",
+                        format!("{max} is below min {min}"),
+                    ));
+                }
+                if let Some(step) = step
+                    && step.is_zero()
+                {
+                    return Err(perr("valid_range.step", "must be greater than zero"));
+                }
+                Rule::Range { min, max, step }
+            }
+            (true, None) => Rule::Any,
+        };
+        if rule != Rule::Any && default.is_none() {
+            return Err(perr(
+                "default",
+                "required when valid_values or valid_range is set",
+            ));
+        }
+        let policy = Policy { default, rule };
+        if let Some(d) = default {
+            policy
+                .allows(&d)
+                .map_err(|why| perr("default", format!("{d} is not allowed by the policy: {why}")))?;
+        }
+        Ok(policy)
+    }
+
+    pub fn from_proto(p: &pb::CapacityPolicy) -> Result<Policy, PolicyError> {
+        let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let default = opt(&p.default);
+        let range = p.valid_range.as_ref().map(|r| (r.min.clone(), opt(&r.max), opt(&r.step)));
+        Policy::from_parts(
+            default.as_deref(),
+            &p.valid_values,
+            range
+                .as_ref()
+                .map(|(min, max, step)| (min.as_str(), max.as_deref(), step.as_deref())),
+        )
+    }
+
+    pub fn to_proto(&self) -> pb::CapacityPolicy {
+        let mut out = pb::CapacityPolicy {
+            default: self.default.map(|d| d.to_string()).unwrap_or_default(),
+            ..Default::default()
+        };
+        match &self.rule {
+            Rule::Any => {}
+            Rule::Values(v) => out.valid_values = v.iter().map(|q| q.to_string()).collect(),
+            Rule::Range { min, max, step } => {
+                out.valid_range = Some(pb::ValidRange {
+                    min: min.to_string(),
+                    max: max.map(|q| q.to_string()).unwrap_or_default(),
+                    step: step.map(|q| q.to_string()).unwrap_or_default(),
+                });
+            }
+        }
+        out
+    }
+
+    /// I2: is `amount` exactly a value this policy allows? The error says why not.
+    pub fn allows(&self, amount: &Quantity) -> Result<(), String> {
+        if amount.is_negative() {
+            return Err(format!("{amount} is negative"));
+        }
+        match &self.rule {
+            Rule::Any => Ok(()),
+            Rule::Values(values) => {
+                if values.contains(amount) {
+                    Ok(())
+                } else {
+                    let list: Vec<String> = values.iter().map(|q| q.to_string()).collect();
+                    Err(format!("{amount} is not one of the valid values [{}]", list.join(", ")))
+                }
+            }
+            Rule::Range { min, max, step } => {
+                if amount < min {
+                    return Err(format!("{amount} is below the minimum {min}"));
+                }
+                if let Some(max) = max
+                    && amount > max
+                {
+                    return Err(format!("{amount} is above the maximum {max}"));
+                }
+                if let Some(step) = step {
+                    // amount >= min, so the difference cannot be negative.
+                    let off = amount.checked_sub(min).ok_or_else(|| {
+                        format!("{amount} - {min} overflows")
+                    })?;
+                    if off.exact_div(step).is_none() {
+                        return Err(format!(
+                            "{amount} is not min {min} plus a whole number of steps of {step}"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        Quantity::parse(s).unwrap()
+    }
+
+    fn range(min: &str, max: Option<&str>, step: Option<&str>, default: &str) -> Policy {
+        Policy::from_parts(Some(default), &[], Some((min, max, step))).unwrap()
+    }
+
+    #[test]
+    fn range_with_step_allows_only_aligned_values() {
+        let p = range("5Gi", Some("40Gi"), Some("5Gi"), "5Gi");
+        for ok in ["5Gi", "10Gi", "40Gi", "21474836480"] {
+            assert_eq!(p.allows(&q(ok)), Ok(()), "{ok}");
+        }
+        assert!(p.allows(&q("4Gi")).unwrap_err().contains("below the minimum"));
+        assert!(p.allows(&q("45Gi")).unwrap_err().contains("above the maximum"));
+        assert!(p.allows(&q("6Gi")).unwrap_err().contains("steps"));
+        // The agent never rounds: 5Gi plus one byte is refused, not rounded to 10Gi.
+        assert!(p.allows(&q("5368709121")).is_err());
+    }
+
+    #[test]
+    fn range_without_step_or_max() {
+        let p = range("1M", None, None, "1M");
+        assert!(p.allows(&q("1M")).is_ok());
+        assert!(p.allows(&q("1500001")).is_ok());
+        assert!(p.allows(&q("999999")).is_err());
+    }
+
+    #[test]
+    fn values_must_match_exactly() {
+        let p = Policy::from_parts(Some("1Gi"), &["1Gi".into(), "4Gi".into()], None).unwrap();
+        assert!(p.allows(&q("1Gi")).is_ok());
+        assert!(p.allows(&q("4096Mi")).is_ok(), "equal values in another unit");
+        assert!(p.allows(&q("2Gi")).unwrap_err().contains("not one of"));
+    }
+
+    #[test]
+    fn no_rule_allows_any_non_negative_amount() {
+        let p = Policy::from_parts(Some("1Gi"), &[], None).unwrap();
+        assert!(p.allows(&q("3Gi")).is_ok());
+        assert!(p.allows(&q("0")).is_ok());
+        assert!(p.allows(&q("-1")).is_err());
+    }
+
+    #[test]
+    fn malformed_policies_are_refused_with_the_part_named() {
+        let e = Policy::from_parts(Some("1"), &["2".into(), "1".into()], None).unwrap_err();
+        assert_eq!(e.part, "valid_values[1]");
+        let e = Policy::from_parts(None, &["1".into()], None).unwrap_err();
+        assert_eq!(e.part, "default");
+        let e = Policy::from_parts(Some("3"), &["1".into(), "2".into()], None).unwrap_err();
+        assert_eq!(e.part, "default");
+        let e = Policy::from_parts(Some("1"), &[], Some(("1", None, Some("0")))).unwrap_err();
+        assert_eq!(e.part, "valid_range.step");
+        let e = Policy::from_parts(Some("5"), &[], Some(("5", Some("4"), None))).unwrap_err();
+        assert_eq!(e.part, "valid_range.max");
+        let e = Policy::from_parts(Some("1"), &["1".into()], Some(("1", None, None))).unwrap_err();
+        assert_eq!(e.part, "valid_values");
+        let e = Policy::from_parts(Some("x"), &[], None).unwrap_err();
+        assert_eq!(e.part, "default");
+        let many: Vec<String> = (1..=11).map(|i| i.to_string()).collect();
+        let e = Policy::from_parts(Some("1"), &many, None).unwrap_err();
+        assert!(e.message.contains("at most 10"));
+    }
+
+    #[test]
+    fn proto_round_trip() {
+        let p = range("5Gi", Some("40Gi"), Some("5Gi"), "5Gi");
+        assert_eq!(Policy::from_proto(&p.to_proto()).unwrap(), p);
+        let p = Policy::from_parts(Some("1Gi"), &["1Gi".into(), "2Gi".into()], None).unwrap();
+        assert_eq!(Policy::from_proto(&p.to_proto()).unwrap(), p);
+    }
+}

@@ -1,0 +1,195 @@
+//! What the agent persists about shares and claims, and how it is encoded.
+//!
+//! Values are a one-byte format version followed by JSON. JSON keeps a node's store
+//! readable with standard tools during an incident; the version byte lets a later agent
+//! refuse, rather than misread, a record it does not understand.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use shareguard_common::Quantity;
+
+use crate::error::ClaimError;
+
+/// Current value format. Bump it, and teach `decode` the old one, when a field changes
+/// meaning; adding an optional field with a serde default needs no bump.
+pub const FORMAT_V1: u8 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    Preparing,
+    Enforced,
+    Accounted,
+    Degraded,
+    Failed,
+    Unknown,
+    Releasing,
+    Released,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 8] = [
+        Phase::Preparing,
+        Phase::Enforced,
+        Phase::Accounted,
+        Phase::Degraded,
+        Phase::Failed,
+        Phase::Unknown,
+        Phase::Releasing,
+        Phase::Released,
+    ];
+
+    /// Every phase but FAILED and RELEASED holds its capacity: capacity is never freed
+    /// implicitly, only by a completed release or a failed (never acknowledged) prepare.
+    pub fn holds_capacity(self) -> bool {
+        !matches!(self, Phase::Failed | Phase::Released)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Preparing => "PREPARING",
+            Phase::Enforced => "ENFORCED",
+            Phase::Accounted => "ACCOUNTED",
+            Phase::Degraded => "DEGRADED",
+            Phase::Failed => "FAILED",
+            Phase::Unknown => "UNKNOWN",
+            Phase::Releasing => "RELEASING",
+            Phase::Released => "RELEASED",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimId {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRecord {
+    pub pod_uid: String,
+    pub cgroup_paths: Vec<String>,
+    pub netns_path: Option<String>,
+    pub interface: Option<String>,
+}
+
+/// One allocation result of a claim as the agent holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareRecord {
+    /// Store key: the shareID, or `dedicated/<claim uid>/<device>` for a dedicated allocation.
+    pub key: String,
+    pub share_id: Option<String>,
+    pub claim: ClaimId,
+    pub allocation_id: String,
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    #[serde(with = "quantity_map")]
+    pub consumed: BTreeMap<String, Quantity>,
+    pub policy_version: String,
+    pub admin_access: bool,
+    pub target: TargetRecord,
+    pub phase: Phase,
+    pub mechanism: String,
+    /// Limits read back from the kernel or driver; empty when nothing enforces the share.
+    #[serde(with = "quantity_map")]
+    pub enforced: BTreeMap<String, Quantity>,
+    pub reason: String,
+    pub error: Option<ClaimError>,
+    pub epoch: u64,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub released_at_ms: Option<u64>,
+}
+
+impl ShareRecord {
+    /// Whether this record counts against its device in the ledger. Admin-access
+    /// allocations observe a device without consuming it, as in Kubernetes.
+    pub fn counts(&self) -> bool {
+        self.phase.holds_capacity() && !self.admin_access
+    }
+
+    pub fn is_dedicated(&self) -> bool {
+        self.share_id.is_none()
+    }
+
+    /// Same allocation result: what the scheduler decided, not what happened to it since.
+    pub fn same_allocation(&self, other: &ShareRecord) -> bool {
+        self.key == other.key
+            && self.claim.uid == other.claim.uid
+            && self.driver == other.driver
+            && self.pool == other.pool
+            && self.device == other.device
+            && self.request == other.request
+            && self.consumed == other.consumed
+            && self.admin_access == other.admin_access
+    }
+}
+
+/// The per-claim index: which shares a claim prepared, under which allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    pub claim: ClaimId,
+    pub allocation_id: String,
+    pub share_keys: Vec<String>,
+    pub cdi_device_ids: Vec<String>,
+    pub updated_at_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty value")]
+    Empty,
+    #[error("value format {0} is newer than this agent understands (max {FORMAT_V1})")]
+    UnknownFormat(u8),
+    #[error("malformed JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = vec![FORMAT_V1];
+    // Serializing these plain structs (string keys, no non-finite floats) cannot fail.
+    serde_json::to_writer(&mut out, value).expect("record types always serialize to JSON");
+    out
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
+    match bytes.split_first() {
+        None => Err(DecodeError::Empty),
+        Some((&FORMAT_V1, rest)) => Ok(serde_json::from_slice(rest)?),
+        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
+    }
+}
+
+/// Quantities persist in canonical string form, exactly as the API shows them.
+mod quantity_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _, ser::SerializeMap};
+    use shareguard_common::Quantity;
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<String, Quantity>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(map.len()))?;
+        for (k, v) in map {
+            m.serialize_entry(k, &v.to_string())?;
+        }
+        m.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Quantity>, D::Error> {
+        let raw = BTreeMap::<String, String>::deserialize(d)?;
+        raw.into_iter()
+            .map(|(k, v)| {
+                let q = Quantity::parse(&v).map_err(|e| D::Error::custom(format!("{k}: {e}")))?;
+                Ok((k, q))
+            })
+            .collect()
+    }
+}

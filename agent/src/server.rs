@@ -1,0 +1,145 @@
+//! `shareguard agent`: opens the store, re-verifies live shares, then serves gRPC on the
+//! unix socket and metrics over HTTP until SIGTERM or SIGINT.
+
+use std::{
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use shareguard_proto::v1::{FILE_DESCRIPTOR_SET, node_agent_server::NodeAgentServer};
+use tokio::{net::UnixListener, signal::unix::SignalKind};
+use tokio_stream::wrappers::UnixListenerStream;
+use tracing::{info, warn};
+
+use crate::{
+    config::Config,
+    engine::{Engine, default_limiters, now_ms},
+    grpc::Api,
+    http,
+    metrics::Metrics,
+};
+
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+fn boot_id() -> anyhow::Result<String> {
+    let id = std::fs::read_to_string(BOOT_ID_PATH).with_context(|| format!("reading {BOOT_ID_PATH}"))?;
+    Ok(id.trim().to_owned())
+}
+
+/// Binds the API socket with mode 0600. A socket file left by a dead agent is replaced;
+/// one that still answers belongs to a running agent, and starting a second one on the
+/// same store would break every invariant, so that is refused.
+fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                bail!("{}: another agent is serving on this socket", path.display());
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+        }
+        Ok(_) => bail!("{}: exists and is not a socket", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("inspecting {}", path.display())),
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    Ok(l)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
+    }
+}
+
+pub async fn run(config_path: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cfg = Arc::new(Config::load(config_path)?);
+    std::fs::create_dir_all(&cfg.agent.state_dir)
+        .with_context(|| format!("creating state_dir {}", cfg.agent.state_dir.display()))?;
+    std::fs::set_permissions(&cfg.agent.state_dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("chmod 0700 {}", cfg.agent.state_dir.display()))?;
+    let boot = boot_id()?;
+    let metrics = Arc::new(Metrics::new());
+    let engine = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            let limiters = default_limiters(&cfg);
+            Engine::open(cfg, limiters, &boot, metrics)
+        })
+        .await??
+    };
+    let engine = Arc::new(engine);
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let http_listener = tokio::net::TcpListener::bind(cfg.agent.metrics_addr)
+        .await
+        .with_context(|| format!("binding metrics_addr {}", cfg.agent.metrics_addr))?;
+    let metrics_addr = http_listener.local_addr()?;
+    let app = http::router(engine.clone(), ready.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(http_listener, app).await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+
+    let sweeper = engine.clone();
+    let period = (cfg.agent.tombstone_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            match sweeper.sweep_tombstones(now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => info!(removed = n, "expired tombstones removed"),
+                Err(e) => warn!(error = %e, "tombstone sweep failed"),
+            }
+        }
+    });
+
+    let listener = bind_socket(&cfg.agent.socket)?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NodeAgentServer<Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    ready.store(true, Ordering::Release);
+    info!(
+        socket = %cfg.agent.socket.display(),
+        metrics = %metrics_addr,
+        shares = engine.list_shares(&Default::default()).len(),
+        epoch = engine.epoch(),
+        startup_ms = started.elapsed().as_millis() as u64,
+        "ready"
+    );
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(NodeAgentServer::new(Api::new(engine.clone())))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        .await?;
+    ready.store(false, Ordering::Release);
+    let _ = std::fs::remove_file(&cfg.agent.socket);
+    info!("stopped");
+    Ok(())
+}

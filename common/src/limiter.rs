@@ -1,0 +1,97 @@
+//! The limiter interface: how the agent asks a device's back end to enforce a share and
+//! to say what the kernel or driver really enforces.
+//!
+//! The calls are synchronous on purpose: back ends talk netlink, switch network
+//! namespaces or call NVML, all of which block or must stay on one OS thread. The agent
+//! runs them on blocking threads, never on an async worker.
+
+use std::collections::BTreeMap;
+
+use crate::quantity::Quantity;
+
+/// Where a share's limit applies: the pod as the kubelet plugin describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    pub pod_uid: String,
+    pub cgroup_paths: Vec<String>,
+    pub netns_path: Option<String>,
+    pub interface: Option<String>,
+}
+
+/// One share to enforce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    /// Stable key of the share (its shareID, or a derived key for dedicated allocations);
+    /// back ends derive pin paths and handles from it, so it must be deterministic.
+    pub share_key: String,
+    /// Device name from the agent's inventory.
+    pub device: String,
+    /// Capacity name -> amount to enforce.
+    pub limits: BTreeMap<String, Quantity>,
+    pub target: Target,
+}
+
+/// What a back end read back after applying or verifying a share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enforcement {
+    /// Mechanism name as reported in `ShareStatus.mechanism`, e.g. "htb" or "nvml-cgroup".
+    pub mechanism: String,
+    /// Capacity name -> limit read back from the kernel or driver. A capacity missing here
+    /// is not enforced.
+    pub enforced: BTreeMap<String, Quantity>,
+}
+
+/// Whether retrying the same call can succeed without anyone changing the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Transient: the target is not there yet, the kernel was busy, a lock was held.
+    Retryable,
+    /// The request cannot work on this node as it is (unsupported, invalid target).
+    Permanent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LimiterError {
+    pub retry: Retry,
+    pub message: String,
+}
+
+impl LimiterError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self {
+            retry: Retry::Retryable,
+            message: message.into(),
+        }
+    }
+
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            retry: Retry::Permanent,
+            message: message.into(),
+        }
+    }
+}
+
+/// An enforcement back end for one kind of device.
+///
+/// Every method is idempotent: the agent calls `apply` again when a Prepare is repeated
+/// (the pod may have a new network namespace or cgroup) and `remove` again when an
+/// Unprepare is repeated or a crash interrupted the first one.
+pub trait Limiter: Send + Sync {
+    /// Mechanisms this back end can use on this node, strongest first (for ListDevices).
+    fn mechanisms(&self) -> Vec<String>;
+
+    /// True when the back end enforces nothing and only accounts: its shares are ACCOUNTED,
+    /// never ENFORCED, and it has no side effects to recover after a crash.
+    fn accounting_only(&self) -> bool;
+
+    /// Installs or updates the limit for `spec` and returns what was read back.
+    fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError>;
+
+    /// Reads back what is enforced for `spec` now, changing nothing.
+    fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError>;
+
+    /// Removes everything `apply` installed for `share_key`; succeeds if nothing is left.
+    fn remove(&self, share_key: &str) -> Result<(), LimiterError>;
+}

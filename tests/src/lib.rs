@@ -1,0 +1,1 @@
+//! Harness for the integration tests: placeholder until written.
