@@ -363,7 +363,7 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         assert_eq!(e.line, 11, "{e}");
         assert!(e.message.contains("fpga"));
 
-        let e = err_of(&GOOD.replace("step = \"5Gi\"", "step = \"3Gi\""));
+        let e = err_of(&GOOD.replace("default = \"5Gi\"", "default = \"6Gi\""));
         assert!(e.message.contains("default"), "{e}");
 
         let e = err_of(&GOOD.replace("socket =", "sockett ="));

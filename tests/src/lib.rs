@@ -1,1 +1,272 @@
-//! Harness for the integration tests: placeholder until written.
+//! Harness for the integration tests: runs the real `shareguard` binary on a temporary
+//! socket, store and metrics port, and kills it (SIGKILL) when dropped, so a failing test
+//! leaves no agent behind. Every agent gets its own directory, so tests run in parallel.
+//!
+//! The binary is the one cargo built next to the test executable (`target/<profile>/
+//! shareguard`); the README's test command builds it before running the tests.
+
+#![allow(clippy::unwrap_used)] // A harness failure is a test failure; panics say where.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use shareguard_proto::v1::{self as pb, node_agent_client::NodeAgentClient};
+use tonic::transport::Channel;
+
+pub use shareguard_proto::v1 as proto;
+
+/// How long an agent may take to become ready before the test fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub const DRIVER: &str = "shareguard.example.com";
+pub const POOL: &str = "node-a";
+
+/// The path of the `shareguard` binary built alongside the running test.
+pub fn agent_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("SHAREGUARD_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test-exe> -> target/<profile>/shareguard
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let bin = profile_dir.join("shareguard");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build -p shareguard`; the README's test command does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A device table for the agent's config: a generic device `name` with one `memory`
+/// capacity and a valid_range policy of `step`..=`capacity` in steps of `step`.
+pub fn generic_device(name: &str, capacity: &str, step: &str, namespaces: &[&str], admin: &[&str]) -> String {
+    let list = |v: &[&str]| v.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+    format!(
+        r#"
+[[device]]
+name = "{name}"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "generic"
+allowed_namespaces = [{}]
+admin_namespaces = [{}]
+[device.capacity.memory]
+value = "{capacity}"
+default = "{step}"
+valid_range = {{ min = "{step}", max = "{capacity}", step = "{step}" }}
+"#,
+        list(namespaces),
+        list(admin)
+    )
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `[[device]]` tables.
+    pub devices: String,
+    pub allowed_uids: Vec<u32>,
+    /// Extra lines for the `[agent]` table.
+    pub agent_extra: String,
+}
+
+impl Options {
+    pub fn new(devices: impl Into<String>) -> Self {
+        Self {
+            devices: devices.into(),
+            allowed_uids: vec![0],
+            agent_extra: String::new(),
+        }
+    }
+}
+
+/// A running agent with its own temporary directory.
+pub struct Agent {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub state_dir: PathBuf,
+    pub audit_log: PathBuf,
+    pub log: PathBuf,
+    pub metrics: Option<SocketAddr>,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Agent {
+    pub fn start(opts: Options) -> Agent {
+        let dir = tempfile::Builder::new().prefix("sg-it-").tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        let state_dir = dir.path().join("state");
+        let audit_log = dir.path().join("audit.jsonl");
+        let config = dir.path().join("agent.toml");
+        let uids = opts.allowed_uids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        let text = format!(
+            "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{}\n{}",
+            socket, state_dir, audit_log, opts.agent_extra, opts.devices
+        );
+        fs::write(&config, text).unwrap();
+        let mut a = Agent {
+            log: dir.path().join("agent-0.log"),
+            dir,
+            socket,
+            config,
+            state_dir,
+            audit_log,
+            metrics: None,
+            child: None,
+            starts: 0,
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        self.log = self.dir.path().join(format!("agent-{}.log", self.starts));
+        self.starts += 1;
+        let log = fs::File::create(&self.log).unwrap();
+        let child = Command::new(agent_bin())
+            .args(["agent", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.metrics = None;
+        self.wait_ready();
+    }
+
+    /// Waits for the "ready" log line (which names the metrics address) and then for
+    /// `/readyz` to answer 200; fails the test with the agent's log if it exits first.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("agent exited during start ({status}):\n{}", self.log_text());
+            }
+            if self.metrics.is_none() {
+                self.metrics = self.log_text().lines().filter(|l| l.contains(" ready ")).find_map(|l| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix("metrics="))
+                        .and_then(|a| a.parse().ok())
+                });
+            }
+            if let Some(addr) = self.metrics
+                && http_get(addr, "/readyz").is_some_and(|(code, _)| code == 200)
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "agent not ready after {READY_TIMEOUT:?}:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL, as a crash: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILL, then start again on the same config, store and socket path.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub async fn client(&self) -> NodeAgentClient<Channel> {
+        shareguard::client::connect(&self.socket).await.unwrap()
+    }
+
+    /// Runs the CLI against this agent.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(agent_bin()).arg("--socket").arg(&self.socket).args(args).output().unwrap()
+    }
+
+    /// GET on the metrics server: (status code, body).
+    pub fn http(&self, path: &str) -> (u16, String) {
+        http_get(self.metrics.unwrap(), path).unwrap()
+    }
+
+    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
+        fs::read_to_string(&self.audit_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Minimal HTTP/1.0 GET, enough for /readyz and /metrics without another dependency.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// A fresh lowercase UUIDv4 from the kernel.
+pub fn share_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap().trim().to_owned()
+}
+
+pub fn alloc(device: &str, share_id: &str, memory: &str) -> pb::DeviceAllocation {
+    pb::DeviceAllocation {
+        request: "mem".into(),
+        driver: DRIVER.into(),
+        pool: POOL.into(),
+        device: device.into(),
+        share_id: share_id.into(),
+        consumed_capacity: [("memory".to_owned(), memory.to_owned())].into_iter().collect(),
+        policy_version: "v1".into(),
+        ..Default::default()
+    }
+}
+
+pub fn claim(uid: &str, namespace: &str, allocation_id: &str, allocations: Vec<pb::DeviceAllocation>) -> pb::ClaimPrepare {
+    pb::ClaimPrepare {
+        claim: Some(pb::ClaimRef {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: format!("claim-{uid}"),
+        }),
+        allocation_id: allocation_id.into(),
+        target: None,
+        allocations,
+    }
+}
+
+pub fn claim_ref(uid: &str) -> pb::ClaimRef {
+    pb::ClaimRef {
+        uid: uid.into(),
+        ..Default::default()
+    }
+}
