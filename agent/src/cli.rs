@@ -11,10 +11,19 @@ use tokio_stream::StreamExt;
 use crate::{client::connect, config, convert::parse_phase, convert::phase_to_pb};
 
 #[derive(Parser, Debug)]
-#[command(name = "shareguard", version, about = "Enforce and verify DRA consumable-capacity shares on this node")]
+#[command(
+    name = "shareguard",
+    version,
+    about = "Enforce and verify DRA consumable-capacity shares on this node"
+)]
 pub struct Cli {
     /// The agent's API socket.
-    #[arg(long, global = true, env = "SHAREGUARD_SOCKET", default_value = "/run/shareguard/agent.sock")]
+    #[arg(
+        long,
+        global = true,
+        env = "SHAREGUARD_SOCKET",
+        default_value = "/run/shareguard/agent.sock"
+    )]
     pub socket: PathBuf,
     /// Output format: human tables, or proto3 canonical JSON.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
@@ -79,7 +88,12 @@ fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
 fn table(rows: Vec<Vec<String>>) -> String {
     let cols = rows.first().map(Vec::len).unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for r in rows {
@@ -108,20 +122,51 @@ fn phase_name(p: i32) -> String {
 
 fn share_rows(shares: &[pb::ShareStatus]) -> String {
     let mut rows = vec![
-        ["SHARE", "CLAIM", "DEVICE", "PHASE", "MECHANISM", "REQUESTED", "ENFORCED", "REASON"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "SHARE",
+            "CLAIM",
+            "DEVICE",
+            "PHASE",
+            "MECHANISM",
+            "REQUESTED",
+            "ENFORCED",
+            "REASON",
+        ]
+        .map(String::from)
+        .to_vec(),
     ];
     for s in shares {
-        let claim = s.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)).unwrap_or_default();
-        let req: Vec<String> = s.limits.iter().map(|l| format!("{}={}", l.name, l.requested)).collect();
+        let claim = s
+            .claim
+            .as_ref()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .unwrap_or_default();
+        let req: Vec<String> = s
+            .limits
+            .iter()
+            .map(|l| format!("{}={}", l.name, l.requested))
+            .collect();
         let enf: Vec<String> = s
             .limits
             .iter()
-            .map(|l| format!("{}={}", l.name, if l.enforced.is_empty() { "-" } else { &l.enforced }))
+            .map(|l| {
+                format!(
+                    "{}={}",
+                    l.name,
+                    if l.enforced.is_empty() {
+                        "-"
+                    } else {
+                        &l.enforced
+                    }
+                )
+            })
             .collect();
         rows.push(vec![
-            if s.share_id.is_empty() { "(dedicated)".into() } else { s.share_id.clone() },
+            if s.share_id.is_empty() {
+                "(dedicated)".into()
+            } else {
+                s.share_id.clone()
+            },
             claim,
             s.device.clone(),
             phase_name(s.phase),
@@ -136,9 +181,19 @@ fn share_rows(shares: &[pb::ShareStatus]) -> String {
 
 fn device_rows(devices: &[pb::DeviceStatus]) -> String {
     let mut rows = vec![
-        ["DEVICE", "DRIVER", "POOL", "KIND", "CAPACITY", "ALLOCATED", "FREE", "SHARES", "MECHANISMS"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "DEVICE",
+            "DRIVER",
+            "POOL",
+            "KIND",
+            "CAPACITY",
+            "ALLOCATED",
+            "FREE",
+            "SHARES",
+            "MECHANISMS",
+        ]
+        .map(String::from)
+        .to_vec(),
     ];
     for d in devices {
         rows.push(vec![
@@ -149,7 +204,11 @@ fn device_rows(devices: &[pb::DeviceStatus]) -> String {
             kv(&d.capacity),
             kv(&d.allocated),
             kv(&d.free),
-            format!("{}{}", d.live_shares, if d.dedicated { " (dedicated)" } else { "" }),
+            format!(
+                "{}{}",
+                d.live_shares,
+                if d.dedicated { " (dedicated)" } else { "" }
+            ),
             d.mechanisms.join(","),
         ]);
     }
@@ -159,7 +218,9 @@ fn device_rows(devices: &[pb::DeviceStatus]) -> String {
 fn read_input(file: &str) -> anyhow::Result<String> {
     if file == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading stdin")?;
         Ok(s)
     } else {
         std::fs::read_to_string(file).with_context(|| format!("reading {file}"))
@@ -173,16 +234,25 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Agent { .. } => bail!("`agent` is not a client command"),
         Cmd::Devices => {
-            let r = c.list_devices(pb::ListDevicesRequest {}).await?.into_inner();
+            let r = c
+                .list_devices(pb::ListDevicesRequest {})
+                .await?
+                .into_inner();
             match out {
                 Output::Json => println!("{}", json(&r)?),
                 Output::Table => print!("{}", device_rows(&r.devices)),
             }
         }
-        Cmd::Shares { device, namespace, phase } => {
+        Cmd::Shares {
+            device,
+            namespace,
+            phase,
+        } => {
             let phase = match phase {
                 None => pb::Phase::Unspecified,
-                Some(p) => phase_to_pb(parse_phase(&p).with_context(|| format!("--phase: {p:?} is not a phase"))?),
+                Some(p) => phase_to_pb(
+                    parse_phase(&p).with_context(|| format!("--phase: {p:?} is not a phase"))?,
+                ),
             };
             let r = c
                 .list_shares(pb::ListSharesRequest {
@@ -198,7 +268,10 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Cmd::Share { id } => {
-            let r = c.get_share(pb::GetShareRequest { share_id: id }).await?.into_inner();
+            let r = c
+                .get_share(pb::GetShareRequest { share_id: id })
+                .await?
+                .into_inner();
             match out {
                 Output::Json => println!("{}", json(&r)?),
                 Output::Table => print!("{}", share_rows(std::slice::from_ref(&r))),
@@ -224,8 +297,15 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                         match ev.share {
                             Some(sh) => println!(
                                 "{kind} {} {}/{} {} {}",
-                                if sh.share_id.is_empty() { "(dedicated)" } else { &sh.share_id },
-                                sh.claim.as_ref().map(|c| c.namespace.as_str()).unwrap_or(""),
+                                if sh.share_id.is_empty() {
+                                    "(dedicated)"
+                                } else {
+                                    &sh.share_id
+                                },
+                                sh.claim
+                                    .as_ref()
+                                    .map(|c| c.namespace.as_str())
+                                    .unwrap_or(""),
                                 sh.claim.as_ref().map(|c| c.name.as_str()).unwrap_or(""),
                                 sh.device,
                                 phase_name(sh.phase)
@@ -244,7 +324,8 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             match out {
                 Output::Json => println!("{}", json(&r)?),
                 Output::Table => {
-                    let shares: Vec<pb::ShareStatus> = r.claims.values().flat_map(|c| c.shares.clone()).collect();
+                    let shares: Vec<pb::ShareStatus> =
+                        r.claims.values().flat_map(|c| c.shares.clone()).collect();
                     print!("{}", share_rows(&shares));
                 }
             }
@@ -257,24 +338,43 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!(
                         "claim {uid}: {} {}{}{}",
                         e.code,
-                        if e.field.is_empty() { String::new() } else { format!("{}: ", e.field) },
+                        if e.field.is_empty() {
+                            String::new()
+                        } else {
+                            format!("{}: ", e.field)
+                        },
                         e.message,
                         if e.retryable { " (retryable)" } else { "" }
                     );
                 }
             }
-            return Ok(if refused { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+            return Ok(if refused {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
         }
         Cmd::Release { claim_uids, epoch } => {
             let epoch = match epoch {
                 Some(e) => e,
-                None => c.list_devices(pb::ListDevicesRequest {}).await?.into_inner().epoch,
+                None => {
+                    c.list_devices(pb::ListDevicesRequest {})
+                        .await?
+                        .into_inner()
+                        .epoch
+                }
             };
             let claims = claim_uids
                 .iter()
-                .map(|uid| pb::ClaimRef { uid: uid.clone(), ..Default::default() })
+                .map(|uid| pb::ClaimRef {
+                    uid: uid.clone(),
+                    ..Default::default()
+                })
                 .collect();
-            let r = c.unprepare(pb::UnprepareRequest { epoch, claims }).await?.into_inner();
+            let r = c
+                .unprepare(pb::UnprepareRequest { epoch, claims })
+                .await?
+                .into_inner();
             if out == Output::Json {
                 println!("{}", json(&r)?);
             }
@@ -289,7 +389,11 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                     None => {}
                 }
             }
-            return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+            return Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
         }
     }
     Ok(ExitCode::SUCCESS)

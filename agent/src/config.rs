@@ -180,25 +180,41 @@ impl Config {
         let metrics_addr = match a.metrics_addr {
             None => SocketAddr::from(([127, 0, 0, 1], 9464)),
             Some(s) => s.get_ref().parse().map_err(|e| {
-                err(s.span(), format!("agent.metrics_addr: {:?} is not host:port: {e}", s.get_ref()))
+                err(
+                    s.span(),
+                    format!(
+                        "agent.metrics_addr: {:?} is not host:port: {e}",
+                        s.get_ref()
+                    ),
+                )
             })?,
         };
         let max_claims_per_request = match a.max_claims_per_request {
             None => DEFAULT_MAX_CLAIMS,
             Some(n) if *n.get_ref() == 0 => {
-                return Err(err(n.span(), "agent.max_claims_per_request: must be at least 1".into()));
+                return Err(err(
+                    n.span(),
+                    "agent.max_claims_per_request: must be at least 1".into(),
+                ));
             }
             Some(n) => n.into_inner(),
         };
         let tombstone_retention = match a.tombstone_retention {
             None => Duration::from_secs(24 * 3600),
             Some(s) => humantime::parse_duration(s.get_ref()).map_err(|e| {
-                err(s.span(), format!("agent.tombstone_retention: {:?}: {e}", s.get_ref()))
+                err(
+                    s.span(),
+                    format!("agent.tombstone_retention: {:?}: {e}", s.get_ref()),
+                )
             })?,
         };
-        let state_dir = a.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
+        let state_dir = a
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
         let agent = AgentConfig {
-            socket: a.socket.unwrap_or_else(|| PathBuf::from("/run/shareguard/agent.sock")),
+            socket: a
+                .socket
+                .unwrap_or_else(|| PathBuf::from("/run/shareguard/agent.sock")),
             audit_log: a.audit_log.unwrap_or_else(|| state_dir.join("audit.jsonl")),
             state_dir,
             metrics_addr,
@@ -215,50 +231,100 @@ impl Config {
             let d = d.into_inner();
             let name = d.name.get_ref().clone();
             if !is_dns_label(&name) {
-                return Err(err(d.name.span(), format!("device.name: {name:?} is not a DNS label (lowercase letters, digits, '-', at most 63)")));
+                return Err(err(
+                    d.name.span(),
+                    format!(
+                        "device.name: {name:?} is not a DNS label (lowercase letters, digits, '-', at most 63)"
+                    ),
+                ));
             }
             if !names.insert(name.clone()) {
-                return Err(err(d.name.span(), format!("device.name: {name:?} is defined twice")));
+                return Err(err(
+                    d.name.span(),
+                    format!("device.name: {name:?} is defined twice"),
+                ));
             }
             if !is_dns_subdomain(d.driver.get_ref()) {
-                return Err(err(d.driver.span(), format!("device {name}: driver {:?} is not a DNS subdomain", d.driver.get_ref())));
+                return Err(err(
+                    d.driver.span(),
+                    format!(
+                        "device {name}: driver {:?} is not a DNS subdomain",
+                        d.driver.get_ref()
+                    ),
+                ));
             }
             if !is_pool_name(d.pool.get_ref()) {
-                return Err(err(d.pool.span(), format!("device {name}: pool {:?} is not a valid pool name", d.pool.get_ref())));
+                return Err(err(
+                    d.pool.span(),
+                    format!(
+                        "device {name}: pool {:?} is not a valid pool name",
+                        d.pool.get_ref()
+                    ),
+                ));
             }
-            if !ids.insert((d.driver.get_ref().clone(), d.pool.get_ref().clone(), name.clone())) {
-                return Err(err(dspan.clone(), format!("device {name}: driver/pool/name is not unique")));
+            if !ids.insert((
+                d.driver.get_ref().clone(),
+                d.pool.get_ref().clone(),
+                name.clone(),
+            )) {
+                return Err(err(
+                    dspan.clone(),
+                    format!("device {name}: driver/pool/name is not unique"),
+                ));
             }
             let kind = match d.kind.get_ref().as_str() {
                 "generic" => DeviceKind::Generic,
                 // Refused until their limiters exist: an agent that accepted them would
                 // report bandwidth or GPU shares it cannot enforce.
                 "net" | "gpu" => {
-                    return Err(err(d.kind.span(), format!(
-                        "device {name}: kind {:?} is not supported by this build yet (no limiter); use \"generic\" for accounting only",
-                        d.kind.get_ref()
-                    )));
+                    return Err(err(
+                        d.kind.span(),
+                        format!(
+                            "device {name}: kind {:?} is not supported by this build yet (no limiter); use \"generic\" for accounting only",
+                            d.kind.get_ref()
+                        ),
+                    ));
                 }
                 other => {
-                    return Err(err(d.kind.span(), format!("device {name}: kind {other:?} is not one of generic, net, gpu")));
+                    return Err(err(
+                        d.kind.span(),
+                        format!("device {name}: kind {other:?} is not one of generic, net, gpu"),
+                    ));
                 }
             };
             let mut allowed = Vec::new();
             for ns in d.allowed_namespaces {
                 if ns.get_ref() != "*" && !is_namespace(ns.get_ref()) {
-                    return Err(err(ns.span(), format!("device {name}: allowed_namespaces: {:?} is not a namespace name or \"*\"", ns.get_ref())));
+                    return Err(err(
+                        ns.span(),
+                        format!(
+                            "device {name}: allowed_namespaces: {:?} is not a namespace name or \"*\"",
+                            ns.get_ref()
+                        ),
+                    ));
                 }
                 allowed.push(ns.into_inner());
             }
             let mut admin = Vec::new();
             for ns in d.admin_namespaces {
                 if !is_namespace(ns.get_ref()) {
-                    return Err(err(ns.span(), format!("device {name}: admin_namespaces: {:?} is not a namespace name", ns.get_ref())));
+                    return Err(err(
+                        ns.span(),
+                        format!(
+                            "device {name}: admin_namespaces: {:?} is not a namespace name",
+                            ns.get_ref()
+                        ),
+                    ));
                 }
                 admin.push(ns.into_inner());
             }
             if d.capacity.is_empty() {
-                return Err(err(dspan, format!("device {name}: no [device.capacity.<name>] table: a device needs at least one capacity")));
+                return Err(err(
+                    dspan,
+                    format!(
+                        "device {name}: no [device.capacity.<name>] table: a device needs at least one capacity"
+                    ),
+                ));
             }
             let mut capacities = BTreeMap::new();
             for (cname, cap) in d.capacity {
@@ -266,13 +332,24 @@ impl Config {
                 let cap = cap.into_inner();
                 let cname_s = cname.get_ref().clone();
                 if !is_qualified_name(&cname_s) {
-                    return Err(err(cname.span(), format!("device {name}: capacity name {cname_s:?} is not a qualified name")));
+                    return Err(err(
+                        cname.span(),
+                        format!("device {name}: capacity name {cname_s:?} is not a qualified name"),
+                    ));
                 }
                 let value = Quantity::parse(cap.value.get_ref()).map_err(|e| {
-                    err(cap.value.span(), format!("device {name}: capacity {cname_s}.value: {e}"))
+                    err(
+                        cap.value.span(),
+                        format!("device {name}: capacity {cname_s}.value: {e}"),
+                    )
                 })?;
                 if value.is_negative() || value.is_zero() {
-                    return Err(err(cap.value.span(), format!("device {name}: capacity {cname_s}.value: {value} must be positive")));
+                    return Err(err(
+                        cap.value.span(),
+                        format!(
+                            "device {name}: capacity {cname_s}.value: {value} must be positive"
+                        ),
+                    ));
                 }
                 let range = cap.valid_range.as_ref().map(|r| {
                     let r = r.get_ref();
@@ -283,11 +360,21 @@ impl Config {
                     &cap.valid_values,
                     range,
                 )
-                .map_err(|e| err(cspan.clone(), format!("device {name}: capacity {cname_s}: {e}")))?;
+                .map_err(|e| {
+                    err(
+                        cspan.clone(),
+                        format!("device {name}: capacity {cname_s}: {e}"),
+                    )
+                })?;
                 if let Some(d) = policy.default
                     && d > value
                 {
-                    return Err(err(cspan, format!("device {name}: capacity {cname_s}: default {d} exceeds the capacity {value}")));
+                    return Err(err(
+                        cspan,
+                        format!(
+                            "device {name}: capacity {cname_s}: default {d} exceeds the capacity {value}"
+                        ),
+                    ));
                 }
                 capacities.insert(cname_s, CapacityConfig { value, policy });
             }
@@ -312,7 +399,11 @@ impl Config {
 /// 1-based line of a byte offset, for error messages.
 fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -343,7 +434,10 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         assert_eq!(c.agent.allowed_uids, vec![0, 1000]);
         assert_eq!(c.agent.audit_log, PathBuf::from("/tmp/state/audit.jsonl"));
         let d = c.device("gen-0").unwrap();
-        assert_eq!(d.capacities["memory"].value, Quantity::parse("40Gi").unwrap());
+        assert_eq!(
+            d.capacities["memory"].value,
+            Quantity::parse("40Gi").unwrap()
+        );
         assert!(d.allows_namespace("team-a"));
         assert!(!d.allows_namespace("team-c"));
     }
@@ -370,7 +464,9 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         assert_eq!(e.line, 3, "{e}");
         assert!(e.message.contains("sockett"), "{e}");
 
-        let e = err_of(&format!("{GOOD}\n[[device]]\nname = \"gen-0\"\ndriver = \"d.example\"\npool = \"p\"\nkind = \"generic\"\n[device.capacity.x]\nvalue = \"1\"\n"));
+        let e = err_of(&format!(
+            "{GOOD}\n[[device]]\nname = \"gen-0\"\ndriver = \"d.example\"\npool = \"p\"\nkind = \"generic\"\n[device.capacity.x]\nvalue = \"1\"\n"
+        ));
         assert!(e.message.contains("defined twice"), "{e}");
 
         let e = err_of(&GOOD.replace("kind = \"generic\"", "kind = \"net\""));

@@ -70,7 +70,11 @@ pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {
             .map(|(name, q)| pb::CapacityLimit {
                 name: name.clone(),
                 requested: q.to_string(),
-                enforced: r.enforced.get(name).map(|e| e.to_string()).unwrap_or_default(),
+                enforced: r
+                    .enforced
+                    .get(name)
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             })
             .collect(),
         usage: Vec::new(),
@@ -99,10 +103,27 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         driver: c.driver.clone(),
         pool: c.pool.clone(),
         kind: c.kind.as_str().to_owned(),
-        capacity: c.capacities.iter().map(|(k, v)| (k.clone(), v.value.to_string())).collect(),
-        allocated: d.usage.allocated.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
-        free: d.free.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
-        policy: c.capacities.iter().map(|(k, v)| (k.clone(), v.policy.to_proto())).collect(),
+        capacity: c
+            .capacities
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value.to_string()))
+            .collect(),
+        allocated: d
+            .usage
+            .allocated
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        free: d
+            .free
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        policy: c
+            .capacities
+            .iter()
+            .map(|(k, v)| (k.clone(), v.policy.to_proto()))
+            .collect(),
         allowed_namespaces: c.allowed_namespaces.clone(),
         admin_namespaces: c.admin_namespaces.clone(),
         mechanisms: d.mechanisms.clone(),

@@ -58,7 +58,12 @@ pub struct ClaimError {
 }
 
 impl ClaimError {
-    fn new(code: Code, field: impl Into<String>, message: impl Into<String>, retryable: bool) -> Self {
+    fn new(
+        code: Code,
+        field: impl Into<String>,
+        message: impl Into<String>,
+        retryable: bool,
+    ) -> Self {
         Self {
             code,
             field: field.into(),

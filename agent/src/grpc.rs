@@ -12,7 +12,7 @@ use tracing::{debug, info_span};
 use crate::{
     convert::{device_to_pb, outcome_to_pb, phase_from_pb, share_to_pb},
     engine::{Engine, ShareFilter},
-    error::{RequestError, ClaimError},
+    error::{ClaimError, RequestError},
 };
 
 /// How many watch events may wait for a slow client before its stream falls behind and
@@ -27,7 +27,10 @@ pub struct Api {
 impl Api {
     pub fn new(engine: Arc<Engine>) -> Self {
         let allowed_uids = engine.config().agent.allowed_uids.clone();
-        Self { engine, allowed_uids }
+        Self {
+            engine,
+            allowed_uids,
+        }
     }
 
     /// Callers are identified by the kernel's peer credentials on the unix socket, never
@@ -85,7 +88,10 @@ impl NodeAgent for Api {
             .prepare(r.epoch, &r.claims, uid)
             .await
             .map_err(|e| e.to_status())?;
-        let claims = outcomes.iter().map(|o| (o.uid.clone(), outcome_to_pb(o))).collect();
+        let claims = outcomes
+            .iter()
+            .map(|o| (o.uid.clone(), outcome_to_pb(o)))
+            .collect();
         Ok(Response::new(pb::PrepareResponse { claims }))
     }
 
@@ -127,7 +133,12 @@ impl NodeAgent for Api {
         self.caller(&req)?;
         let r = req.into_inner();
         let f = filter(&r.device, &r.namespace, r.phase)?;
-        let shares = self.engine.list_shares(&f).iter().map(share_to_pb).collect();
+        let shares = self
+            .engine
+            .list_shares(&f)
+            .iter()
+            .map(share_to_pb)
+            .collect();
         Ok(Response::new(pb::ListSharesResponse { shares }))
     }
 
@@ -146,13 +157,23 @@ impl NodeAgent for Api {
             let send = |kind: pb::watch_shares_response::Kind, share: Option<pb::ShareStatus>| {
                 let tx = tx.clone();
                 async move {
-                    tx.send(Ok(pb::WatchSharesResponse { kind: kind as i32, share })).await.is_ok()
+                    tx.send(Ok(pb::WatchSharesResponse {
+                        kind: kind as i32,
+                        share,
+                    }))
+                    .await
+                    .is_ok()
                 }
             };
             'resync: loop {
                 let (snapshot, mut events) = engine.subscribe(&f);
                 for r in &snapshot {
-                    if !send(pb::watch_shares_response::Kind::Snapshot, Some(share_to_pb(r))).await {
+                    if !send(
+                        pb::watch_shares_response::Kind::Snapshot,
+                        Some(share_to_pb(r)),
+                    )
+                    .await
+                    {
                         return;
                     }
                 }
@@ -162,7 +183,12 @@ impl NodeAgent for Api {
                 loop {
                     match events.recv().await {
                         Ok(r) if f.matches(&r) => {
-                            if !send(pb::watch_shares_response::Kind::Changed, Some(share_to_pb(&r))).await {
+                            if !send(
+                                pb::watch_shares_response::Kind::Changed,
+                                Some(share_to_pb(&r)),
+                            )
+                            .await
+                            {
                                 return;
                             }
                         }

@@ -27,11 +27,18 @@ async fn metrics(State(c): State<Ctx>) -> impl IntoResponse {
     match c.engine.metrics().render(&c.engine) {
         Ok(body) => (
             StatusCode::OK,
-            [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         )
             .into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n").into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics encoding failed\n",
+        )
+            .into_response(),
     }
 }
 

@@ -51,7 +51,10 @@ impl State {
         Some(r)
     }
 
-    pub fn device_records<'a>(&'a self, device: &str) -> impl Iterator<Item = &'a ShareRecord> + 'a {
+    pub fn device_records<'a>(
+        &'a self,
+        device: &str,
+    ) -> impl Iterator<Item = &'a ShareRecord> + 'a {
         self.by_device
             .get(device)
             .into_iter()
@@ -72,7 +75,11 @@ pub struct DeviceUsage {
 
 pub fn usage(state: &State, dev: &DeviceConfig) -> DeviceUsage {
     let mut u = DeviceUsage {
-        allocated: dev.capacities.keys().map(|k| (k.clone(), Quantity::ZERO)).collect(),
+        allocated: dev
+            .capacities
+            .keys()
+            .map(|k| (k.clone(), Quantity::ZERO))
+            .collect(),
         ..Default::default()
     };
     for r in state.device_records(&dev.name) {
@@ -108,7 +115,9 @@ pub fn check_claim(cfg: &Config, state: &State, claim: &ValidClaim) -> Result<()
     }
     for (device, allocs) in by_device {
         let Some(dev) = cfg.device(device) else {
-            return Err(ClaimError::internal(format!("device {device} vanished from the inventory")));
+            return Err(ClaimError::internal(format!(
+                "device {device} vanished from the inventory"
+            )));
         };
         let u = usage(state, dev);
         let field = |a: &crate::validate::ValidAlloc, rest: &str| {
@@ -117,7 +126,9 @@ pub fn check_claim(cfg: &Config, state: &State, claim: &ValidClaim) -> Result<()
         if let Some(holder) = &u.dedicated_by {
             return Err(ClaimError::exhausted(
                 field(allocs[0], ".device"),
-                format!("device {device} is held whole by a dedicated allocation of claim {holder}"),
+                format!(
+                    "device {device} is held whole by a dedicated allocation of claim {holder}"
+                ),
             ));
         }
         if let Some(d) = allocs.iter().find(|a| a.share_id.is_none()) {

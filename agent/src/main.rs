@@ -9,7 +9,10 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("shareguard: cannot start the async runtime: {e}");
@@ -19,11 +22,14 @@ fn main() -> ExitCode {
     let result = match &cli.cmd {
         Cmd::Agent { config } => {
             tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+                .with_env_filter(
+                    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+                )
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
-            rt.block_on(shareguard::server::run(config)).map(|()| ExitCode::SUCCESS)
+            rt.block_on(shareguard::server::run(config))
+                .map(|()| ExitCode::SUCCESS)
         }
         _ => rt.block_on(run_client(cli)),
     };

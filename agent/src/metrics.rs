@@ -4,10 +4,7 @@
 //! Capacity gauges are in the capacity's own base unit (bytes for memory, bit/s for
 //! bandwidth): the device config decides the unit, so it is a label, not a name suffix.
 
-use std::{
-    sync::atomic::AtomicU64,
-    time::Duration,
-};
+use std::{sync::atomic::AtomicU64, time::Duration};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -90,13 +87,21 @@ impl Metrics {
             "Capacity held by live shares (every phase but FAILED and RELEASED)",
             allocated.clone(),
         );
-        registry.register("shareguard_device_free", "Capacity not held by any share", free.clone());
+        registry.register(
+            "shareguard_device_free",
+            "Capacity not held by any share",
+            free.clone(),
+        );
         registry.register(
             "shareguard_device_live_shares",
             "Shares holding capacity on a device",
             live_shares.clone(),
         );
-        registry.register("shareguard_shares", "Share records by phase", shares.clone());
+        registry.register(
+            "shareguard_shares",
+            "Share records by phase",
+            shares.clone(),
+        );
         registry.register(
             "shareguard_prepare_duration_seconds",
             "Time to answer one claim of a Prepare, durable write included",
@@ -139,7 +144,12 @@ impl Metrics {
                     capacity: name.clone(),
                 };
                 self.capacity.get_or_create(&l).set(as_f64(&cap.value));
-                let used = d.usage.allocated.get(name).copied().unwrap_or(Quantity::ZERO);
+                let used = d
+                    .usage
+                    .allocated
+                    .get(name)
+                    .copied()
+                    .unwrap_or(Quantity::ZERO);
                 self.allocated.get_or_create(&l).set(as_f64(&used));
                 let free = d.free.get(name).copied().unwrap_or(Quantity::ZERO);
                 self.free.get_or_create(&l).set(as_f64(&free));

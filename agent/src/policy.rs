@@ -90,7 +90,9 @@ impl Policy {
                     {
                         return Err(perr(
                             format!("valid_values[{i}]"),
-                            format!("{v:?} is not above the previous value {prev}: values must be ascending and unique"),
+                            format!(
+                                "{v:?} is not above the previous value {prev}: values must be ascending and unique"
+                            ),
                         ));
                     }
                     values.push(q);
@@ -104,10 +106,7 @@ impl Policy {
                 if let Some(max) = max
                     && max < min
                 {
-                    return Err(perr(
-                        "valid_range.max",
-                        format!("{max} is below min {min}"),
-                    ));
+                    return Err(perr("valid_range.max", format!("{max} is below min {min}")));
                 }
                 if let Some(step) = step
                     && step.is_zero()
@@ -126,9 +125,12 @@ impl Policy {
         }
         let policy = Policy { default, rule };
         if let Some(d) = default {
-            policy
-                .allows(&d)
-                .map_err(|why| perr("default", format!("{d} is not allowed by the policy: {why}")))?;
+            policy.allows(&d).map_err(|why| {
+                perr(
+                    "default",
+                    format!("{d} is not allowed by the policy: {why}"),
+                )
+            })?;
         }
         Ok(policy)
     }
@@ -136,7 +138,10 @@ impl Policy {
     pub fn from_proto(p: &pb::CapacityPolicy) -> Result<Policy, PolicyError> {
         let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
         let default = opt(&p.default);
-        let range = p.valid_range.as_ref().map(|r| (r.min.clone(), opt(&r.max), opt(&r.step)));
+        let range = p
+            .valid_range
+            .as_ref()
+            .map(|r| (r.min.clone(), opt(&r.max), opt(&r.step)));
         Policy::from_parts(
             default.as_deref(),
             &p.valid_values,
@@ -177,7 +182,10 @@ impl Policy {
                     Ok(())
                 } else {
                     let list: Vec<String> = values.iter().map(|q| q.to_string()).collect();
-                    Err(format!("{amount} is not one of the valid values [{}]", list.join(", ")))
+                    Err(format!(
+                        "{amount} is not one of the valid values [{}]",
+                        list.join(", ")
+                    ))
                 }
             }
             Rule::Range { min, max, step } => {
@@ -191,9 +199,9 @@ impl Policy {
                 }
                 if let Some(step) = step {
                     // amount >= min, so the difference cannot be negative.
-                    let off = amount.checked_sub(min).ok_or_else(|| {
-                        format!("{amount} - {min} overflows")
-                    })?;
+                    let off = amount
+                        .checked_sub(min)
+                        .ok_or_else(|| format!("{amount} - {min} overflows"))?;
                     if off.exact_div(step).is_none() {
                         return Err(format!(
                             "{amount} is not min {min} plus a whole number of steps of {step}"
@@ -224,8 +232,16 @@ mod tests {
         for ok in ["5Gi", "10Gi", "40Gi", "21474836480"] {
             assert_eq!(p.allows(&q(ok)), Ok(()), "{ok}");
         }
-        assert!(p.allows(&q("4Gi")).unwrap_err().contains("below the minimum"));
-        assert!(p.allows(&q("45Gi")).unwrap_err().contains("above the maximum"));
+        assert!(
+            p.allows(&q("4Gi"))
+                .unwrap_err()
+                .contains("below the minimum")
+        );
+        assert!(
+            p.allows(&q("45Gi"))
+                .unwrap_err()
+                .contains("above the maximum")
+        );
         assert!(p.allows(&q("6Gi")).unwrap_err().contains("steps"));
         // The agent never rounds: 5Gi plus one byte is refused, not rounded to 10Gi.
         assert!(p.allows(&q("5368709121")).is_err());
@@ -243,7 +259,10 @@ mod tests {
     fn values_must_match_exactly() {
         let p = Policy::from_parts(Some("1Gi"), &["1Gi".into(), "4Gi".into()], None).unwrap();
         assert!(p.allows(&q("1Gi")).is_ok());
-        assert!(p.allows(&q("4096Mi")).is_ok(), "equal values in another unit");
+        assert!(
+            p.allows(&q("4096Mi")).is_ok(),
+            "equal values in another unit"
+        );
         assert!(p.allows(&q("2Gi")).unwrap_err().contains("not one of"));
     }
 

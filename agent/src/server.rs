@@ -28,7 +28,8 @@ use crate::{
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 fn boot_id() -> anyhow::Result<String> {
-    let id = std::fs::read_to_string(BOOT_ID_PATH).with_context(|| format!("reading {BOOT_ID_PATH}"))?;
+    let id =
+        std::fs::read_to_string(BOOT_ID_PATH).with_context(|| format!("reading {BOOT_ID_PATH}"))?;
     Ok(id.trim().to_owned())
 }
 
@@ -42,9 +43,13 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                bail!("{}: another agent is serving on this socket", path.display());
+                bail!(
+                    "{}: another agent is serving on this socket",
+                    path.display()
+                );
             }
-            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing stale {}", path.display()))?;
         }
         Ok(_) => bail!("{}: exists and is not a socket", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -103,7 +108,8 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     });
 
     let sweeper = engine.clone();
-    let period = (cfg.agent.tombstone_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let period =
+        (cfg.agent.tombstone_retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
         loop {

@@ -104,13 +104,15 @@ impl Store {
             out.claims.push(decode("claims", &k, &v)?);
         }
         if let Some(v) = self.meta.get(EPOCH_KEY)? {
-            let bytes: [u8; 8] = v.as_ref().try_into().map_err(|_| StoreError::Meta("epoch"))?;
+            let bytes: [u8; 8] = v
+                .as_ref()
+                .try_into()
+                .map_err(|_| StoreError::Meta("epoch"))?;
             out.epoch = u64::from_be_bytes(bytes);
         }
         if let Some(v) = self.meta.get(BOOT_ID_KEY)? {
-            out.boot_id = Some(
-                String::from_utf8(v.to_vec()).map_err(|_| StoreError::Meta("boot_id"))?,
-            );
+            out.boot_id =
+                Some(String::from_utf8(v.to_vec()).map_err(|_| StoreError::Meta("boot_id"))?);
         }
         Ok(out)
     }

@@ -77,7 +77,8 @@ pub fn check_share_id(s: &str) -> Result<(), String> {
 pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -122,9 +123,15 @@ fn check_id(field: &str, s: &str) -> Result<(), ClaimError> {
         return Err(ClaimError::invalid(field, "required"));
     }
     if s.len() > MAX_ID_LEN {
-        return Err(ClaimError::invalid(field, format!("longer than {MAX_ID_LEN} characters")));
+        return Err(ClaimError::invalid(
+            field,
+            format!("longer than {MAX_ID_LEN} characters"),
+        ));
     }
-    if !s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
         return Err(ClaimError::invalid(
             field,
             format!("{s:?} may contain only letters, digits, '-', '_' and '.'"),
@@ -162,7 +169,10 @@ pub fn validate_claim_uid(field: &str, c: &pb::ClaimRef) -> Result<(), ClaimErro
 
 fn check_path_components(field: &str, p: &str) -> Result<(), ClaimError> {
     if p.len() > MAX_PATH_LEN {
-        return Err(ClaimError::invalid(field, format!("longer than {MAX_PATH_LEN} bytes")));
+        return Err(ClaimError::invalid(
+            field,
+            format!("longer than {MAX_PATH_LEN} bytes"),
+        ));
     }
     if p.bytes().any(|b| b == 0 || b.is_ascii_control()) {
         return Err(ClaimError::invalid(field, "contains control characters"));
@@ -170,7 +180,12 @@ fn check_path_components(field: &str, p: &str) -> Result<(), ClaimError> {
     let rest = p.strip_prefix('/').unwrap_or(p);
     for comp in rest.split('/') {
         match comp {
-            "" => return Err(ClaimError::invalid(field, format!("{p:?} has an empty path component"))),
+            "" => {
+                return Err(ClaimError::invalid(
+                    field,
+                    format!("{p:?} has an empty path component"),
+                ));
+            }
             "." | ".." => {
                 return Err(ClaimError::invalid(
                     field,
@@ -216,7 +231,10 @@ fn validate_target(field: &str, t: Option<&pb::PodTarget>) -> Result<TargetRecor
     if t.cgroup_paths.len() > MAX_CGROUP_PATHS {
         return Err(ClaimError::invalid(
             format!("{field}.cgroup_paths"),
-            format!("{} entries, at most {MAX_CGROUP_PATHS}", t.cgroup_paths.len()),
+            format!(
+                "{} entries, at most {MAX_CGROUP_PATHS}",
+                t.cgroup_paths.len()
+            ),
         ));
     }
     for (i, p) in t.cgroup_paths.iter().enumerate() {
@@ -231,11 +249,14 @@ fn validate_target(field: &str, t: Option<&pb::PodTarget>) -> Result<TargetRecor
         let ok = i.len() <= MAX_IFNAME_LEN
             && i != "."
             && i != ".."
-            && i.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+            && i.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
         if !ok {
             return Err(ClaimError::invalid(
                 format!("{field}.interface"),
-                format!("{i:?} is not an interface name (1-{MAX_IFNAME_LEN} printable characters, no '/' or ':')"),
+                format!(
+                    "{i:?} is not an interface name (1-{MAX_IFNAME_LEN} printable characters, no '/' or ':')"
+                ),
             ));
         }
     }
@@ -255,25 +276,37 @@ fn validate_alloc(
     a: &pb::DeviceAllocation,
 ) -> Result<ValidAlloc, ClaimError> {
     if !is_dns_subdomain(&a.driver) {
-        return Err(ClaimError::invalid(format!("{field}.driver"), format!("{:?} is not a driver name", a.driver)));
+        return Err(ClaimError::invalid(
+            format!("{field}.driver"),
+            format!("{:?} is not a driver name", a.driver),
+        ));
     }
     if !is_pool_name(&a.pool) {
-        return Err(ClaimError::invalid(format!("{field}.pool"), format!("{:?} is not a pool name", a.pool)));
+        return Err(ClaimError::invalid(
+            format!("{field}.pool"),
+            format!("{:?} is not a pool name", a.pool),
+        ));
     }
     if !is_dns_label(&a.device) {
-        return Err(ClaimError::invalid(format!("{field}.device"), format!("{:?} is not a device name", a.device)));
+        return Err(ClaimError::invalid(
+            format!("{field}.device"),
+            format!("{:?} is not a device name", a.device),
+        ));
     }
-    if a.request.is_empty()
-        || a.request.len() > 127
-        || !a.request.split('/').all(is_dns_label)
-    {
+    if a.request.is_empty() || a.request.len() > 127 || !a.request.split('/').all(is_dns_label) {
         return Err(ClaimError::invalid(
             format!("{field}.request"),
-            format!("{:?} is not a request name (DNS label, or request/subrequest)", a.request),
+            format!(
+                "{:?} is not a request name (DNS label, or request/subrequest)",
+                a.request
+            ),
         ));
     }
     if a.policy_version.len() > MAX_ID_LEN {
-        return Err(ClaimError::invalid(format!("{field}.policy_version"), format!("longer than {MAX_ID_LEN} characters")));
+        return Err(ClaimError::invalid(
+            format!("{field}.policy_version"),
+            format!("longer than {MAX_ID_LEN} characters"),
+        ));
     }
     let dev = cfg
         .devices
@@ -282,7 +315,10 @@ fn validate_alloc(
         .ok_or_else(|| {
             ClaimError::invalid(
                 format!("{field}.device"),
-                format!("unknown device {}/{}/{}: not in this node's inventory", a.driver, a.pool, a.device),
+                format!(
+                    "unknown device {}/{}/{}: not in this node's inventory",
+                    a.driver, a.pool, a.device
+                ),
             )
         })?;
 
@@ -316,7 +352,11 @@ fn validate_alloc(
             let have: Vec<&str> = dev.capacities.keys().map(String::as_str).collect();
             return Err(ClaimError::invalid(
                 f,
-                format!("device {} has no capacity {name:?} (it has: {})", dev.name, have.join(", ")),
+                format!(
+                    "device {} has no capacity {name:?} (it has: {})",
+                    dev.name,
+                    have.join(", ")
+                ),
             ));
         };
         let q = Quantity::parse(amount).map_err(|e| ClaimError::invalid(&f, e.to_string()))?;
@@ -324,7 +364,10 @@ fn validate_alloc(
             return Err(ClaimError::invalid(&f, format!("{amount:?} is negative")));
         }
         cap.policy.allows(&q).map_err(|why| {
-            ClaimError::invalid(&f, format!("not allowed by device {}'s policy: {why}", dev.name))
+            ClaimError::invalid(
+                &f,
+                format!("not allowed by device {}'s policy: {why}", dev.name),
+            )
         })?;
         consumed.insert(name.clone(), q);
     }
@@ -340,13 +383,19 @@ fn validate_alloc(
     for (name, p) in &a.policy {
         let f = format!("{field}.policy[{name}]");
         let Some(q) = consumed.get(name) else {
-            return Err(ClaimError::invalid(f, format!("policy for capacity {name:?} the allocation does not consume")));
+            return Err(ClaimError::invalid(
+                f,
+                format!("policy for capacity {name:?} the allocation does not consume"),
+            ));
         };
         let snapshot = Policy::from_proto(p).map_err(|e| ClaimError::invalid(&f, e.to_string()))?;
         snapshot.allows(q).map_err(|why| {
             ClaimError::invalid(
                 format!("{field}.consumed_capacity[{name}]"),
-                format!("not allowed by the policy snapshot (version {:?}): {why}", a.policy_version),
+                format!(
+                    "not allowed by the policy snapshot (version {:?}): {why}",
+                    a.policy_version
+                ),
             )
         })?;
     }
@@ -365,18 +414,28 @@ fn validate_alloc(
 }
 
 /// Checks one claim of a Prepare. `index` is its position in the request.
-pub fn validate_claim(cfg: &Config, index: usize, c: &pb::ClaimPrepare) -> Result<ValidClaim, ClaimError> {
+pub fn validate_claim(
+    cfg: &Config,
+    index: usize,
+    c: &pb::ClaimPrepare,
+) -> Result<ValidClaim, ClaimError> {
     let field = format!("claims[{index}]");
     let claim = validate_claim_ref(&format!("{field}.claim"), c.claim.as_ref())?;
     check_id(&format!("{field}.allocation_id"), &c.allocation_id)?;
     let target = validate_target(&format!("{field}.target"), c.target.as_ref())?;
     if c.allocations.is_empty() {
-        return Err(ClaimError::invalid(format!("{field}.allocations"), "required"));
+        return Err(ClaimError::invalid(
+            format!("{field}.allocations"),
+            "required",
+        ));
     }
     if c.allocations.len() > MAX_ALLOCATIONS_PER_CLAIM {
         return Err(ClaimError::invalid(
             format!("{field}.allocations"),
-            format!("{} entries, at most {MAX_ALLOCATIONS_PER_CLAIM}", c.allocations.len()),
+            format!(
+                "{} entries, at most {MAX_ALLOCATIONS_PER_CLAIM}",
+                c.allocations.len()
+            ),
         ));
     }
     let mut allocs = Vec::with_capacity(c.allocations.len());
@@ -385,7 +444,11 @@ pub fn validate_claim(cfg: &Config, index: usize, c: &pb::ClaimPrepare) -> Resul
         let af = format!("{field}.allocations[{i}]");
         let v = validate_alloc(cfg, &claim, &af, i, a)?;
         if !keys.insert(v.key.clone()) {
-            let what = if v.share_id.is_some() { "share_id" } else { "device" };
+            let what = if v.share_id.is_some() {
+                "share_id"
+            } else {
+                "device"
+            };
             return Err(ClaimError::invalid(
                 format!("{af}.{what}"),
                 format!("{} appears twice in the claim", v.key),
@@ -409,18 +472,27 @@ pub fn authorize(cfg: &Config, c: &ValidClaim) -> Result<(), ClaimError> {
         let field = format!("claims[{}].allocations[{}]", c.index, a.index);
         // validate_alloc resolved the device, so it exists.
         let Some(dev) = cfg.device(&a.device) else {
-            return Err(ClaimError::internal(format!("device {} vanished from the inventory", a.device)));
+            return Err(ClaimError::internal(format!(
+                "device {} vanished from the inventory",
+                a.device
+            )));
         };
         if !dev.allows_namespace(&c.claim.namespace) {
             return Err(ClaimError::denied(
                 format!("claims[{}].claim.namespace", c.index),
-                format!("namespace {:?} may not use device {}", c.claim.namespace, dev.name),
+                format!(
+                    "namespace {:?} may not use device {}",
+                    c.claim.namespace, dev.name
+                ),
             ));
         }
         if a.admin_access && !dev.is_admin_namespace(&c.claim.namespace) {
             return Err(ClaimError::denied(
                 format!("{field}.admin_access"),
-                format!("namespace {:?} is not an admin namespace of device {}", c.claim.namespace, dev.name),
+                format!(
+                    "namespace {:?} is not an admin namespace of device {}",
+                    c.claim.namespace, dev.name
+                ),
             ));
         }
     }
@@ -434,9 +506,19 @@ mod tests {
     #[test]
     fn share_ids() {
         assert!(check_share_id("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c").is_ok());
-        assert!(check_share_id("3F1C2A4E-8B7D-4C1E-9A2B-0D1E2F3A4B5C").unwrap_err().contains("lowercase"));
-        assert!(check_share_id("3f1c2a4e-8b7d-1c1e-9a2b-0d1e2f3a4b5c").is_err(), "version 1");
-        assert!(check_share_id("3f1c2a4e-8b7d-4c1e-7a2b-0d1e2f3a4b5c").is_err(), "variant");
+        assert!(
+            check_share_id("3F1C2A4E-8B7D-4C1E-9A2B-0D1E2F3A4B5C")
+                .unwrap_err()
+                .contains("lowercase")
+        );
+        assert!(
+            check_share_id("3f1c2a4e-8b7d-1c1e-9a2b-0d1e2f3a4b5c").is_err(),
+            "version 1"
+        );
+        assert!(
+            check_share_id("3f1c2a4e-8b7d-4c1e-7a2b-0d1e2f3a4b5c").is_err(),
+            "variant"
+        );
         assert!(check_share_id("3f1c2a4e8b7d4c1e9a2b0d1e2f3a4b5c").is_err());
         assert!(check_share_id("").is_err());
         assert!(check_share_id("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5g").is_err());
@@ -460,7 +542,12 @@ mod tests {
     fn paths() {
         assert!(check_netns_path("f", "/var/run/netns/cni-1234").is_ok());
         assert!(check_netns_path("f", "/proc/42/ns/net").is_ok());
-        assert!(check_netns_path("f", "/var/run/netns/../../etc/passwd").unwrap_err().message.contains("traversal"));
+        assert!(
+            check_netns_path("f", "/var/run/netns/../../etc/passwd")
+                .unwrap_err()
+                .message
+                .contains("traversal")
+        );
         assert!(check_netns_path("f", "/etc/passwd").is_err());
         assert!(check_netns_path("f", "/proc/self/ns/net").is_err());
         assert!(check_path_components("f", "/kubepods.slice/pod1.slice").is_ok());

@@ -6,13 +6,12 @@ mod locks;
 mod prepare;
 mod query;
 mod recover;
-mod unprepare;
 #[cfg(test)]
 mod tests;
+mod unprepare;
 
 use std::{
     collections::HashMap,
-    path::Path,
     sync::{Arc, Mutex},
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -43,7 +42,10 @@ pub enum OpenError {
     #[error("state store at {path}: {source}")]
     Store { path: String, source: StoreError },
     #[error("audit log {path}: {source}")]
-    Audit { path: String, source: std::io::Error },
+    Audit {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("no limiter for device {0}")]
     NoLimiter(String),
 }
@@ -64,7 +66,12 @@ pub fn default_limiters(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
     cfg.devices
         .iter()
         .filter(|d| d.kind == DeviceKind::Generic)
-        .map(|d| (d.name.clone(), Arc::new(AccountingLimiter) as Arc<dyn Limiter>))
+        .map(|d| {
+            (
+                d.name.clone(),
+                Arc::new(AccountingLimiter) as Arc<dyn Limiter>,
+            )
+        })
         .collect()
 }
 
@@ -197,14 +204,17 @@ impl Engine {
     /// Removes RELEASED and FAILED records whose retention has passed, and claim records
     /// left with no shares. Returns how many share records were removed.
     pub async fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let retention = u64::try_from(self.cfg.agent.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
+        let retention =
+            u64::try_from(self.cfg.agent.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
         let removed = {
             let mut st = lock(&self.state);
             let expired: Vec<String> = st
                 .records
                 .values()
                 .filter(|r| !r.phase.holds_capacity())
-                .filter(|r| now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms)) >= retention)
+                .filter(|r| {
+                    now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms)) >= retention
+                })
                 .map(|r| r.key.clone())
                 .collect();
             if expired.is_empty() {
@@ -252,20 +262,26 @@ fn spec_of(r: &ShareRecord) -> LimitSpec {
 
 /// I5: ENFORCED only when every consumed capacity was read back equal to the request.
 /// Returns the phase and, when it is not ENFORCED, why.
-fn judge(r: &ShareRecord, enforced: &std::collections::BTreeMap<String, shareguard_common::Quantity>) -> (Phase, String) {
+fn judge(
+    r: &ShareRecord,
+    enforced: &std::collections::BTreeMap<String, shareguard_common::Quantity>,
+) -> (Phase, String) {
     for (name, want) in &r.consumed {
         match enforced.get(name) {
-            None => return (Phase::Degraded, format!("{name}: nothing enforced was read back")),
+            None => {
+                return (
+                    Phase::Degraded,
+                    format!("{name}: nothing enforced was read back"),
+                );
+            }
             Some(got) if got != want => {
-                return (Phase::Degraded, format!("{name}: read back {got}, requested {want}"));
+                return (
+                    Phase::Degraded,
+                    format!("{name}: read back {got}, requested {want}"),
+                );
             }
             Some(_) => {}
         }
     }
     (Phase::Enforced, "limit applied and read back".to_owned())
-}
-
-/// Where the store lives under a state directory (for tools and tests).
-pub fn store_dir(state_dir: &Path) -> std::path::PathBuf {
-    state_dir.join("store")
 }

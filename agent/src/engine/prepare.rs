@@ -41,7 +41,11 @@ pub(crate) const ACCOUNTED_REASON: &str =
     "accounted (not enforced): the device has no enforcement mechanism";
 
 impl Engine {
-    pub(crate) fn check_batch(&self, field: &'static str, count: usize) -> Result<(), RequestError> {
+    pub(crate) fn check_batch(
+        &self,
+        field: &'static str,
+        count: usize,
+    ) -> Result<(), RequestError> {
         let max = self.cfg.agent.max_claims_per_request;
         if count > max {
             return Err(RequestError::BatchTooLarge { field, count, max });
@@ -75,7 +79,11 @@ impl Engine {
                 .map(|c| (c.uid.as_str(), c.namespace.as_str()))
                 .unwrap_or(("", ""));
             let span = info_span!("prepare", claim = %uid, namespace = %ns, epoch);
-            out.push(self.prepare_claim(i, c, epoch, caller_uid).instrument(span).await);
+            out.push(
+                self.prepare_claim(i, c, epoch, caller_uid)
+                    .instrument(span)
+                    .await,
+            );
         }
         Ok(out)
     }
@@ -102,12 +110,13 @@ impl Engine {
                 };
                 match admission {
                     Err(e) => self.refused(c, e, epoch, caller),
-                    Ok(Admission::Repeat(records)) => self.repeat(&valid, records, epoch, caller).await,
-                    Ok(Admission::New(records)) => self.enforce_new(&valid, records, epoch, caller).await,
+                    Ok(Admission::Repeat(records)) => self.repeat(&valid, records, caller).await,
+                    Ok(Admission::New(records)) => self.enforce_new(&valid, records, caller).await,
                 }
             }
         };
-        self.metrics.observe_prepare(started.elapsed(), out.error.as_ref());
+        self.metrics
+            .observe_prepare(started.elapsed(), out.error.as_ref());
         out
     }
 
@@ -122,7 +131,11 @@ impl Engine {
         caller: u32,
     ) -> Result<Admission, ClaimError> {
         let now = now_ms();
-        let wanted: Vec<ShareRecord> = v.allocs.iter().map(|a| self.new_record(v, a, epoch, now)).collect();
+        let wanted: Vec<ShareRecord> = v
+            .allocs
+            .iter()
+            .map(|a| self.new_record(v, a, epoch, now))
+            .collect();
         let cfield = format!("claims[{}]", v.index);
 
         if let Some(cr) = st.claims.get(&v.claim.uid) {
@@ -143,7 +156,9 @@ impl Engine {
                     ));
                 }
                 let same = live.len() == wanted.len()
-                    && wanted.iter().all(|w| live.iter().any(|l| l.same_allocation(w)));
+                    && wanted
+                        .iter()
+                        .all(|w| live.iter().any(|l| l.same_allocation(w)));
                 if !same {
                     return Err(ClaimError::conflict(
                         format!("{cfield}.allocations"),
@@ -158,7 +173,9 @@ impl Engine {
         }
 
         for (a, w) in v.allocs.iter().zip(&wanted) {
-            let Some(old) = st.records.get(&a.key) else { continue };
+            let Some(old) = st.records.get(&a.key) else {
+                continue;
+            };
             let field = format!("{cfield}.allocations[{}].share_id", a.index);
             if old.claim.uid != v.claim.uid {
                 return Err(ClaimError::conflict(
@@ -172,7 +189,10 @@ impl Engine {
             if !old.same_allocation(w) {
                 return Err(ClaimError::conflict(
                     field,
-                    format!("shareID {} was prepared with another device or amount: allocation results are immutable", a.key),
+                    format!(
+                        "shareID {} was prepared with another device or amount: allocation results are immutable",
+                        a.key
+                    ),
                 ));
             }
         }
@@ -196,12 +216,24 @@ impl Engine {
         )
         .map_err(|e| ClaimError::unavailable(format!("state store refused the write: {e}")))?;
         for r in &wanted {
-            self.audit_share(r, Decision::Admit, "admitted to the ledger", Some(caller), None);
+            self.audit_share(
+                r,
+                Decision::Admit,
+                "admitted to the ledger",
+                Some(caller),
+                None,
+            );
         }
         Ok(Admission::New(wanted))
     }
 
-    fn new_record(&self, v: &ValidClaim, a: &crate::validate::ValidAlloc, epoch: u64, now: u64) -> ShareRecord {
+    fn new_record(
+        &self,
+        v: &ValidClaim,
+        a: &crate::validate::ValidAlloc,
+        epoch: u64,
+        now: u64,
+    ) -> ShareRecord {
         let accounting = self.accounting_only(&a.device);
         ShareRecord {
             key: a.key.clone(),
@@ -218,10 +250,22 @@ impl Engine {
             target: v.target.clone(),
             // Accounting has no side effects, so its final phase is written at once; an
             // enforcing limiter first records PREPARING so a crash mid-way is explained.
-            phase: if accounting { Phase::Accounted } else { Phase::Preparing },
-            mechanism: if accounting { crate::accounting::MECHANISM.to_owned() } else { String::new() },
+            phase: if accounting {
+                Phase::Accounted
+            } else {
+                Phase::Preparing
+            },
+            mechanism: if accounting {
+                crate::accounting::MECHANISM.to_owned()
+            } else {
+                String::new()
+            },
             enforced: Default::default(),
-            reason: if accounting { ACCOUNTED_REASON.to_owned() } else { "admitted; applying the limit".to_owned() },
+            reason: if accounting {
+                ACCOUNTED_REASON.to_owned()
+            } else {
+                "admitted; applying the limit".to_owned()
+            },
             error: None,
             epoch,
             created_at_ms: now,
@@ -234,12 +278,17 @@ impl Engine {
         &self,
         v: &ValidClaim,
         mut records: Vec<ShareRecord>,
-        epoch: u64,
         caller: u32,
     ) -> PrepareOutcome {
         // Durable before anything is applied or acknowledged (I6).
         if let Err(e) = self.store.flush().await {
-            return self.outcome(v, records, Some(ClaimError::unavailable(format!("state store flush failed: {e}"))));
+            return self.outcome(
+                v,
+                records,
+                Some(ClaimError::unavailable(format!(
+                    "state store flush failed: {e}"
+                ))),
+            );
         }
         let mut applied = Vec::new();
         let mut failure = None;
@@ -266,14 +315,27 @@ impl Engine {
         if let Some((i, e)) = failure {
             return self.roll_back(v, records, applied, i, e, caller).await;
         }
-        let changed: Vec<ShareRecord> = records.iter().filter(|r| r.phase != Phase::Accounted).cloned().collect();
-        if let Err(e) = self.commit_durable(Batch { put_shares: changed, ..Default::default() }).await {
-            return self.outcome(v, records, Some(ClaimError::unavailable(format!("state store: {e}"))));
+        let changed: Vec<ShareRecord> = records
+            .iter()
+            .filter(|r| r.phase != Phase::Accounted)
+            .cloned()
+            .collect();
+        if let Err(e) = self
+            .commit_durable(Batch {
+                put_shares: changed,
+                ..Default::default()
+            })
+            .await
+        {
+            return self.outcome(
+                v,
+                records,
+                Some(ClaimError::unavailable(format!("state store: {e}"))),
+            );
         }
         for r in records.iter().filter(|r| r.phase != Phase::Accounted) {
             self.audit_share(r, Decision::Admit, &r.reason, Some(caller), None);
         }
-        let _ = epoch;
         self.outcome(v, records, None)
     }
 
@@ -313,18 +375,39 @@ impl Engine {
             r.reason = format!("claim rolled back: {}", err.message);
             r.updated_at_ms = now;
         }
-        if let Err(se) = self.commit_durable(Batch { put_shares: records.clone(), ..Default::default() }).await {
-            return self.outcome(v, records, Some(ClaimError::unavailable(format!("state store: {se}"))));
+        if let Err(se) = self
+            .commit_durable(Batch {
+                put_shares: records.clone(),
+                ..Default::default()
+            })
+            .await
+        {
+            return self.outcome(
+                v,
+                records,
+                Some(ClaimError::unavailable(format!("state store: {se}"))),
+            );
         }
         for r in &records {
-            self.audit_share(r, Decision::Fail, &err.message, Some(caller), Some(err.code.as_str()));
+            self.audit_share(
+                r,
+                Decision::Fail,
+                &err.message,
+                Some(caller),
+                Some(err.code.as_str()),
+            );
         }
         self.outcome(v, records, Some(err))
     }
 
     /// A repeated Prepare: counts nothing again, but re-applies enforcement to the target
     /// given now (a pod sandbox can come back with a new netns or cgroup).
-    async fn repeat(&self, v: &ValidClaim, records: Vec<ShareRecord>, _epoch: u64, caller: u32) -> PrepareOutcome {
+    async fn repeat(
+        &self,
+        v: &ValidClaim,
+        records: Vec<ShareRecord>,
+        caller: u32,
+    ) -> PrepareOutcome {
         let mut out = Vec::with_capacity(records.len());
         let mut changed = Vec::new();
         for r in records {
@@ -360,19 +443,38 @@ impl Engine {
         let res = if changed.is_empty() {
             self.store.flush().await
         } else {
-            self.commit_durable(Batch { put_shares: changed, ..Default::default() }).await
+            self.commit_durable(Batch {
+                put_shares: changed,
+                ..Default::default()
+            })
+            .await
         };
         if let Err(e) = res {
-            return self.outcome(v, out, Some(ClaimError::unavailable(format!("state store: {e}"))));
+            return self.outcome(
+                v,
+                out,
+                Some(ClaimError::unavailable(format!("state store: {e}"))),
+            );
         }
         for r in &out {
-            self.audit_share(r, Decision::Repeat, "repeated Prepare: stored result returned", Some(caller), None);
+            self.audit_share(
+                r,
+                Decision::Repeat,
+                "repeated Prepare: stored result returned",
+                Some(caller),
+                None,
+            );
         }
         info!("repeated Prepare answered from the store");
         self.outcome(v, out, None)
     }
 
-    fn outcome(&self, v: &ValidClaim, shares: Vec<ShareRecord>, error: Option<ClaimError>) -> PrepareOutcome {
+    fn outcome(
+        &self,
+        v: &ValidClaim,
+        shares: Vec<ShareRecord>,
+        error: Option<ClaimError>,
+    ) -> PrepareOutcome {
         let cdi_device_ids = lock(&self.state)
             .claims
             .get(&v.claim.uid)
@@ -386,7 +488,13 @@ impl Engine {
         }
     }
 
-    fn refused(&self, c: &pb::ClaimPrepare, e: ClaimError, epoch: u64, caller: u32) -> PrepareOutcome {
+    fn refused(
+        &self,
+        c: &pb::ClaimPrepare,
+        e: ClaimError,
+        epoch: u64,
+        caller: u32,
+    ) -> PrepareOutcome {
         let claim = c.claim.clone().unwrap_or_default();
         info!(error = %e, "claim refused");
         if c.allocations.is_empty() {
@@ -422,7 +530,12 @@ impl Engine {
             share_id: a.map(|a| a.share_id.as_str()).unwrap_or(""),
             device: a.map(|a| a.device.as_str()).unwrap_or(""),
             amounts: a
-                .map(|a| a.consumed_capacity.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .map(|a| {
+                    a.consumed_capacity
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
                 .unwrap_or_default(),
             policy_version: a.map(|a| a.policy_version.as_str()).unwrap_or(""),
             allocation_id: &c.allocation_id,
@@ -449,7 +562,11 @@ impl Engine {
             claim_name: &r.claim.name,
             share_id: r.share_id.as_deref().unwrap_or(""),
             device: &r.device,
-            amounts: r.consumed.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+            amounts: r
+                .consumed
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect(),
             policy_version: &r.policy_version,
             allocation_id: &r.allocation_id,
             epoch: r.epoch,
@@ -465,7 +582,10 @@ impl Engine {
         r: &ShareRecord,
     ) -> Result<shareguard_common::limiter::Enforcement, LimiterError> {
         let Some(l) = self.limiter(&r.device).cloned() else {
-            return Err(LimiterError::permanent(format!("no limiter for device {}", r.device)));
+            return Err(LimiterError::permanent(format!(
+                "no limiter for device {}",
+                r.device
+            )));
         };
         let spec = spec_of(r);
         tokio::task::spawn_blocking(move || l.apply(&spec))

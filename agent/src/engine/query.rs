@@ -25,7 +25,10 @@ pub struct ShareFilter {
 impl ShareFilter {
     pub fn matches(&self, r: &ShareRecord) -> bool {
         self.device.as_ref().is_none_or(|d| *d == r.device)
-            && self.namespace.as_ref().is_none_or(|n| *n == r.claim.namespace)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|n| *n == r.claim.namespace)
             && self.phase.is_none_or(|p| p == r.phase)
     }
 }
@@ -57,15 +60,30 @@ impl Engine {
 
     pub fn list_shares(&self, f: &ShareFilter) -> Vec<ShareRecord> {
         let st = lock(&self.state);
-        sorted(st.records.values().filter(|r| f.matches(r)).cloned().collect())
+        sorted(
+            st.records
+                .values()
+                .filter(|r| f.matches(r))
+                .cloned()
+                .collect(),
+        )
     }
 
     /// The matching shares and a receiver for every later change, taken under one lock
     /// so no change falls between the snapshot and the stream.
-    pub fn subscribe(&self, f: &ShareFilter) -> (Vec<ShareRecord>, broadcast::Receiver<ShareRecord>) {
+    pub fn subscribe(
+        &self,
+        f: &ShareFilter,
+    ) -> (Vec<ShareRecord>, broadcast::Receiver<ShareRecord>) {
         let st = lock(&self.state);
         let rx = self.events.subscribe();
-        let snap = sorted(st.records.values().filter(|r| f.matches(r)).cloned().collect());
+        let snap = sorted(
+            st.records
+                .values()
+                .filter(|r| f.matches(r))
+                .cloned()
+                .collect(),
+        );
         (snap, rx)
     }
 
@@ -81,14 +99,20 @@ impl Engine {
                     .iter()
                     .map(|(name, cap)| {
                         let used = usage.allocated.get(name).copied().unwrap_or(Quantity::ZERO);
-                        (name.clone(), cap.value.checked_sub(&used).unwrap_or(Quantity::ZERO))
+                        (
+                            name.clone(),
+                            cap.value.checked_sub(&used).unwrap_or(Quantity::ZERO),
+                        )
                     })
                     .collect();
                 DeviceView {
                     config: d.clone(),
                     usage,
                     free,
-                    mechanisms: self.limiter(&d.name).map(|l| l.mechanisms()).unwrap_or_default(),
+                    mechanisms: self
+                        .limiter(&d.name)
+                        .map(|l| l.mechanisms())
+                        .unwrap_or_default(),
                 }
             })
             .collect()

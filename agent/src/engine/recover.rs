@@ -38,7 +38,11 @@ pub(super) fn recover(engine: &Engine, loaded: Loaded, boot_id: &str) -> (State,
                 claim_name: &r.claim.name,
                 share_id: r.share_id.as_deref().unwrap_or(""),
                 device: &r.device,
-                amounts: r.consumed.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+                amounts: r
+                    .consumed
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_string()))
+                    .collect(),
                 policy_version: &r.policy_version,
                 allocation_id: &r.allocation_id,
                 epoch: r.epoch,
@@ -65,14 +69,21 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
     let Some(limiter) = engine.limiter(&r.device) else {
         return Some((
             Phase::Unknown,
-            format!("device {} is no longer in the inventory; capacity stays reserved until Unprepare", r.device),
+            format!(
+                "device {} is no longer in the inventory; capacity stays reserved until Unprepare",
+                r.device
+            ),
         ));
     };
     if limiter.accounting_only() {
         // Accounting has no kernel state to lose; PREPARING cannot be left behind because
         // accounting shares are written in their final phase.
-        return (r.phase == Phase::Preparing)
-            .then(|| (Phase::Accounted, "accounted (not enforced): device has no enforcement mechanism".to_owned()));
+        return (r.phase == Phase::Preparing).then(|| {
+            (
+                Phase::Accounted,
+                "accounted (not enforced): device has no enforcement mechanism".to_owned(),
+            )
+        });
     }
     if rebooted {
         return Some((
@@ -82,6 +93,9 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
     }
     Some(match limiter.verify(&spec_of(r)) {
         Ok(e) => judge(r, &e.enforced),
-        Err(e) => (Phase::Unknown, format!("could not be verified after restart: {e}")),
+        Err(e) => (
+            Phase::Unknown,
+            format!("could not be verified after restart: {e}"),
+        ),
     })
 }

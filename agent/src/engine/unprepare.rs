@@ -68,8 +68,9 @@ impl Engine {
         if live.is_empty() {
             return Ok(());
         }
-        let (accounting, mut enforcing): (Vec<ShareRecord>, Vec<ShareRecord>) =
-            live.into_iter().partition(|r| self.accounting_only(&r.device));
+        let (accounting, mut enforcing): (Vec<ShareRecord>, Vec<ShareRecord>) = live
+            .into_iter()
+            .partition(|r| self.accounting_only(&r.device));
 
         if !enforcing.is_empty() {
             // Persist RELEASING first, so a crash between here and the removal leaves a
@@ -80,18 +81,27 @@ impl Engine {
                 r.reason = "release in progress".to_owned();
                 r.updated_at_ms = now;
             }
-            self.commit_durable(Batch { put_shares: enforcing.clone(), ..Default::default() })
-                .await
-                .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+            self.commit_durable(Batch {
+                put_shares: enforcing.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
             for r in &mut enforcing {
                 if let Err(e) = self.remove_blocking(r).await {
-                    let err = ClaimError::unavailable(format!("removing the limit of {} failed: {e}", r.key));
+                    let err = ClaimError::unavailable(format!(
+                        "removing the limit of {} failed: {e}",
+                        r.key
+                    ));
                     r.error = Some(err.clone());
                     r.reason = format!("release incomplete, capacity still held: {e}");
                     r.updated_at_ms = now_ms();
-                    self.commit_durable(Batch { put_shares: vec![r.clone()], ..Default::default() })
-                        .await
-                        .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+                    self.commit_durable(Batch {
+                        put_shares: vec![r.clone()],
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
                     return Err(err);
                 }
             }
@@ -111,11 +121,20 @@ impl Engine {
                 r
             })
             .collect();
-        self.commit_durable(Batch { put_shares: released.clone(), ..Default::default() })
-            .await
-            .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+        self.commit_durable(Batch {
+            put_shares: released.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
         for r in &released {
-            self.audit_share(r, Decision::Release, "released; capacity freed", Some(caller), None);
+            self.audit_share(
+                r,
+                Decision::Release,
+                "released; capacity freed",
+                Some(caller),
+                None,
+            );
         }
         info!(shares = released.len(), "claim released");
         Ok(())
