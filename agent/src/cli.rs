@@ -326,7 +326,9 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 Output::Table => {
                     let shares: Vec<pb::ShareStatus> =
                         r.claims.values().flat_map(|c| c.shares.clone()).collect();
-                    print!("{}", share_rows(&shares));
+                    if !shares.is_empty() {
+                        print!("{}", share_rows(&shares));
+                    }
                 }
             }
             let mut refused = false;

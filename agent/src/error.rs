@@ -131,8 +131,8 @@ pub enum RequestError {
 }
 
 impl RequestError {
-    pub fn to_status(&self) -> tonic::Status {
-        let code = match self {
+    pub fn code(&self) -> tonic::Code {
+        match self {
             RequestError::StaleEpoch { .. } => tonic::Code::FailedPrecondition,
             RequestError::BatchTooLarge { .. } | RequestError::Invalid { .. } => {
                 tonic::Code::InvalidArgument
@@ -142,7 +142,10 @@ impl RequestError {
             RequestError::NotFound(_) => tonic::Code::NotFound,
             // The store refused a write: the node cannot make anything durable right now.
             RequestError::Store(_) => tonic::Code::Unavailable,
-        };
-        tonic::Status::new(code, self.to_string())
+        }
+    }
+
+    pub fn to_status(&self) -> tonic::Status {
+        tonic::Status::new(self.code(), self.to_string())
     }
 }

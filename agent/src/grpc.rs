@@ -35,17 +35,27 @@ impl Api {
 
     /// Callers are identified by the kernel's peer credentials on the unix socket, never
     /// by anything they say about themselves.
-    fn caller<T>(&self, req: &Request<T>) -> Result<u32, Status> {
+    fn authenticate<T>(&self, req: &Request<T>) -> Result<u32, RequestError> {
         let uid = req
             .extensions()
             .get::<UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
             .map(|c| c.uid())
-            .ok_or_else(|| RequestError::Unauthenticated.to_status())?;
+            .ok_or(RequestError::Unauthenticated)?;
         if !self.allowed_uids.contains(&uid) {
-            return Err(RequestError::CallerNotAllowed { uid }.to_status());
+            return Err(RequestError::CallerNotAllowed { uid });
         }
         Ok(uid)
+    }
+
+    fn caller<T>(&self, req: &Request<T>) -> Result<u32, Status> {
+        self.authenticate(req).map_err(|e| e.to_status())
+    }
+
+    /// For the mutating calls: a refused request is audited before it is answered.
+    fn refuse(&self, rpc: &str, caller: Option<u32>, epoch: u64, e: RequestError) -> Status {
+        self.engine.audit_request_refusal(rpc, caller, epoch, &e);
+        e.to_status()
     }
 }
 
@@ -81,13 +91,16 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::PrepareRequest>,
     ) -> Result<Response<pb::PrepareResponse>, Status> {
-        let uid = self.caller(&req)?;
+        let epoch = req.get_ref().epoch;
+        let uid = self
+            .authenticate(&req)
+            .map_err(|e| self.refuse("Prepare", None, epoch, e))?;
         let r = req.into_inner();
         let outcomes = self
             .engine
             .prepare(r.epoch, &r.claims, uid)
             .await
-            .map_err(|e| e.to_status())?;
+            .map_err(|e| self.refuse("Prepare", Some(uid), epoch, e))?;
         let claims = outcomes
             .iter()
             .map(|o| (o.uid.clone(), outcome_to_pb(o)))
@@ -99,13 +112,16 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::UnprepareRequest>,
     ) -> Result<Response<pb::UnprepareResponse>, Status> {
-        let uid = self.caller(&req)?;
+        let epoch = req.get_ref().epoch;
+        let uid = self
+            .authenticate(&req)
+            .map_err(|e| self.refuse("Unprepare", None, epoch, e))?;
         let r = req.into_inner();
         let results = self
             .engine
             .unprepare(r.epoch, &r.claims, uid)
             .await
-            .map_err(|e| e.to_status())?;
+            .map_err(|e| self.refuse("Unprepare", Some(uid), epoch, e))?;
         let claims = results
             .iter()
             .map(|(uid, e)| (uid.clone(), unprepare_entry(e.as_ref())))

@@ -545,6 +545,38 @@ impl Engine {
         });
     }
 
+    /// Audits a refusal of a whole Prepare or Unprepare (stale epoch, caller not allowed,
+    /// batch too large): no claim of it was looked at, but the decision is still recorded.
+    pub fn audit_request_refusal(
+        &self,
+        rpc: &str,
+        caller: Option<u32>,
+        epoch: u64,
+        e: &RequestError,
+    ) {
+        let code = format!("{:?}", e.code());
+        let caller = match e {
+            RequestError::CallerNotAllowed { uid } => Some(*uid),
+            _ => caller,
+        };
+        self.audit.write(&AuditLine {
+            time: now_rfc3339(),
+            decision: Decision::Refuse,
+            reason: &format!("{rpc}: {e}"),
+            tenant: "",
+            claim_uid: "",
+            claim_name: "",
+            share_id: "",
+            device: "",
+            amounts: Default::default(),
+            policy_version: "",
+            allocation_id: "",
+            epoch,
+            caller_uid: caller,
+            code: Some(&code),
+        });
+    }
+
     pub(crate) fn audit_share(
         &self,
         r: &ShareRecord,
@@ -588,9 +620,19 @@ impl Engine {
             )));
         };
         let spec = spec_of(r);
-        tokio::task::spawn_blocking(move || l.apply(&spec))
+        let span = info_span!("apply", share = %r.key, claim = %r.claim.uid, device = %r.device);
+        let res = tokio::task::spawn_blocking(move || span.in_scope(|| l.apply(&spec)))
             .await
-            .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))))
+            .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))));
+        match &res {
+            Ok(e) => {
+                info!(share = %r.key, claim = %r.claim.uid, mechanism = %e.mechanism, "limit applied")
+            }
+            Err(e) => {
+                warn!(share = %r.key, claim = %r.claim.uid, error = %e, "applying the limit failed")
+            }
+        }
+        res
     }
 
     pub(crate) async fn remove_blocking(&self, r: &ShareRecord) -> Result<(), LimiterError> {
@@ -598,7 +640,8 @@ impl Engine {
             return Ok(());
         };
         let key = r.key.clone();
-        tokio::task::spawn_blocking(move || l.remove(&key))
+        let span = info_span!("remove", share = %r.key, claim = %r.claim.uid, device = %r.device);
+        tokio::task::spawn_blocking(move || span.in_scope(|| l.remove(&key)))
             .await
             .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))))
     }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, clippy with -D warnings, unit, property and
+# integration tests (the latter run the real binary). Safe to run again and again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_build_deps
+
+if [ "${CI:-}" = "true" ] && [ "$(id -u)" != 0 ]; then
+  echo "CI=true but not root: the privileged tests must run in CI" >&2
+  exit 1
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo build (the integration tests run this binary)"
+cargo build --workspace --all-targets --locked
+echo "==> cargo test"
+cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
+echo "==> all tests passed"
