@@ -133,7 +133,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     info!(
         socket = %cfg.agent.socket.display(),
         metrics = %metrics_addr,
-        shares = engine.list_shares(&Default::default()).len(),
+        shares = engine.phase_counts().values().sum::<u64>(),
         epoch = engine.epoch(),
         startup_ms = started.elapsed().as_millis() as u64,
         "ready"

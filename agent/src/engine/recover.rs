@@ -3,7 +3,7 @@
 //! or DEGRADED and keeps its capacity until an explicit Unprepare.
 
 use crate::{
-    audit::{AuditLine, Decision, now_rfc3339},
+    audit::Decision,
     ledger::State,
     record::{Phase, ShareRecord},
     store::{Batch, Loaded},
@@ -29,26 +29,13 @@ pub(super) fn recover(engine: &Engine, loaded: Loaded, boot_id: &str) -> (State,
         if let Some((phase, reason)) = reverify(engine, &r, rebooted)
             && (phase != r.phase || reason != r.reason)
         {
-            engine.audit.write(&AuditLine {
-                time: now_rfc3339(),
-                decision: Decision::Recover,
-                reason: &format!("{} -> {}: {reason}", r.phase.name(), phase.name()),
-                tenant: &r.claim.namespace,
-                claim_uid: &r.claim.uid,
-                claim_name: &r.claim.name,
-                share_id: r.share_id.as_deref().unwrap_or(""),
-                device: &r.device,
-                amounts: r
-                    .consumed
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_string()))
-                    .collect(),
-                policy_version: &r.policy_version,
-                allocation_id: &r.allocation_id,
-                epoch: r.epoch,
-                caller_uid: None,
-                code: None,
-            });
+            engine.audit_share(
+                &r,
+                Decision::Recover,
+                &format!("{} -> {}: {reason}", r.phase.name(), phase.name()),
+                None,
+                None,
+            );
             r.phase = phase;
             r.reason = reason;
             r.updated_at_ms = now;
