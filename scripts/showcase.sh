@@ -120,7 +120,7 @@ step "audit log (one JSON line per decision)"
 cat "$work/audit.jsonl"
 
 step "metrics (excerpt)"
-curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|prepare_refusals)' || true
+curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals)' || true
 
 echo
 echo "showcase complete"

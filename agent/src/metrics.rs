@@ -37,7 +37,10 @@ struct PhaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
+struct RefusalLabel {
+    /// "Prepare" or "Unprepare".
+    rpc: String,
+    /// The gRPC code name of the refusal.
     reason: String,
 }
 
@@ -51,7 +54,7 @@ pub struct Metrics {
     live_shares: Family<DeviceLabel, Gauge>,
     shares: Family<PhaseLabel, Gauge>,
     prepare_seconds: Histogram,
-    refusals: Family<ReasonLabel, Counter>,
+    refusals: Family<RefusalLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -76,7 +79,7 @@ impl Metrics {
         let shares = Family::<PhaseLabel, Gauge>::default();
         // 0.25 ms .. ~4 s: a durable Prepare is an fsync or two.
         let prepare_seconds = Histogram::new(exponential_buckets(0.000_25, 2.0, 15));
-        let refusals = Family::<ReasonLabel, Counter>::default();
+        let refusals = Family::<RefusalLabel, Counter>::default();
         registry.register(
             "shareguard_device_capacity",
             "Capacity of a device, in the capacity's base unit",
@@ -108,8 +111,8 @@ impl Metrics {
             prepare_seconds.clone(),
         );
         registry.register(
-            "shareguard_prepare_refusals",
-            "Claims refused or failed, by gRPC code name",
+            "shareguard_refusals",
+            "Refused or failed claims and whole requests, by call and gRPC code name",
             refusals.clone(),
         );
         Self {
@@ -127,12 +130,19 @@ impl Metrics {
     pub fn observe_prepare(&self, took: Duration, error: Option<&ClaimError>) {
         self.prepare_seconds.observe(took.as_secs_f64());
         if let Some(e) = error {
-            self.refusals
-                .get_or_create(&ReasonLabel {
-                    reason: e.reason().to_owned(),
-                })
-                .inc();
+            self.refused("Prepare", e.reason());
         }
+    }
+
+    /// Counts one refusal: of a claim, or of a whole request (then `reason` is the gRPC
+    /// code of the status it was answered with).
+    pub fn refused(&self, rpc: &str, reason: &str) {
+        self.refusals
+            .get_or_create(&RefusalLabel {
+                rpc: rpc.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     /// Sets the ledger gauges from the engine's records and renders the text format.

@@ -46,8 +46,19 @@ pub fn agent_bin() -> PathBuf {
 
 /// A device table for the agent's config: a generic device `name` with one `memory`
 /// capacity and a valid_range policy of `step`..=`capacity` in steps of `step`.
-pub fn generic_device(name: &str, capacity: &str, step: &str, namespaces: &[&str], admin: &[&str]) -> String {
-    let list = |v: &[&str]| v.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+pub fn generic_device(
+    name: &str,
+    capacity: &str,
+    step: &str,
+    namespaces: &[&str],
+    admin: &[&str],
+) -> String {
+    let list = |v: &[&str]| {
+        v.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
         r#"
 [[device]]
@@ -106,7 +117,12 @@ impl Agent {
         let state_dir = dir.path().join("state");
         let audit_log = dir.path().join("audit.jsonl");
         let config = dir.path().join("agent.toml");
-        let uids = opts.allowed_uids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        let uids = opts
+            .allowed_uids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
         let text = format!(
             "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{}\n{}",
             socket, state_dir, audit_log, opts.agent_extra, opts.devices
@@ -128,6 +144,12 @@ impl Agent {
     }
 
     fn spawn(&mut self) {
+        self.launch();
+        self.wait_ready();
+    }
+
+    /// Starts the process without waiting for it to be ready.
+    fn launch(&mut self) {
         self.log = self.dir.path().join(format!("agent-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).unwrap();
@@ -142,31 +164,42 @@ impl Agent {
             .unwrap();
         self.child = Some(child);
         self.metrics = None;
-        self.wait_ready();
     }
 
     /// Waits for the "ready" log line (which names the metrics address) and then for
     /// `/readyz` to answer 200; fails the test with the agent's log if it exits first.
     pub fn wait_ready(&mut self) {
+        self.wait_ready_every(Duration::from_millis(20));
+    }
+
+    fn wait_ready_every(&mut self, poll: Duration) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("agent exited during start ({status}):\n{}", self.log_text());
             }
             if self.metrics.is_none() {
-                self.metrics = self.log_text().lines().filter(|l| l.contains(" ready ")).find_map(|l| {
-                    l.split_whitespace()
-                        .find_map(|w| w.strip_prefix("metrics="))
-                        .and_then(|a| a.parse().ok())
-                });
+                self.metrics = self
+                    .log_text()
+                    .lines()
+                    .filter(|l| l.contains(" ready "))
+                    .find_map(|l| {
+                        l.split_whitespace()
+                            .find_map(|w| w.strip_prefix("metrics="))
+                            .and_then(|a| a.parse().ok())
+                    });
             }
             if let Some(addr) = self.metrics
                 && http_get(addr, "/readyz").is_some_and(|(code, _)| code == 200)
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "agent not ready after {READY_TIMEOUT:?}:\n{}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
+            assert!(
+                Instant::now() < deadline,
+                "agent not ready after {READY_TIMEOUT:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(poll);
         }
     }
 
@@ -192,13 +225,60 @@ impl Agent {
         self.spawn();
     }
 
+    /// [`Agent::restart`], returning the time from spawning the process until `/readyz`
+    /// answered 200, for the benchmark. Polls every 2 ms: the tests' 20 ms would round
+    /// a sub-second figure up by as much.
+    pub fn restart_timed(&mut self) -> Duration {
+        self.kill9();
+        let started = Instant::now();
+        self.launch();
+        self.wait_ready_every(Duration::from_millis(2));
+        started.elapsed()
+    }
+
     pub async fn client(&self) -> NodeAgentClient<Channel> {
         shareguard::client::connect(&self.socket).await.unwrap()
     }
 
     /// Runs the CLI against this agent.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(agent_bin()).arg("--socket").arg(&self.socket).args(args).output().unwrap()
+        Command::new(agent_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs the CLI against this agent with `input` on its standard input.
+    pub fn cli_with_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = Command::new(agent_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Dropping stdin after the write closes it, so the CLI sees end of input.
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// A bare gRPC channel to the agent's socket, for services other than `NodeAgent`
+    /// (grpc.health.v1).
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("unix://{}", self.socket.display()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
     }
 
     /// GET on the metrics server: (status code, body).
@@ -229,13 +309,19 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((code, body))
 }
 
 /// A fresh lowercase UUIDv4 from the kernel.
 pub fn share_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap().trim().to_owned()
+    fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .unwrap()
+        .trim()
+        .to_owned()
 }
 
 pub fn alloc(device: &str, share_id: &str, memory: &str) -> pb::DeviceAllocation {
@@ -245,13 +331,20 @@ pub fn alloc(device: &str, share_id: &str, memory: &str) -> pb::DeviceAllocation
         pool: POOL.into(),
         device: device.into(),
         share_id: share_id.into(),
-        consumed_capacity: [("memory".to_owned(), memory.to_owned())].into_iter().collect(),
+        consumed_capacity: [("memory".to_owned(), memory.to_owned())]
+            .into_iter()
+            .collect(),
         policy_version: "v1".into(),
         ..Default::default()
     }
 }
 
-pub fn claim(uid: &str, namespace: &str, allocation_id: &str, allocations: Vec<pb::DeviceAllocation>) -> pb::ClaimPrepare {
+pub fn claim(
+    uid: &str,
+    namespace: &str,
+    allocation_id: &str,
+    allocations: Vec<pb::DeviceAllocation>,
+) -> pb::ClaimPrepare {
     pb::ClaimPrepare {
         claim: Some(pb::ClaimRef {
             uid: uid.into(),
@@ -269,4 +362,77 @@ pub fn claim_ref(uid: &str) -> pb::ClaimRef {
         uid: uid.into(),
         ..Default::default()
     }
+}
+
+/// Prepares one claim and returns its result (the request itself must be accepted).
+pub async fn prepare_one(
+    c: &mut NodeAgentClient<Channel>,
+    epoch: u64,
+    claim: pb::ClaimPrepare,
+) -> pb::ClaimResult {
+    let uid = claim.claim.as_ref().unwrap().uid.clone();
+    let mut r = c
+        .prepare(pb::PrepareRequest {
+            epoch,
+            claims: vec![claim],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims
+        .remove(&uid)
+        .unwrap_or_else(|| panic!("no result for claim {uid}"))
+}
+
+/// Unprepares one claim and returns its outcome (empty code: released).
+pub async fn unprepare_one(c: &mut NodeAgentClient<Channel>, epoch: u64, uid: &str) -> pb::Error {
+    let mut r = c
+        .unprepare(pb::UnprepareRequest {
+            epoch,
+            claims: vec![claim_ref(uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims
+        .remove(uid)
+        .unwrap_or_else(|| panic!("no outcome for claim {uid}"))
+}
+
+/// One device as ListDevices reports it.
+pub async fn device(c: &mut NodeAgentClient<Channel>, name: &str) -> pb::DeviceStatus {
+    let r = c
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    r.devices
+        .into_iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+/// Every share record the agent holds, tombstones included.
+pub async fn all_shares(c: &mut NodeAgentClient<Channel>) -> Vec<pb::ShareStatus> {
+    c.list_shares(pb::ListSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shares
+}
+
+/// Whole GiB in a canonical quantity the agent printed ("10Gi", "2Ti" or "0"); anything
+/// else fails the test, since the tests only hand out whole GiB.
+pub fn gib(q: &str) -> u64 {
+    if q == "0" {
+        return 0;
+    }
+    let (n, scale) = match (q.strip_suffix("Gi"), q.strip_suffix("Ti")) {
+        (Some(n), _) => (n, 1),
+        (_, Some(n)) => (n, 1024),
+        _ => panic!("{q:?} is not a whole number of Gi"),
+    };
+    n.parse::<u64>()
+        .unwrap_or_else(|_| panic!("{q:?} is not a whole number of Gi"))
+        * scale
 }

@@ -185,20 +185,30 @@ impl Engine {
             st.claims.insert(c.claim.uid.clone(), c);
         }
         for r in batch.put_shares {
-            // Receivers may lag or be absent; a send error only means nobody listens.
-            let _ = self.events.send(r.clone());
             st.put(r);
         }
         Ok(())
     }
 
+    /// Tells watchers about changed shares. Called only once the change is durable, so a
+    /// watcher never sees a state that a crash could take back.
+    fn publish(&self, shares: &[ShareRecord]) {
+        for r in shares {
+            // Receivers may lag or be absent; a send error only means nobody listens.
+            let _ = self.events.send(r.clone());
+        }
+    }
+
     /// Commits under the lock, then waits until it is durable.
     async fn commit_durable(&self, batch: Batch) -> Result<(), StoreError> {
+        let changed = batch.put_shares.clone();
         {
             let mut st = lock(&self.state);
             self.commit_locked(&mut st, batch)?;
         }
-        self.store.flush().await
+        self.store.flush().await?;
+        self.publish(&changed);
+        Ok(())
     }
 
     /// Removes RELEASED and FAILED records whose retention has passed, and claim records

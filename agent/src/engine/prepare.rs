@@ -139,6 +139,17 @@ impl Engine {
         let cfield = format!("claims[{}]", v.index);
 
         if let Some(cr) = st.claims.get(&v.claim.uid) {
+            // A claim uid names one object in one namespace; the same uid with another
+            // namespace or name is a different caller's mistake, never a repeat of it.
+            if cr.claim.namespace != v.claim.namespace || cr.claim.name != v.claim.name {
+                return Err(ClaimError::conflict(
+                    format!("{cfield}.claim.uid"),
+                    format!(
+                        "claim uid {} is already known as another claim; a uid belongs to one namespace and name",
+                        v.claim.uid
+                    ),
+                ));
+            }
             let live: Vec<&ShareRecord> = cr
                 .share_keys
                 .iter()
@@ -290,6 +301,7 @@ impl Engine {
                 ))),
             );
         }
+        self.publish(&records);
         let mut applied = Vec::new();
         let mut failure = None;
         for (i, r) in records.iter_mut().enumerate() {
@@ -555,6 +567,7 @@ impl Engine {
         e: &RequestError,
     ) {
         let code = format!("{:?}", e.code());
+        self.metrics.refused(rpc, &code);
         let caller = match e {
             RequestError::CallerNotAllowed { uid } => Some(*uid),
             _ => caller,

@@ -9,7 +9,7 @@ use crate::{
     store::{Batch, Loaded},
 };
 
-use super::{Engine, judge, now_ms, spec_of};
+use super::{Engine, judge, now_ms, prepare::ACCOUNTED_REASON, spec_of};
 
 pub(super) fn recover(engine: &Engine, loaded: Loaded, boot_id: &str) -> (State, Batch) {
     let rebooted = loaded.boot_id.as_deref().is_some_and(|b| b != boot_id);
@@ -63,14 +63,11 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         ));
     };
     if limiter.accounting_only() {
-        // Accounting has no kernel state to lose; PREPARING cannot be left behind because
-        // accounting shares are written in their final phase.
-        return (r.phase == Phase::Preparing).then(|| {
-            (
-                Phase::Accounted,
-                "accounted (not enforced): device has no enforcement mechanism".to_owned(),
-            )
-        });
+        // Accounting has no kernel state to lose: any live phase other than ACCOUNTED
+        // (UNKNOWN while the device was missing from the inventory) is resolved by the
+        // device being back.
+        return (r.phase != Phase::Accounted)
+            .then(|| (Phase::Accounted, ACCOUNTED_REASON.to_owned()));
     }
     if rebooted {
         return Some((

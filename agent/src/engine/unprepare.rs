@@ -7,7 +7,7 @@ use shareguard_proto::v1 as pb;
 use tracing::{Instrument, info, info_span};
 
 use crate::{
-    audit::Decision,
+    audit::{AuditLine, Decision, now_rfc3339},
     error::{ClaimError, RequestError},
     record::{Phase, ShareRecord},
     store::Batch,
@@ -40,7 +40,10 @@ impl Engine {
         for (i, c) in claims.iter().enumerate() {
             let span = info_span!("unprepare", claim = %c.uid, namespace = %c.namespace, epoch);
             let res = async {
-                validate_claim_uid(&format!("claims[{i}]"), c)?;
+                if let Err(e) = validate_claim_uid(&format!("claims[{i}]"), c) {
+                    self.audit_unprepare_refusal(c, &e, epoch, caller_uid);
+                    return Err(e);
+                }
                 self.release_claim(&c.uid, caller_uid).await
             }
             .instrument(span)
@@ -48,6 +51,26 @@ impl Engine {
             out.push((c.uid.clone(), res.err()));
         }
         Ok(out)
+    }
+
+    fn audit_unprepare_refusal(&self, c: &pb::ClaimRef, e: &ClaimError, epoch: u64, caller: u32) {
+        self.metrics.refused("Unprepare", e.reason());
+        self.audit.write(&AuditLine {
+            time: now_rfc3339(),
+            decision: Decision::Refuse,
+            reason: &format!("Unprepare: {e}"),
+            tenant: &c.namespace,
+            claim_uid: &c.uid,
+            claim_name: &c.name,
+            share_id: "",
+            device: "",
+            amounts: Default::default(),
+            policy_version: "",
+            allocation_id: "",
+            epoch,
+            caller_uid: Some(caller),
+            code: Some(e.code.as_str()),
+        });
     }
 
     async fn release_claim(&self, uid: &str, caller: u32) -> Result<(), ClaimError> {

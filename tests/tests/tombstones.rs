@@ -1,0 +1,102 @@
+//! Released shares are kept as tombstones for the retention period, then swept; live
+//! shares are never swept, and the sweep is durable.
+
+use std::time::{Duration, Instant};
+
+use shareguard_tests::{
+    Agent, Options, alloc, claim, device, generic_device, prepare_one, proto as pb, share_id,
+    unprepare_one,
+};
+
+const SWEEP_DEADLINE: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
+    let mut opts = Options::new(generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[]));
+    opts.agent_extra = "tombstone_retention = \"1s\"".into();
+    let mut a = Agent::start(opts);
+    let mut c = a.client().await;
+    let (gone, kept) = (share_id(), share_id());
+    let gone_claim = claim(
+        "tomb-gone",
+        "team-a",
+        "alloc-1",
+        vec![alloc("gen-0", &gone, "10Gi")],
+    );
+    assert_eq!(prepare_one(&mut c, 1, gone_claim.clone()).await.error, None);
+    assert_eq!(
+        prepare_one(
+            &mut c,
+            1,
+            claim(
+                "tomb-kept",
+                "team-a",
+                "alloc-1",
+                vec![alloc("gen-0", &kept, "5Gi")]
+            )
+        )
+        .await
+        .error,
+        None
+    );
+    assert_eq!(unprepare_one(&mut c, 1, "tomb-gone").await.code, "");
+
+    // Right after the release the tombstone is there, for audit.
+    let s = c
+        .get_share(pb::GetShareRequest {
+            share_id: gone.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.phase, pb::Phase::Released as i32);
+
+    let deadline = Instant::now() + SWEEP_DEADLINE;
+    loop {
+        match c
+            .get_share(pb::GetShareRequest {
+                share_id: gone.clone(),
+            })
+            .await
+        {
+            Err(e) if e.code() == tonic::Code::NotFound => break,
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "tombstone not swept within {SWEEP_DEADLINE:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let s = c
+        .get_share(pb::GetShareRequest {
+            share_id: kept.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        s.phase,
+        pb::Phase::Accounted as i32,
+        "a live share must never be swept: {s:?}"
+    );
+    assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "5Gi");
+
+    a.restart();
+    let mut c = a.client().await;
+    let e = c
+        .get_share(pb::GetShareRequest { share_id: gone })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::NotFound,
+        "the sweep was not persisted: {e:?}"
+    );
+    // With its records gone, the claim can be prepared again from scratch.
+    let r = prepare_one(&mut c, 1, gone_claim).await;
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "15Gi");
+}
