@@ -42,9 +42,10 @@ async fn metrics(State(c): State<Ctx>) -> impl IntoResponse {
     }
 }
 
-/// Ready once the store is loaded, shares are re-verified and the socket accepts calls.
+/// Ready once the store is loaded, shares are re-verified and the socket accepts calls;
+/// not ready again if the store failed, since no change can be made durable then.
 async fn readyz(State(c): State<Ctx>) -> impl IntoResponse {
-    if c.ready.load(Ordering::Acquire) {
+    if c.ready.load(Ordering::Acquire) && c.engine.healthy() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n")

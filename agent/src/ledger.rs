@@ -1,11 +1,15 @@
 //! The capacity ledger (I1): for every device and capacity name, the sum of consumed
 //! capacity over the device's non-released shares never exceeds the device's capacity.
 //!
-//! Sums are derived from the share records every time they are needed, never kept in
-//! counters that callbacks bump: a counter that missed one update would silently
-//! oversubscribe a node, while a sum over the records is right by construction.
+//! The sums are a view of the share records, kept in [`State::put`] and [`State::remove`]
+//! — the only two places a record enters, changes or leaves — by taking the old record's
+//! contribution out and the new one's in. No limiter, callback or request path touches
+//! them. Walking every record on each Prepare was the alternative, and it made a Prepare
+//! with 10,000 live shares slower than the fsync it waits for. [`State::recompute_sums`]
+//! derives them from scratch; the tests compare the two after every step, and the agent
+//! checks them at start.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use shareguard_common::Quantity;
 
@@ -21,90 +25,139 @@ use crate::{
 #[derive(Default, Debug)]
 pub struct State {
     pub records: HashMap<String, ShareRecord>,
-    /// Device name -> keys of its records (tombstones included), so a device's sum does
-    /// not scan every share on the node.
-    pub by_device: HashMap<String, BTreeSet<String>>,
     pub claims: HashMap<String, ClaimRecord>,
     pub epoch: u64,
+    /// Device name -> what its records hold.
+    sums: HashMap<String, DeviceSums>,
+}
+
+/// What one device's records hold, by contribution of each record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSums {
+    /// Consumed capacity of counting shares (dedicated allocations excluded); capacities
+    /// at zero are absent, so two equal sums compare equal.
+    pub shared: BTreeMap<String, Quantity>,
+    /// Records holding capacity (admin-access ones included).
+    pub live: u32,
+    /// Records counting against the ledger.
+    pub counting: u32,
+    /// Claim uid of the dedicated allocation holding the device, if any.
+    pub dedicated_by: Option<String>,
+}
+
+/// Adds (`sign` = 1) or removes (`sign` = -1) one record's contribution.
+fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i128) {
+    if !r.phase.holds_capacity() {
+        return;
+    }
+    let d = sums.entry(r.device.clone()).or_default();
+    let step = |n: &mut u32| {
+        *n = if sign > 0 {
+            n.saturating_add(1)
+        } else {
+            n.saturating_sub(1)
+        };
+    };
+    step(&mut d.live);
+    if !r.counts() {
+        return;
+    }
+    step(&mut d.counting);
+    if r.is_dedicated() {
+        d.dedicated_by = (sign > 0).then(|| r.claim.uid.clone());
+        return;
+    }
+    for (name, q) in &r.consumed {
+        let cur = d.shared.get(name).copied().unwrap_or(Quantity::ZERO);
+        // Every admitted amount fits under a capacity, so the sum fits in i128 nanos and
+        // the subtraction of what was added cannot underflow; saturate rather than
+        // panic should a corrupted store ever say otherwise.
+        let next = q
+            .checked_mul(sign)
+            .and_then(|delta| cur.checked_add(&delta))
+            .unwrap_or(cur);
+        if next.is_zero() {
+            d.shared.remove(name);
+        } else {
+            d.shared.insert(name.clone(), next);
+        }
+    }
 }
 
 impl State {
     pub fn put(&mut self, r: ShareRecord) {
-        if let Some(old) = self.records.get(&r.key)
-            && old.device != r.device
-            && let Some(keys) = self.by_device.get_mut(&old.device)
-        {
-            keys.remove(&r.key);
+        if let Some(old) = self.records.get(&r.key) {
+            contribute(&mut self.sums, old, -1);
         }
-        self.by_device
-            .entry(r.device.clone())
-            .or_default()
-            .insert(r.key.clone());
+        contribute(&mut self.sums, &r, 1);
         self.records.insert(r.key.clone(), r);
     }
 
     pub fn remove(&mut self, key: &str) -> Option<ShareRecord> {
         let r = self.records.remove(key)?;
-        if let Some(keys) = self.by_device.get_mut(&r.device) {
-            keys.remove(key);
-        }
+        contribute(&mut self.sums, &r, -1);
         Some(r)
     }
 
-    pub fn device_records<'a>(
-        &'a self,
-        device: &str,
-    ) -> impl Iterator<Item = &'a ShareRecord> + 'a {
-        self.by_device
-            .get(device)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.records.get(k))
+    pub fn sums(&self, device: &str) -> DeviceSums {
+        self.sums.get(device).cloned().unwrap_or_default()
+    }
+
+    /// The sums derived from the records alone, to check the kept ones against.
+    pub fn recompute_sums(&self) -> HashMap<String, DeviceSums> {
+        let mut sums = HashMap::new();
+        for r in self.records.values() {
+            contribute(&mut sums, r, 1);
+        }
+        sums
+    }
+
+    /// True when the kept sums equal a recomputation from the records.
+    pub fn sums_consistent(&self) -> bool {
+        let fresh = self.recompute_sums();
+        let nonempty = |m: &HashMap<String, DeviceSums>| -> BTreeMap<String, DeviceSums> {
+            m.iter()
+                .filter(|(_, v)| **v != DeviceSums::default())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        nonempty(&fresh) == nonempty(&self.sums)
     }
 }
 
-/// What a device has handed out, derived from its records.
+/// What a device has handed out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceUsage {
     pub allocated: BTreeMap<String, Quantity>,
     /// Records holding capacity (admin-access ones included).
     pub live: u32,
+    /// Records counting against the ledger.
+    pub counting: u32,
     /// Claim uid of the dedicated allocation holding the whole device, if any.
     pub dedicated_by: Option<String>,
 }
 
 pub fn usage(state: &State, dev: &DeviceConfig) -> DeviceUsage {
-    let mut u = DeviceUsage {
-        allocated: dev
-            .capacities
-            .keys()
-            .map(|k| (k.clone(), Quantity::ZERO))
-            .collect(),
-        ..Default::default()
-    };
-    for r in state.device_records(&dev.name) {
-        if !r.phase.holds_capacity() {
-            continue;
-        }
-        u.live += 1;
-        if !r.counts() {
-            continue;
-        }
-        if r.is_dedicated() {
-            u.dedicated_by = Some(r.claim.uid.clone());
-            for (name, cap) in &dev.capacities {
-                u.allocated.insert(name.clone(), cap.value);
-            }
-            continue;
-        }
-        for (name, q) in &r.consumed {
-            let slot = u.allocated.entry(name.clone()).or_insert(Quantity::ZERO);
-            // Admitted amounts each fit under the capacity, so their sum fits in i128;
-            // saturate rather than panic if a corrupted store says otherwise.
-            *slot = slot.checked_add(q).unwrap_or(*slot);
-        }
+    let s = state.sums(&dev.name);
+    let allocated = dev
+        .capacities
+        .iter()
+        .map(|(name, cap)| {
+            // A dedicated allocation holds the whole device.
+            let q = if s.dedicated_by.is_some() {
+                cap.value
+            } else {
+                s.shared.get(name).copied().unwrap_or(Quantity::ZERO)
+            };
+            (name.clone(), q)
+        })
+        .collect();
+    DeviceUsage {
+        allocated,
+        live: s.live,
+        counting: s.counting,
+        dedicated_by: s.dedicated_by,
     }
-    u
 }
 
 /// Checks that admitting `claim` keeps every device it touches within capacity.
@@ -132,7 +185,7 @@ pub fn check_claim(cfg: &Config, state: &State, claim: &ValidClaim) -> Result<()
             ));
         }
         if let Some(d) = allocs.iter().find(|a| a.share_id.is_none()) {
-            let counting = state.device_records(device).filter(|r| r.counts()).count();
+            let counting = u.counting as usize;
             if counting > 0 || allocs.len() > 1 {
                 return Err(ClaimError::exhausted(
                     field(d, ".device"),

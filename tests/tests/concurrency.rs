@@ -140,3 +140,60 @@ async fn racing_retries_of_one_claim_count_it_once() {
     let mut c = a.client().await;
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "5Gi");
 }
+
+/// Many durable writes in flight at once must all complete. sled 0.34's `flush_async`
+/// deadlocked its own thread pool under this load (found by the benchmark with 16
+/// clients); the agent now makes writes durable on one writer thread, and this test keeps
+/// it that way. The deadline only turns a hang into a failure; it measures nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn many_concurrent_durable_prepares_and_releases_all_complete() {
+    const CLIENTS: usize = 32;
+    const ROUNDS: usize = 8;
+    let a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "1000Gi",
+        "1Gi",
+        &["team-a"],
+        &[],
+    )));
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let mut c = a.client().await;
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let uid = format!("load-{i}-{round}");
+                let r = prepare_one(
+                    &mut c,
+                    1,
+                    claim(
+                        &uid,
+                        "team-a",
+                        "a1",
+                        vec![alloc("gen-0", &share_id(), "1Gi")],
+                    ),
+                )
+                .await;
+                assert_eq!(r.error, None, "{r:?}");
+                if round % 2 == 1 {
+                    let u = shareguard_tests::unprepare_one(&mut c, 1, &uid).await;
+                    assert_eq!(u.code, "", "{u:?}");
+                }
+            }
+        }));
+    }
+    let all = futures_join(tasks);
+    tokio::time::timeout(std::time::Duration::from_secs(120), all)
+        .await
+        .expect("concurrent durable writes hung: the agent stopped answering");
+    let mut c = a.client().await;
+    let d = device(&mut c, "gen-0").await;
+    // Half of every client's rounds stay prepared.
+    assert_eq!(d.live_shares as usize, CLIENTS * ROUNDS / 2, "{d:?}");
+    assert_eq!(d.allocated["memory"], format!("{}Gi", CLIENTS * ROUNDS / 2));
+}
+
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -30,7 +30,7 @@ use crate::{
     ledger::State,
     metrics::Metrics,
     record::{Phase, ShareRecord},
-    store::{Batch, Store, StoreError},
+    store::{Batch, Durable, Store, StoreError},
     sync::lock,
 };
 
@@ -120,9 +120,27 @@ impl Engine {
             audit,
             metrics,
         };
-        let (state, batch) = recover::recover(&engine, loaded, boot_id);
-        engine.store.commit(&batch).map_err(store_err)?;
-        engine.store.flush_blocking().map_err(store_err)?;
+        let (mut state, batch) = recover::recover(&engine, loaded, boot_id);
+        engine
+            .store
+            .submit(batch)
+            .wait_blocking()
+            .map_err(store_err)?;
+        if !state.sums_consistent() {
+            // Cannot happen while put/remove are the only mutators; if it ever does, the
+            // records are the truth and the view is rebuilt from them.
+            tracing::error!(
+                "ledger sums disagreed with the records at start; rebuilt from the records"
+            );
+            let records: Vec<ShareRecord> = state.records.values().cloned().collect();
+            let mut fresh = State::default();
+            fresh.epoch = state.epoch;
+            fresh.claims = std::mem::take(&mut state.claims);
+            for r in records {
+                fresh.put(r);
+            }
+            state = fresh;
+        }
         engine.state = Mutex::new(state);
         Ok(engine)
     }
@@ -146,7 +164,7 @@ impl Engine {
     /// I4: refuses epochs below the highest accepted, and makes a higher one durable
     /// before anything that carries it is acknowledged.
     async fn fence(&self, epoch: u64) -> Result<(), RequestError> {
-        let bumped = {
+        let durable = {
             let mut st = lock(&self.state);
             if epoch < st.epoch {
                 return Err(RequestError::StaleEpoch {
@@ -154,40 +172,50 @@ impl Engine {
                     current: st.epoch,
                 });
             }
-            if epoch > st.epoch {
-                self.store.commit(&Batch {
+            if epoch == st.epoch {
+                return Ok(());
+            }
+            let d = self.commit_locked(
+                &mut st,
+                Batch {
                     epoch: Some(epoch),
                     ..Default::default()
-                })?;
-                st.epoch = epoch;
-                true
-            } else {
-                false
-            }
+                },
+            )?;
+            st.epoch = epoch;
+            d
         };
-        if bumped {
-            self.store.flush().await?;
-        }
+        durable.wait().await?;
         Ok(())
     }
 
-    /// Commits `batch` and applies the same change to the in-memory state, under the
-    /// state lock so no decision sees one without the other. Not yet durable.
-    fn commit_locked(&self, st: &mut State, batch: Batch) -> Result<(), StoreError> {
-        self.store.commit(&batch)?;
+    /// Applies `batch` to the in-memory state and queues it for the store, under the
+    /// state lock, so the store sees changes in the order they were decided. Returns the
+    /// handle that resolves once the change is durable; nothing may be acknowledged
+    /// before that. Refuses every change once the store has failed, because the memory
+    /// could then be ahead of the disk.
+    fn commit_locked(&self, st: &mut State, batch: Batch) -> Result<Durable, StoreError> {
+        if self.store.has_failed() {
+            return Err(StoreError::Failed);
+        }
         for k in &batch.delete_shares {
             st.remove(k);
         }
         for k in &batch.delete_claims {
             st.claims.remove(k);
         }
-        for c in batch.put_claims {
-            st.claims.insert(c.claim.uid.clone(), c);
+        for c in &batch.put_claims {
+            st.claims.insert(c.claim.uid.clone(), c.clone());
         }
-        for r in batch.put_shares {
-            st.put(r);
+        for r in &batch.put_shares {
+            st.put(r.clone());
         }
-        Ok(())
+        Ok(self.store.submit(batch))
+    }
+
+    /// Whether the agent can still accept changes (for /readyz).
+    pub fn healthy(&self) -> bool {
+        !self.store.has_failed()
     }
 
     /// Tells watchers about changed shares. Called only once the change is durable, so a
@@ -202,13 +230,18 @@ impl Engine {
     /// Commits under the lock, then waits until it is durable.
     async fn commit_durable(&self, batch: Batch) -> Result<(), StoreError> {
         let changed = batch.put_shares.clone();
-        {
+        let durable = {
             let mut st = lock(&self.state);
-            self.commit_locked(&mut st, batch)?;
-        }
-        self.store.flush().await?;
+            self.commit_locked(&mut st, batch)?
+        };
+        durable.wait().await?;
         self.publish(&changed);
         Ok(())
+    }
+
+    /// Resolves once everything decided so far is durable.
+    async fn barrier(&self) -> Result<(), StoreError> {
+        self.store.submit(Batch::default()).wait().await
     }
 
     /// Removes RELEASED and FAILED records whose retention has passed, and claim records
@@ -248,11 +281,10 @@ impl Engine {
             }
             let n = expired.len();
             batch.delete_shares = expired;
-            self.commit_locked(&mut st, batch)?;
-            n
+            (n, self.commit_locked(&mut st, batch)?)
         };
-        self.store.flush().await?;
-        Ok(removed)
+        removed.1.wait().await?;
+        Ok(removed.0)
     }
 }
 

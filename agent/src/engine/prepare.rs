@@ -14,7 +14,7 @@ use crate::{
     error::{ClaimError, RequestError},
     ledger::{self, State},
     record::{ClaimRecord, Phase, ShareRecord},
-    store::Batch,
+    store::{Batch, Durable},
     sync::lock,
     validate::{ValidClaim, authorize, validate_claim},
 };
@@ -34,7 +34,8 @@ pub struct PrepareOutcome {
 enum Admission {
     /// Same claim, same allocation, already live: no new side effects.
     Repeat(Vec<ShareRecord>),
-    New(Vec<ShareRecord>),
+    /// Admitted: the records, and the handle that resolves once they are durable.
+    New(Vec<ShareRecord>, Durable),
 }
 
 pub(crate) const ACCOUNTED_REASON: &str =
@@ -111,7 +112,9 @@ impl Engine {
                 match admission {
                     Err(e) => self.refused(c, e, epoch, caller),
                     Ok(Admission::Repeat(records)) => self.repeat(&valid, records, caller).await,
-                    Ok(Admission::New(records)) => self.enforce_new(&valid, records, caller).await,
+                    Ok(Admission::New(records, durable)) => {
+                        self.enforce_new(&valid, records, durable, caller).await
+                    }
                 }
             }
         };
@@ -217,15 +220,16 @@ impl Engine {
             cdi_device_ids: Vec::new(),
             updated_at_ms: now,
         };
-        self.commit_locked(
-            st,
-            Batch {
-                put_shares: wanted.clone(),
-                put_claims: vec![claim_rec],
-                ..Default::default()
-            },
-        )
-        .map_err(|e| ClaimError::unavailable(format!("state store refused the write: {e}")))?;
+        let durable = self
+            .commit_locked(
+                st,
+                Batch {
+                    put_shares: wanted.clone(),
+                    put_claims: vec![claim_rec],
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| ClaimError::unavailable(format!("state store refused the write: {e}")))?;
         for r in &wanted {
             self.audit_share(
                 r,
@@ -235,7 +239,7 @@ impl Engine {
                 None,
             );
         }
-        Ok(Admission::New(wanted))
+        Ok(Admission::New(wanted, durable))
     }
 
     fn new_record(
@@ -289,10 +293,11 @@ impl Engine {
         &self,
         v: &ValidClaim,
         mut records: Vec<ShareRecord>,
+        durable: Durable,
         caller: u32,
     ) -> PrepareOutcome {
         // Durable before anything is applied or acknowledged (I6).
-        if let Err(e) = self.store.flush().await {
+        if let Err(e) = durable.wait().await {
             return self.outcome(
                 v,
                 records,
@@ -327,9 +332,13 @@ impl Engine {
         if let Some((i, e)) = failure {
             return self.roll_back(v, records, applied, i, e, caller).await;
         }
+        if applied.is_empty() {
+            // Accounting only: the admission itself was the final, durable write.
+            return self.outcome(v, records, None);
+        }
         let changed: Vec<ShareRecord> = records
             .iter()
-            .filter(|r| r.phase != Phase::Accounted)
+            .filter(|r| applied.contains(&r.key))
             .cloned()
             .collect();
         if let Err(e) = self
@@ -345,7 +354,7 @@ impl Engine {
                 Some(ClaimError::unavailable(format!("state store: {e}"))),
             );
         }
-        for r in records.iter().filter(|r| r.phase != Phase::Accounted) {
+        for r in records.iter().filter(|r| applied.contains(&r.key)) {
             self.audit_share(r, Decision::Admit, &r.reason, Some(caller), None);
         }
         self.outcome(v, records, None)
@@ -453,7 +462,7 @@ impl Engine {
         // Flush even when nothing changed: the first attempt may have been answered with
         // a flush error, and this answer must not acknowledge anything not yet durable.
         let res = if changed.is_empty() {
-            self.store.flush().await
+            self.barrier().await
         } else {
             self.commit_durable(Batch {
                 put_shares: changed,

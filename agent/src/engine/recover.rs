@@ -13,10 +13,8 @@ use super::{Engine, judge, now_ms, prepare::ACCOUNTED_REASON, spec_of};
 
 pub(super) fn recover(engine: &Engine, loaded: Loaded, boot_id: &str) -> (State, Batch) {
     let rebooted = loaded.boot_id.as_deref().is_some_and(|b| b != boot_id);
-    let mut state = State {
-        epoch: loaded.epoch,
-        ..Default::default()
-    };
+    let mut state = State::default();
+    state.epoch = loaded.epoch;
     let mut batch = Batch {
         boot_id: (loaded.boot_id.as_deref() != Some(boot_id)).then(|| boot_id.to_owned()),
         ..Default::default()

@@ -536,6 +536,7 @@ proptest! {
                     e = open(&cfg, None, "boot");
                 }
             }
+            prop_assert!(lock(&e.state).sums_consistent(), "kept sums differ from the records");
             for d in 0..2u8 {
                 let got = allocated(&e, &format!("gen-{d}"));
                 let want = Quantity::parse(&format!("{}Gi", m.used(d))).unwrap();

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The benchmarks of docs/benchmarks.md: the release binary, driven over its socket.
+# A benchmark prints figures; it asserts nothing about speed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_build_deps
+cargo build --release --locked -p shareguard
+cargo bench --locked -p shareguard-tests --bench agent
