@@ -194,6 +194,8 @@ async fn many_concurrent_durable_prepares_and_releases_all_complete() {
 
 async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
     for t in tasks {
-        t.await.unwrap();
+        if let Err(e) = t.await {
+            panic!("a client task failed: {e}");
+        }
     }
 }
