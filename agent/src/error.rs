@@ -107,6 +107,14 @@ impl ClaimError {
     }
 }
 
+/// The store could not take or make durable a change: nothing of it is acknowledged, and
+/// a retry (after the agent is restarted, if the store failed for good) can succeed.
+impl From<StoreError> for ClaimError {
+    fn from(e: StoreError) -> Self {
+        ClaimError::unavailable(format!("state store: {e}"))
+    }
+}
+
 /// Problems with a whole request; no claim of it was looked at.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {

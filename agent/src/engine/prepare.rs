@@ -220,16 +220,14 @@ impl Engine {
             cdi_device_ids: Vec::new(),
             updated_at_ms: now,
         };
-        let durable = self
-            .commit_locked(
-                st,
-                Batch {
-                    put_shares: wanted.clone(),
-                    put_claims: vec![claim_rec],
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| ClaimError::unavailable(format!("state store refused the write: {e}")))?;
+        let durable = self.commit_locked(
+            st,
+            Batch {
+                put_shares: wanted.clone(),
+                put_claims: vec![claim_rec],
+                ..Default::default()
+            },
+        )?;
         for r in &wanted {
             self.audit_share(
                 r,
@@ -348,11 +346,7 @@ impl Engine {
             })
             .await
         {
-            return self.outcome(
-                v,
-                records,
-                Some(ClaimError::unavailable(format!("state store: {e}"))),
-            );
+            return self.outcome(v, records, Some(e.into()));
         }
         for r in records.iter().filter(|r| applied.contains(&r.key)) {
             self.audit_share(r, Decision::Admit, &r.reason, Some(caller), None);
@@ -403,11 +397,7 @@ impl Engine {
             })
             .await
         {
-            return self.outcome(
-                v,
-                records,
-                Some(ClaimError::unavailable(format!("state store: {se}"))),
-            );
+            return self.outcome(v, records, Some(se.into()));
         }
         for r in &records {
             self.audit_share(
@@ -471,11 +461,7 @@ impl Engine {
             .await
         };
         if let Err(e) = res {
-            return self.outcome(
-                v,
-                out,
-                Some(ClaimError::unavailable(format!("state store: {e}"))),
-            );
+            return self.outcome(v, out, Some(e.into()));
         }
         for r in &out {
             self.audit_share(

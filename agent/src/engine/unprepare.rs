@@ -108,8 +108,7 @@ impl Engine {
                 put_shares: enforcing.clone(),
                 ..Default::default()
             })
-            .await
-            .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+            .await?;
             for r in &mut enforcing {
                 if let Err(e) = self.remove_blocking(r).await {
                     let err = ClaimError::unavailable(format!(
@@ -123,8 +122,7 @@ impl Engine {
                         put_shares: vec![r.clone()],
                         ..Default::default()
                     })
-                    .await
-                    .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+                    .await?;
                     return Err(err);
                 }
             }
@@ -148,8 +146,7 @@ impl Engine {
             put_shares: released.clone(),
             ..Default::default()
         })
-        .await
-        .map_err(|e| ClaimError::unavailable(format!("state store: {e}")))?;
+        .await?;
         for r in &released {
             self.audit_share(
                 r,
