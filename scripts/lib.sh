@@ -32,4 +32,55 @@ ensure_rust() {
 ensure_build_deps() {
   ensure_rust
   ensure_debs ca-certificates curl pkg-config
+  ensure_bpf_toolchain
+}
+
+# The eBPF side of bandwidth enforcement (ebpf/) is built by limiter-net's build script with
+# nightly (build-std needs rust-src) and bpf-linker; its tests need ip/tc and iperf3.
+# Fast when everything is there: a file test and one `bpf-linker --version`.
+ensure_bpf_toolchain() {
+  ensure_debs iproute2 iperf3
+
+  if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    echo "==> installing the nightly Rust toolchain (for the eBPF build)"
+    rustup toolchain install nightly --profile minimal --component rust-src
+  fi
+  local nightly_sysroot
+  nightly_sysroot="$(rustup run nightly rustc --print sysroot)"
+  if [ ! -d "$nightly_sysroot/lib/rustlib/src/rust/library/core" ]; then
+    echo "==> adding rust-src to the nightly toolchain (for -Z build-std=core)"
+    rustup component add rust-src --toolchain nightly
+  fi
+
+  # A bpf-linker linked against a toolchain's libLLVM stops loading when rustup updates
+  # that toolchain; running it is the only check that catches that, so a failing run
+  # means reinstall, not just a missing binary.
+  if bpf-linker --version >/dev/null 2>&1; then
+    return 0
+  fi
+  # bpf-linker links against the stable toolchain's own libLLVM instead of a system LLVM:
+  # Debian 12 has no LLVM that matches the bitcode nightly rustc emits, and the toolchain's
+  # copy always matches its major version. Its directory holds the real shared object and a
+  # linker script named libLLVM-*.so that lld/ld cannot use for -lLLVM, so a private
+  # directory with a plain libLLVM.so symlink serves the link, and an rpath serves the run.
+  local sysroot llvm_major llvm_so linkdir
+  sysroot="$(rustup run stable rustc --print sysroot)"
+  llvm_major="$(rustup run stable rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
+  llvm_so="$(find "$sysroot/lib" -maxdepth 1 -type f -name 'libLLVM.so.*-rust-*' | head -n 1)"
+  if [ -z "$llvm_major" ] || [ -z "$llvm_so" ]; then
+    echo "cannot find the stable toolchain's libLLVM under $sysroot/lib; bpf-linker needs it" >&2
+    exit 1
+  fi
+  linkdir="$(mktemp -d)"
+  ln -s "$llvm_so" "$linkdir/libLLVM.so"
+  echo "==> installing bpf-linker 0.13 against the toolchain's LLVM $llvm_major (a few minutes)"
+  if ! RUSTFLAGS="-L $linkdir -C link-arg=-Wl,-rpath,$sysroot/lib" \
+    rustup run stable cargo install bpf-linker --version '~0.13' --locked --force \
+      --no-default-features --features "llvm-$llvm_major"; then
+    rm -rf "$linkdir"
+    echo "installing bpf-linker failed" >&2
+    exit 1
+  fi
+  rm -rf "$linkdir"
+  bpf-linker --version >/dev/null
 }
