@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub allowed_uids: Vec<u32>,
     pub max_claims_per_request: usize,
     pub tombstone_retention: Duration,
+    /// bpffs directory for the bandwidth limiter's pinned maps and links.
+    pub bpffs_dir: PathBuf,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +115,7 @@ struct RawAgent {
     allowed_uids: Option<Vec<u32>>,
     max_claims_per_request: Option<Spanned<usize>>,
     tombstone_retention: Option<Spanned<String>>,
+    bpffs_dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -128,12 +131,15 @@ struct RawDevice {
     admin_namespaces: Vec<Spanned<String>>,
     #[serde(default)]
     capacity: BTreeMap<Spanned<String>, Spanned<RawCapacity>>,
+    /// For `net` devices: the shared NIC the device stands for; its link speed is the
+    /// capacity of a bandwidth capacity that gives no `value`.
+    interface: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCapacity {
-    value: Spanned<String>,
+    value: Option<Spanned<String>>,
     default: Option<Spanned<String>>,
     #[serde(default)]
     valid_values: Vec<String>,
@@ -221,6 +227,9 @@ impl Config {
             allowed_uids: a.allowed_uids.unwrap_or_else(|| vec![0]),
             max_claims_per_request,
             tombstone_retention,
+            bpffs_dir: a
+                .bpffs_dir
+                .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/shareguard")),
         };
 
         let mut devices = Vec::with_capacity(raw.devices.len());
@@ -276,7 +285,10 @@ impl Config {
                 "generic" => DeviceKind::Generic,
                 // Refused until their limiters exist: an agent that accepted them would
                 // report bandwidth or GPU shares it cannot enforce.
-                "net" | "gpu" => {
+                "net" => DeviceKind::Net,
+                // Refused until its limiter exists: an agent that accepted it would
+                // report GPU shares it cannot enforce.
+                "gpu" => {
                     return Err(err(
                         d.kind.span(),
                         format!(
@@ -337,15 +349,31 @@ impl Config {
                         format!("device {name}: capacity name {cname_s:?} is not a qualified name"),
                     ));
                 }
-                let value = Quantity::parse(cap.value.get_ref()).map_err(|e| {
-                    err(
-                        cap.value.span(),
-                        format!("device {name}: capacity {cname_s}.value: {e}"),
-                    )
-                })?;
+                let value = match (&cap.value, kind, &d.interface) {
+                    (Some(v), _, _) => Quantity::parse(v.get_ref()).map_err(|e| {
+                        err(
+                            v.span(),
+                            format!("device {name}: capacity {cname_s}.value: {e}"),
+                        )
+                    })?,
+                    (None, DeviceKind::Net, Some(nic)) => {
+                        link_speed(nic.get_ref()).map_err(|why| {
+                            err(
+                                nic.span(),
+                                format!("device {name}: capacity {cname_s} has no value and {why}"),
+                            )
+                        })?
+                    }
+                    (None, _, _) => {
+                        return Err(err(
+                            cspan,
+                            format!("device {name}: capacity {cname_s}: value is required"),
+                        ));
+                    }
+                };
                 if value.is_negative() || value.is_zero() {
                     return Err(err(
-                        cap.value.span(),
+                        cspan.clone(),
                         format!(
                             "device {name}: capacity {cname_s}.value: {value} must be positive"
                         ),
@@ -378,6 +406,14 @@ impl Config {
                 }
                 capacities.insert(cname_s, CapacityConfig { value, policy });
             }
+            if kind == DeviceKind::Net {
+                check_net_capacities(&name, &capacities).map_err(|why| err(dspan.clone(), why))?;
+            } else if let Some(nic) = &d.interface {
+                return Err(err(
+                    nic.span(),
+                    format!("device {name}: interface is only for kind \"net\""),
+                ));
+            }
             devices.push(DeviceConfig {
                 name,
                 driver: d.driver.into_inner(),
@@ -394,6 +430,42 @@ impl Config {
     pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
         self.devices.iter().find(|d| d.name == name)
     }
+}
+
+/// A `net` device has one symmetric `bandwidth`, or `egress-bandwidth` and/or
+/// `ingress-bandwidth` (the pod's egress and ingress), and nothing else.
+fn check_net_capacities(name: &str, caps: &BTreeMap<String, CapacityConfig>) -> Result<(), String> {
+    use shareguard_limiter_net::limiter::{BANDWIDTH, CAPACITIES};
+    if let Some(other) = caps.keys().find(|k| !CAPACITIES.contains(&k.as_str())) {
+        return Err(format!(
+            "device {name}: a net device's capacities are {}; {other:?} is not one of them",
+            CAPACITIES.join(", ")
+        ));
+    }
+    if caps.contains_key(BANDWIDTH) && caps.len() > 1 {
+        return Err(format!(
+            "device {name}: bandwidth (both directions) cannot be combined with egress-bandwidth or ingress-bandwidth"
+        ));
+    }
+    Ok(())
+}
+
+/// A NIC's link speed from sysfs, in bit/s.
+fn link_speed(nic: &str) -> Result<Quantity, String> {
+    if nic.is_empty() || nic.contains('/') || nic == "." || nic == ".." {
+        return Err(format!("interface {nic:?} is not an interface name"));
+    }
+    let path = format!("/sys/class/net/{nic}/speed");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("{path} cannot be read ({e})"))?;
+    let mbit: i128 = text
+        .trim()
+        .parse()
+        .ok()
+        .filter(|m: &i128| *m > 0)
+        .ok_or_else(|| format!("{path} reports no link speed ({:?})", text.trim()))?;
+    Quantity::from_units(mbit * 1_000_000, shareguard_common::Format::DecimalSI)
+        .ok_or_else(|| format!("{path}: speed out of range"))
 }
 
 /// 1-based line of a byte offset, for error messages.
@@ -470,6 +542,10 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         assert!(e.message.contains("defined twice"), "{e}");
 
         let e = err_of(&GOOD.replace("kind = \"generic\"", "kind = \"net\""));
+        assert!(e.message.contains("net device's capacities"), "{e}");
+        let e = err_of(&GOOD.replace("kind = \"generic\"", "kind = \"gpu\""));
         assert!(e.message.contains("not supported by this build"), "{e}");
+        let e = err_of(&GOOD.replace("value = \"40Gi\"\n", ""));
+        assert!(e.message.contains("value is required"), "{e}");
     }
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod ledger;
+pub mod limiters;
 pub mod metrics;
 pub mod policy;
 pub mod record;

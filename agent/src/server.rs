@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::Config,
-    engine::{Engine, default_limiters, now_ms},
+    engine::{Engine, now_ms},
     grpc::Api,
     http,
     metrics::Metrics,
@@ -88,7 +88,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     let engine = {
         let cfg = cfg.clone();
         tokio::task::spawn_blocking(move || {
-            let limiters = default_limiters(&cfg);
+            let limiters = crate::limiters::for_config(&cfg);
             Engine::open(cfg, limiters, &boot, metrics)
         })
         .await??

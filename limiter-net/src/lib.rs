@@ -1,8 +1,22 @@
-//! Bandwidth limiter for `net` devices (eBPF on tc, both directions).
+//! Bandwidth limiter for `net` devices: eBPF on tc, both directions, on the host side of
+//! the pod's interface, where the pod cannot undo it.
 //!
-//! Being built, per the issue "Real bandwidth enforcement: aya eBPF on tc, both
-//! directions, proven with traffic". So far: [`bpf`], the loader of the kernel side
-//! (ebpf/). Until the limiter itself exists the agent refuses `kind = "net"` devices in its
-//! configuration rather than pretending to enforce them.
+//! | module | what |
+//! |---|---|
+//! | [`limiter`] | [`limiter::NetLimiter`], the `Limiter` the agent uses for `net` devices |
+//! | [`bpf`] | the only module that talks to aya: load, pin, attach, maps, counters |
+//! | [`rtnl`] | netlink: the pod's host-side interface, ifb devices, HTB read-back |
+//! | [`tc`] | HTB qdiscs and classes through iproute2's `tc` |
+//! | [`state`] | what was installed per share, on disk |
+//! | [`probe`] | what the kernel offers (ifb, HTB, fq) |
 
 pub mod bpf;
+pub mod error;
+pub mod limiter;
+pub mod probe;
+pub mod rtnl;
+pub mod state;
+pub mod tc;
+
+pub use error::NetError;
+pub use limiter::NetLimiter;

@@ -23,9 +23,8 @@ pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
 
 use crate::{
-    accounting::AccountingLimiter,
     audit::AuditLog,
-    config::{Config, DeviceKind},
+    config::Config,
     error::RequestError,
     ledger::State,
     metrics::Metrics,
@@ -59,20 +58,6 @@ pub struct Engine {
     events: broadcast::Sender<ShareRecord>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
-}
-
-/// Limiters for the devices of `cfg`, by kind.
-pub fn default_limiters(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
-    cfg.devices
-        .iter()
-        .filter(|d| d.kind == DeviceKind::Generic)
-        .map(|d| {
-            (
-                d.name.clone(),
-                Arc::new(AccountingLimiter) as Arc<dyn Limiter>,
-            )
-        })
-        .collect()
 }
 
 pub fn now_ms() -> u64 {

@@ -14,7 +14,7 @@ use shareguard_common::{
 };
 use shareguard_proto::v1 as pb;
 
-use super::{Engine, default_limiters};
+use super::Engine;
 use crate::{config::Config, error::Code, metrics::Metrics, record::Phase, sync::lock};
 
 const DRIVER: &str = "shareguard.example.com";
@@ -114,7 +114,7 @@ impl Limiter for FakeLimiter {
 }
 
 fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engine {
-    let mut limiters = default_limiters(cfg);
+    let mut limiters = crate::limiters::for_config(cfg);
     if let Some(k) = kernel {
         for d in &cfg.devices {
             limiters.insert(

@@ -1,0 +1,40 @@
+//! Errors of the bandwidth limiter, and whether a retry can help.
+
+use shareguard_common::limiter::LimiterError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// Something the share needs is not there (yet): a namespace, an interface. The pod
+    /// sandbox may still be coming up, so a retry can succeed.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    #[error("network namespace {path}: {reason}")]
+    Netns { path: String, reason: String },
+    #[error("{0} is not a veth interface: the pod's host side cannot be found from it")]
+    NotVeth(String),
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error("`{command}` failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("bpf: {0}")]
+    Bpf(String),
+    #[error("limiter state {path}: {reason}")]
+    State { path: String, reason: String },
+}
+
+impl From<NetError> for LimiterError {
+    fn from(e: NetError) -> Self {
+        match &e {
+            NetError::NotFound(_) | NetError::Netns { .. } | NetError::Netlink(_) => {
+                LimiterError::retryable(e.to_string())
+            }
+            NetError::NotVeth(_)
+            | NetError::Command { .. }
+            | NetError::Conflict(_)
+            | NetError::Bpf(_)
+            | NetError::State { .. } => LimiterError::permanent(e.to_string()),
+        }
+    }
+}

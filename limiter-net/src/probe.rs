@@ -1,0 +1,57 @@
+//! What the running kernel offers for shaping, probed once at start on a throw-away ifb
+//! device: whether the `fq` qdisc exists (for EDT, as Cilium's Bandwidth Manager does it)
+//! and whether HTB and ifb do (for the HTB + eBPF mechanism).
+
+use std::process::Command;
+
+use crate::{error::NetError, rtnl};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Probe {
+    pub ifb: bool,
+    pub htb: bool,
+    pub fq: bool,
+}
+
+impl Probe {
+    /// Mechanism names available here, strongest first, as ListDevices reports them.
+    /// EDT is listed only as detected: this build enforces with HTB + eBPF everywhere.
+    pub fn describe(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.ifb && self.htb {
+            v.push(crate::limiter::MECHANISM.to_owned());
+        }
+        if self.fq {
+            v.push("edt-fq (kernel has sch_fq; not used by this build)".to_owned());
+        }
+        v
+    }
+}
+
+fn qdisc_works(dev: &str, kind: &str) -> bool {
+    let ok = Command::new("tc")
+        .args(["qdisc", "add", "dev", dev, "root", "handle", "1:", kind])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        let _ = Command::new("tc")
+            .args(["qdisc", "del", "dev", dev, "root"])
+            .output();
+    }
+    ok
+}
+
+pub fn probe() -> Result<Probe, NetError> {
+    let dev = format!("sgprobe{}", std::process::id() % 100_000);
+    let ifb = rtnl::ensure_ifb(&dev).is_ok();
+    let mut p = Probe {
+        ifb,
+        ..Probe::default()
+    };
+    if ifb {
+        p.htb = qdisc_works(&dev, "htb");
+        p.fq = qdisc_works(&dev, "fq");
+        rtnl::delete_link(&dev)?;
+    }
+    Ok(p)
+}
