@@ -4,19 +4,24 @@
 //! Capacity gauges are in the capacity's own base unit (bytes for memory, bit/s for
 //! bandwidth): the device config decides the unit, so it is a label, not a name suffix.
 
-use std::{sync::atomic::AtomicU64, time::Duration};
+use std::{
+    sync::{Arc, Mutex, atomic::AtomicU64},
+    time::Duration,
+};
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
     metrics::{
-        counter::Counter,
+        MetricType,
+        counter::{ConstCounter, Counter},
         family::Family,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::Registry,
 };
-use shareguard_common::Quantity;
+use shareguard_common::{Quantity, limiter::TrafficCounters};
 
 use crate::{engine::Engine, error::ClaimError};
 
@@ -46,6 +51,76 @@ struct RefusalLabel {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareLabels {
+    share: String,
+    namespace: String,
+    claim: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareDirLabels {
+    share: String,
+    namespace: String,
+    claim: String,
+    device: String,
+    /// "to_pod" or "from_pod".
+    direction: String,
+}
+
+/// Per-share traffic counters as the kernel holds them. They are taken fresh at every
+/// scrape (into `samples`, just before encoding) rather than copied into counters the
+/// agent would then have to keep in step with the kernel.
+#[derive(Debug, Default)]
+struct ShareTraffic {
+    samples: Mutex<Vec<(ShareLabels, TrafficCounters)>>,
+}
+
+impl Collector for ShareTraffic {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = crate::sync::lock(&self.samples);
+        let with_dir = |l: &ShareLabels, direction: &str| ShareDirLabels {
+            share: l.share.clone(),
+            namespace: l.namespace.clone(),
+            claim: l.claim.clone(),
+            device: l.device.clone(),
+            direction: direction.to_owned(),
+        };
+        type Pick = fn(&TrafficCounters) -> (u64, u64);
+        let per_direction: [(&str, &str, Pick); 2] = [
+            (
+                "shareguard_share_traffic_bytes",
+                "Bytes counted by the share's eBPF programs, by direction",
+                |c| (c.to_pod_bytes, c.from_pod_bytes),
+            ),
+            (
+                "shareguard_share_traffic_packets",
+                "Packets counted by the share's eBPF programs, by direction",
+                |c| (c.to_pod_packets, c.from_pod_packets),
+            ),
+        ];
+        for (name, help, pick) in per_direction {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (l, c) in samples.iter() {
+                let (to, from) = pick(c);
+                ConstCounter::new(to).encode(m.encode_family(&with_dir(l, "to_pod"))?)?;
+                ConstCounter::new(from).encode(m.encode_family(&with_dir(l, "from_pod"))?)?;
+            }
+        }
+        let mut m = encoder.encode_descriptor(
+            "shareguard_share_drops",
+            "Packets the share's shaping queues dropped, both directions",
+            None,
+            MetricType::Counter,
+        )?;
+        for (l, c) in samples.iter() {
+            ConstCounter::new(c.drops).encode(m.encode_family(l)?)?;
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     capacity: Family<DeviceCapacity, FloatGauge>,
@@ -55,6 +130,7 @@ pub struct Metrics {
     shares: Family<PhaseLabel, Gauge>,
     prepare_seconds: Histogram,
     refusals: Family<RefusalLabel, Counter>,
+    traffic: Arc<ShareTraffic>,
 }
 
 impl Default for Metrics {
@@ -115,7 +191,10 @@ impl Metrics {
             "Refused or failed claims and whole requests, by call and gRPC code name",
             refusals.clone(),
         );
+        let traffic = Arc::new(ShareTraffic::default());
+        registry.register_collector(Box::new(traffic.clone()));
         Self {
+            traffic,
             registry,
             capacity,
             allocated,
@@ -177,6 +256,19 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+        *crate::sync::lock(&self.traffic.samples) = engine
+            .share_counters()
+            .into_iter()
+            .map(|(r, c)| {
+                let labels = ShareLabels {
+                    share: r.key,
+                    namespace: r.claim.namespace,
+                    claim: r.claim.name,
+                    device: r.device,
+                };
+                (labels, c)
+            })
+            .collect();
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)

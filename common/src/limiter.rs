@@ -41,6 +41,18 @@ pub struct Enforcement {
     pub enforced: BTreeMap<String, Quantity>,
 }
 
+/// Traffic a share's enforcement counted, as the kernel holds it (monotonic while the
+/// share stays installed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficCounters {
+    pub to_pod_bytes: u64,
+    pub to_pod_packets: u64,
+    pub from_pod_bytes: u64,
+    pub from_pod_packets: u64,
+    /// Packets the shaping queues dropped, both directions.
+    pub drops: u64,
+}
+
 /// Whether retrying the same call can succeed without anyone changing the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retry {
@@ -94,4 +106,9 @@ pub trait Limiter: Send + Sync {
 
     /// Removes everything `apply` installed for `share_key`; succeeds if nothing is left.
     fn remove(&self, share_key: &str) -> Result<(), LimiterError>;
+
+    /// What the kernel counted for the share, for metrics; None where nothing counts.
+    fn counters(&self, _share_key: &str) -> Option<TrafficCounters> {
+        None
+    }
 }

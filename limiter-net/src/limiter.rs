@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, path::Path, sync::Mutex};
 
 use shareguard_common::{
     Format, Quantity,
-    limiter::{Enforcement, LimitSpec, Limiter, LimiterError},
+    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, TrafficCounters},
 };
 use shareguard_ebpf_common::IfaceConfig;
 
@@ -137,7 +137,7 @@ impl NetLimiter {
         if still_there
             && i.to_pod_bps.is_some()
             && rtnl::root_qdisc(i.host_index)?
-                .is_some_and(|(k, major)| k == "htb" && major == tc::MAJOR)
+                .is_some_and(|q| q.kind == "htb" && q.major == tc::MAJOR)
         {
             tc::remove_root(&i.host_name)?;
         }
@@ -242,7 +242,7 @@ impl Limiter for NetLimiter {
             self.uninstall(&mut bpf, &old)?;
             self.state.remove(&spec.share_key)?;
         }
-        if let Some((kind, major)) = rtnl::root_qdisc(host.index)?
+        if let Some(rtnl::RootQdisc { kind, major, .. }) = rtnl::root_qdisc(host.index)?
             && major != 0
             && !(kind == "htb" && major == tc::MAJOR && self.state.get(&spec.share_key)?.is_some())
         {
@@ -266,13 +266,16 @@ impl Limiter for NetLimiter {
             ifb: ifb.clone(),
         };
         self.state.put(&installed)?;
+        let ours = |ifindex: u32| -> Result<bool, NetError> {
+            Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| q.kind == "htb" && q.major == tc::MAJOR))
+        };
         if let Some(r) = to {
-            tc::install_htb(&host.name, &HtbParams::for_rate(r))?;
+            tc::install_htb(&host.name, &HtbParams::for_rate(r), ours(host.index)?)?;
         }
         let mut redirect = 0;
         if let (Some(r), Some(name)) = (from, &ifb) {
             redirect = rtnl::ensure_ifb(name)?;
-            tc::install_htb(name, &HtbParams::for_rate(r))?;
+            tc::install_htb(name, &HtbParams::for_rate(r), ours(redirect)?)?;
         }
         let cfg = IfaceConfig {
             classid: if to.is_some() { tc::CLASSID } else { 0 },
@@ -292,6 +295,28 @@ impl Limiter for NetLimiter {
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         let bpf = lock(&self.bpf);
         Ok(self.read_back(&bpf, spec)?)
+    }
+
+    fn counters(&self, share_key: &str) -> Option<TrafficCounters> {
+        let i = self.state.get(share_key).ok()??;
+        let (to, from) = lock(&self.bpf).counters(slot_of(i.host_index)).ok()?;
+        let drops = |ifindex: Option<u32>| {
+            ifindex
+                .and_then(|x| rtnl::root_qdisc(x).ok().flatten())
+                .filter(|q| q.kind == "htb" && q.major == tc::MAJOR)
+                .map_or(0, |q| q.drops)
+        };
+        let ifb_index = i
+            .ifb
+            .as_deref()
+            .and_then(|n| rtnl::index_of(n).ok().flatten());
+        Some(TrafficCounters {
+            to_pod_bytes: to.bytes,
+            to_pod_packets: to.packets,
+            from_pod_bytes: from.bytes,
+            from_pod_packets: from.packets,
+            drops: drops(i.to_pod_bps.map(|_| i.host_index)) + drops(ifb_index),
+        })
     }
 
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {

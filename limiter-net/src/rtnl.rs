@@ -247,8 +247,17 @@ pub fn delete_link(name: &str) -> Result<(), NetError> {
     })
 }
 
-/// The kind and handle major of `ifindex`'s root qdisc, if it has one of its own.
-pub fn root_qdisc(ifindex: u32) -> Result<Option<(String, u16)>, NetError> {
+/// `ifindex`'s root qdisc as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootQdisc {
+    pub kind: String,
+    pub major: u16,
+    /// Packets it dropped (children included: HTB counts its leaves' drops).
+    pub drops: u64,
+}
+
+/// The root qdisc of `ifindex`, if the kernel reports one.
+pub fn root_qdisc(ifindex: u32) -> Result<Option<RootQdisc>, NetError> {
     with_netlink(None, move |h| {
         Box::pin(async move {
             let index = i32::try_from(ifindex)
@@ -270,7 +279,19 @@ pub fn root_qdisc(ifindex: u32) -> Result<Option<(String, u16)>, NetError> {
                     TcAttribute::Kind(k) => Some(k.clone()),
                     _ => None,
                 });
-                return Ok(kind.map(|k| (k, m.header.handle.major)));
+                let drops = m
+                    .attributes
+                    .iter()
+                    .find_map(|a| match a {
+                        TcAttribute::Stats(st) => Some(u64::from(st.drops)),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                return Ok(kind.map(|kind| RootQdisc {
+                    kind,
+                    major: m.header.handle.major,
+                    drops,
+                }));
             }
             Ok(None)
         })

@@ -70,12 +70,15 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// Makes `dev`'s root an HTB `1:` whose only class `1:1` (also the default class, so
 /// nothing bypasses it) has rate = ceil = `p.rate_bps`, with a FIFO leaf of
-/// `p.queue_packets`. Idempotent: `replace` changes what is there in place, without a
-/// window in which the interface is unlimited.
-pub fn install_htb(dev: &str, p: &HtbParams) -> Result<(), NetError> {
-    run(&s(&[
-        "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
-    ]))?;
+/// `p.queue_packets`. Idempotent: when the root HTB is already there (`root_is_ours`)
+/// only the class and leaf are replaced in place, since HTB refuses to "change" a root it
+/// already is; there is never a window in which the interface is unlimited.
+pub fn install_htb(dev: &str, p: &HtbParams, root_is_ours: bool) -> Result<(), NetError> {
+    if !root_is_ours {
+        run(&s(&[
+            "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
+        ]))?;
+    }
     let rate = format!("{}bit", p.rate_bps);
     let burst = format!("{}b", p.burst_bytes);
     let quantum = p.quantum_bytes.to_string();

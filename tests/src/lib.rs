@@ -21,6 +21,8 @@ use tonic::transport::Channel;
 
 pub use shareguard_proto::v1 as proto;
 
+pub mod net;
+
 /// How long an agent may take to become ready before the test fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 

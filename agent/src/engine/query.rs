@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use shareguard_common::Quantity;
+use shareguard_common::{Quantity, limiter::TrafficCounters};
 use tokio::sync::broadcast;
 
 use crate::{
@@ -114,6 +114,25 @@ impl Engine {
                         .map(|l| l.mechanisms())
                         .unwrap_or_default(),
                 }
+            })
+            .collect()
+    }
+
+    /// What the kernel counted for every live share whose limiter counts traffic. The
+    /// limiters are asked outside the state lock: counting talks to the kernel.
+    pub fn share_counters(&self) -> Vec<(ShareRecord, TrafficCounters)> {
+        let live: Vec<ShareRecord> = {
+            let st = lock(&self.state);
+            st.records
+                .values()
+                .filter(|r| r.phase.holds_capacity() && !self.accounting_only(&r.device))
+                .cloned()
+                .collect()
+        };
+        live.into_iter()
+            .filter_map(|r| {
+                let c = self.limiter(&r.device)?.counters(&r.key)?;
+                Some((r, c))
             })
             .collect()
     }

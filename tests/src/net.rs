@@ -1,0 +1,1368 @@
+//! Network harness for tests with real traffic: network namespaces, veth pairs, ifb
+//! devices, qdiscs and iperf3/ping, each behind a guard that removes what it made when it
+//! drops, also when the test panics.
+//!
+//! Rules the harness keeps:
+//!
+//! - Traffic stays inside namespaces and veth pairs it created: every address comes from
+//!   198.18.0.0/15 (RFC 2544 benchmarking space) and every measurement targets a [`Pod`].
+//! - Names are unique per process (pid) and per object (an atomic counter), so tests run in
+//!   parallel, and in parallel with other test processes. Interface names stay within
+//!   the kernel's 15 characters.
+//! - Nothing sleeps in place of waiting: readiness (link up, iperf3 listening) is polled
+//!   with a deadline.
+//! - Throughput measurements take [`TrafficLock`] so that two of them never share the CPU
+//!   (veth throughput is CPU-bound).
+//!
+//! Tests that need it call [`privileged`] first: without root it skips with a message,
+//! unless `CI=true`, where it fails.
+//!
+//! External tools: `ip` and `tc` (iproute2), `iperf3`, `ping` (iputils-ping).
+
+// `new()` creates kernel objects (namespaces, links); a `Default` would hide that.
+#![allow(clippy::new_without_default)]
+
+use std::{
+    fmt,
+    fs::{self, File},
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Once,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// Measured seconds of a default [`measure`] (after [`DEFAULT_OMIT`]).
+pub const DEFAULT_SECONDS: u32 = 5;
+/// Warm-up seconds iperf3 runs first and leaves out of its totals (`-O`). iperf3 runs the
+/// omitted seconds *in addition* to `-t`: `-t 5 -O 1` lasts 6 s and reports the last 5.
+pub const DEFAULT_OMIT: u32 = 1;
+
+/// The first address of the range the harness uses, 198.18.0.0/15.
+const BASE: u32 = u32::from_be_bytes([198, 18, 0, 0]);
+/// Number of /30 blocks in 198.18.0.0/15.
+const BLOCKS: u32 = 1 << 15;
+/// How long a link or a server may take to come up.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Lock file that serialises address allocation between processes.
+const ADDR_LOCK: &str = "/tmp/shareguard-tests-net-addr.lock";
+/// Lock file that keeps throughput measurements from running at the same time.
+const TRAFFIC_LOCK: &str = "/tmp/shareguard-tests-traffic.lock";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+fn next_id() -> u32 {
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Removes namespaces and links an earlier test process left behind when it was killed
+/// before its guards ran (SIGKILL, a timeout): those whose name carries the pid of a
+/// process that no longer exists. Runs once per process, before the first object is made.
+pub fn sweep_stale() {
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(sweep_stale_now);
+}
+
+/// [`sweep_stale`], every time it is called.
+pub fn sweep_stale_now() {
+    {
+        let dead = |pid: &str| {
+            pid.parse::<u32>()
+                .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+        };
+        for ns in netns_list() {
+            if let Some((pid, _)) = ns.strip_prefix("sgt-").and_then(|r| r.split_once('-'))
+                && dead(pid)
+            {
+                remove_netns(&ns);
+            }
+        }
+        for entry in fs::read_dir("/sys/class/net")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = ["sgh", "sgi"]
+                .iter()
+                .find_map(|p| name.strip_prefix(p))
+                .and_then(|r| r.split_once('_'))
+                .map(|(pid, _)| pid);
+            if pid.is_some_and(dead) {
+                quiet(&["ip", "link", "del", &name]);
+            }
+        }
+    }
+}
+
+/// Kills whatever still runs in the namespace, then deletes it.
+fn remove_netns(name: &str) {
+    if let Ok(pids) = try_sh(&["ip", "netns", "pids", name]) {
+        for pid in pids.split_whitespace() {
+            quiet(&["kill", "-KILL", pid]);
+        }
+    }
+    quiet(&["ip", "netns", "del", name]);
+}
+
+/// A unique interface name: `<prefix><pid>_<n>`, checked against IFNAMSIZ.
+fn ifname(prefix: &str, n: u32) -> String {
+    let name = format!("{prefix}{}_{n}", std::process::id());
+    assert!(
+        name.len() <= 15,
+        "interface name {name} is longer than 15 characters"
+    );
+    name
+}
+
+// ---------------------------------------------------------------------------------------
+// Privilege and tools
+
+/// Whether the effective uid is 0 (read from /proc, no libc needed).
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `CI=true` is set: privileged tests must then run, not skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Call first in a test that needs root: returns `true` when it may run. Without root it
+/// prints why it skips and returns `false`, or panics when `CI=true`. Missing tools fail
+/// the test with the package to install (they are never a reason to skip).
+pub fn privileged(test: &str) -> bool {
+    if !is_root() {
+        assert!(
+            !in_ci(),
+            "{test}: needs root (network namespaces, veth, tc); CI=true, so this fails instead of skipping"
+        );
+        eprintln!(
+            "SKIP {test}: needs root for network namespaces, veth and tc (run the tests as root; with CI=true this is a failure)"
+        );
+        return false;
+    }
+    require_tools();
+    true
+}
+
+/// Panics naming the Debian package for any missing tool.
+pub fn require_tools() {
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("iperf3", "iperf3"),
+        ("ping", "iputils-ping"),
+    ] {
+        assert!(
+            on_path(tool),
+            "`{tool}` not found: install it (`apt-get install -y {package}`; scripts/lib.sh does this for the tests)"
+        );
+    }
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands
+
+/// Runs `args` and returns its standard output; panics with the command and its
+/// standard error if it fails.
+pub fn sh(args: &[&str]) -> String {
+    match try_sh(args) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Runs `args`: its standard output, or an error naming the command and its stderr.
+pub fn try_sh(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("`{}`: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "`{}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Cleanup: runs `args`, ignoring failure (the thing may already be gone).
+fn quiet(args: &[&str]) {
+    let _ = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether a network interface of that name exists in the root namespace.
+pub fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+/// Names listed by `ip netns list`.
+pub fn netns_list() -> Vec<String> {
+    sh(&["ip", "netns", "list"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// The 1, 5 and 15 minute load averages, to print beside throughput figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadAvg(pub f64, pub f64, pub f64);
+
+impl LoadAvg {
+    pub fn now() -> LoadAvg {
+        let s = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let mut v = s
+            .split_whitespace()
+            .take(3)
+            .map(|x| x.parse().unwrap_or(f64::NAN));
+        LoadAvg(
+            v.next().unwrap_or(f64::NAN),
+            v.next().unwrap_or(f64::NAN),
+            v.next().unwrap_or(f64::NAN),
+        )
+    }
+}
+
+impl fmt::Display for LoadAvg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.2} {:.2} {:.2}", self.0, self.1, self.2)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Locks
+
+/// An exclusive `flock` on a file under /tmp, held until drop. `flock` locks belong to
+/// the open file description, so two holders conflict whether they are threads of one
+/// process or separate processes.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+}
+
+impl FileLock {
+    pub fn acquire(path: &str) -> FileLock {
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap_or_else(|e| panic!("open lock file {path}: {e}"));
+        file.lock().unwrap_or_else(|e| panic!("lock {path}: {e}"));
+        FileLock { _file: file }
+    }
+}
+
+/// Held around every throughput measurement: throughput tests in this process and in
+/// other test processes never run at the same time and compete for the CPUs.
+#[derive(Debug)]
+pub struct TrafficLock {
+    _lock: FileLock,
+    pub waited: Duration,
+}
+
+impl TrafficLock {
+    pub fn acquire() -> TrafficLock {
+        let started = Instant::now();
+        let lock = FileLock::acquire(TRAFFIC_LOCK);
+        TrafficLock {
+            _lock: lock,
+            waited: started.elapsed(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Namespaces and links
+
+/// A network namespace (`ip netns add`), deleted on drop after killing any process still
+/// in it (processes the test started there: the name is unique).
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// A new namespace named `sgt-<pid>-<n>`.
+    pub fn new() -> Netns {
+        sweep_stale();
+        let name = format!("sgt-{}-{}", std::process::id(), next_id());
+        sh(&["ip", "netns", "add", &name]);
+        Netns { name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<name>`, the path a CRI hands to CNI plugins.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// A command that runs `program` inside the namespace (`ip netns exec`, which execs:
+    /// the child's pid is the program's).
+    pub fn exec(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Runs `args` inside the namespace; panics if it fails.
+    pub fn sh(&self, args: &[&str]) -> String {
+        let mut all = vec!["ip", "netns", "exec", &self.name];
+        all.extend_from_slice(args);
+        sh(&all)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        remove_netns(&self.name);
+    }
+}
+
+/// A link in the root namespace, deleted on drop (`ip link del`; deleting one end of a
+/// veth pair deletes both).
+#[derive(Debug)]
+pub struct Link {
+    name: String,
+}
+
+impl Link {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        quiet(&["ip", "link", "del", &self.name]);
+    }
+}
+
+/// An ifb device in the root namespace, up, deleted on drop.
+#[derive(Debug)]
+pub struct Ifb {
+    link: Link,
+}
+
+impl Ifb {
+    /// A new ifb named `sgi<pid>_<n>`.
+    pub fn new() -> Ifb {
+        sweep_stale();
+        let name = ifname("sgi", next_id());
+        sh(&["ip", "link", "add", &name, "type", "ifb"]);
+        let link = Link { name };
+        sh(&["ip", "link", "set", link.name(), "up"]);
+        Ifb { link }
+    }
+
+    pub fn name(&self) -> &str {
+        self.link.name()
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        ifindex(self.name())
+    }
+}
+
+/// The ifindex of an interface in the root namespace.
+pub fn ifindex(name: &str) -> u32 {
+    let p = format!("/sys/class/net/{name}/ifindex");
+    fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
+/// A pod as the agent sees one: a network namespace and a veth pair whose host end
+/// (`sgh<pid>_<n>`) stays in the root namespace and whose other end is `eth0` in the pod's
+/// namespace. Dropping it deletes the link, then the namespace.
+///
+/// Addresses: each pod gets one /30 block out of 198.18.0.0/15 (32768 blocks): the host
+/// end has `base+1/30`, the pod `base+2/30`. The search for a free block starts at a block
+/// derived from the pid and the counter and takes the first one that no address in the
+/// root namespace overlaps; it runs under an exclusive file lock
+/// (`/tmp/shareguard-tests-net-addr.lock`) that also covers assigning the host address,
+/// so parallel tests in one process and in other processes never pick the same block.
+#[derive(Debug)]
+pub struct Pod {
+    // Field order is drop order: link first, then namespace.
+    link: Link,
+    netns: Netns,
+    host_addr: Ipv4Addr,
+    pod_addr: Ipv4Addr,
+    ifindex: u32,
+}
+
+impl Pod {
+    pub fn new() -> Pod {
+        let netns = Netns::new();
+        let n = next_id();
+        let host = ifname("sgh", n);
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            &host,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns.name(),
+        ]);
+        let link = Link { name: host };
+        // No IPv6 on the host end: no router solicitations or MLD reports in the figures.
+        let _ = fs::write(
+            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", link.name()),
+            "1",
+        );
+        let (host_addr, pod_addr) = {
+            let _lock = FileLock::acquire(ADDR_LOCK);
+            let block =
+                free_block(std::process::id().wrapping_mul(2654435761) ^ n.wrapping_mul(40503));
+            let base = BASE + block * 4;
+            let host_addr = Ipv4Addr::from(base + 1);
+            sh(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{host_addr}/30"),
+                "dev",
+                link.name(),
+            ]);
+            (host_addr, Ipv4Addr::from(base + 2))
+        };
+        let ns = netns.name();
+        sh(&[
+            "ip",
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{pod_addr}/30"),
+            "dev",
+            "eth0",
+        ]);
+        sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+        sh(&["ip", "link", "set", link.name(), "up"]);
+        let oper = format!("/sys/class/net/{}/operstate", link.name());
+        wait_for(&format!("{} to be up", link.name()), READY_TIMEOUT, || {
+            fs::read_to_string(&oper).is_ok_and(|s| s.trim() == "up")
+        });
+        let ifindex = ifindex(link.name());
+        Pod {
+            link,
+            netns,
+            host_addr,
+            pod_addr,
+            ifindex,
+        }
+    }
+
+    /// The host end of the veth pair, in the root namespace.
+    pub fn host_if(&self) -> &str {
+        self.link.name()
+    }
+
+    /// The ifindex of the host end.
+    pub fn host_ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// The interface name inside the pod's namespace.
+    pub fn pod_if(&self) -> &str {
+        "eth0"
+    }
+
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    pub fn netns_name(&self) -> &str {
+        self.netns.name()
+    }
+
+    /// `/run/netns/<name>`.
+    pub fn netns_path(&self) -> PathBuf {
+        self.netns.path()
+    }
+
+    pub fn host_addr(&self) -> Ipv4Addr {
+        self.host_addr
+    }
+
+    pub fn pod_addr(&self) -> Ipv4Addr {
+        self.pod_addr
+    }
+
+    /// Starts an iperf3 server in the pod, bound to the pod's address.
+    pub fn iperf_server(&self) -> IperfServer {
+        IperfServer::start(self)
+    }
+}
+
+/// The first /30 block, searching from `start`, that no IPv4 address in the root
+/// namespace overlaps. Call under the address lock.
+fn free_block(start: u32) -> u32 {
+    let mut used = vec![false; BLOCKS as usize];
+    used[0] = true; // 198.18.0.0/30: keep the network address of the range out.
+    for line in sh(&["ip", "-o", "-4", "addr", "show"]).lines() {
+        let mut words = line.split_whitespace();
+        let Some(cidr) = words.find(|w| *w == "inet").and_then(|_| words.next()) else {
+            continue;
+        };
+        let Some((addr, len)) = cidr.split_once('/') else {
+            continue;
+        };
+        let (Ok(addr), Ok(len)) = (addr.parse::<Ipv4Addr>(), len.parse::<u32>()) else {
+            continue;
+        };
+        let len = len.min(30);
+        let size = 1u64 << (32 - len);
+        let first = u64::from(u32::from(addr)) & !(size - 1);
+        for a in (first..first + size).step_by(4) {
+            if let Some(off) = a.checked_sub(u64::from(BASE))
+                && off < u64::from(BLOCKS) * 4
+            {
+                used[(off / 4) as usize] = true;
+            }
+        }
+    }
+    (0..BLOCKS)
+        .map(|i| (start.wrapping_add(i)) % BLOCKS)
+        .find(|b| !used[*b as usize])
+        .unwrap_or_else(|| panic!("no free /30 left in 198.18.0.0/15"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Qdiscs
+
+/// A qdisc installed by the test, deleted on drop: `tc qdisc del dev <dev> <parent>`
+/// where parent is `root`, `clsact` or `ingress`.
+#[derive(Debug)]
+pub struct Qdisc {
+    dev: String,
+    parent: &'static str,
+}
+
+impl Qdisc {
+    /// Takes ownership of a qdisc already installed on `dev` at `parent`.
+    pub fn adopt(dev: &str, parent: &'static str) -> Qdisc {
+        Qdisc {
+            dev: dev.to_owned(),
+            parent,
+        }
+    }
+
+    pub fn dev(&self) -> &str {
+        &self.dev
+    }
+}
+
+impl Drop for Qdisc {
+    fn drop(&mut self) {
+        quiet(&["tc", "qdisc", "del", "dev", &self.dev, self.parent]);
+    }
+}
+
+/// The burst containerd hands the CNI bandwidth plugin for a pod's
+/// `kubernetes.io/{ingress,egress}-bandwidth` annotation: `math.MaxUint32` *bits*
+/// (CRI-O passes 4 GB), i.e. about 512 MiB, so in practice the first seconds are unshaped.
+pub const CONTAINERD_TBF_BURST_BYTES: u64 = u32::MAX as u64 / 8;
+
+/// A `tbf` at the root of `dev` configured as the CNI bandwidth plugin does it: `rate`,
+/// `burst`, and a queue limit of 25 ms at the rate plus the burst (`tc ... tbf rate R
+/// burst B latency 25ms` computes exactly the plugin's `limit = rate * 25ms + burst`).
+/// The plugin takes the burst in bits; this takes bytes.
+pub fn tbf(dev: &str, rate_bps: u64, burst_bytes: u64) -> Qdisc {
+    let guard = Qdisc::adopt(dev, "root");
+    sh(&[
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "handle",
+        "1:",
+        "tbf",
+        "rate",
+        &format!("{rate_bps}bit"),
+        "burst",
+        &burst_bytes.to_string(),
+        "latency",
+        "25ms",
+    ]);
+    guard
+}
+
+/// [`tbf`] on the host end: limits traffic to the pod, as the CNI plugin's ingress limit.
+pub fn tbf_to_pod(pod: &Pod, rate_bps: u64, burst_bytes: u64) -> Qdisc {
+    tbf(pod.host_if(), rate_bps, burst_bytes)
+}
+
+/// [`tbf`] on an ifb fed by the host end's ingress: limits traffic from the pod, as the
+/// CNI plugin's egress limit.
+pub fn tbf_from_pod(pod: &Pod, rate_bps: u64, burst_bytes: u64) -> FromPodShaper {
+    FromPodShaper::new(pod, |dev| tbf(dev, rate_bps, burst_bytes))
+}
+
+/// The leaf queue under the HTB class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaf {
+    /// What HTB creates by itself: pfifo with the device's txqueuelen as limit (1000 on a
+    /// veth, 32 on an ifb).
+    Default,
+    /// `pfifo limit <packets>`.
+    Pfifo(u32),
+    /// `bfifo limit <bytes>`.
+    Bfifo(u64),
+}
+
+/// One HTB class at the root of a device (`htb default 1`, class 1:1); `None` leaves a
+/// parameter to tc's default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Htb {
+    pub rate_bps: u64,
+    /// `ceil`; `None`: equal to the rate.
+    pub ceil_bps: Option<u64>,
+    /// Bytes.
+    pub burst: Option<u64>,
+    /// Bytes.
+    pub cburst: Option<u64>,
+    /// Bytes.
+    pub quantum: Option<u64>,
+    pub r2q: Option<u32>,
+    pub leaf: Leaf,
+}
+
+impl Htb {
+    /// Rate = ceil = `rate_bps`, everything else tc's default.
+    pub fn new(rate_bps: u64) -> Htb {
+        Htb {
+            rate_bps,
+            ceil_bps: None,
+            burst: None,
+            cburst: None,
+            quantum: None,
+            r2q: None,
+            leaf: Leaf::Default,
+        }
+    }
+
+    /// The `tc` commands that install it on `dev` (for the record and for docs).
+    pub fn commands(&self, dev: &str) -> Vec<Vec<String>> {
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        let mut qdisc = s(&[
+            "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
+        ]);
+        if let Some(r2q) = self.r2q {
+            qdisc.extend(s(&["r2q", &r2q.to_string()]));
+        }
+        let mut class = s(&[
+            "tc",
+            "class",
+            "replace",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:1",
+            "htb",
+            "rate",
+            &format!("{}bit", self.rate_bps),
+            "ceil",
+            &format!("{}bit", self.ceil_bps.unwrap_or(self.rate_bps)),
+        ]);
+        for (k, v) in [
+            ("burst", self.burst),
+            ("cburst", self.cburst),
+            ("quantum", self.quantum),
+        ] {
+            if let Some(v) = v {
+                class.extend(s(&[k, &v.to_string()]));
+            }
+        }
+        let mut cmds = vec![qdisc, class];
+        let leaf = |kind: &str, limit: String| {
+            s(&[
+                "tc", "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", kind,
+                "limit", &limit,
+            ])
+        };
+        match self.leaf {
+            Leaf::Default => {}
+            Leaf::Pfifo(n) => cmds.push(leaf("pfifo", n.to_string())),
+            Leaf::Bfifo(n) => cmds.push(leaf("bfifo", n.to_string())),
+        }
+        cmds
+    }
+
+    /// Installs it as the root qdisc of `dev`.
+    pub fn apply(&self, dev: &str) -> Qdisc {
+        let guard = Qdisc::adopt(dev, "root");
+        for c in self.commands(dev) {
+            sh(&c.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        guard
+    }
+}
+
+/// HTB on the host end: shapes traffic to the pod.
+pub fn htb_to_pod(pod: &Pod, htb: &Htb) -> Qdisc {
+    htb.apply(pod.host_if())
+}
+
+/// Redirects everything arriving on `dev` from its peer (ingress) to the egress of
+/// `ifb`: `tc qdisc add dev <dev> clsact` + `tc filter add dev <dev> ingress protocol all
+/// u32 match u32 0 0 action mirred egress redirect dev <ifb>` (the CNI bandwidth plugin's
+/// filter; `matchall`, `flower` and `basic` are not built into the CI kernel, `u32` and
+/// `bpf` are). The guard removes the clsact qdisc and with it the filter.
+pub fn redirect_ingress(dev: &str, ifb: &Ifb) -> Qdisc {
+    sh(&["tc", "qdisc", "add", "dev", dev, "clsact"]);
+    let guard = Qdisc::adopt(dev, "clsact");
+    sh(&[
+        "tc",
+        "filter",
+        "add",
+        "dev",
+        dev,
+        "ingress",
+        "protocol",
+        "all",
+        "u32",
+        "match",
+        "u32",
+        "0",
+        "0",
+        "action",
+        "mirred",
+        "egress",
+        "redirect",
+        "dev",
+        ifb.name(),
+    ]);
+    guard
+}
+
+/// Shaping of traffic from a pod: the host end's ingress redirected to a new ifb, with
+/// a qdisc at the ifb's root. Drop order: redirect, qdisc, ifb.
+#[derive(Debug)]
+pub struct FromPodShaper {
+    _redirect: Qdisc,
+    _root: Qdisc,
+    ifb: Ifb,
+}
+
+impl FromPodShaper {
+    /// Creates the ifb, installs `root(ifb name)` on it, then redirects the pod's traffic.
+    pub fn new(pod: &Pod, root: impl FnOnce(&str) -> Qdisc) -> FromPodShaper {
+        let ifb = Ifb::new();
+        let root = root(ifb.name());
+        let redirect = redirect_ingress(pod.host_if(), &ifb);
+        FromPodShaper {
+            _redirect: redirect,
+            _root: root,
+            ifb,
+        }
+    }
+
+    pub fn ifb(&self) -> &Ifb {
+        &self.ifb
+    }
+}
+
+/// HTB on an ifb fed by the host end's ingress: shapes traffic from the pod.
+pub fn htb_from_pod(pod: &Pod, htb: &Htb) -> FromPodShaper {
+    FromPodShaper::new(pod, |dev| htb.apply(dev))
+}
+
+/// `tc -d class show dev <dev>`: what the kernel took (burst, cburst, quantum, ...).
+pub fn tc_classes(dev: &str) -> String {
+    sh(&["tc", "-d", "class", "show", "dev", dev])
+}
+
+/// Statistics of the root qdisc of `dev` (`tc -s -j qdisc show`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QdiscStats {
+    pub bytes: u64,
+    pub packets: u64,
+    pub drops: u64,
+    pub overlimits: u64,
+    pub requeues: u64,
+}
+
+pub fn root_qdisc_stats(dev: &str) -> QdiscStats {
+    let v: serde_json::Value = serde_json::from_str(&sh(&[
+        "tc", "-s", "-j", "qdisc", "show", "dev", dev, "root",
+    ]))
+    .unwrap_or_else(|e| panic!("tc -j output for {dev}: {e}"));
+    let q = v
+        .as_array()
+        .and_then(|a| a.first())
+        .unwrap_or_else(|| panic!("no root qdisc on {dev}"));
+    let n = |k: &str| q.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    QdiscStats {
+        bytes: n("bytes"),
+        packets: n("packets"),
+        drops: n("drops"),
+        overlimits: n("overlimits"),
+        requeues: n("requeues"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// iperf3
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Root namespace sends, the pod receives: leaves through the host end's egress.
+    ToPod,
+    /// The pod sends (`iperf3 -R`): arrives on the host end's ingress.
+    FromPod,
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::ToPod => "to-pod",
+            Direction::FromPod => "from-pod",
+        })
+    }
+}
+
+/// What one iperf3 run does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Iperf {
+    pub direction: Direction,
+    /// Measured seconds (`-t`).
+    pub seconds: u32,
+    /// Warm-up seconds left out of the totals (`-O`), run before the measured ones.
+    pub omit: u32,
+    /// Reporting interval in seconds (`-i`).
+    pub interval: f64,
+    /// Parallel streams (`-P`).
+    pub streams: u32,
+    /// TCP congestion control of the sender (`-C`); `None`: the system default
+    /// (`net.ipv4.tcp_congestion_control`, bbr on the CI machine).
+    pub congestion: Option<&'static str>,
+}
+
+impl Iperf {
+    /// One TCP stream, [`DEFAULT_SECONDS`] measured after [`DEFAULT_OMIT`], 1 s intervals.
+    pub fn new(direction: Direction) -> Iperf {
+        Iperf {
+            direction,
+            seconds: DEFAULT_SECONDS,
+            omit: DEFAULT_OMIT,
+            interval: 1.0,
+            streams: 1,
+            congestion: None,
+        }
+    }
+}
+
+/// One reporting interval as the *receiver* saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interval {
+    pub start: f64,
+    pub end: f64,
+    pub bits_per_second: f64,
+    /// Part of the warm-up (`-O`), not in the totals.
+    pub omitted: bool,
+}
+
+/// The result of one iperf3 run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub direction: Direction,
+    /// Goodput at the receiver over the measured seconds (`end.sum_received`).
+    pub bits_per_second: f64,
+    /// What the sender wrote (`end.sum_sent`).
+    pub sender_bits_per_second: f64,
+    /// TCP retransmits of the sender (`end.sum_sent.retransmits`).
+    pub retransmits: u64,
+    /// Measured seconds at the receiver.
+    pub seconds: f64,
+    /// Receiver-side intervals, warm-up included (flagged `omitted`).
+    pub intervals: Vec<Interval>,
+    /// Load average when the run ended.
+    pub load: LoadAvg,
+    /// The sender's congestion control, as iperf3 reports it.
+    pub congestion: String,
+    /// iperf3's whole JSON report.
+    pub json: serde_json::Value,
+}
+
+impl fmt::Display for Measurement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {:.1} Mbit/s over {:.1} s, {} retransmits, {} (load {})",
+            self.direction,
+            self.bits_per_second / 1e6,
+            self.seconds,
+            self.retransmits,
+            self.congestion,
+            self.load
+        )
+    }
+}
+
+/// A persistent iperf3 server in a pod's namespace, bound to the pod's address on a port
+/// unique in this process; SIGKILLed on drop. It serves one test at a time.
+#[derive(Debug)]
+pub struct IperfServer {
+    child: Child,
+    addr: Ipv4Addr,
+    port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl IperfServer {
+    pub fn start(pod: &Pod) -> IperfServer {
+        let port = 5201 + (next_id() % 20000) as u16;
+        let log = tempfile::Builder::new()
+            .prefix("sg-iperf3-server-")
+            .tempfile()
+            .unwrap_or_else(|e| panic!("iperf3 server log: {e}"));
+        let out = log
+            .reopen()
+            .unwrap_or_else(|e| panic!("iperf3 server log: {e}"));
+        let err = log
+            .reopen()
+            .unwrap_or_else(|e| panic!("iperf3 server log: {e}"));
+        let child = pod
+            .netns()
+            .exec("iperf3")
+            // -J and -i 0.1: with --get-server-output the client gets the server's
+            // (receiver's) report as JSON, with intervals fine enough to re-bucket.
+            .args([
+                "-s",
+                "-J",
+                "-i",
+                "0.1",
+                "-B",
+                &pod.pod_addr().to_string(),
+                "-p",
+                &port.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start iperf3 server: {e}"));
+        let mut s = IperfServer {
+            child,
+            addr: pod.pod_addr(),
+            port,
+            log,
+        };
+        s.wait_listening();
+        s
+    }
+
+    /// Waits until the server's socket is in LISTEN, read from `/proc/<pid>/net/tcp`
+    /// (the server's namespace view), without connecting: a probe connection would count
+    /// as a test to iperf3.
+    fn wait_listening(&mut self) {
+        let pid = self.child.id();
+        let port = format!(":{:04X}", self.port);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("iperf3 server exited ({status}): {}", self.log_text());
+            }
+            let listening = ["tcp", "tcp6"].iter().any(|f| {
+                fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
+                    t.lines().skip(1).any(|l| {
+                        let w: Vec<&str> = l.split_whitespace().collect();
+                        w.len() > 3 && w[1].ends_with(&port) && w[3] == "0A"
+                    })
+                })
+            });
+            if listening {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "iperf3 server not listening on {}:{} after {READY_TIMEOUT:?}: {}",
+                self.addr,
+                self.port,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id (in the root pid namespace).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// Runs the iperf3 client from the root namespace against this server. Does not take
+    /// [`TrafficLock`]; callers measuring throughput should hold it.
+    pub fn measure(&self, run: &Iperf) -> Measurement {
+        let out = tempfile::Builder::new()
+            .prefix("sg-iperf3-client-")
+            .tempfile()
+            .unwrap_or_else(|e| panic!("iperf3 client output: {e}"));
+        let mut cmd = Command::new("iperf3");
+        cmd.args([
+            "-c",
+            &self.addr.to_string(),
+            "-p",
+            &self.port.to_string(),
+            "-t",
+            &run.seconds.to_string(),
+            "-O",
+            &run.omit.to_string(),
+            "-i",
+            &run.interval.to_string(),
+            "-P",
+            &run.streams.to_string(),
+            "-J",
+            "--get-server-output",
+            "--connect-timeout",
+            "5000",
+        ]);
+        if let Some(cc) = run.congestion {
+            cmd.args(["-C", cc]);
+        }
+        if run.direction == Direction::FromPod {
+            cmd.arg("-R");
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(
+                out.reopen()
+                    .unwrap_or_else(|e| panic!("iperf3 client output: {e}")),
+            )
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start iperf3 client: {e}"));
+        let limit = Duration::from_secs(u64::from(run.seconds + run.omit) + 20);
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap_or_else(|e| panic!("iperf3: {e}")) {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "iperf3 client still running after {limit:?}; server log: {}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let text = fs::read_to_string(out.path()).unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("iperf3 client ({status}) printed no JSON ({e}): {text}"));
+        if let Some(err) = json.get("error") {
+            panic!(
+                "iperf3 client ({status}) failed: {err}; server log: {}",
+                self.log_text()
+            );
+        }
+        parse_iperf(run, json, LoadAvg::now())
+    }
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn parse_iperf(run: &Iperf, json: serde_json::Value, load: LoadAvg) -> Measurement {
+    let f = |v: &serde_json::Value, p: &str| {
+        v.pointer(p)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("iperf3 JSON has no {p}: {v}"))
+    };
+    // The receiver is the client with -R, the server otherwise (its report comes back
+    // with --get-server-output, in 0.1 s intervals: re-bucketed to the run's interval).
+    let receiver = match run.direction {
+        Direction::FromPod => Some(&json),
+        Direction::ToPod => json.get("server_output_json"),
+    };
+    let fine: Vec<(f64, f64, f64, bool)> = receiver
+        .and_then(|r| r.get("intervals"))
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| {
+                    let s = i.get("sum")?;
+                    Some((
+                        s.get("start")?.as_f64()?,
+                        s.get("end")?.as_f64()?,
+                        s.get("bytes")?.as_f64()?,
+                        s.get("omitted")?.as_bool()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Measurement {
+        direction: run.direction,
+        bits_per_second: f(&json, "/end/sum_received/bits_per_second"),
+        sender_bits_per_second: f(&json, "/end/sum_sent/bits_per_second"),
+        retransmits: json
+            .pointer("/end/sum_sent/retransmits")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0),
+        seconds: f(&json, "/end/sum_received/seconds"),
+        intervals: rebucket(&fine, run.interval),
+        load,
+        congestion: json
+            .pointer("/end/sender_tcp_congestion")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        json,
+    }
+}
+
+/// Joins consecutive (start, end, bytes, omitted) intervals into intervals of about
+/// `width` seconds, never across the end of the warm-up.
+fn rebucket(fine: &[(f64, f64, f64, bool)], width: f64) -> Vec<Interval> {
+    let mut out: Vec<Interval> = Vec::new();
+    let mut cur: Option<(f64, f64, f64, bool)> = None;
+    for &(start, end, bytes, omitted) in fine {
+        cur = match cur {
+            Some((s, _, b, o)) if o == omitted => Some((s, end, b + bytes, o)),
+            Some(done) => {
+                out.push(interval(done));
+                Some((start, end, bytes, omitted))
+            }
+            None => Some((start, end, bytes, omitted)),
+        };
+        if let Some(c) = cur
+            && c.1 - c.0 >= width - 0.02
+        {
+            out.push(interval(c));
+            cur = None;
+        }
+    }
+    if let Some(c) = cur {
+        out.push(interval(c));
+    }
+    out
+}
+
+fn interval((start, end, bytes, omitted): (f64, f64, f64, bool)) -> Interval {
+    Interval {
+        start,
+        end,
+        bits_per_second: if end > start {
+            bytes * 8.0 / (end - start)
+        } else {
+            0.0
+        },
+        omitted,
+    }
+}
+
+/// Measures TCP goodput between the root namespace and `pod` with a one-off server:
+/// `seconds` measured after `omit` seconds of warm-up. Takes [`TrafficLock`] for the run.
+pub fn measure(pod: &Pod, direction: Direction, seconds: u32, omit: u32) -> Measurement {
+    let server = pod.iperf_server();
+    let _lock = TrafficLock::acquire();
+    server.measure(&Iperf {
+        seconds,
+        omit,
+        ..Iperf::new(direction)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// ping
+
+/// Round-trip times in ms of `count` pings from the root namespace to the pod, sent
+/// every `interval` (below 200 ms needs root, which the harness has). Lost replies are
+/// missing from the result.
+pub fn ping_rtt(pod: &Pod, count: u32, interval: Duration) -> Vec<f64> {
+    parse_ping(&ping_args(&[], pod.pod_addr(), count, interval))
+}
+
+/// As [`ping_rtt`], from inside the pod to the host end's address.
+pub fn ping_rtt_from_pod(pod: &Pod, count: u32, interval: Duration) -> Vec<f64> {
+    parse_ping(&ping_args(
+        &["ip", "netns", "exec", pod.netns_name()],
+        pod.host_addr(),
+        count,
+        interval,
+    ))
+}
+
+fn ping_args(prefix: &[&str], to: Ipv4Addr, count: u32, interval: Duration) -> String {
+    let count = count.to_string();
+    let interval = format!("{:.3}", interval.as_secs_f64());
+    let to = to.to_string();
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.extend(["ping", "-n", "-c", &count, "-i", &interval, "-W", "2", &to]);
+    // ping exits 1 when some replies are missing; the caller judges from the count.
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run ping: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `time=X ms` of each reply in ping's output.
+pub fn parse_ping(out: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("time="))
+                .and_then(|t| t.parse().ok())
+        })
+        .collect()
+}
+
+/// The `p`-th percentile (0..=100, nearest rank) of `v`; NaN when empty.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// The median of `v`; NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        f64::midpoint(s[m - 1], s[m])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_output_parses() {
+        let out = "PING 198.18.0.6 (198.18.0.6) 56(84) bytes of data.\n\
+                   64 bytes from 198.18.0.6: icmp_seq=1 ttl=64 time=0.843 ms\n\
+                   64 bytes from 198.18.0.6: icmp_seq=2 ttl=64 time=12.5 ms\n\
+                   \n--- 198.18.0.6 ping statistics ---\n\
+                   rtt min/avg/max/mdev = 0.236/0.539/0.843/0.303 ms\n";
+        assert_eq!(parse_ping(out), vec![0.843, 12.5]);
+    }
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn rebucket_joins_fine_intervals() {
+        let fine: Vec<_> = (0..25)
+            .map(|i| {
+                let t = f64::from(i) / 10.0;
+                (t, t + 0.1, 1000.0, i < 10)
+            })
+            .collect();
+        let r = rebucket(&fine, 1.0);
+        assert_eq!(r.len(), 3);
+        assert!(r[0].omitted && !r[1].omitted && !r[2].omitted);
+        assert!((r[0].bits_per_second - 80_000.0).abs() < 1.0);
+        assert!((r[2].end - 2.5).abs() < 1e-9);
+        assert_eq!(rebucket(&fine, 0.1).len(), 25);
+    }
+
+    #[test]
+    fn names_fit_ifnamsiz() {
+        assert!(ifname("sgh", 9999).len() <= 15);
+    }
+
+    #[test]
+    fn htb_commands() {
+        let h = Htb {
+            burst: Some(62500),
+            cburst: Some(62500),
+            leaf: Leaf::Bfifo(1000),
+            ..Htb::new(50_000_000)
+        };
+        let c: Vec<String> = h.commands("d").iter().map(|c| c.join(" ")).collect();
+        assert_eq!(
+            c,
+            [
+                "tc qdisc replace dev d root handle 1: htb default 1",
+                "tc class replace dev d parent 1: classid 1:1 htb rate 50000000bit ceil 50000000bit burst 62500 cburst 62500",
+                "tc qdisc replace dev d parent 1:1 handle 10: bfifo limit 1000",
+            ]
+        );
+    }
+}

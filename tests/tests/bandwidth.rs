@@ -1,0 +1,344 @@
+//! Bandwidth shares enforced for real: the agent (the real binary) limits a pod's traffic
+//! in both directions, and iperf3 measures TCP goodput through network namespaces and a
+//! veth pair. The limit is judged on what the receiver got over 5 s after a 1 s warm-up.
+//!
+//! Goodput can never reach the configured rate: HTB counts whole Ethernet frames, TCP
+//! delivers 1448 payload bytes of each 1514, so a perfect shaper gives 0.956 of the
+//! limit. The issue's band, 0.90 to 1.05, leaves room for that and for a noisy machine.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::{
+    fs,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL, claim, claim_ref, device,
+    net::{self, Direction, Iperf, Pod, TrafficLock},
+    prepare_one, proto as pb, share_id, unprepare_one,
+};
+
+const LOW: f64 = 0.90;
+const HIGH: f64 = 1.05;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A private bpffs directory for one agent's pins, removed (and with it every link the
+/// agent pinned, so no program stays attached) when the test ends, even on panic.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new() -> PinDir {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        PinDir(PathBuf::from(format!(
+            "/sys/fs/bpf/sg-it-{}-{n}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn net_device(name: &str, capacity: &str) -> String {
+    format!(
+        r#"
+[[device]]
+name = "{name}"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "net"
+allowed_namespaces = ["*"]
+[device.capacity.bandwidth]
+value = "{capacity}"
+default = "10M"
+valid_range = {{ min = "10M", max = "{capacity}", step = "10M" }}
+"#
+    )
+}
+
+fn start(capacity: &str) -> (Agent, PinDir) {
+    let pins = PinDir::new();
+    let mut o = Options::new(net_device("nic-0", capacity));
+    o.agent_extra = format!("bpffs_dir = {:?}", pins.0);
+    (Agent::start(o), pins)
+}
+
+fn bw_alloc(id: &str, rate: &str) -> pb::DeviceAllocation {
+    pb::DeviceAllocation {
+        request: "bw".into(),
+        driver: DRIVER.into(),
+        pool: POOL.into(),
+        device: "nic-0".into(),
+        share_id: id.into(),
+        consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
+        ..Default::default()
+    }
+}
+
+fn bw_claim(uid: &str, pod: &Pod, id: &str, rate: &str) -> pb::ClaimPrepare {
+    let mut c = claim(uid, "team-a", "a1", vec![bw_alloc(id, rate)]);
+    c.target = Some(pb::PodTarget {
+        pod_uid: format!("pod-{uid}"),
+        cgroup_paths: vec![],
+        netns_path: pod.netns_path().display().to_string(),
+        interface: pod.pod_if().to_owned(),
+    });
+    c
+}
+
+fn rate_bps(rate: &str) -> f64 {
+    let (n, mult) = match rate.strip_suffix('G') {
+        Some(n) => (n, 1e9),
+        None => (rate.strip_suffix('M').unwrap(), 1e6),
+    };
+    n.parse::<f64>().unwrap() * mult
+}
+
+fn assert_within(m: &net::Measurement, limit_bps: f64, what: &str) {
+    let ratio = m.bits_per_second / limit_bps;
+    eprintln!("{what}: {m} -> {ratio:.3} of the limit");
+    assert!(
+        (LOW..=HIGH).contains(&ratio),
+        "{what}: measured {:.1} Mbit/s is {ratio:.3} of the {:.0} Mbit/s limit, outside {LOW}..={HIGH}",
+        m.bits_per_second / 1e6,
+        limit_bps / 1e6
+    );
+}
+
+fn enforced_share(r: &pb::ClaimResult, rate: &str) -> pb::ShareStatus {
+    assert_eq!(r.error, None, "{r:?}");
+    let s = r.shares[0].clone();
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.mechanism, "htb-ebpf");
+    assert_eq!(s.limits[0].requested, rate);
+    assert_eq!(
+        s.limits[0].enforced, rate,
+        "read back from the kernel: {s:?}"
+    );
+    s
+}
+
+#[tokio::test]
+async fn limits_hold_in_both_directions_at_50m_500m_2g() {
+    if !net::privileged("limits_hold_in_both_directions_at_50m_500m_2g") {
+        return;
+    }
+    let (a, _pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    for (i, rate) in ["50M", "500M", "2G"].into_iter().enumerate() {
+        let uid = format!("bw-{i}");
+        let r = prepare_one(&mut c, 1, bw_claim(&uid, &pod, &share_id(), rate)).await;
+        enforced_share(&r, rate);
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let _lock = TrafficLock::acquire();
+            let m = server.measure(&Iperf::new(dir));
+            assert_within(&m, rate_bps(rate), &format!("{rate} {dir}"));
+        }
+        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+    }
+}
+
+#[tokio::test]
+async fn two_pods_share_one_device_each_within_its_share() {
+    if !net::privileged("two_pods_share_one_device_each_within_its_share") {
+        return;
+    }
+    let (a, _pins) = start("500M");
+    let (p1, p2) = (Pod::new(), Pod::new());
+    let (s1, s2) = (p1.iperf_server(), p2.iperf_server());
+    let mut c = a.client().await;
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("pod-a", &p1, &share_id(), "300M")).await,
+        "300M",
+    );
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("pod-b", &p2, &share_id(), "200M")).await,
+        "200M",
+    );
+    // The device is full: a third share is refused by the ledger, not squeezed in.
+    let p3 = Pod::new();
+    let r = prepare_one(&mut c, 1, bw_claim("pod-c", &p3, &share_id(), "10M")).await;
+    assert_eq!(r.error.unwrap().code, "ResourceExhausted");
+
+    // Both pods receive at the same time, each as fast as TCP lets it.
+    let _lock = TrafficLock::acquire();
+    let (m1, m2) = std::thread::scope(|s| {
+        let h1 = s.spawn(|| s1.measure(&Iperf::new(Direction::ToPod)));
+        let h2 = s.spawn(|| s2.measure(&Iperf::new(Direction::ToPod)));
+        (h1.join().unwrap(), h2.join().unwrap())
+    });
+    assert_within(&m1, 300e6, "pod a (300M) while pod b runs");
+    assert_within(&m2, 200e6, "pod b (200M) while pod a runs");
+    assert!(m1.bits_per_second + m2.bits_per_second <= 500e6 * HIGH);
+    let d = device(&mut c, "nic-0").await;
+    assert_eq!(d.allocated["bandwidth"], "500M");
+}
+
+#[tokio::test]
+async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
+    if !net::privileged("limit_holds_while_the_agent_is_dead_and_after_it_is_back") {
+        return;
+    }
+    let (mut a, pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let id = share_id();
+    let mut c = a.client().await;
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("k1", &pod, &id, "100M")).await,
+        "100M",
+    );
+    a.kill9();
+    {
+        let _lock = TrafficLock::acquire();
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let m = server.measure(&Iperf::new(dir));
+            assert_within(&m, 100e6, &format!("agent dead, {dir}"));
+        }
+    }
+    a.restart();
+    let mut c = a.client().await;
+    let s = c
+        .get_share(pb::GetShareRequest {
+            share_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        s.phase,
+        pb::Phase::Enforced as i32,
+        "re-verified after restart: {s:?}"
+    );
+    // A repeated Prepare after the restart adopts the pinned links: still one per hook.
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("k1", &pod, &id, "100M")).await,
+        "100M",
+    );
+    let links: Vec<_> = fs::read_dir(pins.0.join("net/links")).unwrap().collect();
+    assert_eq!(
+        links.len(),
+        2,
+        "one pinned link per direction, never two: {links:?}"
+    );
+    let _lock = TrafficLock::acquire();
+    let m = server.measure(&Iperf::new(Direction::ToPod));
+    assert_within(&m, 100e6, "agent back");
+}
+
+#[tokio::test]
+async fn release_lifts_the_limit_and_leaves_the_interface_as_found() {
+    if !net::privileged("release_lifts_the_limit_and_leaves_the_interface_as_found") {
+        return;
+    }
+    let (a, pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    let before = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
+    let id = share_id();
+    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("rel", &pod, &id, "100M")).await,
+        "100M",
+    );
+    assert!(
+        net::link_exists(&ifb),
+        "the share's ifb {ifb} exists while enforced"
+    );
+    assert_eq!(unprepare_one(&mut c, 1, "rel").await.code, "");
+    assert_eq!(
+        net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
+        before
+    );
+    let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
+    assert_eq!(links, 0, "detach means unpin");
+    assert!(!net::link_exists(&ifb), "the share's ifb {ifb} is gone");
+    let _lock = TrafficLock::acquire();
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        let m = server.measure(&Iperf::new(dir));
+        eprintln!("released, {dir}: {m}");
+        assert!(
+            m.bits_per_second > 3.0 * 100e6,
+            "after release {dir} should be far above the old 100M limit: {m}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn failures_are_reported_never_enforced() {
+    if !net::privileged("failures_are_reported_never_enforced") {
+        return;
+    }
+    let (mut a, _pins) = start("10G");
+    let mut c = a.client().await;
+
+    // A network namespace that does not exist (yet): FAILED, retryable, nothing held.
+    let pod = Pod::new();
+    let mut missing = bw_claim("gone-ns", &pod, &share_id(), "50M");
+    missing.target.as_mut().unwrap().netns_path =
+        format!("/run/netns/sg-missing-{}", std::process::id());
+    let r = prepare_one(&mut c, 1, missing).await;
+    let e = r.error.clone().unwrap();
+    assert!(e.retryable, "{e:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Failed as i32);
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
+
+    // A qdisc shareguard did not install: the kernel state is not ours to replace, so
+    // the share fails for good and the foreign qdisc stays.
+    let foreign = Pod::new();
+    net::sh(&[
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        foreign.host_if(),
+        "root",
+        "handle",
+        "5:",
+        "tbf",
+        "rate",
+        "1gbit",
+        "burst",
+        "100kb",
+        "latency",
+        "25ms",
+    ]);
+    let r = prepare_one(&mut c, 1, bw_claim("foreign", &foreign, &share_id(), "50M")).await;
+    let e = r.error.clone().unwrap();
+    assert_eq!(e.code, "FailedPrecondition", "{e:?}");
+    assert!(!e.retryable);
+    assert!(net::sh(&["tc", "qdisc", "show", "dev", foreign.host_if()]).contains("tbf 5:"));
+
+    // The interface vanishes while the agent is down: after the restart the share cannot
+    // be verified and is UNKNOWN, holding its capacity until it is released.
+    let vanishing = Pod::new();
+    let id = share_id();
+    enforced_share(
+        &prepare_one(&mut c, 1, bw_claim("vanish", &vanishing, &id, "50M")).await,
+        "50M",
+    );
+    a.kill9();
+    drop(vanishing);
+    a.restart();
+    let mut c = a.client().await;
+    let s = c
+        .get_share(pb::GetShareRequest { share_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.phase, pb::Phase::Unknown as i32, "{s:?}");
+    assert!(s.reason.contains("does not exist"), "{s:?}");
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "50M");
+    assert_eq!(unprepare_one(&mut c, 1, "vanish").await.code, "");
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
+    let _ = claim_ref;
+}
