@@ -168,7 +168,7 @@ bw_prepare team-a bw-a a 200M
 bw_prepare team-b bw-b b 100M
 measure() { # ADDR [-R]
   for _ in $(seq 1 100); do iperf3 -c "$1" -p 5201 -t 1 -O 0 >/dev/null 2>&1 && break; sleep 0.1; done
-  iperf3 -c "$1" -p 5201 -t 5 -O 1 $2 -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6, 1))'
+  iperf3 -c "$1" -p 5201 -t 5 -O 1 ${2:-} -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6, 1))'
 }
 printf '\n%-6s %-8s %-14s %-16s %-16s\n' POD LIMIT ENFORCED "TO POD Mbit/s" "FROM POD Mbit/s"
 for p in a b; do
@@ -185,7 +185,7 @@ step "audit log (one JSON line per decision)"
 cat "$work/audit.jsonl"
 
 step "metrics (excerpt)"
-curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals)' || true
+curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals|share_)' || true
 
 echo
 echo "showcase complete"

@@ -232,6 +232,24 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     let _lock = TrafficLock::acquire();
     let m = server.measure(&Iperf::new(Direction::ToPod));
     assert_within(&m, 100e6, "agent back");
+
+    // The eBPF counters kept counting through the restart, and are exported per share.
+    let (code, body) = a.http("/metrics");
+    assert_eq!(code, 200);
+    let bytes = |direction: &str| -> f64 {
+        body.lines()
+            .find(|l| {
+                l.starts_with("shareguard_share_traffic_bytes_total{")
+                    && l.contains(&format!("share=\"{id}\""))
+                    && l.contains(&format!("direction=\"{direction}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {direction} byte counter for {id}:\n{body}"))
+    };
+    // Two to-pod runs of 6 s at about 100 Mbit/s went through the share.
+    assert!(bytes("to_pod") > 2.0 * 5.0 * 100e6 / 8.0 * 0.9, "{body}");
+    assert!(bytes("from_pod") > 5.0 * 100e6 / 8.0 * 0.9, "{body}");
 }
 
 #[tokio::test]
