@@ -328,3 +328,56 @@ impl Limiter for NetLimiter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity::parse(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn capacity_names_map_to_directions() {
+        assert_eq!(
+            rates(&limits(&[(BANDWIDTH, "2G")])).unwrap(),
+            (Some(2_000_000_000), Some(2_000_000_000))
+        );
+        // Kubernetes' names are from the pod's side: its ingress is traffic to it.
+        assert_eq!(
+            rates(&limits(&[(INGRESS, "50M"), (EGRESS, "10M")])).unwrap(),
+            (Some(50_000_000), Some(10_000_000))
+        );
+        assert_eq!(
+            rates(&limits(&[(EGRESS, "10M")])).unwrap(),
+            (None, Some(10_000_000))
+        );
+        // A fractional rate is rounded up to whole bit/s, never down.
+        assert_eq!(
+            rates(&limits(&[(INGRESS, "1500m")])).unwrap(),
+            (Some(2), None)
+        );
+    }
+
+    #[test]
+    fn unknown_or_zero_rates_are_refused() {
+        assert!(rates(&limits(&[("memory", "1Gi")])).is_err());
+        assert!(rates(&limits(&[(BANDWIDTH, "0")])).is_err());
+    }
+
+    #[test]
+    fn pin_names_are_per_share_and_direction() {
+        let a = link_name("k", Direction::ToPod);
+        assert_ne!(a, link_name("k", Direction::FromPod));
+        assert_ne!(a, link_name("j", Direction::ToPod));
+        assert_eq!(slot_of(7), 7);
+        assert_eq!(
+            slot_of(1 << 20),
+            u32::MAX,
+            "beyond the counters array: not counted"
+        );
+    }
+}
