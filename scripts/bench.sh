@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 ensure_build_deps
 cargo build --release --locked -p shareguard
 cargo bench --locked -p shareguard-tests --bench agent
+# Traffic through network namespaces: needs root.
+cargo bench --locked -p shareguard-tests --bench bandwidth

@@ -466,7 +466,6 @@ fn htb_tuning() {
 
     let pod = Pod::new();
     let server = pod.iperf_server();
-    let _lock = TrafficLock::acquire();
     let _hogs = Hogs::start(hogs);
     let mut out = String::new();
     let load0 = LoadAvg::now();
@@ -479,6 +478,7 @@ fn htb_tuning() {
     for dir in dirs {
         let v: Vec<f64> = (0..reps)
             .map(|_| {
+                let _lock = TrafficLock::acquire();
                 let m = server.measure(&Iperf {
                     seconds,
                     congestion: cc,
@@ -528,6 +528,9 @@ fn htb_tuning() {
                     // Pings every 10 ms from the root namespace while the flow runs; the
                     // warm-up's are left out. Requests (to-pod) or replies (from-pod)
                     // cross the shaped queue.
+                    // The lock per run, not for the whole experiment: other tests'
+                    // measurements interleave with it instead of waiting half an hour.
+                    let lock = TrafficLock::acquire();
                     let (m, rtt) = std::thread::scope(|sc| {
                         let p = sc.spawn(|| {
                             if !ping {
@@ -540,6 +543,7 @@ fn htb_tuning() {
                         let m = server.measure(&run);
                         (m, p.join().unwrap())
                     });
+                    drop(lock);
                     let st = net::root_qdisc_stats(inst.dev());
                     drop(inst);
                     let ratio = m.bits_per_second / rate as f64;
@@ -589,6 +593,7 @@ fn htb_tuning() {
         for &rate in &rates {
             for dir in dirs {
                 let inst = install(&pod, dir, &setting(s, rate));
+                let lock = TrafficLock::acquire();
                 let m = server.measure(&Iperf {
                     seconds: 3,
                     omit: 0,
@@ -596,7 +601,7 @@ fn htb_tuning() {
                     congestion: cc,
                     ..Iperf::new(dir)
                 });
-                drop(inst);
+                drop((lock, inst));
                 let l = rate as f64;
                 let iv = &m.intervals;
                 let in_first: Vec<f64> = iv
