@@ -10,7 +10,7 @@ use std::{fs::File, future::Future, path::PathBuf, pin::Pin};
 
 use futures::TryStreamExt;
 use rtnetlink::{
-    Handle, LinkIfb, LinkUnspec,
+    Handle, LinkGetRequest, LinkIfb, LinkUnspec,
     packet_route::{
         link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
         tc::{TcAttribute, TcOption},
@@ -83,8 +83,10 @@ const fn libc_enodev() -> i32 {
     19
 }
 
-async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, NetError> {
-    let mut s = h.link().get().match_name(name.to_owned()).execute();
+/// The first link a get request answers, or None when the kernel says there is no such
+/// device.
+async fn first_link(req: LinkGetRequest, what: String) -> Result<Option<LinkMessage>, NetError> {
+    let mut s = req.execute();
     match s.try_next().await {
         Ok(m) => Ok(m),
         Err(rtnetlink::Error::NetlinkError(m))
@@ -92,21 +94,20 @@ async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, Net
         {
             Ok(None)
         }
-        Err(e) => Err(nl_err(&format!("link {name}"), e)),
+        Err(e) => Err(nl_err(&what, e)),
     }
 }
 
+async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, NetError> {
+    first_link(
+        h.link().get().match_name(name.to_owned()),
+        format!("link {name}"),
+    )
+    .await
+}
+
 async fn link_by_index(h: &Handle, index: u32) -> Result<Option<LinkMessage>, NetError> {
-    let mut s = h.link().get().match_index(index).execute();
-    match s.try_next().await {
-        Ok(m) => Ok(m),
-        Err(rtnetlink::Error::NetlinkError(m))
-            if m.code.map(|c| c.get()) == Some(-libc_enodev()) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(nl_err(&format!("link #{index}"), e)),
-    }
+    first_link(h.link().get().match_index(index), format!("link #{index}")).await
 }
 
 fn name_of(m: &LinkMessage) -> Option<String> {
