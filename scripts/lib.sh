@@ -39,7 +39,7 @@ ensure_build_deps() {
 # nightly (build-std needs rust-src) and bpf-linker; its tests need ip/tc and iperf3.
 # Fast when everything is there: a file test and one `bpf-linker --version`.
 ensure_bpf_toolchain() {
-  ensure_debs iproute2 iperf3
+  ensure_debs iproute2 iperf3 iputils-ping
 
   if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     echo "==> installing the nightly Rust toolchain (for the eBPF build)"
