@@ -17,6 +17,9 @@
 //! Tests that need it call [`privileged`] first: without root it skips with a message,
 //! unless `CI=true`, where it fails.
 //!
+//! A test process killed before its guards run (SIGKILL, Ctrl-C) leaves its objects
+//! behind; the next process to make one removes them ([`sweep_stale`]).
+//!
 //! External tools: `ip` and `tc` (iproute2), `iperf3`, `ping` (iputils-ping).
 
 // `new()` creates kernel objects (namespaces, links); a `Default` would hide that.
@@ -66,34 +69,33 @@ pub fn sweep_stale() {
     SWEEP.call_once(sweep_stale_now);
 }
 
-/// [`sweep_stale`], every time it is called.
+/// [`sweep_stale`], every time it is called. Assumes that every test process using the
+/// harness on this host shares one pid namespace (so "no /proc/<pid>" means dead).
 pub fn sweep_stale_now() {
-    {
-        let dead = |pid: &str| {
-            pid.parse::<u32>()
-                .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
-        };
-        for ns in netns_list() {
-            if let Some((pid, _)) = ns.strip_prefix("sgt-").and_then(|r| r.split_once('-'))
-                && dead(pid)
-            {
-                remove_netns(&ns);
-            }
-        }
-        for entry in fs::read_dir("/sys/class/net")
-            .into_iter()
-            .flatten()
-            .flatten()
+    let dead = |pid: &str| {
+        pid.parse::<u32>()
+            .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+    };
+    for ns in netns_list() {
+        if let Some((pid, _)) = ns.strip_prefix("sgt-").and_then(|r| r.split_once('-'))
+            && dead(pid)
         {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pid = ["sgh", "sgi"]
-                .iter()
-                .find_map(|p| name.strip_prefix(p))
-                .and_then(|r| r.split_once('_'))
-                .map(|(pid, _)| pid);
-            if pid.is_some_and(dead) {
-                quiet(&["ip", "link", "del", &name]);
-            }
+            remove_netns(&ns);
+        }
+    }
+    for entry in fs::read_dir("/sys/class/net")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = ["sgh", "sgi"]
+            .iter()
+            .find_map(|p| name.strip_prefix(p))
+            .and_then(|r| r.split_once('_'))
+            .map(|(pid, _)| pid);
+        if pid.is_some_and(dead) {
+            quiet(&["ip", "link", "del", &name]);
         }
     }
 }
@@ -537,6 +539,33 @@ impl Pod {
 
     pub fn pod_addr(&self) -> Ipv4Addr {
         self.pod_addr
+    }
+
+    /// Sets `gso_max_size` on both ends of the veth pair: the largest GSO packet a TCP
+    /// sender on either side builds for this path, hence the largest packet a shaper on
+    /// it queues (65536 is the default).
+    pub fn set_gso_max_size(&self, bytes: u32) {
+        let b = bytes.to_string();
+        sh(&[
+            "ip",
+            "link",
+            "set",
+            "dev",
+            self.host_if(),
+            "gso_max_size",
+            &b,
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            self.netns_name(),
+            "link",
+            "set",
+            "dev",
+            "eth0",
+            "gso_max_size",
+            &b,
+        ]);
     }
 
     /// Starts an iperf3 server in the pod, bound to the pod's address.
