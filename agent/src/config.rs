@@ -14,6 +14,7 @@ use std::{
 
 use serde::Deserialize;
 use shareguard_common::Quantity;
+use shareguard_limiter_net::Mechanism;
 use toml::Spanned;
 
 use crate::{
@@ -70,6 +71,9 @@ pub struct DeviceConfig {
     /// Namespaces that may request admin access.
     pub admin_namespaces: Vec<String>,
     pub capacities: BTreeMap<String, CapacityConfig>,
+    /// For `net` devices: the mechanism the config insists on; `None` lets the kernel
+    /// probe choose the strongest available.
+    pub net_mechanism: Option<Mechanism>,
 }
 
 impl DeviceConfig {
@@ -134,6 +138,8 @@ struct RawDevice {
     /// For `net` devices: the shared NIC the device stands for; its link speed is the
     /// capacity of a bandwidth capacity that gives no `value`.
     interface: Option<Spanned<String>>,
+    /// For `net` devices: "auto" (the default) or a mechanism name.
+    mechanism: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -414,6 +420,27 @@ impl Config {
                     format!("device {name}: interface is only for kind \"net\""),
                 ));
             }
+            let net_mechanism = match &d.mechanism {
+                None => None,
+                Some(m) if kind != DeviceKind::Net => {
+                    return Err(err(
+                        m.span(),
+                        format!("device {name}: mechanism is only for kind \"net\""),
+                    ));
+                }
+                Some(m) if m.get_ref() == "auto" => None,
+                Some(m) => Some(Mechanism::parse(m.get_ref()).ok_or_else(|| {
+                    let names: Vec<&str> = Mechanism::ALL.iter().map(|m| m.name()).collect();
+                    err(
+                        m.span(),
+                        format!(
+                            "device {name}: mechanism {:?} is not one of auto, {}",
+                            m.get_ref(),
+                            names.join(", ")
+                        ),
+                    )
+                })?),
+            };
             devices.push(DeviceConfig {
                 name,
                 driver: d.driver.into_inner(),
@@ -422,6 +449,7 @@ impl Config {
                 allowed_namespaces: allowed,
                 admin_namespaces: admin,
                 capacities,
+                net_mechanism,
             });
         }
         Ok(Config { agent, devices })
@@ -547,5 +575,46 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         assert!(e.message.contains("not supported by this build"), "{e}");
         let e = err_of(&GOOD.replace("value = \"40Gi\"\n", ""));
         assert!(e.message.contains("value is required"), "{e}");
+    }
+
+    const NET: &str = r#"
+[agent]
+socket = "/tmp/x.sock"
+state_dir = "/tmp/state"
+
+[[device]]
+name = "nic-0"
+driver = "shareguard.example.com"
+pool = "node-a"
+kind = "net"
+mechanism = "bpf-policer"
+[device.capacity.bandwidth]
+value = "10G"
+"#;
+
+    #[test]
+    fn a_net_device_may_name_its_mechanism() {
+        let c = Config::parse(NET, "t.toml").unwrap();
+        assert_eq!(
+            c.device("nic-0").unwrap().net_mechanism,
+            Some(Mechanism::BpfPolicer)
+        );
+        let c = Config::parse(&NET.replace("bpf-policer", "auto"), "t.toml").unwrap();
+        assert_eq!(c.device("nic-0").unwrap().net_mechanism, None);
+        let c = Config::parse(&NET.replace("mechanism = \"bpf-policer\"\n", ""), "t.toml").unwrap();
+        assert_eq!(c.device("nic-0").unwrap().net_mechanism, None);
+
+        let e = err_of(&NET.replace("bpf-policer", "tbf"));
+        assert_eq!(e.line, 11, "{e}");
+        assert!(
+            e.message
+                .contains("\"tbf\" is not one of auto, edt-fq, htb-ebpf, bpf-policer"),
+            "{e}"
+        );
+        let e = err_of(&GOOD.replace(
+            "kind = \"generic\"",
+            "kind = \"generic\"\nmechanism = \"edt-fq\"",
+        ));
+        assert!(e.message.contains("only for kind \"net\""), "{e}");
     }
 }

@@ -3,8 +3,8 @@
 use std::{collections::HashMap, sync::Arc};
 
 use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
-use shareguard_limiter_net::limiter::NetLimiter;
-use tracing::error;
+use shareguard_limiter_net::{NetBackend, NetLimiter};
+use tracing::{error, info};
 
 use crate::{
     accounting::AccountingLimiter,
@@ -52,24 +52,36 @@ impl Limiter for Unavailable {
 }
 
 pub fn for_config(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
-    let mut net: Option<Arc<dyn Limiter>> = None;
+    // One back end (programs, pins, install records, probe) for all net devices, opened
+    // on first use; each device gets its own mechanism on top of it.
+    let mut net: Option<Result<Arc<NetBackend>, String>> = None;
     let mut out: HashMap<String, Arc<dyn Limiter>> = HashMap::new();
     for d in &cfg.devices {
         let l: Arc<dyn Limiter> = match d.kind {
             DeviceKind::Generic => Arc::new(AccountingLimiter),
-            DeviceKind::Net => net
-                .get_or_insert_with(|| {
+            DeviceKind::Net => {
+                let backend = net.get_or_insert_with(|| {
                     let state = cfg.agent.state_dir.join("net");
                     let pins = cfg.agent.bpffs_dir.join("net");
-                    match NetLimiter::new(&state, &pins) {
-                        Ok(l) => Arc::new(l),
+                    NetBackend::open(&state, &pins).map_err(|e| {
+                        error!(error = %e, "bandwidth limiter unavailable");
+                        e.to_string()
+                    })
+                });
+                match backend {
+                    Ok(b) => match NetLimiter::new(b.clone(), d.net_mechanism) {
+                        Ok(l) => {
+                            info!(device = %d.name, mechanism = %l.mechanism(), "bandwidth mechanism chosen");
+                            Arc::new(l)
+                        }
                         Err(e) => {
-                            error!(error = %e, "bandwidth limiter unavailable");
+                            error!(device = %d.name, error = %e, "bandwidth limiter unavailable for the device");
                             Arc::new(Unavailable { why: e.to_string() })
                         }
-                    }
-                })
-                .clone(),
+                    },
+                    Err(why) => Arc::new(Unavailable { why: why.clone() }),
+                }
+            }
             DeviceKind::Gpu => Arc::new(Unavailable {
                 why: "no GPU limiter in this build".to_owned(),
             }),

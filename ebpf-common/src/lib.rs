@@ -10,10 +10,17 @@
 
 use core::mem::{align_of, size_of};
 
+pub mod pace;
+
+pub use pace::{Pace, PaceState, Verdict};
+
 /// Name of the hash map `ifindex (u32) -> IfaceConfig`.
 pub const IFACES_MAP: &str = "SG_IFACES";
 /// Name of the per-CPU array `counter_index(slot, dir) -> Counters`.
 pub const COUNTERS_MAP: &str = "SG_COUNTERS";
+/// Name of the array `counter_index(slot, dir) -> PaceState`, shared by all CPUs: the
+/// EDT and policer state of each share and direction.
+pub const PACE_MAP: &str = "SG_PACE";
 
 /// Most interfaces (host-side veths) the programs can be configured for at once.
 pub const MAX_IFACES: u32 = 4096;
@@ -46,6 +53,51 @@ pub const fn counter_index(slot: u32, dir: u32) -> Option<u32> {
     }
 }
 
+/// [`IfaceConfig::flags`]: traffic to the pod gets an EDT departure time from
+/// [`IfaceConfig::to_pod`] (an `fq` qdisc on the veth holds it until then).
+pub const FLAG_EDT_TO_POD: u32 = 1 << 0;
+/// Traffic from the pod gets an EDT departure time from [`IfaceConfig::from_pod`] before it
+/// is redirected to the ifb, whose root `fq` holds it.
+pub const FLAG_EDT_FROM_POD: u32 = 1 << 1;
+/// Traffic to the pod is policed (dropped when over [`IfaceConfig::to_pod`]).
+pub const FLAG_POLICE_TO_POD: u32 = 1 << 2;
+/// Traffic from the pod is policed (dropped when over [`IfaceConfig::from_pod`]).
+pub const FLAG_POLICE_FROM_POD: u32 = 1 << 3;
+/// Every flag this build knows; the loader refuses others.
+pub const FLAGS_KNOWN: u32 =
+    FLAG_EDT_TO_POD | FLAG_EDT_FROM_POD | FLAG_POLICE_TO_POD | FLAG_POLICE_FROM_POD;
+
+/// `BPF_SKB_TSTAMP_DELIVERY_MONO` (include/uapi/linux/bpf.h): the time given to
+/// `bpf_skb_set_tstamp` is a delivery time in `CLOCK_MONOTONIC`, which `fq` honours and
+/// which survives the redirect from ingress to the ifb (a plain receive timestamp does not).
+pub const SKB_TSTAMP_DELIVERY_MONO: u32 = 1;
+
+/// Headers per segment assumed for a GSO packet whose headers cannot be parsed (IPv4 with
+/// TCP timestamps over Ethernet: 14 + 20 + 32).
+pub const DEFAULT_HEADER_LEN: u32 = 66;
+
+/// Whether a configuration asks for something the programs cannot do: unknown flags, EDT
+/// and policing in one direction, or a pacing flag without a rate.
+pub const fn flags_valid(cfg: &IfaceConfig) -> bool {
+    let f = cfg.flags;
+    if f & !FLAGS_KNOWN != 0 {
+        return false;
+    }
+    if f & FLAG_EDT_TO_POD != 0 && f & FLAG_POLICE_TO_POD != 0 {
+        return false;
+    }
+    if f & FLAG_EDT_FROM_POD != 0 && f & FLAG_POLICE_FROM_POD != 0 {
+        return false;
+    }
+    if f & (FLAG_EDT_TO_POD | FLAG_POLICE_TO_POD) != 0 && cfg.to_pod.bytes_per_sec == 0 {
+        return false;
+    }
+    if f & (FLAG_EDT_FROM_POD | FLAG_POLICE_FROM_POD) != 0 && cfg.from_pod.bytes_per_sec == 0 {
+        return false;
+    }
+    true
+}
+
 /// What the programs do for one host-side interface (value of [`IFACES_MAP`], keyed by the
 /// interface's ifindex).
 #[repr(C)]
@@ -58,10 +110,15 @@ pub struct IfaceConfig {
     /// ifindex of the ifb device that traffic from the pod is redirected to (its egress
     /// carries the shaping qdisc, since ingress cannot queue); 0 means no redirect.
     pub redirect_ifindex: u32,
-    /// Counter slot of the share, see [`counter_index`].
+    /// Counter slot of the share, see [`counter_index`]; also the index of its
+    /// [`PACE_MAP`] state.
     pub slot: u32,
-    /// Reserved for future use; must be 0.
+    /// `FLAG_*`: which direction is paced (EDT) or policed by the programs themselves.
     pub flags: u32,
+    /// Rate and slack for traffic to the pod, when a flag asks for EDT or policing.
+    pub to_pod: Pace,
+    /// Rate and slack for traffic from the pod, likewise.
+    pub from_pod: Pace,
 }
 
 /// Traffic counted for one slot and direction. Per CPU in the map; user space sums them.
@@ -70,6 +127,8 @@ pub struct IfaceConfig {
 pub struct Counters {
     pub bytes: u64,
     pub packets: u64,
+    /// Packets the programs dropped themselves (policer, EDT horizon).
+    pub drops: u64,
 }
 
 impl Counters {
@@ -79,14 +138,17 @@ impl Counters {
         Self {
             bytes: self.bytes.wrapping_add(other.bytes),
             packets: self.packets.wrapping_add(other.packets),
+            drops: self.drops.wrapping_add(other.drops),
         }
     }
 }
 
 const _: () = {
-    assert!(size_of::<IfaceConfig>() == 16);
-    assert!(align_of::<IfaceConfig>() == 4);
-    assert!(size_of::<Counters>() == 16);
+    assert!(size_of::<Pace>() == 16);
+    assert!(size_of::<PaceState>() == 8);
+    assert!(size_of::<IfaceConfig>() == 48);
+    assert!(align_of::<IfaceConfig>() == 8);
+    assert!(size_of::<Counters>() == 24);
     assert!(align_of::<Counters>() == 8);
     assert!(MAX_COUNTERS.is_multiple_of(2));
 };
@@ -99,6 +161,12 @@ unsafe impl aya::Pod for IfaceConfig {}
 // SAFETY: as above.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for Counters {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Pace {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PaceState {}
 
 #[cfg(test)]
 mod tests {
@@ -116,5 +184,45 @@ mod tests {
         assert_eq!(counter_index(MAX_SLOTS, DIR_TO_POD), None);
         assert_eq!(counter_index(u32::MAX, DIR_TO_POD), None);
         assert_eq!(counter_index(0, 2), None);
+    }
+
+    #[test]
+    fn flags_are_checked_against_rates_and_each_other() {
+        let rate = Pace {
+            bytes_per_sec: 1,
+            slack_ns: 0,
+        };
+        let cfg = |flags, to_pod, from_pod| IfaceConfig {
+            flags,
+            to_pod,
+            from_pod,
+            ..IfaceConfig::default()
+        };
+        assert!(flags_valid(&cfg(0, Pace::default(), Pace::default())));
+        assert!(flags_valid(&cfg(
+            FLAG_EDT_TO_POD | FLAG_POLICE_FROM_POD,
+            rate,
+            rate
+        )));
+        assert!(!flags_valid(&cfg(1 << 4, rate, rate)), "unknown flag");
+        assert!(!flags_valid(&cfg(
+            FLAG_EDT_TO_POD | FLAG_POLICE_TO_POD,
+            rate,
+            rate
+        )));
+        assert!(!flags_valid(&cfg(
+            FLAG_EDT_FROM_POD | FLAG_POLICE_FROM_POD,
+            rate,
+            rate
+        )));
+        assert!(
+            !flags_valid(&cfg(FLAG_EDT_TO_POD, Pace::default(), rate)),
+            "no rate"
+        );
+        assert!(!flags_valid(&cfg(
+            FLAG_POLICE_FROM_POD,
+            rate,
+            Pace::default()
+        )));
     }
 }

@@ -3,8 +3,13 @@
 //! Attached with TCX (or clsact on old kernels) to the pod's host-side veth:
 //! `sg_egress` sees traffic to the pod, `sg_ingress` traffic from the pod. Both look the
 //! packet's ifindex up in `SG_IFACES`; an interface that is not configured passes
-//! untouched. The programs only count, classify and redirect: the queueing that enforces
-//! a rate is done by the qdiscs user space installs (HTB on the veth, HTB on an ifb).
+//! untouched. What they do for a configured one depends on the mechanism user space chose:
+//!
+//! - `htb-ebpf`: count, classify (`skb->priority`) and redirect; the HTB qdiscs user space
+//!   installs (on the veth, on an ifb) do the queueing that enforces the rate;
+//! - `edt-fq`: also give each packet its departure time (`skb->tstamp`, see
+//!   `shareguard_ebpf_common::pace`), which the `fq` qdisc on the veth or the ifb honours;
+//! - `bpf-policer`: drop what exceeds the share's token bucket, where nothing can queue.
 //!
 //! Passing returns `TC_ACT_UNSPEC`, which TCX reads as `TCX_NEXT`: a program attached
 //! after ours (a CNI's) still runs, and with none the packet is passed.
@@ -13,14 +18,16 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{__sk_buff, TC_ACT_UNSPEC},
-    helpers::bpf_redirect,
+    bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tstamp},
     macros::{classifier, map},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Counters, DIR_FROM_POD, DIR_TO_POD, IfaceConfig, MAX_COUNTERS, MAX_IFACES, counter_index,
+    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD,
+    FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig, MAX_COUNTERS, MAX_IFACES, Pace,
+    PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -31,6 +38,9 @@ static SG_IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_IFAC
 #[map]
 static SG_COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_COUNTERS, 0);
 
+#[map]
+static SG_PACE: Array<PaceState> = Array::with_max_entries(MAX_COUNTERS, 0);
+
 /// Traffic to the pod (egress of its host-side veth).
 #[classifier]
 pub fn sg_egress(ctx: TcContext) -> i32 {
@@ -38,7 +48,16 @@ pub fn sg_egress(ctx: TcContext) -> i32 {
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
-    count(cfg.slot, DIR_TO_POD, ctx.len());
+    let verdict = pace_packet(
+        &ctx,
+        counter_index(cfg.slot, DIR_TO_POD),
+        cfg.flags & FLAG_EDT_TO_POD != 0,
+        cfg.flags & FLAG_POLICE_TO_POD != 0,
+        cfg.to_pod,
+    );
+    if !count(cfg.slot, DIR_TO_POD, ctx.len(), verdict) {
+        return TC_ACT_SHOT as i32;
+    }
     if cfg.classid != 0 {
         // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
         // its whole run; `priority` is a field tc programs may write (the verifier checks
@@ -55,18 +74,103 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
-    count(cfg.slot, DIR_FROM_POD, ctx.len());
+    let verdict = pace_packet(
+        &ctx,
+        counter_index(cfg.slot, DIR_FROM_POD),
+        cfg.flags & FLAG_EDT_FROM_POD != 0,
+        cfg.flags & FLAG_POLICE_FROM_POD != 0,
+        cfg.from_pod,
+    );
+    if !count(cfg.slot, DIR_FROM_POD, ctx.len(), verdict) {
+        return TC_ACT_SHOT as i32;
+    }
     if cfg.redirect_ifindex == 0 {
         return TC_ACT_UNSPEC;
     }
     // Flags 0: to the ifb's egress, where its qdisc queues and shapes the packet. The ifb
     // then hands the packet back to this interface's receive path flagged to skip the tc
     // ingress hook (skb->tc_skip_classify), so it neither comes through here again nor
-    // loops; the tests check that each packet is counted once.
+    // loops; the tests check that each packet is counted once. An EDT departure time set
+    // above is a mono delivery time, which the redirect keeps for the ifb's fq.
     // SAFETY: a plain helper call with scalar arguments; it only records the target.
     let action = unsafe { bpf_redirect(cfg.redirect_ifindex, 0) };
     // TC_ACT_REDIRECT on success, TC_ACT_SHOT for invalid flags: both fit in an i32.
     action as i32
+}
+
+/// Runs the share's EDT or policer arithmetic for one packet, stores the new state and,
+/// for EDT, sets the packet's departure time. `Pass` when the direction is not paced.
+#[inline(always)]
+fn pace_packet(ctx: &TcContext, index: Option<u32>, edt: bool, police: bool, p: Pace) -> Verdict {
+    if !edt && !police {
+        return Verdict::Pass;
+    }
+    let Some(state) = index.and_then(|i| SG_PACE.get_ptr_mut(i)) else {
+        return Verdict::Pass;
+    };
+    let skb = ctx.skb.skb;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let len = wire_len(ctx);
+    // SAFETY: `state` is an array entry returned by the lookup, valid for this run. Other
+    // CPUs may update it concurrently; a torn race costs at most one packet's worth of
+    // accuracy (see `pace`), never memory safety: the value is a plain u64.
+    let current = unsafe { *state };
+    let (verdict, next) = if edt {
+        // SAFETY: reading context fields tc programs may read (verifier-checked).
+        let (tstamp, kind) = unsafe { ((*skb).tstamp, u32::from((*skb).tstamp_type)) };
+        // Only a delivery time is a departure request; otherwise tstamp is a receive time.
+        let asked = if kind == SKB_TSTAMP_DELIVERY_MONO { tstamp } else { 0 };
+        pace::edt(current, now, asked, len, p)
+    } else {
+        pace::police(current, now, len, p)
+    };
+    // SAFETY: as for the read above.
+    unsafe { *state = next };
+    if let Verdict::Hold(at) = verdict {
+        // SAFETY: `skb` is the program's context pointer; the helper validates the type.
+        // A failure (an old kernel) leaves the packet unpaced, which the loader rules out
+        // by probing: the limiter only chooses EDT where the helper exists.
+        unsafe { bpf_skb_set_tstamp(skb, at, SKB_TSTAMP_DELIVERY_MONO) };
+    }
+    verdict
+}
+
+/// Bytes on the wire, as a qdisc counts them: a GSO packet leaves as `gso_segs` frames,
+/// each with its own headers.
+#[inline(always)]
+fn wire_len(ctx: &TcContext) -> u64 {
+    // SAFETY: reading a context field tc programs may read.
+    let segs = unsafe { (*ctx.skb.skb).gso_segs };
+    if segs <= 1 {
+        return u64::from(ctx.len());
+    }
+    pace::wire_len(ctx.len(), segs, header_len(ctx).unwrap_or(DEFAULT_HEADER_LEN))
+}
+
+/// Ethernet, IP and TCP or UDP header bytes of the packet, when it is one of those.
+#[inline(always)]
+fn header_len(ctx: &TcContext) -> Option<u32> {
+    const ETH: usize = 14;
+    let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
+    let (l3, l4_proto) = match ethertype {
+        0x0800 => {
+            let ihl = u32::from(ctx.load::<u8>(ETH).ok()? & 0x0f) * 4;
+            (ihl, ctx.load::<u8>(ETH + 9).ok()?)
+        }
+        0x86dd => (40, ctx.load::<u8>(ETH + 6).ok()?),
+        _ => return None,
+    };
+    let l4 = match l4_proto {
+        6 => {
+            // ihl is at most 60, so the offset stays small; the helper checks bounds.
+            let off = ETH + l3 as usize + 12;
+            u32::from(ctx.load::<u8>(off).ok()? >> 4) * 4
+        }
+        17 => 8,
+        _ => return None,
+    };
+    Some(ETH as u32 + l3 + l4)
 }
 
 #[inline(always)]
@@ -81,21 +185,29 @@ fn iface_config(skb: *mut __sk_buff) -> Option<IfaceConfig> {
     Some(unsafe { *value })
 }
 
+/// Counts a packet the verdict lets through (bytes and packets) or drops; returns whether
+/// it goes on.
 #[inline(always)]
-fn count(slot: u32, dir: u32, len: u32) {
+fn count(slot: u32, dir: u32, len: u32, verdict: Verdict) -> bool {
+    let pass = !matches!(verdict, Verdict::Drop);
     let Some(index) = counter_index(slot, dir) else {
-        return;
+        return pass;
     };
     let Some(counters) = SG_COUNTERS.get_ptr_mut(index) else {
-        return;
+        return pass;
     };
     // SAFETY: the pointer is this CPU's copy of the array entry. tc programs run with
     // bottom halves disabled, so no other program run on this CPU interleaves with this
     // update, and each direction has its own entry: plain (non-atomic) adds are exact.
     unsafe {
-        (*counters).bytes = (*counters).bytes.wrapping_add(u64::from(len));
-        (*counters).packets = (*counters).packets.wrapping_add(1);
+        if pass {
+            (*counters).bytes = (*counters).bytes.wrapping_add(u64::from(len));
+            (*counters).packets = (*counters).packets.wrapping_add(1);
+        } else {
+            (*counters).drops = (*counters).drops.wrapping_add(1);
+        }
     }
+    pass
 }
 
 #[cfg(not(test))]

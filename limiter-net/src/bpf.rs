@@ -10,6 +10,7 @@
 //! ```text
 //! <pin_dir>/maps/SG_IFACES     ifindex -> IfaceConfig
 //! <pin_dir>/maps/SG_COUNTERS   per-CPU counters, two per slot
+//! <pin_dir>/maps/SG_PACE       EDT / policer state, two per slot
 //! <pin_dir>/links/<name>       one TCX link per attachment (a directory in clsact mode)
 //! ```
 //!
@@ -30,7 +31,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     pin::PinError,
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
@@ -40,10 +41,10 @@ use aya::{
     util::KernelVersion,
 };
 use shareguard_ebpf_common::{
-    COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, IFACES_MAP, MAX_COUNTERS, PROG_FROM_POD, PROG_TO_POD,
-    counter_index,
+    COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, IFACES_MAP, MAX_COUNTERS, PACE_MAP, PROG_FROM_POD,
+    PROG_TO_POD, counter_index, flags_valid,
 };
-pub use shareguard_ebpf_common::{Counters, IfaceConfig, MAX_IFACES, MAX_SLOTS};
+pub use shareguard_ebpf_common::{Counters, IfaceConfig, MAX_IFACES, MAX_SLOTS, Pace, PaceState};
 
 /// Which way the traffic flows, seen from the pod; each has its own program and hook on
 /// the pod's host-side veth.
@@ -194,8 +195,10 @@ pub enum BpfError {
     InvalidName { name: String, reason: &'static str },
     #[error("counter slot {slot} is out of range (slots are 0..{MAX_SLOTS})")]
     SlotOutOfRange { slot: u32 },
-    #[error("IfaceConfig.flags is reserved and must be 0, got {flags:#x}")]
-    ReservedFlags { flags: u32 },
+    #[error(
+        "IfaceConfig.flags {flags:#x}: unknown flags, EDT and policing in one direction, or pacing without a rate"
+    )]
+    InvalidFlags { flags: u32 },
     #[error("no network interface with ifindex {ifindex} in this network namespace")]
     NoSuchInterface { ifindex: u32 },
     #[error("looking up the name of ifindex {ifindex}: {source}")]
@@ -289,6 +292,7 @@ pub struct Bpf {
     ebpf: Ebpf,
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     counters: PerCpuArray<MapData, Counters>,
+    pace: Array<MapData, PaceState>,
     pin_dir: PathBuf,
     mode: AttachMode,
 }
@@ -337,9 +341,11 @@ impl Bpf {
 
         let ifaces_path = maps_dir.join(IFACES_MAP);
         let counters_path = maps_dir.join(COUNTERS_MAP);
+        let pace_path = maps_dir.join(PACE_MAP);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(IFACES_MAP, ifaces_path.as_path())
             .map_pin_path(COUNTERS_MAP, counters_path.as_path())
+            .map_pin_path(PACE_MAP, pace_path.as_path())
             .load(aya::include_bytes_aligned!(concat!(
                 env!("OUT_DIR"),
                 "/shareguard-ebpf"
@@ -376,7 +382,20 @@ impl Bpf {
                 max_entries: MAX_COUNTERS,
             },
         )?;
+        let pace = take_map(&mut ebpf, PACE_MAP)?;
+        check_map(
+            &pace,
+            PACE_MAP,
+            &pace_path,
+            MapShape {
+                kind: "array",
+                key_size: 4,
+                value_size: size_of::<PaceState>(),
+                max_entries: MAX_COUNTERS,
+            },
+        )?;
         let ifaces = HashMap::try_from(ifaces).map_err(|e| map_error(IFACES_MAP, "open", e))?;
+        let pace = Array::try_from(pace).map_err(|e| map_error(PACE_MAP, "open", e))?;
         let counters =
             PerCpuArray::try_from(counters).map_err(|e| map_error(COUNTERS_MAP, "open", e))?;
 
@@ -393,6 +412,7 @@ impl Bpf {
             ebpf,
             ifaces,
             counters,
+            pace,
             pin_dir: pin_dir.to_owned(),
             mode,
         })
@@ -467,8 +487,8 @@ impl Bpf {
         if cfg.slot >= MAX_SLOTS {
             return Err(BpfError::SlotOutOfRange { slot: cfg.slot });
         }
-        if cfg.flags != 0 {
-            return Err(BpfError::ReservedFlags { flags: cfg.flags });
+        if !flags_valid(&cfg) {
+            return Err(BpfError::InvalidFlags { flags: cfg.flags });
         }
         self.ifaces
             .insert(ifindex, cfg, 0)
@@ -512,7 +532,19 @@ impl Bpf {
         Ok((read(DIR_TO_POD)?, read(DIR_FROM_POD)?))
     }
 
-    /// Zeroes both directions of a slot, e.g. before it is given to a new share.
+    /// The EDT or policer state of a slot: (to_pod, from_pod).
+    pub fn pace_state(&self, slot: u32) -> Result<(PaceState, PaceState), BpfError> {
+        let read = |dir| -> Result<PaceState, BpfError> {
+            let index = counter_index(slot, dir).ok_or(BpfError::SlotOutOfRange { slot })?;
+            self.pace
+                .get(&index, 0)
+                .map_err(|e| map_error(PACE_MAP, "lookup", e))
+        };
+        Ok((read(DIR_TO_POD)?, read(DIR_FROM_POD)?))
+    }
+
+    /// Zeroes both directions of a slot (counters and pacing state), e.g. before it is
+    /// given to a new share: state left by another share would hold or drop its packets.
     pub fn reset_counters(&mut self, slot: u32) -> Result<(), BpfError> {
         let cpus =
             aya::util::nr_cpus().map_err(|(what, source)| BpfError::Cpus { what, source })?;
@@ -528,6 +560,9 @@ impl Bpf {
             self.counters
                 .set(index, zeroes, 0)
                 .map_err(|e| map_error(COUNTERS_MAP, "update", e))?;
+            self.pace
+                .set(index, PaceState::default(), 0)
+                .map_err(|e| map_error(PACE_MAP, "update", e))?;
         }
         Ok(())
     }
@@ -887,6 +922,7 @@ fn check_map(
     let (kind, data) = match map {
         Map::HashMap(data) => ("hash", data),
         Map::PerCpuArray(data) => ("percpu_array", data),
+        Map::Array(data) => ("array", data),
         _ => {
             return Err(BpfError::IncompatibleMap {
                 name,

@@ -18,6 +18,9 @@ pub enum NetError {
     Command { command: String, stderr: String },
     #[error("{0}")]
     Conflict(String),
+    /// The kernel lacks what was asked for (a qdisc, ifb devices).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("bpf: {0}")]
     Bpf(String),
     #[error("limiter state {path}: {reason}")]
@@ -33,6 +36,7 @@ impl From<NetError> for LimiterError {
             NetError::NotVeth(_)
             | NetError::Command { .. }
             | NetError::Conflict(_)
+            | NetError::Unsupported(_)
             | NetError::Bpf(_)
             | NetError::State { .. } => LimiterError::permanent(e.to_string()),
         }

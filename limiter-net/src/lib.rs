@@ -4,19 +4,22 @@
 //! | module | what |
 //! |---|---|
 //! | [`limiter`] | [`limiter::NetLimiter`], the `Limiter` the agent uses for `net` devices |
+//! | [`mechanism`] | which mechanism (EDT + fq, HTB, policer) and what it installs per share |
 //! | [`bpf`] | the only module that talks to aya: load, pin, attach, maps, counters |
 //! | [`rtnl`] | netlink: the pod's host-side interface, ifb devices, HTB read-back |
-//! | [`tc`] | HTB qdiscs and classes through iproute2's `tc` |
+//! | [`tc`] | HTB and fq qdiscs through iproute2's `tc` |
 //! | [`state`] | what was installed per share, on disk |
 //! | [`probe`] | what the kernel offers (ifb, HTB, fq) |
 
 pub mod bpf;
 pub mod error;
 pub mod limiter;
+pub mod mechanism;
 pub mod probe;
 pub mod rtnl;
 pub mod state;
 pub mod tc;
 
 pub use error::NetError;
-pub use limiter::NetLimiter;
+pub use limiter::{NetBackend, NetLimiter};
+pub use mechanism::Mechanism;

@@ -1,34 +1,38 @@
-//! The `net` limiter: both directions of a pod's traffic shaped on the host side, where
-//! the pod cannot undo it.
-//!
-//! Mechanism `htb-ebpf` (the one this kernel kind supports: no `sch_fq`, so no EDT):
-//! - to the pod: an HTB qdisc at the root of the pod's host-side veth, class `1:1` at the
-//!   share's rate; the TCX egress program counts the traffic and classifies it into `1:1`
-//!   through `skb->priority` (the class is also HTB's default, so nothing bypasses it);
-//! - from the pod: the TCX ingress program counts the traffic and redirects it to the
-//!   share's ifb device, whose root HTB shapes it before the packet re-enters the stack.
+//! The `net` limiter: both directions of a pod's traffic limited on the host side, where
+//! the pod cannot undo it, with the mechanism chosen per device from what the kernel
+//! offers (see [`crate::mechanism`]).
 //!
 //! Programs, maps and links are pinned under the agent's bpffs directory and the qdiscs
 //! live in the kernel: killing the agent lifts no limit, and a restarted agent adopts
-//! the pinned links instead of attaching again.
+//! the pinned links instead of attaching again. Each share's install record (which
+//! interface, which mechanism, which ifb) is on disk, so a release still finds what to
+//! remove after the pod's namespace is gone.
 
-use std::{collections::BTreeMap, path::Path, sync::Mutex};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{Arc, Mutex},
+};
 
 use shareguard_common::{
     Format, Quantity,
     limiter::{Enforcement, LimitSpec, Limiter, LimiterError, TrafficCounters},
 };
-use shareguard_ebpf_common::IfaceConfig;
+use shareguard_ebpf_common::{
+    FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig,
+};
+use tracing::info;
 
 use crate::{
     bpf::{Bpf, Direction},
     error::NetError,
+    mechanism::{self, Mechanism, RootQdisc},
+    probe::{self, Probe},
     rtnl,
     state::{Installed, StateDir, ifb_name, short_id},
-    tc::{self, HtbParams},
+    tc,
 };
 
-pub const MECHANISM: &str = "htb-ebpf";
 /// Symmetric capacity: both directions at the same rate.
 pub const BANDWIDTH: &str = "bandwidth";
 /// Traffic from the pod (Kubernetes' `egress-bandwidth` is the pod's egress).
@@ -44,11 +48,19 @@ const BPFFS: &str = "/sys/fs/bpf";
 /// The interface inside the pod's namespace when the target names none.
 const DEFAULT_POD_IFACE: &str = "eth0";
 
-pub struct NetLimiter {
-    /// One lock for the BPF maps and links and the interfaces: two shares must never
-    /// interleave their changes to one interface.
+/// What all `net` devices of an agent share: the loaded programs and pinned maps, the
+/// install records and the kernel probe. One lock for the BPF side and the interfaces:
+/// two shares must never interleave their changes to one interface.
+pub struct NetBackend {
     bpf: Mutex<Bpf>,
     state: StateDir,
+    probe: Probe,
+}
+
+/// The `Limiter` of one `net` device: the shared back end and the device's mechanism.
+pub struct NetLimiter {
+    backend: Arc<NetBackend>,
+    mechanism: Mechanism,
 }
 
 fn link_name(share_key: &str, dir: Direction) -> String {
@@ -107,37 +119,81 @@ fn lock(m: &Mutex<Bpf>) -> std::sync::MutexGuard<'_, Bpf> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl NetLimiter {
+fn bpf_err(e: impl std::fmt::Display) -> NetError {
+    NetError::Bpf(e.to_string())
+}
+
+/// Whether `ifindex`'s root qdisc is one of ours (handle `1:`, of a kind we install).
+fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
+    Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| q.kind == kind && q.major == tc::MAJOR))
+}
+
+fn install_root(dev: &str, ifindex: u32, q: &RootQdisc) -> Result<(), NetError> {
+    match q {
+        RootQdisc::Htb(p) => tc::install_htb(dev, p, root_is_ours(ifindex, "htb")?),
+        RootQdisc::Fq => tc::install_fq(dev),
+    }
+}
+
+impl NetBackend {
     /// `state_dir` keeps what was installed per share; `pin_dir` is the bpffs directory
-    /// for maps and links (deterministic, so a restarted agent finds them).
-    pub fn new(state_dir: &Path, pin_dir: &Path) -> Result<NetLimiter, NetError> {
+    /// for maps and links (deterministic, so a restarted agent finds them). Probes the
+    /// kernel once.
+    pub fn open(state_dir: &Path, pin_dir: &Path) -> Result<Arc<NetBackend>, NetError> {
         // Pins only outlive the agent on a BPF filesystem; mount the usual one if the
         // machine has none (minimal hosts and containers often do not).
         let bpffs = Path::new(BPFFS);
         if pin_dir.starts_with(bpffs) {
-            crate::bpf::ensure_bpffs(bpffs).map_err(|e| NetError::Bpf(e.to_string()))?;
+            crate::bpf::ensure_bpffs(bpffs).map_err(bpf_err)?;
         }
-        let bpf = Bpf::load(pin_dir).map_err(|e| NetError::Bpf(e.to_string()))?;
-        Ok(NetLimiter {
+        let bpf = Bpf::load(pin_dir).map_err(bpf_err)?;
+        let probe = probe::probe()?;
+        info!(
+            fq = probe.fq,
+            htb = probe.htb,
+            ifb = probe.ifb,
+            available = ?probe.available(),
+            "probed the kernel for bandwidth mechanisms"
+        );
+        Ok(Arc::new(NetBackend {
             bpf: Mutex::new(bpf),
             state: StateDir::open(state_dir)?,
-        })
+            probe,
+        }))
+    }
+
+    pub fn probe(&self) -> Probe {
+        self.probe
+    }
+}
+
+impl NetLimiter {
+    /// The limiter for a device that asks for `requested` (None: the strongest the kernel
+    /// has). Fails when the kernel cannot run the requested one.
+    pub fn new(
+        backend: Arc<NetBackend>,
+        requested: Option<Mechanism>,
+    ) -> Result<NetLimiter, NetError> {
+        let mechanism = mechanism::choose(&backend.probe, requested)?;
+        Ok(NetLimiter { backend, mechanism })
+    }
+
+    pub fn mechanism(&self) -> Mechanism {
+        self.mechanism
     }
 
     fn uninstall(&self, bpf: &mut Bpf, i: &Installed) -> Result<(), NetError> {
         for dir in [Direction::ToPod, Direction::FromPod] {
-            bpf.detach(&link_name(&i.share_key, dir))
-                .map_err(|e| NetError::Bpf(e.to_string()))?;
+            bpf.detach(&link_name(&i.share_key, dir)).map_err(bpf_err)?;
         }
         // The ifindex may already belong to a new interface; its entry is ours either way.
-        bpf.clear_iface(i.host_index)
-            .map_err(|e| NetError::Bpf(e.to_string()))?;
+        bpf.clear_iface(i.host_index).map_err(bpf_err)?;
         let still_there =
             rtnl::name_of_index(i.host_index)?.as_deref() == Some(i.host_name.as_str());
         if still_there
             && i.to_pod_bps.is_some()
-            && rtnl::root_qdisc(i.host_index)?
-                .is_some_and(|q| q.kind == "htb" && q.major == tc::MAJOR)
+            && let Some(kind) = i.mechanism.qdisc_kind()
+            && root_is_ours(i.host_index, kind)?
         {
             tc::remove_root(&i.host_name)?;
         }
@@ -147,8 +203,70 @@ impl NetLimiter {
         Ok(())
     }
 
+    /// The rate one direction is enforced at, read back from the kernel: the HTB class's
+    /// rate, or the rate in the programs' map while they are attached, flagged for the
+    /// direction and (for EDT) an fq is at the root of the device that queues it.
+    fn direction_rate(
+        &self,
+        bpf: &Bpf,
+        i: &Installed,
+        dir: Direction,
+        cfg: Option<&IfaceConfig>,
+    ) -> Result<Option<u64>, NetError> {
+        let (wanted, queue_index) = match dir {
+            Direction::ToPod => (i.to_pod_bps, Some(i.host_index)),
+            Direction::FromPod => {
+                let ifb = match &i.ifb {
+                    Some(n) => rtnl::index_of(n)?,
+                    None => None,
+                };
+                (i.from_pod_bps, ifb)
+            }
+        };
+        if wanted.is_none() {
+            return Ok(None);
+        }
+        let attached = bpf
+            .is_attached(&link_name(&i.share_key, dir), i.host_index)
+            .map_err(bpf_err)?;
+        // Traffic from the pod reaches its queue only through the program's redirect.
+        let redirected = |cfg: &IfaceConfig| {
+            dir == Direction::ToPod || queue_index.is_some_and(|q| cfg.redirect_ifindex == q)
+        };
+        let (edt_flag, police_flag, pace) = match (dir, cfg) {
+            (_, None) => return Ok(None),
+            (Direction::ToPod, Some(c)) => (FLAG_EDT_TO_POD, FLAG_POLICE_TO_POD, c.to_pod),
+            (Direction::FromPod, Some(c)) => (FLAG_EDT_FROM_POD, FLAG_POLICE_FROM_POD, c.from_pod),
+        };
+        let Some(c) = cfg else { return Ok(None) };
+        Ok(match i.mechanism {
+            Mechanism::HtbEbpf => match queue_index {
+                // HTB's default class catches all traffic to the pod, so that direction
+                // holds even without the classifier.
+                Some(q) if dir == Direction::ToPod || (attached && redirected(c)) => {
+                    rtnl::htb_class_rate(q, tc::MAJOR, tc::MINOR)?.map(|b| b * 8)
+                }
+                _ => None,
+            },
+            Mechanism::EdtFq => match queue_index {
+                Some(q)
+                    if attached
+                        && redirected(c)
+                        && c.flags & edt_flag != 0
+                        && root_is_ours(q, "fq")? =>
+                {
+                    Some(mechanism::pace_bps(&pace))
+                }
+                _ => None,
+            },
+            Mechanism::BpfPolicer => {
+                (attached && c.flags & police_flag != 0).then(|| mechanism::pace_bps(&pace))
+            }
+        })
+    }
+
     fn read_back(&self, bpf: &Bpf, spec: &LimitSpec) -> Result<Enforcement, NetError> {
-        let i = self.state.get(&spec.share_key)?.ok_or_else(|| {
+        let i = self.backend.state.get(&spec.share_key)?.ok_or_else(|| {
             NetError::NotFound(format!("an installed limit for share {}", spec.share_key))
         })?;
         if rtnl::name_of_index(i.host_index)?.as_deref() != Some(i.host_name.as_str()) {
@@ -157,32 +275,9 @@ impl NetLimiter {
                 i.host_name, i.host_index
             )));
         }
-        // HTB's default class catches all traffic to the pod, so that direction holds
-        // even without the classifier; traffic from the pod is only shaped while the
-        // ingress program redirects it to the ifb.
-        let to_pod = match i.to_pod_bps {
-            Some(_) => rtnl::htb_class_rate(i.host_index, tc::MAJOR, tc::MINOR)?.map(|b| b * 8),
-            None => None,
-        };
-        let from_pod = match &i.ifb {
-            Some(ifb) => match rtnl::index_of(ifb)? {
-                Some(idx) => {
-                    let cfg = bpf
-                        .iface(i.host_index)
-                        .map_err(|e| NetError::Bpf(e.to_string()))?;
-                    let attached = bpf
-                        .is_attached(&link_name(&i.share_key, Direction::FromPod), i.host_index)
-                        .map_err(|e| NetError::Bpf(e.to_string()))?;
-                    if attached && cfg.is_some_and(|c| c.redirect_ifindex == idx) {
-                        rtnl::htb_class_rate(idx, tc::MAJOR, tc::MINOR)?.map(|b| b * 8)
-                    } else {
-                        None
-                    }
-                }
-                None => None,
-            },
-            None => None,
-        };
+        let cfg = bpf.iface(i.host_index).map_err(bpf_err)?;
+        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref())?;
+        let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref())?;
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
         let mut enforced = BTreeMap::new();
         for name in spec.limits.keys() {
@@ -197,7 +292,7 @@ impl NetLimiter {
             }
         }
         Ok(Enforcement {
-            mechanism: MECHANISM.to_owned(),
+            mechanism: i.mechanism.name().to_owned(),
             enforced,
         })
     }
@@ -205,7 +300,7 @@ impl NetLimiter {
 
 impl Limiter for NetLimiter {
     fn mechanisms(&self) -> Vec<String> {
-        vec![MECHANISM.to_owned()]
+        vec![self.mechanism.name().to_owned()]
     }
 
     fn accounting_only(&self) -> bool {
@@ -213,7 +308,8 @@ impl Limiter for NetLimiter {
     }
 
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
-        let mut bpf = lock(&self.bpf);
+        let state = &self.backend.state;
+        let mut bpf = lock(&self.backend.bpf);
         let (to, from) = rates(&spec.limits)?;
         let netns = spec.target.netns_path.as_deref();
         let ifname = spec.target.interface.as_deref();
@@ -223,7 +319,7 @@ impl Limiter for NetLimiter {
             ));
         }
         let host = rtnl::resolve(netns, ifname.unwrap_or(DEFAULT_POD_IFACE))?;
-        for other in self.state.all()? {
+        for other in state.all()? {
             if other.share_key != spec.share_key
                 && other.host_index == host.index
                 && other.host_name == host.name
@@ -235,75 +331,84 @@ impl Limiter for NetLimiter {
                 .into());
             }
         }
-        if let Some(old) = self.state.get(&spec.share_key)?
-            && (old.host_index != host.index || old.host_name != host.name)
+        if let Some(old) = state.get(&spec.share_key)?
+            && (old.host_index != host.index
+                || old.host_name != host.name
+                || old.mechanism != self.mechanism)
         {
-            // The pod sandbox came back with a new interface: move the limit there.
+            // The pod sandbox came back with a new interface, or the device now uses
+            // another mechanism: take the old limit down and install afresh.
             self.uninstall(&mut bpf, &old)?;
-            self.state.remove(&spec.share_key)?;
+            state.remove(&spec.share_key)?;
         }
         if let Some(rtnl::RootQdisc { kind, major, .. }) = rtnl::root_qdisc(host.index)?
             && major != 0
-            && !(kind == "htb" && major == tc::MAJOR && self.state.get(&spec.share_key)?.is_some())
+            && !(Some(kind.as_str()) == self.mechanism.qdisc_kind()
+                && major == tc::MAJOR
+                && state.get(&spec.share_key)?.is_some())
         {
             // Someone else's qdisc: replacing it would break the promise to leave the
-            // interface as it was found.
+            // interface as it was found. (The policer installs none, but a foreign root
+            // qdisc is refused for it too: it would queue the share's traffic in ways
+            // the share's status could not report.)
             return Err(NetError::Conflict(format!(
                 "interface {} already has a root qdisc {kind} {major}: that was not installed by shareguard",
                 host.name
             ))
             .into());
         }
+        let plan = self.mechanism.plan(to, from, slot_of(host.index));
+        // Traffic from the pod is redirected to an ifb when something has to queue it.
+        let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
         // Record first: if anything below fails or the agent dies, remove() still knows
         // what to clean up.
-        let ifb = from.map(|_| ifb_name(&spec.share_key));
         let installed = Installed {
             share_key: spec.share_key.clone(),
+            mechanism: self.mechanism,
             host_index: host.index,
             host_name: host.name.clone(),
             to_pod_bps: to,
             from_pod_bps: from,
             ifb: ifb.clone(),
         };
-        self.state.put(&installed)?;
-        let ours = |ifindex: u32| -> Result<bool, NetError> {
-            Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| q.kind == "htb" && q.major == tc::MAJOR))
-        };
-        if let Some(r) = to {
-            tc::install_htb(&host.name, &HtbParams::for_rate(r), ours(host.index)?)?;
+        let fresh = state.get(&spec.share_key)?.is_none();
+        state.put(&installed)?;
+        if let Some(q) = &plan.veth_root {
+            install_root(&host.name, host.index, q)?;
         }
-        let mut redirect = 0;
-        if let (Some(r), Some(name)) = (from, &ifb) {
-            redirect = rtnl::ensure_ifb(name)?;
-            tc::install_htb(name, &HtbParams::for_rate(r), ours(redirect)?)?;
+        let mut cfg = plan.iface;
+        if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
+            cfg.redirect_ifindex = rtnl::ensure_ifb(name)?;
+            install_root(name, cfg.redirect_ifindex, q)?;
         }
-        let cfg = IfaceConfig {
-            classid: if to.is_some() { tc::CLASSID } else { 0 },
-            redirect_ifindex: redirect,
-            slot: slot_of(host.index),
-            flags: 0,
-        };
-        bpf.set_iface(host.index, cfg)
-            .map_err(|e| NetError::Bpf(e.to_string()))?;
+        if fresh && cfg.slot != u32::MAX {
+            // Pacing state or counts another share left in this slot would hold or drop
+            // this one's packets, or be reported as its traffic.
+            bpf.reset_counters(cfg.slot).map_err(bpf_err)?;
+        }
+        bpf.set_iface(host.index, cfg).map_err(bpf_err)?;
         for dir in [Direction::ToPod, Direction::FromPod] {
             bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
-                .map_err(|e| NetError::Bpf(e.to_string()))?;
+                .map_err(bpf_err)?;
         }
         Ok(self.read_back(&bpf, spec)?)
     }
 
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
-        let bpf = lock(&self.bpf);
+        let bpf = lock(&self.backend.bpf);
         Ok(self.read_back(&bpf, spec)?)
     }
 
     fn counters(&self, share_key: &str) -> Option<TrafficCounters> {
-        let i = self.state.get(share_key).ok()??;
-        let (to, from) = lock(&self.bpf).counters(slot_of(i.host_index)).ok()?;
-        let drops = |ifindex: Option<u32>| {
+        let i = self.backend.state.get(share_key).ok()??;
+        let (to, from) = lock(&self.backend.bpf)
+            .counters(slot_of(i.host_index))
+            .ok()?;
+        let kind = i.mechanism.qdisc_kind();
+        let qdisc_drops = |ifindex: Option<u32>| {
             ifindex
                 .and_then(|x| rtnl::root_qdisc(x).ok().flatten())
-                .filter(|q| q.kind == "htb" && q.major == tc::MAJOR)
+                .filter(|q| Some(q.kind.as_str()) == kind && q.major == tc::MAJOR)
                 .map_or(0, |q| q.drops)
         };
         let ifb_index = i
@@ -315,15 +420,19 @@ impl Limiter for NetLimiter {
             to_pod_packets: to.packets,
             from_pod_bytes: from.bytes,
             from_pod_packets: from.packets,
-            drops: drops(i.to_pod_bps.map(|_| i.host_index)) + drops(ifb_index),
+            drops: qdisc_drops(i.to_pod_bps.map(|_| i.host_index))
+                + qdisc_drops(ifb_index)
+                + to.drops
+                + from.drops,
         })
     }
 
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
-        let mut bpf = lock(&self.bpf);
-        if let Some(i) = self.state.get(share_key)? {
+        let state = &self.backend.state;
+        let mut bpf = lock(&self.backend.bpf);
+        if let Some(i) = state.get(share_key)? {
             self.uninstall(&mut bpf, &i)?;
-            self.state.remove(share_key)?;
+            state.remove(share_key)?;
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! What the running kernel offers for shaping, probed once at start on a throw-away ifb
 //! device: whether the `fq` qdisc exists (for EDT, as Cilium's Bandwidth Manager does it)
-//! and whether HTB and ifb do (for the HTB + eBPF mechanism).
+//! and whether HTB and ifb do (for the HTB + eBPF mechanism). A qdisc counts as present
+//! when the kernel accepts one at the root of that device: module autoloading included,
+//! and nothing is concluded from config files that may not match the running kernel.
 
 use std::process::Command;
 
@@ -14,17 +16,13 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Mechanism names available here, strongest first, as ListDevices reports them.
-    /// EDT is listed only as detected: this build enforces with HTB + eBPF everywhere.
-    pub fn describe(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.ifb && self.htb {
-            v.push(crate::limiter::MECHANISM.to_owned());
-        }
-        if self.fq {
-            v.push("edt-fq (kernel has sch_fq; not used by this build)".to_owned());
-        }
-        v
+    /// Mechanism names the kernel can run, strongest first.
+    pub fn available(&self) -> Vec<&'static str> {
+        crate::mechanism::Mechanism::ALL
+            .into_iter()
+            .filter(|m| m.unsupported(self).is_none())
+            .map(|m| m.name())
+            .collect()
     }
 }
 

@@ -14,11 +14,16 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::NetError;
+use crate::{error::NetError, mechanism::Mechanism};
 
+/// One share's install record. Versioned by its fields: a field added later carries a
+/// serde default that says what records written before it meant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Installed {
     pub share_key: String,
+    /// How it is enforced; records from before the field existed were all HTB.
+    #[serde(default = "htb")]
+    pub mechanism: Mechanism,
     /// The pod's host-side interface when it was installed.
     pub host_index: u32,
     pub host_name: String,
@@ -27,6 +32,10 @@ pub struct Installed {
     /// Traffic from the pod (redirected to `ifb`), bit/s.
     pub from_pod_bps: Option<u64>,
     pub ifb: Option<String>,
+}
+
+fn htb() -> Mechanism {
+    Mechanism::HtbEbpf
 }
 
 /// 64-bit FNV-1a: a hash that never changes between builds, for names that must stay
@@ -145,6 +154,7 @@ mod tests {
         let s = StateDir::open(d.path()).unwrap();
         let i = Installed {
             share_key: "k".into(),
+            mechanism: Mechanism::EdtFq,
             host_index: 7,
             host_name: "veth1".into(),
             to_pod_bps: Some(50_000_000),
@@ -158,5 +168,12 @@ mod tests {
         s.remove("k").unwrap();
         s.remove("k").unwrap();
         assert_eq!(s.get("k").unwrap(), None);
+    }
+
+    #[test]
+    fn records_from_before_the_mechanism_field_read_as_htb() {
+        let old = r#"{"share_key":"k","host_index":7,"host_name":"v","to_pod_bps":8,"from_pod_bps":null,"ifb":null}"#;
+        let i: Installed = serde_json::from_str(old).unwrap();
+        assert_eq!(i.mechanism, Mechanism::HtbEbpf);
     }
 }

@@ -570,13 +570,14 @@ fn invalid_requests_are_refused() {
         bpf.counters(u32::MAX),
         Err(BpfError::SlotOutOfRange { .. })
     ));
+    // EDT asked for with no rate to pace at.
     let flagged = IfaceConfig {
-        flags: 1,
+        flags: shareguard_ebpf_common::FLAG_EDT_TO_POD,
         ..IfaceConfig::default()
     };
     assert!(matches!(
         bpf.set_iface(pod.host_ifindex(), flagged),
-        Err(BpfError::ReservedFlags { .. })
+        Err(BpfError::InvalidFlags { .. })
     ));
 }
 
@@ -590,4 +591,95 @@ fn a_pin_dir_outside_bpffs_is_refused() {
         Err(BpfError::NotBpfFs { path }) => assert_eq!(path, dir),
         other => panic!("pin dir on {}: {other:?}", dir.display()),
     }
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns` and of the pacing state.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+/// The policer and EDT code paths run in the kernel's programs (this machine has no
+/// sch_fq, so EDT's departure times are not honoured here, but its horizon drops are): a
+/// rate of ten pings a second, offered a hundred a second, lets few through and drops
+/// and counts the rest, in the direction configured and only there.
+#[test]
+fn policer_and_edt_horizon_drop_what_exceeds_the_rate() {
+    use shareguard_ebpf_common::{FLAG_EDT_TO_POD, FLAG_POLICE_FROM_POD, Pace};
+    if !privileged("policer_and_edt_horizon_drop_what_exceeds_the_rate") {
+        return;
+    }
+    const SENT: u64 = 50;
+    // Ten echo frames a second, and 100 ms of slack: one frame's worth.
+    let slow = Pace {
+        bytes_per_sec: PING_FRAME * 10,
+        slack_ns: 100_000_000,
+    };
+    let pod = Pod::new();
+    let ifindex = pod.host_ifindex();
+    let mut bpf = Bpf::load(&pod.pin_dir).unwrap();
+    attach_both(&mut bpf, ifindex);
+
+    for (flags, name) in [
+        (FLAG_POLICE_FROM_POD, "policer, from the pod"),
+        (FLAG_EDT_TO_POD, "EDT horizon, to the pod"),
+    ] {
+        let slot = 12;
+        bpf.reset_counters(slot).unwrap();
+        let cfg = IfaceConfig {
+            slot,
+            flags,
+            to_pod: slow,
+            from_pod: slow,
+            ..IfaceConfig::default()
+        };
+        bpf.set_iface(ifindex, cfg).unwrap();
+        let started = monotonic_ns();
+        // 100 per second for half a second: five times the rate.
+        let replies = pod.ping(SENT);
+        let ended = monotonic_ns();
+        let (to, from) = bpf.counters(slot).unwrap();
+        let (to_state, from_state) = bpf.pace_state(slot).unwrap();
+        let (limited, other, state, other_state) = if flags == FLAG_POLICE_FROM_POD {
+            (from, to, from_state, to_state)
+        } else {
+            (to, from, to_state, from_state)
+        };
+        // Half a second at ten a second plus the slack: about six; never most of them.
+        assert!(
+            (2..=12).contains(&limited.packets),
+            "{name}: {} of {SENT} let through",
+            limited.packets
+        );
+        eprintln!("{name}: {replies} replies, limited {limited:?}, other {other:?}");
+        // ARP and IPv6 neighbour discovery may add a few packets in either direction.
+        assert!(
+            replies <= limited.packets && replies + 4 >= limited.packets,
+            "{name}: {replies} replies, {} let through",
+            limited.packets
+        );
+        assert!(
+            (SENT..=SENT + 4).contains(&(limited.packets + limited.drops)),
+            "{name}: every packet counted once, as passed or dropped: {limited:?}"
+        );
+        assert_eq!(other.drops, 0, "{name}: the other direction is not limited");
+        assert_eq!(other_state.t_last_ns, 0, "{name}: and keeps no state");
+        // The state is a time on the programs' clock, within the run plus what was let
+        // through (each frame moves it 100 ms on).
+        assert!(
+            state.t_last_ns >= started && state.t_last_ns <= ended + 13 * 100_000_000,
+            "{name}: state {} outside {started}..{ended}",
+            state.t_last_ns
+        );
+    }
+    bpf.clear_iface(ifindex).unwrap();
+    assert_eq!(pod.ping(5), 5, "unconfigured: nothing is dropped");
 }

@@ -1,0 +1,297 @@
+//! Which mechanism enforces a `net` device's shares, chosen from what the kernel offers
+//! (DESIGN.md, Bandwidth), and what each one installs for a share.
+//!
+//! | mechanism | to the pod (veth egress) | from the pod (veth ingress) |
+//! |---|---|---|
+//! | `edt-fq` | BPF sets `skb->tstamp`, root `fq` on the veth holds packets until then | BPF sets `skb->tstamp` and redirects to an ifb with a root `fq` |
+//! | `htb-ebpf` | root HTB on the veth, BPF classifies into its class | BPF redirects to an ifb with a root HTB |
+//! | `bpf-policer` | BPF drops what exceeds the token bucket | likewise |
+//!
+//! EDT is preferred: `fq` keeps flows apart (a ping does not wait behind a bulk flow) and
+//! costs one timestamp per packet. HTB queues as well but with one FIFO per share. The
+//! policer queues nothing, so TCP sees losses instead of delay; it is the fallback for
+//! kernels where no qdisc can be used.
+
+use serde::{Deserialize, Serialize};
+use shareguard_ebpf_common::{
+    FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig, Pace,
+};
+
+use crate::{error::NetError, probe::Probe, tc};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mechanism {
+    EdtFq,
+    HtbEbpf,
+    BpfPolicer,
+}
+
+/// Longest an EDT packet may wait for its departure time before it is dropped instead:
+/// the bound the CNI bandwidth plugin's tbf puts on queueing delay (`latency 25ms`).
+pub const EDT_HORIZON_NS: u64 = 25_000_000;
+/// Depth of the policer's bucket, as time at the rate. TCP through a policer needs room
+/// for a window's worth of back-to-back packets, or it loses whole GSO bursts; see
+/// docs/benchmarks.md for what this gives.
+pub const POLICER_BUCKET_NS: u64 = 50_000_000;
+
+impl Mechanism {
+    /// Strongest first: the order `choose` tries them in.
+    pub const ALL: [Mechanism; 3] = [Mechanism::EdtFq, Mechanism::HtbEbpf, Mechanism::BpfPolicer];
+
+    /// The name in `ShareStatus.mechanism`, `ListDevices` and the config.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mechanism::EdtFq => "edt-fq",
+            Mechanism::HtbEbpf => "htb-ebpf",
+            Mechanism::BpfPolicer => "bpf-policer",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Mechanism> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Why this kernel cannot run the mechanism, if it cannot.
+    pub fn unsupported(self, p: &Probe) -> Option<&'static str> {
+        match self {
+            Mechanism::EdtFq if !p.fq => Some("the kernel has no fq qdisc (sch_fq)"),
+            Mechanism::HtbEbpf if !p.htb => Some("the kernel has no htb qdisc (sch_htb)"),
+            Mechanism::EdtFq | Mechanism::HtbEbpf if !p.ifb => {
+                Some("the kernel has no ifb devices, which shape traffic from the pod")
+            }
+            _ => None,
+        }
+    }
+
+    /// The root qdisc kind it installs, if any.
+    pub const fn qdisc_kind(self) -> Option<&'static str> {
+        match self {
+            Mechanism::EdtFq => Some("fq"),
+            Mechanism::HtbEbpf => Some("htb"),
+            Mechanism::BpfPolicer => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The mechanism for a device: the one the config asks for, if the kernel can run it, or
+/// else the strongest one it can.
+pub fn choose(probe: &Probe, requested: Option<Mechanism>) -> Result<Mechanism, NetError> {
+    match requested {
+        Some(m) => match m.unsupported(probe) {
+            None => Ok(m),
+            Some(why) => Err(NetError::Unsupported(format!(
+                "mechanism {m} was configured, but {why}"
+            ))),
+        },
+        // The policer needs nothing but the BPF programs, so there always is one.
+        None => Ok(Mechanism::ALL
+            .into_iter()
+            .find(|m| m.unsupported(probe).is_none())
+            .unwrap_or(Mechanism::BpfPolicer)),
+    }
+}
+
+/// What a qdisc-based mechanism puts at the root of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootQdisc {
+    Htb(tc::HtbParams),
+    Fq,
+}
+
+/// Everything one share needs, before interfaces are resolved: the qdisc at the root of
+/// the host veth (traffic to the pod), the qdisc of the ifb (traffic from the pod, if it
+/// is redirected), and the programs' configuration without the ifb's ifindex.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub veth_root: Option<RootQdisc>,
+    pub ifb_root: Option<RootQdisc>,
+    pub iface: IfaceConfig,
+}
+
+fn pace(bps: u64, slack_ns: u64) -> Pace {
+    Pace {
+        // Whole bytes, rounded down: never faster than the limit.
+        bytes_per_sec: (bps / 8).max(1),
+        slack_ns,
+    }
+}
+
+/// Bits per second the programs enforce for a rate, as read back from their map.
+pub const fn pace_bps(p: &Pace) -> u64 {
+    p.bytes_per_sec.saturating_mul(8)
+}
+
+impl Mechanism {
+    /// The plan for a share limited to `to_pod` / `from_pod` bit/s, counted in `slot`.
+    pub fn plan(self, to_pod: Option<u64>, from_pod: Option<u64>, slot: u32) -> Plan {
+        let mut iface = IfaceConfig {
+            slot,
+            ..IfaceConfig::default()
+        };
+        let (veth_root, ifb_root) = match self {
+            Mechanism::HtbEbpf => {
+                if to_pod.is_some() {
+                    iface.classid = tc::CLASSID;
+                }
+                (
+                    to_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
+                    from_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
+                )
+            }
+            Mechanism::EdtFq => {
+                if let Some(r) = to_pod {
+                    iface.flags |= FLAG_EDT_TO_POD;
+                    iface.to_pod = pace(r, EDT_HORIZON_NS);
+                }
+                if let Some(r) = from_pod {
+                    iface.flags |= FLAG_EDT_FROM_POD;
+                    iface.from_pod = pace(r, EDT_HORIZON_NS);
+                }
+                (
+                    to_pod.map(|_| RootQdisc::Fq),
+                    from_pod.map(|_| RootQdisc::Fq),
+                )
+            }
+            Mechanism::BpfPolicer => {
+                if let Some(r) = to_pod {
+                    iface.flags |= FLAG_POLICE_TO_POD;
+                    iface.to_pod = pace(r, POLICER_BUCKET_NS);
+                }
+                if let Some(r) = from_pod {
+                    iface.flags |= FLAG_POLICE_FROM_POD;
+                    iface.from_pod = pace(r, POLICER_BUCKET_NS);
+                }
+                (None, None)
+            }
+        };
+        Plan {
+            veth_root,
+            ifb_root,
+            iface,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shareguard_ebpf_common::flags_valid;
+
+    use super::*;
+
+    const ALL_THERE: Probe = Probe {
+        ifb: true,
+        htb: true,
+        fq: true,
+    };
+    /// This project's CI machine: no sch_fq.
+    const NO_FQ: Probe = Probe {
+        ifb: true,
+        htb: true,
+        fq: false,
+    };
+    const NOTHING: Probe = Probe {
+        ifb: false,
+        htb: false,
+        fq: false,
+    };
+
+    #[test]
+    fn the_strongest_mechanism_the_kernel_has_is_chosen() {
+        assert_eq!(choose(&ALL_THERE, None).unwrap(), Mechanism::EdtFq);
+        assert_eq!(choose(&NO_FQ, None).unwrap(), Mechanism::HtbEbpf);
+        assert_eq!(choose(&NOTHING, None).unwrap(), Mechanism::BpfPolicer);
+        // fq without ifb cannot shape traffic from the pod.
+        let no_ifb = Probe {
+            ifb: false,
+            ..ALL_THERE
+        };
+        assert_eq!(choose(&no_ifb, None).unwrap(), Mechanism::BpfPolicer);
+    }
+
+    #[test]
+    fn a_configured_mechanism_is_used_only_where_it_works() {
+        assert_eq!(
+            choose(&NO_FQ, Some(Mechanism::BpfPolicer)).unwrap(),
+            Mechanism::BpfPolicer
+        );
+        assert_eq!(
+            choose(&ALL_THERE, Some(Mechanism::HtbEbpf)).unwrap(),
+            Mechanism::HtbEbpf
+        );
+        let e = choose(&NO_FQ, Some(Mechanism::EdtFq)).unwrap_err();
+        assert!(e.to_string().contains("sch_fq"), "{e}");
+        assert!(choose(&NOTHING, Some(Mechanism::HtbEbpf)).is_err());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for m in Mechanism::ALL {
+            assert_eq!(Mechanism::parse(m.name()), Some(m));
+            // The serialized form (install records) is the same name.
+            assert_eq!(
+                serde_json::to_string(&m).unwrap(),
+                format!("\"{}\"", m.name())
+            );
+        }
+        assert_eq!(Mechanism::parse("htb"), None);
+    }
+
+    #[test]
+    fn edt_paces_both_directions_with_fq_on_veth_and_ifb() {
+        let p = Mechanism::EdtFq.plan(Some(2_000_000_000), Some(50_000_000), 9);
+        assert_eq!(p.veth_root, Some(RootQdisc::Fq));
+        assert_eq!(p.ifb_root, Some(RootQdisc::Fq));
+        assert_eq!(p.iface.flags, FLAG_EDT_TO_POD | FLAG_EDT_FROM_POD);
+        assert_eq!(p.iface.classid, 0, "fq needs no class");
+        assert_eq!(p.iface.slot, 9);
+        assert_eq!(
+            p.iface.to_pod,
+            Pace {
+                bytes_per_sec: 250_000_000,
+                slack_ns: EDT_HORIZON_NS
+            }
+        );
+        assert_eq!(pace_bps(&p.iface.from_pod), 50_000_000);
+        assert!(flags_valid(&p.iface));
+        // One direction only: nothing installed for the other.
+        let p = Mechanism::EdtFq.plan(None, Some(50_000_000), 1);
+        assert_eq!((p.veth_root, p.iface.flags), (None, FLAG_EDT_FROM_POD));
+        assert_eq!(p.iface.to_pod, Pace::default());
+        assert!(flags_valid(&p.iface));
+    }
+
+    #[test]
+    fn htb_classifies_to_the_pod_and_shapes_from_the_pod_on_the_ifb() {
+        let p = Mechanism::HtbEbpf.plan(Some(50_000_000), Some(10_000_000), 2);
+        assert_eq!(
+            p.veth_root,
+            Some(RootQdisc::Htb(tc::HtbParams::for_rate(50_000_000)))
+        );
+        assert_eq!(
+            p.ifb_root,
+            Some(RootQdisc::Htb(tc::HtbParams::for_rate(10_000_000)))
+        );
+        assert_eq!((p.iface.classid, p.iface.flags), (tc::CLASSID, 0));
+        assert!(flags_valid(&p.iface));
+        let p = Mechanism::HtbEbpf.plan(None, Some(10_000_000), 2);
+        assert_eq!(p.iface.classid, 0, "nothing to classify into");
+    }
+
+    #[test]
+    fn the_policer_installs_no_qdisc() {
+        let p = Mechanism::BpfPolicer.plan(Some(80), Some(7), 3);
+        assert_eq!((p.veth_root, p.ifb_root), (None, None));
+        assert_eq!(p.iface.flags, FLAG_POLICE_TO_POD | FLAG_POLICE_FROM_POD);
+        assert_eq!(p.iface.to_pod.bytes_per_sec, 10);
+        // Below one byte per second is still a rate, never "unlimited" (0).
+        assert_eq!(p.iface.from_pod.bytes_per_sec, 1);
+        assert!(flags_valid(&p.iface));
+    }
+}
