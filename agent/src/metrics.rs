@@ -110,7 +110,7 @@ impl Collector for ShareTraffic {
         }
         let mut m = encoder.encode_descriptor(
             "shareguard_share_drops",
-            "Packets the share's shaping queues dropped, both directions",
+            "Packets the share's shaping queues or its policer dropped, both directions",
             None,
             MetricType::Counter,
         )?;

@@ -31,9 +31,10 @@ pub enum Mechanism {
 /// the bound the CNI bandwidth plugin's tbf puts on queueing delay (`latency 25ms`).
 pub const EDT_HORIZON_NS: u64 = 25_000_000;
 /// Depth of the policer's bucket, as time at the rate. TCP through a policer needs room
-/// for a window's worth of back-to-back packets, or it loses whole GSO bursts; see
-/// docs/benchmarks.md for what this gives.
-pub const POLICER_BUCKET_NS: u64 = 50_000_000;
+/// for its bursts or it collapses: measured here with one bbr flow at 50 Mbit/s, a 50 ms
+/// bucket gave 0.25 of the limit, 100 ms 0.50, 250 ms 0.95 (docs/benchmarks.md). The cost
+/// is that a share idle for 250 ms may then send that much at line rate.
+pub const POLICER_BUCKET_NS: u64 = 250_000_000;
 
 impl Mechanism {
     /// Strongest first: the order `choose` tries them in.

@@ -604,7 +604,9 @@ fn monotonic_ns() -> u64 {
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
         0
     );
-    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+    let non_negative = "CLOCK_MONOTONIC is never negative";
+    u64::try_from(ts.tv_sec).expect(non_negative) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).expect(non_negative)
 }
 
 /// The policer and EDT code paths run in the kernel's programs (this machine has no

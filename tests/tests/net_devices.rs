@@ -1,0 +1,189 @@
+//! How the agent sets up `net` devices at start: the mechanism each one gets from the
+//! kernel probe or the config, and the capacity discovered from an interface's link speed.
+//! Root only (BPF programs, veth pairs); without root they skip, except under `CI=true`.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::{fs, path::PathBuf, process::Command};
+
+use shareguard_limiter_net::probe;
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL, agent_bin, claim, device, net, net::Pod, prepare_one,
+    proto as pb, share_id,
+};
+
+/// A private bpffs directory for the agent's pins, removed with every link in it.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(tag: &str) -> PinDir {
+        PinDir(PathBuf::from(format!(
+            "/sys/fs/bpf/sg-nd-{tag}-{}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn net_device(name: &str, lines: &str) -> String {
+    format!(
+        r#"
+[[device]]
+name = "{name}"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "net"
+allowed_namespaces = ["*"]
+{lines}
+"#
+    )
+}
+
+fn start(devices: String, pins: &PinDir) -> Agent {
+    let mut o = Options::new(devices);
+    o.agent_extra = format!("bpffs_dir = {:?}", pins.0);
+    Agent::start(o)
+}
+
+const CAPACITY: &str = "[device.capacity.bandwidth]\nvalue = \"10G\"\n";
+
+#[tokio::test]
+async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
+    if !net::privileged("each_device_gets_the_mechanism_the_kernel_and_config_allow") {
+        return;
+    }
+    let kernel = probe::probe().unwrap();
+    let pins = PinDir::new("mech");
+    let a = start(
+        [
+            net_device("auto", CAPACITY),
+            net_device("edt", &format!("mechanism = \"edt-fq\"\n{CAPACITY}")),
+            net_device("htb", &format!("mechanism = \"htb-ebpf\"\n{CAPACITY}")),
+            net_device(
+                "police",
+                &format!("mechanism = \"bpf-policer\"\n{CAPACITY}"),
+            ),
+        ]
+        .concat(),
+        &pins,
+    );
+    let mut c = a.client().await;
+    assert_eq!(
+        device(&mut c, "auto").await.mechanisms,
+        [kernel.available()[0]],
+        "auto is the strongest the kernel has: {kernel:?}"
+    );
+    assert_eq!(device(&mut c, "police").await.mechanisms, ["bpf-policer"]);
+    assert_eq!(device(&mut c, "htb").await.mechanisms, ["htb-ebpf"]);
+    let edt = device(&mut c, "edt").await.mechanisms;
+    if kernel.fq {
+        assert_eq!(edt, ["edt-fq"]);
+    } else {
+        // This project's CI kernel: the device stays listed, says why, and its shares
+        // fail for good instead of being reported as enforced by something else.
+        assert_eq!(edt.len(), 1);
+        assert!(
+            edt[0].starts_with("unavailable: ") && edt[0].contains("sch_fq"),
+            "{edt:?}"
+        );
+        let pod = Pod::new();
+        let mut cl = claim(
+            "edt-claim",
+            "team-a",
+            "c",
+            vec![pb::DeviceAllocation {
+                request: "bw".into(),
+                driver: DRIVER.into(),
+                pool: POOL.into(),
+                device: "edt".into(),
+                share_id: share_id(),
+                consumed_capacity: [("bandwidth".to_owned(), "50M".to_owned())].into(),
+                ..Default::default()
+            }],
+        );
+        cl.target = Some(pb::PodTarget {
+            pod_uid: "pod-edt".into(),
+            cgroup_paths: vec![],
+            netns_path: pod.netns_path().display().to_string(),
+            interface: pod.pod_if().to_owned(),
+        });
+        let r = prepare_one(&mut c, 1, cl).await;
+        let e = r.error.clone().expect("no mechanism, no enforcement");
+        assert!(!e.retryable, "{e:?}");
+        assert_eq!(r.shares[0].phase, pb::Phase::Failed as i32, "{r:?}");
+        assert_eq!(device(&mut c, "edt").await.allocated["bandwidth"], "0");
+        assert!(
+            !net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]).contains("htb"),
+            "nothing installed for a failed share"
+        );
+    }
+    assert!(
+        a.log_text()
+            .contains("probed the kernel for bandwidth mechanisms"),
+        "the probe is logged"
+    );
+}
+
+#[tokio::test]
+async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
+    if !net::privileged("link_speed_of_the_interface_is_the_capacity_when_none_is_given") {
+        return;
+    }
+    let pod = Pod::new();
+    let speed: u64 = fs::read_to_string(format!("/sys/class/net/{}/speed", pod.host_if()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pins = PinDir::new("speed");
+    let nic = net_device(
+        "nic",
+        &format!(
+            "interface = {:?}\n[device.capacity.bandwidth]\ndefault = \"10M\"\nvalid_range = {{ min = \"10M\", step = \"10M\" }}\n",
+            pod.host_if()
+        ),
+    );
+    let a = start(nic.clone(), &pins);
+    let mut c = a.client().await;
+    let d = device(&mut c, "nic").await;
+    let expected = if speed.is_multiple_of(1000) {
+        format!("{}G", speed / 1000)
+    } else {
+        format!("{speed}M")
+    };
+    assert_eq!(d.capacity["bandwidth"], expected, "{speed} Mbit/s: {d:?}");
+    drop(c);
+    drop(a);
+
+    // A link that is down has no speed: the agent refuses the config and says why.
+    net::sh(&["ip", "link", "set", "dev", pod.host_if(), "down"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nic.toml");
+    fs::write(
+        &path,
+        format!(
+            "[agent]\nsocket = {:?}\nstate_dir = {:?}\nbpffs_dir = {:?}\n{nic}",
+            dir.path().join("s.sock"),
+            dir.path().join("state"),
+            pins.0
+        ),
+    )
+    .unwrap();
+    let out = Command::new(agent_bin())
+        .args(["agent", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("/sys/class/net/{}/speed", pod.host_if()))
+            && stderr.contains("capacity bandwidth has no value"),
+        "{stderr}"
+    );
+}
