@@ -1,0 +1,280 @@
+//! From `/proc/PID/cgroup` to the pod a process belongs to.
+//!
+//! The kubelet names pod cgroups in one of two layouts, depending on its cgroup driver:
+//!
+//! - systemd: `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/...`
+//!   with the uid's dashes turned into underscores (systemd reserves `-` in unit names
+//!   for nesting);
+//! - cgroupfs: `/kubepods/burstable/pod<uid>/<container>`.
+//!
+//! Guaranteed pods sit directly under `kubepods` (no QoS level), burstable and
+//! besteffort pods one level down. Nested setups (kind, a `--cgroup-root`) add a prefix
+//! such as `/kubelet.slice/kubelet-kubepods.slice/...`, which is accepted as long as the
+//! `kubepods` marker is there. The input comes from processes we do not trust, so the
+//! parser never panics and answers None for anything it does not recognise.
+
+/// Quality-of-service class, from where the pod cgroup sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodCgroup {
+    /// Pod uid with dashes, as the API server spells it.
+    pub uid: String,
+    pub qos: Qos,
+}
+
+/// Pod of the process whose `/proc/PID/cgroup` content this is. The cgroup v2 line
+/// (`0::/path`) is preferred; v1 lines are used otherwise. Lines that name different
+/// pods make the answer None: a process is in one pod or we do not know.
+pub fn pod_from_proc_cgroup(content: &str) -> Option<PodCgroup> {
+    let mut v2 = None;
+    let mut v1: Option<PodCgroup> = None;
+    let mut v1_conflict = false;
+    for line in content.lines() {
+        // hierarchy-ID:controller-list:path; the path may itself contain ':'.
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Some(pod) = pod_from_cgroup_path(path) else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(pod);
+        } else {
+            match &v1 {
+                Some(seen) if *seen != pod => v1_conflict = true,
+                Some(_) => {}
+                None => v1 = Some(pod),
+            }
+        }
+    }
+    match (v2, v1) {
+        (Some(a), Some(b)) if a != b => None,
+        (Some(a), _) => Some(a),
+        (None, Some(b)) if !v1_conflict => Some(b),
+        _ => None,
+    }
+}
+
+/// Pod of one cgroup path (relative to the cgroup root, or absolute under
+/// `/sys/fs/cgroup`).
+pub fn pod_from_cgroup_path(path: &str) -> Option<PodCgroup> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    for (i, seg) in segments.iter().enumerate() {
+        if let Some(pod) = systemd_segment(seg) {
+            return Some(pod);
+        }
+        if let Some(uid) = seg.strip_prefix("pod")
+            && let Some(pod) = cgroupfs_segment(&segments[..i], uid)
+        {
+            return Some(pod);
+        }
+    }
+    None
+}
+
+/// `[prefix-]kubepods[-burstable|-besteffort]-pod<uid_with_underscores>.slice`
+fn systemd_segment(seg: &str) -> Option<PodCgroup> {
+    let unit = seg.strip_suffix(".slice")?;
+    let (prefix, uid) = unit.rsplit_once("-pod")?;
+    let qos = if prefix.ends_with("kubepods-burstable") {
+        Qos::Burstable
+    } else if prefix.ends_with("kubepods-besteffort") {
+        Qos::BestEffort
+    } else if prefix.ends_with("kubepods") {
+        Qos::Guaranteed
+    } else {
+        return None;
+    };
+    // The marker must be a whole word of the unit name, not the tail of "mykubepods".
+    let head = prefix
+        .strip_suffix("-burstable")
+        .or_else(|| prefix.strip_suffix("-besteffort"))
+        .unwrap_or(prefix);
+    let before = head.strip_suffix("kubepods")?;
+    if !(before.is_empty() || before.ends_with('-')) {
+        return None;
+    }
+    let uid = uid.replace('_', "-");
+    valid_uid(&uid).then_some(PodCgroup { uid, qos })
+}
+
+/// `.../kubepods[/burstable|/besteffort]/pod<uid>`; `parents` are the segments above.
+fn cgroupfs_segment(parents: &[&str], uid: &str) -> Option<PodCgroup> {
+    let qos = match parents {
+        [.., "kubepods", "burstable"] => Qos::Burstable,
+        [.., "kubepods", "besteffort"] => Qos::BestEffort,
+        [.., "kubepods"] => Qos::Guaranteed,
+        _ => return None,
+    };
+    valid_uid(uid).then(|| PodCgroup {
+        uid: uid.to_string(),
+        qos,
+    })
+}
+
+/// A pod uid: a lowercase RFC 4122 UUID, or the 32 hex digits the kubelet uses for
+/// static pods (a hash of the manifest).
+fn valid_uid(uid: &str) -> bool {
+    let b = uid.as_bytes();
+    let hex = |c: &u8| c.is_ascii_digit() || (b'a'..=b'f').contains(c);
+    match b.len() {
+        36 => b.iter().enumerate().all(|(i, c)| {
+            if matches!(i, 8 | 13 | 18 | 23) {
+                *c == b'-'
+            } else {
+                hex(c)
+            }
+        }),
+        32 => b.iter().all(hex),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "1234abcd-5678-4ef0-9abc-def012345678";
+    const UID_US: &str = "1234abcd_5678_4ef0_9abc_def012345678";
+
+    #[test]
+    fn layouts_table() {
+        let cases: Vec<(String, Option<Qos>)> = vec![
+            // systemd driver, all three QoS classes.
+            (
+                format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_US}.slice/cri-containerd-abc123.scope"
+                ),
+                Some(Qos::Burstable),
+            ),
+            (
+                format!(
+                    "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_US}.slice/crio-abc.scope"
+                ),
+                Some(Qos::BestEffort),
+            ),
+            (
+                format!("0::/kubepods.slice/kubepods-pod{UID_US}.slice/cri-containerd-abc.scope"),
+                Some(Qos::Guaranteed),
+            ),
+            // cgroupfs driver.
+            (
+                format!("0::/kubepods/burstable/pod{UID}/0123456789abcdef"),
+                Some(Qos::Burstable),
+            ),
+            (
+                format!("0::/kubepods/besteffort/pod{UID}/0123456789abcdef"),
+                Some(Qos::BestEffort),
+            ),
+            (
+                format!("0::/kubepods/pod{UID}/0123456789abcdef"),
+                Some(Qos::Guaranteed),
+            ),
+            // The pod cgroup itself (no container level), e.g. the pause process.
+            (format!("0::/kubepods/pod{UID}"), Some(Qos::Guaranteed)),
+            // kind / nested kubelet with a cgroup root prefix.
+            (
+                format!(
+                    "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_US}.slice/cri-containerd-x.scope"
+                ),
+                Some(Qos::BestEffort),
+            ),
+            // cgroup v1, several hierarchies that agree.
+            (
+                format!(
+                    "12:memory:/kubepods/burstable/pod{UID}/c1\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/c1\n1:name=systemd:/kubepods/burstable/pod{UID}/c1"
+                ),
+                Some(Qos::Burstable),
+            ),
+            // Hybrid: v1 lines and an empty v2 line.
+            (
+                format!("5:devices:/kubepods/pod{UID}/c\n0::/"),
+                Some(Qos::Guaranteed),
+            ),
+        ];
+        for (content, qos) in cases {
+            let got = pod_from_proc_cgroup(&content);
+            match qos {
+                Some(q) => assert_eq!(
+                    got,
+                    Some(PodCgroup {
+                        uid: UID.into(),
+                        qos: q
+                    }),
+                    "{content}"
+                ),
+                None => assert_eq!(got, None, "{content}"),
+            }
+        }
+    }
+
+    #[test]
+    fn static_pod_hash_uid() {
+        let hash = "0123456789abcdef0123456789abcdef";
+        let got = pod_from_proc_cgroup(&format!("0::/kubepods/burstable/pod{hash}/c")).unwrap();
+        assert_eq!(got.uid, hash);
+    }
+
+    #[test]
+    fn not_pods() {
+        let cases = [
+            "",
+            "0::/",
+            "0::/system.slice/containerd.service",
+            "0::/user.slice/user-1000.slice/session-3.scope",
+            // A 'pod' segment without the kubepods ancestry is not a pod.
+            "0::/docker/pod1234abcd-5678-4ef0-9abc-def012345678",
+            "0::/mykubepods/pod1234abcd-5678-4ef0-9abc-def012345678",
+            "0::/kubepods.slice/mykubepods-pod1234abcd_5678_4ef0_9abc_def012345678.slice",
+            // Malformed uids.
+            "0::/kubepods/pod1234",
+            "0::/kubepods/podZZZZabcd-5678-4ef0-9abc-def012345678",
+            "0::/kubepods/pod1234ABCD-5678-4EF0-9ABC-DEF012345678",
+            "0::/kubepods/pod1234abcd-5678-4ef0-9abc-def0123456789",
+            "0::/kubepods/pod1234abcd_5678_4ef0_9abc_def012345678",
+            "0::/kubepods.slice/kubepods-pod.slice",
+            "0::/kubepods.slice/kubepods-burstable-pod.slice",
+            // Not a cgroup line at all.
+            "garbage",
+            "::::",
+            "0:",
+        ];
+        for c in cases {
+            assert_eq!(pod_from_proc_cgroup(c), None, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn conflicting_lines_are_unknown() {
+        let other = "aaaaaaaa-5678-4ef0-9abc-def012345678";
+        let v1 = format!("12:memory:/kubepods/pod{UID}/c\n11:cpu:/kubepods/pod{other}/c");
+        assert_eq!(pod_from_proc_cgroup(&v1), None);
+        let mixed = format!("12:memory:/kubepods/pod{UID}/c\n0::/kubepods/pod{other}/c");
+        assert_eq!(pod_from_proc_cgroup(&mixed), None);
+    }
+
+    #[test]
+    fn hostile_inputs_do_not_panic() {
+        let long = "a/".repeat(100_000);
+        let inputs = [
+            "\0\0\0",
+            "0::/kubepods/pod\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}\u{1F600}",
+            "0::/kubepods.slice/kubepods-pod\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}.slice",
+            "0::/kubepods/-pod/pod/.slice/-pod.slice",
+            "0::////kubepods////pod",
+            "\n\n\n0::\n",
+            long.as_str(),
+        ];
+        for i in inputs {
+            assert_eq!(pod_from_proc_cgroup(i), None, "{:?}", &i[..i.len().min(40)]);
+        }
+    }
+}
