@@ -2,3 +2,4 @@
 //! modules for what exists.
 
 pub mod cgroup;
+pub mod watchdog;
