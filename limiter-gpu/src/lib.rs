@@ -1,5 +1,12 @@
-//! GPU memory limiter for `gpu` devices (NVML, MPS, watchdog). Being built up; see the
-//! modules for what exists.
+//! GPU memory limiter (placeholder doc; rewritten below when the crate is complete).
 
+pub mod backend;
 pub mod cgroup;
+pub mod error;
+pub mod nvml;
+pub mod simulated;
+pub mod sys;
 pub mod watchdog;
+
+pub use backend::{GpuBackend, Mechanism};
+pub use error::GpuError;

@@ -1,0 +1,148 @@
+//! The one interface every GPU back end (NVML, simulated) implements.
+//!
+//! It is deliberately small and byte-based: the limiter decides *what* to enforce, the
+//! back end only talks to the driver. All calls are blocking, like the rest of the
+//! limiter interface; the agent runs them on blocking threads.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::error::GpuError;
+
+/// Multi-Instance GPU state as the driver reports it now (not the pending mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigMode {
+    Disabled,
+    Enabled,
+    /// The GPU has no MIG support at all (most GPUs before Ampere A100/H100).
+    NotSupported,
+}
+
+/// One physical GPU as discovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// "GPU-xxxxxxxx-..." as NVML reports it; stable across reboots, unlike the index.
+    pub uuid: String,
+    pub index: u32,
+    pub name: String,
+    pub total_memory_bytes: u64,
+    pub mig: MigMode,
+    pub driver_version: String,
+}
+
+/// A process that holds a compute context on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComputeProcess {
+    /// PID in the host's PID namespace (the agent runs with hostPID, as NVML reports
+    /// driver-side PIDs).
+    pub pid: u32,
+    /// Device memory the process uses; None where the driver cannot say.
+    pub used_bytes: Option<u64>,
+}
+
+/// Whether a mechanism can be used on one GPU, and if not, why (for status and logs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Support {
+    Supported,
+    Unsupported(String),
+}
+
+impl Support {
+    pub fn is_supported(&self) -> bool {
+        matches!(self, Support::Supported)
+    }
+}
+
+/// What one GPU offers, probed once per GPU and re-probed on demand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Per-cgroup hard memory limits (`nvmlDeviceSetMemoryLimits_v1`, driver R615+).
+    pub cgroup_limits: Support,
+    /// Per-share pinned device memory limits through an MPS control daemon.
+    pub mps: Support,
+}
+
+/// Limits read back for one cgroup on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupLimit {
+    pub soft_bytes: u64,
+    pub hard_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// Enforcement mechanisms, strongest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mechanism {
+    NvmlCgroup,
+    Mps,
+    Watchdog,
+}
+
+impl Mechanism {
+    pub const ALL: [Mechanism; 3] = [Mechanism::NvmlCgroup, Mechanism::Mps, Mechanism::Watchdog];
+
+    /// The name in `ShareStatus.mechanism` for a real back end.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::NvmlCgroup => "nvml-cgroup",
+            Mechanism::Mps => "mps",
+            Mechanism::Watchdog => "watchdog",
+        }
+    }
+
+    /// True when the mechanism stops allocations up front; the watchdog only reacts.
+    pub fn enforces(self) -> bool {
+        !matches!(self, Mechanism::Watchdog)
+    }
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A GPU driver interface.
+///
+/// Methods that take a `uuid` fail with [`GpuError::GpuNotFound`] for an unknown GPU.
+/// Cgroup paths are absolute paths under the cgroup v2 mount (`/sys/fs/cgroup/...`),
+/// which is what NVML expects.
+pub trait GpuBackend: Send + Sync {
+    /// "nvml" or "simulated"; goes into status, metrics and logs.
+    fn name(&self) -> &'static str;
+
+    /// True for the simulated back end. A simulated result must never be reported as
+    /// real enforcement, so callers use this to label it.
+    fn is_simulated(&self) -> bool;
+
+    /// The mechanism name to report. The simulated back end overrides this so that no
+    /// status, metric or log can mistake it for NVML.
+    fn mechanism_label(&self, m: Mechanism) -> String {
+        m.as_str().to_string()
+    }
+
+    fn discover(&self) -> Result<Vec<GpuInfo>, GpuError>;
+
+    fn compute_processes(&self, uuid: &str) -> Result<Vec<ComputeProcess>, GpuError>;
+
+    fn capabilities(&self, uuid: &str) -> Result<Capabilities, GpuError>;
+
+    /// Sets soft and hard limit of `cgroup` on the GPU to `bytes`.
+    fn set_cgroup_limit(&self, uuid: &str, cgroup: &Path, bytes: u64) -> Result<(), GpuError>;
+
+    /// Reads the limit back; None when the cgroup has no limit on this GPU.
+    fn cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<Option<CgroupLimit>, GpuError>;
+
+    /// Zeroes the soft limit and lifts the hard limit. Done before a pod's cgroup goes
+    /// away: with the dmem back end of the driver the soft limit is propagated to the
+    /// ancestors and only an explicit reset through NVML takes it back out.
+    fn clear_cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<(), GpuError>;
+
+    /// Sets the MPS pinned device memory limit for a share.
+    fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError>;
+
+    /// Reads the MPS limit of a share back; None when there is none.
+    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<u64>, GpuError>;
+
+    fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError>;
+}

@@ -1,0 +1,413 @@
+//! A simulated GPU back end for tests and for demonstrations on machines without a GPU.
+//!
+//! It is named "simulated" everywhere it surfaces: [`GpuBackend::name`], the mechanism
+//! labels (`simulated-cgroup`, `simulated-mps`, `simulated-watchdog`), the GPU names and
+//! the driver version. Nothing it reports can be mistaken for enforcement by NVML.
+//!
+//! Limits live in memory and are read back from there, so a limiter built twice over the
+//! same `Arc<SimulatedBackend>` sees the limits of the first one, as a restarted agent
+//! sees the driver's. Faults are injected as NVML error values and go through the same
+//! mapping as the NVML back end, so tests of the error split exercise the real mapping.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use nvml_wrapper::error::NvmlError;
+
+use crate::backend::{
+    Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, Mechanism, MigMode, Support,
+};
+use crate::error::GpuError;
+use crate::nvml::map_nvml_error;
+
+/// Configuration of one simulated GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedGpu {
+    pub uuid: String,
+    pub total_memory_bytes: u64,
+    pub mig: MigMode,
+    /// Whether the simulated driver offers per-cgroup limits (as R615+ would).
+    pub cgroup_limits: bool,
+    /// Whether a simulated MPS control daemon runs for this GPU.
+    pub mps: bool,
+}
+
+impl SimulatedGpu {
+    /// A GPU with cgroup limits and MPS, MIG off.
+    pub fn new(uuid: impl Into<String>, total_memory_bytes: u64) -> Self {
+        Self {
+            uuid: uuid.into(),
+            total_memory_bytes,
+            mig: MigMode::Disabled,
+            cgroup_limits: true,
+            mps: true,
+        }
+    }
+}
+
+/// The back-end call a fault is injected into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimOp {
+    Discover,
+    ComputeProcesses,
+    Capabilities,
+    SetCgroupLimit,
+    GetCgroupLimit,
+    ClearCgroupLimit,
+    SetMpsLimit,
+    GetMpsLimit,
+    ClearMpsLimit,
+}
+
+struct Fault {
+    op: SimOp,
+    make: fn() -> NvmlError,
+    /// None: every call fails until cleared.
+    remaining: Option<u32>,
+}
+
+#[derive(Default)]
+struct State {
+    gpus: Vec<SimulatedGpu>,
+    processes: HashMap<String, Vec<ComputeProcess>>,
+    cgroup_limits: BTreeMap<(String, PathBuf), CgroupLimit>,
+    mps_limits: BTreeMap<(String, String), u64>,
+    faults: Vec<Fault>,
+}
+
+pub struct SimulatedBackend {
+    state: Mutex<State>,
+}
+
+const SIMULATED_DRIVER_VERSION: &str = "simulated";
+
+impl SimulatedBackend {
+    pub fn new(gpus: Vec<SimulatedGpu>) -> Self {
+        Self {
+            state: Mutex::new(State {
+                gpus,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock leaves plain data behind, still
+        // consistent enough to read; poisoning must not cascade into other assertions.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the compute processes the simulated driver reports for a GPU.
+    pub fn set_processes(&self, uuid: &str, processes: Vec<ComputeProcess>) {
+        self.lock().processes.insert(uuid.to_string(), processes);
+    }
+
+    /// Makes the next `times` calls of `op` fail with the NVML error `make` returns
+    /// (every call while `times` is None).
+    pub fn inject_fault(&self, op: SimOp, make: fn() -> NvmlError, times: Option<u32>) {
+        self.lock().faults.push(Fault {
+            op,
+            make,
+            remaining: times,
+        });
+    }
+
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// Changes or drops a cgroup limit behind the limiter's back, as a driver reload or
+    /// an operator with nvidia-smi would.
+    pub fn tamper_cgroup_limit(&self, uuid: &str, cgroup: &Path, limit: Option<CgroupLimit>) {
+        let key = (uuid.to_string(), cgroup.to_path_buf());
+        let mut st = self.lock();
+        match limit {
+            Some(l) => st.cgroup_limits.insert(key, l),
+            None => st.cgroup_limits.remove(&key),
+        };
+    }
+
+    /// Every cgroup limit currently held, for assertions.
+    pub fn cgroup_limits(&self) -> Vec<(String, PathBuf, CgroupLimit)> {
+        self.lock()
+            .cgroup_limits
+            .iter()
+            .map(|((u, p), l)| (u.clone(), p.clone(), *l))
+            .collect()
+    }
+
+    /// Every MPS limit currently held, for assertions.
+    pub fn mps_limits(&self) -> Vec<(String, String, u64)> {
+        self.lock()
+            .mps_limits
+            .iter()
+            .map(|((u, k), b)| (u.clone(), k.clone(), *b))
+            .collect()
+    }
+}
+
+impl State {
+    fn check_fault(&mut self, op: SimOp, what: &str) -> Result<(), GpuError> {
+        let Some(i) = self.faults.iter().position(|f| f.op == op) else {
+            return Ok(());
+        };
+        let err = (self.faults[i].make)();
+        if let Some(n) = self.faults[i].remaining.as_mut() {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.faults.remove(i);
+            }
+        }
+        Err(map_nvml_error(what, err))
+    }
+
+    fn gpu(&self, uuid: &str) -> Result<&SimulatedGpu, GpuError> {
+        self.gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| GpuError::GpuNotFound(format!("simulated GPU {uuid}")))
+    }
+
+    fn cgroup_support(&self, uuid: &str) -> Result<Support, GpuError> {
+        let g = self.gpu(uuid)?;
+        Ok(if g.mig == MigMode::Enabled {
+            // As the real driver: MIG handles are rejected for cgroup memory limits.
+            Support::Unsupported("simulated GPU is in MIG mode".into())
+        } else if !g.cgroup_limits {
+            Support::Unsupported("simulated driver has no cgroup memory limits".into())
+        } else {
+            Support::Supported
+        })
+    }
+
+    fn mps_support(&self, uuid: &str) -> Result<Support, GpuError> {
+        Ok(if self.gpu(uuid)?.mps {
+            Support::Supported
+        } else {
+            Support::Unsupported("no simulated MPS daemon for this GPU".into())
+        })
+    }
+
+    fn require(&self, support: Support) -> Result<(), GpuError> {
+        match support {
+            Support::Supported => Ok(()),
+            Support::Unsupported(why) => Err(GpuError::NotSupported(why)),
+        }
+    }
+}
+
+impl GpuBackend for SimulatedBackend {
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn is_simulated(&self) -> bool {
+        true
+    }
+
+    fn mechanism_label(&self, m: Mechanism) -> String {
+        match m {
+            Mechanism::NvmlCgroup => "simulated-cgroup".into(),
+            Mechanism::Mps => "simulated-mps".into(),
+            Mechanism::Watchdog => "simulated-watchdog".into(),
+        }
+    }
+
+    fn discover(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::Discover, "simulated discovery")?;
+        Ok(st
+            .gpus
+            .iter()
+            .zip(0u32..)
+            .map(|(g, index)| GpuInfo {
+                uuid: g.uuid.clone(),
+                index,
+                name: "Simulated GPU".into(),
+                total_memory_bytes: g.total_memory_bytes,
+                mig: g.mig,
+                driver_version: SIMULATED_DRIVER_VERSION.into(),
+            })
+            .collect())
+    }
+
+    fn compute_processes(&self, uuid: &str) -> Result<Vec<ComputeProcess>, GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::ComputeProcesses, "simulated process list")?;
+        st.gpu(uuid)?;
+        Ok(st.processes.get(uuid).cloned().unwrap_or_default())
+    }
+
+    fn capabilities(&self, uuid: &str) -> Result<Capabilities, GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::Capabilities, "simulated probe")?;
+        Ok(Capabilities {
+            cgroup_limits: st.cgroup_support(uuid)?,
+            mps: st.mps_support(uuid)?,
+        })
+    }
+
+    fn set_cgroup_limit(&self, uuid: &str, cgroup: &Path, bytes: u64) -> Result<(), GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::SetCgroupLimit, "simulated set cgroup limit")?;
+        let support = st.cgroup_support(uuid)?;
+        st.require(support)?;
+        let used = st
+            .cgroup_limits
+            .get(&(uuid.to_string(), cgroup.to_path_buf()))
+            .map_or(0, |l| l.used_bytes);
+        st.cgroup_limits.insert(
+            (uuid.to_string(), cgroup.to_path_buf()),
+            CgroupLimit {
+                soft_bytes: bytes,
+                hard_bytes: bytes,
+                used_bytes: used,
+            },
+        );
+        Ok(())
+    }
+
+    fn cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<Option<CgroupLimit>, GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::GetCgroupLimit, "simulated get cgroup limit")?;
+        let support = st.cgroup_support(uuid)?;
+        st.require(support)?;
+        Ok(st
+            .cgroup_limits
+            .get(&(uuid.to_string(), cgroup.to_path_buf()))
+            .copied())
+    }
+
+    fn clear_cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<(), GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::ClearCgroupLimit, "simulated clear cgroup limit")?;
+        st.gpu(uuid)?;
+        st.cgroup_limits
+            .remove(&(uuid.to_string(), cgroup.to_path_buf()));
+        Ok(())
+    }
+
+    fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::SetMpsLimit, "simulated set MPS limit")?;
+        let support = st.mps_support(uuid)?;
+        st.require(support)?;
+        st.mps_limits
+            .insert((uuid.to_string(), share_key.to_string()), bytes);
+        Ok(())
+    }
+
+    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<u64>, GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::GetMpsLimit, "simulated get MPS limit")?;
+        let support = st.mps_support(uuid)?;
+        st.require(support)?;
+        Ok(st
+            .mps_limits
+            .get(&(uuid.to_string(), share_key.to_string()))
+            .copied())
+    }
+
+    fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError> {
+        let mut st = self.lock();
+        st.check_fault(SimOp::ClearMpsLimit, "simulated clear MPS limit")?;
+        st.gpu(uuid)?;
+        st.mps_limits
+            .remove(&(uuid.to_string(), share_key.to_string()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn sim() -> SimulatedBackend {
+        let mut mig = SimulatedGpu::new("GPU-sim-1", 40 * GIB);
+        mig.mig = MigMode::Enabled;
+        SimulatedBackend::new(vec![SimulatedGpu::new("GPU-sim-0", 80 * GIB), mig])
+    }
+
+    #[test]
+    fn named_simulated_everywhere() {
+        let s = sim();
+        assert_eq!(s.name(), "simulated");
+        assert!(s.is_simulated());
+        for m in Mechanism::ALL {
+            let label = s.mechanism_label(m);
+            assert!(label.starts_with("simulated-"), "{label}");
+        }
+        let gpus = s.discover().unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[1].index, 1);
+        assert!(gpus.iter().all(|g| g.name.contains("Simulated")));
+        assert!(gpus.iter().all(|g| g.driver_version == "simulated"));
+    }
+
+    #[test]
+    fn limits_set_read_back_and_cleared() {
+        let s = sim();
+        let cg = Path::new("/sys/fs/cgroup/kubepods.slice/pod-a");
+        assert_eq!(s.cgroup_limit("GPU-sim-0", cg).unwrap(), None);
+        s.set_cgroup_limit("GPU-sim-0", cg, 8 * GIB).unwrap();
+        let l = s.cgroup_limit("GPU-sim-0", cg).unwrap().unwrap();
+        assert_eq!((l.soft_bytes, l.hard_bytes), (8 * GIB, 8 * GIB));
+        s.clear_cgroup_limit("GPU-sim-0", cg).unwrap();
+        assert_eq!(s.cgroup_limit("GPU-sim-0", cg).unwrap(), None);
+        // Clearing twice is fine: release is idempotent.
+        s.clear_cgroup_limit("GPU-sim-0", cg).unwrap();
+    }
+
+    #[test]
+    fn mig_gpu_refuses_cgroup_limits() {
+        let s = sim();
+        let caps = s.capabilities("GPU-sim-1").unwrap();
+        assert!(!caps.cgroup_limits.is_supported());
+        let err = s
+            .set_cgroup_limit("GPU-sim-1", Path::new("/sys/fs/cgroup/x"), GIB)
+            .unwrap_err();
+        assert!(matches!(err, GpuError::NotSupported(_)), "{err:?}");
+    }
+
+    #[test]
+    fn unknown_gpu_is_not_found() {
+        let err = sim().compute_processes("GPU-nope").unwrap_err();
+        assert!(matches!(err, GpuError::GpuNotFound(_)), "{err:?}");
+    }
+
+    #[test]
+    fn injected_faults_count_down_and_map_like_nvml() {
+        let s = sim();
+        s.inject_fault(SimOp::ComputeProcesses, || NvmlError::Timeout, Some(2));
+        for _ in 0..2 {
+            let e = s.compute_processes("GPU-sim-0").unwrap_err();
+            assert!(e.is_retryable(), "{e:?}");
+        }
+        assert!(s.compute_processes("GPU-sim-0").is_ok());
+
+        s.inject_fault(SimOp::Discover, || NvmlError::DriverNotLoaded, None);
+        for _ in 0..3 {
+            let e = s.discover().unwrap_err();
+            assert!(matches!(e, GpuError::Unavailable(_)), "{e:?}");
+        }
+        s.clear_faults();
+        assert!(s.discover().is_ok());
+    }
+
+    #[test]
+    fn processes_are_per_gpu() {
+        let s = sim();
+        s.set_processes(
+            "GPU-sim-0",
+            vec![ComputeProcess {
+                pid: 42,
+                used_bytes: Some(GIB),
+            }],
+        );
+        assert_eq!(s.compute_processes("GPU-sim-0").unwrap().len(), 1);
+        assert!(s.compute_processes("GPU-sim-1").unwrap().is_empty());
+    }
+}
