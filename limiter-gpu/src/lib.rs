@@ -1,6 +1,7 @@
 //! GPU memory limiter (placeholder doc; rewritten below when the crate is complete).
 
 pub mod backend;
+pub mod cdi;
 pub mod cgroup;
 pub mod error;
 pub mod nvml;

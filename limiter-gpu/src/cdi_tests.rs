@@ -1,0 +1,285 @@
+use serde_json::json;
+
+use super::*;
+
+const SHARE: &str = "3f2b8c1e-9d4a-4b7e-8f0a-1c2d3e4f5a6b";
+const CLAIM: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+const GPU: &str = "GPU-5e1d4a2b-0c3f-4d5e-8a9b-7c6d5e4f3a2b";
+
+fn writer(dir: &Path) -> CdiWriter {
+    CdiWriter::new(CdiConfig {
+        dir: dir.to_path_buf(),
+        ..CdiConfig::default()
+    })
+    .unwrap()
+}
+
+fn share(device: &str, share_id: &str, mps: Option<&str>) -> CdiShare {
+    CdiShare {
+        share_id: share_id.into(),
+        device: device.into(),
+        gpu_uuid: GPU.into(),
+        mps_pipe_dir: mps.map(PathBuf::from),
+    }
+}
+
+fn read(path: &Path) -> Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn writes_a_valid_spec_per_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let ids = w
+        .write_claim(CLAIM, &[share("gpu-0", SHARE, None)])
+        .unwrap();
+    assert_eq!(ids, vec![format!("shareguard.example/gpu=gpu-0-{SHARE}")]);
+
+    let path = dir
+        .path()
+        .join(format!("shareguard.example-gpu_{CLAIM}.json"));
+    assert_eq!(w.spec_path(CLAIM).unwrap(), path);
+    let spec = read(&path);
+    validate_spec(&spec).unwrap();
+    assert_eq!(spec["kind"], "shareguard.example/gpu");
+    assert_eq!(spec["cdiVersion"], "0.3.0");
+    let dev = &spec["devices"][0];
+    assert!(dev["name"].as_str().unwrap().contains(SHARE));
+    assert_eq!(
+        dev["containerEdits"]["env"],
+        json!([format!("CUDA_VISIBLE_DEVICES={GPU}")])
+    );
+    assert!(dev["containerEdits"].get("mounts").is_none());
+
+    // Only the spec is left behind: no temp files a runtime could trip over.
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
+#[test]
+fn mps_share_gets_pipe_env_and_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    w.write_claim(CLAIM, &[share("gpu-0", SHARE, Some("/run/nvidia/mps"))])
+        .unwrap();
+    let spec = read(&w.spec_path(CLAIM).unwrap());
+    validate_spec(&spec).unwrap();
+    let edits = &spec["devices"][0]["containerEdits"];
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps"),
+        "{env:?}"
+    );
+    assert_eq!(edits["mounts"][0]["hostPath"], "/run/nvidia/mps");
+    assert_eq!(edits["mounts"][0]["containerPath"], "/run/nvidia/mps");
+}
+
+#[test]
+fn rewrite_replaces_and_release_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let other = "0d9c8b7a-6f5e-4d3c-9b2a-1f0e9d8c7b6a";
+    w.write_claim(CLAIM, &[share("gpu-0", SHARE, None)])
+        .unwrap();
+    let ids = w
+        .write_claim(
+            CLAIM,
+            &[share("gpu-0", SHARE, None), share("gpu-1", other, None)],
+        )
+        .unwrap();
+    assert_eq!(ids.len(), 2);
+    let spec = read(&w.spec_path(CLAIM).unwrap());
+    assert_eq!(spec["devices"].as_array().unwrap().len(), 2);
+    // A device name that starts with a digit needs 0.5.0; the writer says so.
+    w.write_claim(CLAIM, &[share("0", SHARE, None)]).unwrap();
+    let spec = read(&w.spec_path(CLAIM).unwrap());
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    validate_spec(&spec).unwrap();
+
+    w.remove_claim(CLAIM).unwrap();
+    assert!(!w.spec_path(CLAIM).unwrap().exists());
+    w.remove_claim(CLAIM).unwrap();
+}
+
+#[test]
+fn odd_inventory_names_are_made_cdi_safe() {
+    let s = share("node/GPU #0 (H100)", SHARE, None);
+    let name = CdiWriter::device_name(&s).unwrap();
+    assert_eq!(name, format!("node-GPU--0--H100-{SHARE}"));
+    let s = share("///", SHARE, None);
+    assert_eq!(CdiWriter::device_name(&s).unwrap(), format!("gpu-{SHARE}"));
+}
+
+#[test]
+fn hostile_inputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    for claim in [
+        "",
+        "../etc/passwd",
+        "a/b",
+        "-x",
+        ".hidden",
+        "a b",
+        &"x".repeat(200),
+    ] {
+        assert!(w.spec_path(claim).is_err(), "{claim:?}");
+    }
+    assert!(w.write_claim(CLAIM, &[]).is_err());
+    assert!(
+        w.write_claim(CLAIM, &[share("gpu", "bad id!", None)])
+            .is_err()
+    );
+    let mut bad_gpu = share("gpu", SHARE, None);
+    bad_gpu.gpu_uuid = "GPU-1,GPU-2".into();
+    assert!(w.write_claim(CLAIM, &[bad_gpu]).is_err());
+    assert!(
+        w.write_claim(CLAIM, &[share("gpu", SHARE, Some("relative/dir"))])
+            .is_err()
+    );
+    // Nothing was written by the refused calls.
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    for (vendor, class) in [
+        ("", "gpu"),
+        ("1vendor", "gpu"),
+        ("vendor.", "gpu"),
+        ("v", "g/x"),
+        ("v", ""),
+    ] {
+        let cfg = CdiConfig {
+            vendor: vendor.into(),
+            class: class.into(),
+            ..CdiConfig::default()
+        };
+        assert!(CdiWriter::new(cfg).is_err(), "{vendor}/{class}");
+    }
+}
+
+#[test]
+fn write_into_a_missing_directory_is_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(&dir.path().join("missing"));
+    let err = w
+        .write_claim(CLAIM, &[share("gpu", SHARE, None)])
+        .unwrap_err();
+    assert!(matches!(err, CdiError::Io { .. }), "{err:?}");
+}
+
+fn good() -> Value {
+    json!({
+        "cdiVersion": "0.6.0",
+        "kind": "vendor.com/gpu",
+        "devices": [
+            {"name": "d0", "containerEdits": {"env": ["A=1"]}}
+        ]
+    })
+}
+
+#[test]
+fn validator_accepts_the_spec_examples() {
+    validate_spec(&good()).unwrap();
+    // From SPEC.md: valid kinds.
+    let mut v = good();
+    v["kind"] = json!("foo.bar.baz/foo-bar123.B_az");
+    validate_spec(&v).unwrap();
+    let mut v = good();
+    v["cdiVersion"] = json!("v1.1.0");
+    v["devices"][0]["containerEdits"] = json!({
+        "deviceNodes": [{"path": "/dev/nvidia0"}],
+        "mounts": [{"hostPath": "/a", "containerPath": "/b"}],
+        "hooks": [{"hookName": "createContainer", "path": "/bin/true"}],
+        "netDevices": [{"hostInterfaceName": "eth1", "name": "eth1"}]
+    });
+    validate_spec(&v).unwrap();
+}
+
+#[test]
+fn validator_rejects_what_the_spec_forbids() {
+    type Mutate = fn(&mut Value);
+    let cases: Vec<(&str, Mutate)> = vec![
+        ("no version", |v| {
+            v.as_object_mut().unwrap().remove("cdiVersion");
+        }),
+        ("unknown version", |v| v["cdiVersion"] = json!("9.9.9")),
+        ("kind without slash", |v| v["kind"] = json!("foo")),
+        ("kind with two slashes", |v| {
+            v["kind"] = json!("vendor.com/foo/bar")
+        }),
+        ("kind trailing slash", |v| {
+            v["kind"] = json!("vendor.com/foo/")
+        }),
+        ("vendor starts with digit", |v| {
+            v["kind"] = json!("1vendor.com/foo")
+        }),
+        ("class with space", |v| v["kind"] = json!("vendor.com/fo o")),
+        ("dots in class before 0.6.0", |v| {
+            v["cdiVersion"] = json!("0.5.0");
+            v["kind"] = json!("vendor.com/a.b");
+        }),
+        ("device name starts with dash", |v| {
+            v["devices"][0]["name"] = json!("-d")
+        }),
+        ("device name ends with dot", |v| {
+            v["devices"][0]["name"] = json!("d.")
+        }),
+        ("device name with slash", |v| {
+            v["devices"][0]["name"] = json!("a/b")
+        }),
+        ("digit-first name before 0.5.0", |v| {
+            v["cdiVersion"] = json!("0.4.0");
+            v["devices"][0]["name"] = json!("0d");
+        }),
+        ("env without =", |v| {
+            v["devices"][0]["containerEdits"]["env"] = json!(["NOEQ"])
+        }),
+        ("env with empty key", |v| {
+            v["devices"][0]["containerEdits"]["env"] = json!(["=x"])
+        }),
+        ("env not a string", |v| {
+            v["devices"][0]["containerEdits"]["env"] = json!([1])
+        }),
+        ("unknown top-level field", |v| v["extra"] = json!(1)),
+        ("unknown device field", |v| {
+            v["devices"][0]["extra"] = json!(1)
+        }),
+        ("unknown edit field", |v| {
+            v["devices"][0]["containerEdits"]["extra"] = json!(1)
+        }),
+        ("no devices", |v| v["devices"] = json!([])),
+        ("duplicate device names", |v| {
+            let d = v["devices"][0].clone();
+            v["devices"].as_array_mut().unwrap().push(d);
+        }),
+        ("device without edits", |v| {
+            v["devices"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("containerEdits");
+        }),
+        ("device with empty edits", |v| {
+            v["devices"][0]["containerEdits"] = json!({})
+        }),
+        ("mount without containerPath", |v| {
+            v["devices"][0]["containerEdits"]["mounts"] = json!([{"hostPath": "/a"}]);
+        }),
+        ("netDevices before 1.1.0", |v| {
+            v["devices"][0]["containerEdits"]["netDevices"] = json!([]);
+        }),
+    ];
+    for (what, mutate) in cases {
+        let mut v = good();
+        mutate(&mut v);
+        assert!(validate_spec(&v).is_err(), "{what}: {v}");
+    }
+    assert!(validate_spec(&json!([])).is_err());
+}
