@@ -4,6 +4,7 @@ pub mod backend;
 pub mod cdi;
 pub mod cgroup;
 pub mod error;
+pub mod limiter;
 pub mod nvml;
 pub mod simulated;
 pub mod sys;

@@ -1,0 +1,444 @@
+//! [`GpuLimiter`]: the agent's `Limiter` for `gpu` devices, over any [`GpuBackend`].
+//!
+//! Per GPU it picks the strongest mechanism the back end offers, in the order
+//! `nvml-cgroup` > `mps` > `watchdog`, and reports it (as the back end labels it, so the
+//! simulated back end says `simulated-cgroup`) in `Enforcement.mechanism`. A watchdog-only
+//! GPU yields no `enforced` entry: the agent then states the share as not enforced
+//! up front, and the watchdog verifies and acts afterwards.
+//!
+//! The only capacity is `memory`, in bytes. The limiter keeps its own table of the
+//! shares it applied and refuses one that would make a GPU's shares add up to more than
+//! its capacity, whatever the caller's ledger says (defence in depth: the scheduler has
+//! been seen to double count). The table lives in memory: after a restart `verify`
+//! re-adopts each live share from its spec; `remove` of a share never seen by this
+//! process has nothing to undo and succeeds (the driver drops a cgroup's limit with the
+//! cgroup).
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
+use shareguard_common::{Format, Quantity};
+
+use crate::backend::{GpuBackend, GpuInfo, Mechanism};
+use crate::error::GpuError;
+use crate::watchdog::{Action, WatchedShare};
+
+/// The one capacity a GPU device has.
+pub const MEMORY: &str = "memory";
+
+/// How a device config names its GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuSelector {
+    Uuid(String),
+    Index(u32),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuDeviceConfig {
+    /// Device name in the agent's inventory.
+    pub name: String,
+    pub gpu: GpuSelector,
+    /// `memory` capacity in bytes; the GPU's total memory when None.
+    pub memory_bytes: Option<u64>,
+}
+
+/// A configured device as resolved against the GPUs found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuDevice {
+    pub name: String,
+    pub gpu: GpuInfo,
+    pub capacity_bytes: u64,
+    pub mechanism: Mechanism,
+    /// Why stronger mechanisms were not chosen, for status and logs.
+    pub not_chosen: Vec<(Mechanism, String)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ShareRecord {
+    device: String,
+    uuid: String,
+    bytes: u64,
+    mechanism: Mechanism,
+    pod_uid: String,
+    cgroups: Vec<PathBuf>,
+}
+
+pub struct GpuLimiter {
+    backend: Arc<dyn GpuBackend>,
+    devices: BTreeMap<String, GpuDevice>,
+    cgroup_root: PathBuf,
+    shares: Mutex<BTreeMap<String, ShareRecord>>,
+}
+
+impl GpuLimiter {
+    /// Discovers the GPUs, resolves each device config and probes its mechanism.
+    pub fn new(
+        backend: Arc<dyn GpuBackend>,
+        configs: &[GpuDeviceConfig],
+        cgroup_root: impl Into<PathBuf>,
+    ) -> Result<Self, GpuError> {
+        let gpus = backend.discover()?;
+        let mut devices = BTreeMap::new();
+        for c in configs {
+            let gpu = match &c.gpu {
+                GpuSelector::Uuid(u) => gpus.iter().find(|g| &g.uuid == u),
+                GpuSelector::Index(i) => gpus.iter().find(|g| g.index == *i),
+            }
+            .ok_or_else(|| GpuError::GpuNotFound(format!("device {}: {:?}", c.name, c.gpu)))?
+            .clone();
+            let capacity_bytes = match c.memory_bytes {
+                None => gpu.total_memory_bytes,
+                Some(m) if m > 0 && m <= gpu.total_memory_bytes => m,
+                Some(m) => {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "device {}: memory {m} is not within 1..={} bytes of GPU {}",
+                        c.name, gpu.total_memory_bytes, gpu.uuid
+                    )));
+                }
+            };
+            let (mechanism, not_chosen) = choose_mechanism(backend.as_ref(), &gpu.uuid);
+            tracing::info!(
+                device = %c.name,
+                gpu = %gpu.uuid,
+                backend = backend.name(),
+                mechanism = %backend.mechanism_label(mechanism),
+                not_chosen = ?not_chosen,
+                "GPU device ready"
+            );
+            if devices
+                .insert(
+                    c.name.clone(),
+                    GpuDevice {
+                        name: c.name.clone(),
+                        gpu,
+                        capacity_bytes,
+                        mechanism,
+                        not_chosen,
+                    },
+                )
+                .is_some()
+            {
+                return Err(GpuError::InvalidArgument(format!(
+                    "device {} twice",
+                    c.name
+                )));
+            }
+        }
+        Ok(Self {
+            backend,
+            devices,
+            cgroup_root: cgroup_root.into(),
+            shares: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub fn device(&self, name: &str) -> Option<&GpuDevice> {
+        self.devices.get(name)
+    }
+
+    /// The label to report for a mechanism (the simulated back end's are prefixed).
+    pub fn label(&self, m: Mechanism) -> String {
+        self.backend.mechanism_label(m)
+    }
+
+    /// The share table as the watchdog needs it, every share with `action`.
+    pub fn watched_shares(&self, action: Action) -> Vec<WatchedShare> {
+        self.lock()
+            .iter()
+            .map(|(k, r)| WatchedShare {
+                share_key: k.clone(),
+                pod_uid: r.pod_uid.clone(),
+                gpu_uuid: r.uuid.clone(),
+                limit_bytes: r.bytes,
+                action,
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, ShareRecord>> {
+        // The table is only replaced entry by entry; a panic elsewhere cannot leave an
+        // entry half written, so a poisoned lock still guards consistent data.
+        self.shares.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks `spec` and turns it into the record it would be stored as.
+    fn record_for(&self, spec: &LimitSpec) -> Result<ShareRecord, GpuError> {
+        let dev = self.devices.get(&spec.device).ok_or_else(|| {
+            GpuError::InvalidArgument(format!("unknown GPU device {}", spec.device))
+        })?;
+        if let Some(other) = spec.limits.keys().find(|k| k.as_str() != MEMORY) {
+            return Err(GpuError::InvalidArgument(format!(
+                "GPU devices have only the {MEMORY} capacity, not {other}"
+            )));
+        }
+        let q = spec
+            .limits
+            .get(MEMORY)
+            .ok_or_else(|| GpuError::InvalidArgument(format!("no {MEMORY} amount")))?;
+        let bytes = whole_bytes(q)?;
+        if bytes > dev.capacity_bytes {
+            return Err(GpuError::Oversubscribed(format!(
+                "{bytes} bytes asked, device {} has {}",
+                dev.name, dev.capacity_bytes
+            )));
+        }
+        let cgroups = if dev.mechanism == Mechanism::NvmlCgroup {
+            if spec.target.cgroup_paths.is_empty() {
+                return Err(GpuError::InvalidArgument(
+                    "nvml-cgroup needs the pod's cgroup path".into(),
+                ));
+            }
+            spec.target
+                .cgroup_paths
+                .iter()
+                .map(|p| resolve_cgroup(&self.cgroup_root, p))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(ShareRecord {
+            device: dev.name.clone(),
+            uuid: dev.gpu.uuid.clone(),
+            bytes,
+            mechanism: dev.mechanism,
+            pod_uid: spec.target.pod_uid.clone(),
+            cgroups,
+        })
+    }
+
+    /// Adds `rec` under `key` unless that oversubscribes its device or contradicts what
+    /// is recorded for the key.
+    fn admit(&self, key: &str, rec: &ShareRecord) -> Result<(), GpuError> {
+        let mut shares = self.lock();
+        if let Some(old) = shares.get(key)
+            && (old.device != rec.device || old.bytes != rec.bytes)
+        {
+            return Err(GpuError::InvalidArgument(format!(
+                "share {key} is recorded as {} bytes on {}; allocation results are immutable",
+                old.bytes, old.device
+            )));
+        }
+        let others: u64 = shares
+            .iter()
+            .filter(|(k, r)| k.as_str() != key && r.device == rec.device)
+            .fold(0u64, |acc, (_, r)| acc.saturating_add(r.bytes));
+        let capacity = self
+            .devices
+            .get(&rec.device)
+            .map_or(0, |d| d.capacity_bytes);
+        if others.saturating_add(rec.bytes) > capacity {
+            return Err(GpuError::Oversubscribed(format!(
+                "device {}: {} bytes held by other shares + {} asked > {} capacity",
+                rec.device, others, rec.bytes, capacity
+            )));
+        }
+        shares.insert(key.to_string(), rec.clone());
+        Ok(())
+    }
+
+    /// The limit a cgroup must carry on a GPU: the sum of all recorded shares of that
+    /// cgroup there (one pod may hold several shares of one GPU; the driver keeps one
+    /// limit per cgroup and GPU).
+    fn cgroup_total(&self, uuid: &str, cgroup: &Path) -> u64 {
+        self.lock()
+            .values()
+            .filter(|r| r.uuid == uuid && r.cgroups.iter().any(|c| c == cgroup))
+            .fold(0u64, |acc, r| acc.saturating_add(r.bytes))
+    }
+
+    fn enforce(&self, key: &str, rec: &ShareRecord) -> Result<(), GpuError> {
+        match rec.mechanism {
+            Mechanism::NvmlCgroup => {
+                for cg in &rec.cgroups {
+                    let total = self.cgroup_total(&rec.uuid, cg);
+                    self.backend.set_cgroup_limit(&rec.uuid, cg, total)?;
+                }
+                Ok(())
+            }
+            Mechanism::Mps => self.backend.set_mps_limit(&rec.uuid, key, rec.bytes),
+            Mechanism::Watchdog => Ok(()),
+        }
+    }
+
+    /// Reads the limit back. The share counts as enforced only when every one of its
+    /// cgroups carries exactly the expected limit; anything else yields no `enforced`
+    /// entry, which the agent reports as DEGRADED rather than trusting it.
+    fn read_back(&self, key: &str, rec: &ShareRecord) -> Result<Enforcement, GpuError> {
+        let ok = match rec.mechanism {
+            Mechanism::NvmlCgroup => {
+                let mut all = true;
+                for cg in &rec.cgroups {
+                    let want = self.cgroup_total(&rec.uuid, cg);
+                    let got = self.backend.cgroup_limit(&rec.uuid, cg)?;
+                    if got.map(|l| l.hard_bytes) != Some(want) {
+                        tracing::warn!(
+                            share = key,
+                            cgroup = %cg.display(),
+                            want,
+                            got = ?got,
+                            "GPU memory limit read back differs"
+                        );
+                        all = false;
+                    }
+                }
+                all
+            }
+            Mechanism::Mps => self.backend.mps_limit(&rec.uuid, key)? == Some(rec.bytes),
+            Mechanism::Watchdog => false,
+        };
+        let mut enforced = BTreeMap::new();
+        if ok {
+            let q = Quantity::from_units(i128::from(rec.bytes), Format::BinarySI)
+                .ok_or_else(|| GpuError::Internal(format!("{} bytes as a quantity", rec.bytes)))?;
+            enforced.insert(MEMORY.to_string(), q);
+        }
+        Ok(Enforcement {
+            mechanism: self.label(rec.mechanism),
+            enforced,
+        })
+    }
+
+    fn apply_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        let rec = self.record_for(spec)?;
+        // Recorded before the driver is touched, so that `remove` can undo a partial
+        // apply (one cgroup limited, the next failing).
+        self.admit(&spec.share_key, &rec)?;
+        self.enforce(&spec.share_key, &rec)?;
+        self.read_back(&spec.share_key, &rec)
+    }
+
+    fn verify_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        let recorded = self.lock().get(&spec.share_key).cloned();
+        let rec = match recorded {
+            Some(r) => r,
+            None => {
+                // First sight since a restart: adopt the share without touching the
+                // driver, so its capacity counts again and `remove` can undo it.
+                let r = self.record_for(spec)?;
+                self.admit(&spec.share_key, &r)?;
+                r
+            }
+        };
+        self.read_back(&spec.share_key, &rec)
+    }
+
+    fn remove_inner(&self, key: &str) -> Result<(), GpuError> {
+        let Some(rec) = self.lock().get(key).cloned() else {
+            tracing::debug!(
+                share = key,
+                "GPU share not known to this process; nothing to remove"
+            );
+            return Ok(());
+        };
+        match rec.mechanism {
+            Mechanism::NvmlCgroup => {
+                for cg in &rec.cgroups {
+                    let rest = self.cgroup_total(&rec.uuid, cg).saturating_sub(rec.bytes);
+                    if rest == 0 {
+                        self.backend.clear_cgroup_limit(&rec.uuid, cg)?;
+                    } else {
+                        self.backend.set_cgroup_limit(&rec.uuid, cg, rest)?;
+                    }
+                }
+            }
+            Mechanism::Mps => self.backend.clear_mps_limit(&rec.uuid, key)?,
+            Mechanism::Watchdog => {}
+        }
+        // Dropped only once the driver is clean, so a failed remove is retried in full.
+        self.lock().remove(key);
+        Ok(())
+    }
+}
+
+impl Limiter for GpuLimiter {
+    fn mechanisms(&self) -> Vec<String> {
+        let mut ms: Vec<Mechanism> = self.devices.values().map(|d| d.mechanism).collect();
+        // The watchdog runs everywhere as the verifier.
+        ms.push(Mechanism::Watchdog);
+        ms.sort();
+        ms.dedup();
+        ms.into_iter().map(|m| self.label(m)).collect()
+    }
+
+    fn accounting_only(&self) -> bool {
+        false
+    }
+
+    fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.apply_inner(spec).map_err(|e| {
+            tracing::warn!(share = %spec.share_key, device = %spec.device, error = %e, "GPU apply failed");
+            e.into()
+        })
+    }
+
+    fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        Ok(self.verify_inner(spec)?)
+    }
+
+    fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
+        Ok(self.remove_inner(share_key)?)
+    }
+}
+
+fn choose_mechanism(backend: &dyn GpuBackend, uuid: &str) -> (Mechanism, Vec<(Mechanism, String)>) {
+    let caps = match backend.capabilities(uuid) {
+        Ok(c) => c,
+        Err(e) => {
+            // A failed probe leaves the GPU usable under the watchdog; the reason is
+            // kept for the device's status.
+            let why = format!("probe failed: {e}");
+            return (
+                Mechanism::Watchdog,
+                vec![(Mechanism::NvmlCgroup, why.clone()), (Mechanism::Mps, why)],
+            );
+        }
+    };
+    let mut not_chosen = Vec::new();
+    for (m, support) in [
+        (Mechanism::NvmlCgroup, &caps.cgroup_limits),
+        (Mechanism::Mps, &caps.mps),
+    ] {
+        match support {
+            crate::backend::Support::Supported => return (m, not_chosen),
+            crate::backend::Support::Unsupported(why) => not_chosen.push((m, why.clone())),
+        }
+    }
+    (Mechanism::Watchdog, not_chosen)
+}
+
+/// Bytes of a memory quantity: positive, whole, and within u64.
+fn whole_bytes(q: &Quantity) -> Result<u64, GpuError> {
+    let nanos = q.nanos();
+    if nanos <= 0 || nanos % 1_000_000_000 != 0 {
+        return Err(GpuError::InvalidArgument(format!(
+            "memory {q} is not a positive whole number of bytes"
+        )));
+    }
+    u64::try_from(nanos / 1_000_000_000)
+        .map_err(|_| GpuError::InvalidArgument(format!("memory {q} is too large")))
+}
+
+/// The cgroup directory for a path from the kubelet plugin: relative paths are taken
+/// under the cgroup v2 root, absolute ones must already be there. `..` is refused so a
+/// target cannot point NVML at a cgroup outside the pod hierarchy.
+fn resolve_cgroup(root: &Path, given: &str) -> Result<PathBuf, GpuError> {
+    let p = Path::new(given);
+    if given.is_empty() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(GpuError::InvalidArgument(format!("cgroup path {given:?}")));
+    }
+    if p.is_absolute() {
+        if p.starts_with(root) {
+            Ok(p.to_path_buf())
+        } else {
+            Ok(root.join(p.strip_prefix("/").unwrap_or(p)))
+        }
+    } else {
+        Ok(root.join(p))
+    }
+}
+
+#[cfg(test)]
+#[path = "limiter_tests.rs"]
+mod tests;

@@ -1,0 +1,325 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use nvml_wrapper::error::NvmlError;
+use shareguard_common::Quantity;
+use shareguard_common::limiter::{LimitSpec, Limiter, Retry, Target};
+
+use super::*;
+use crate::backend::MigMode;
+use crate::simulated::{SimOp, SimulatedBackend, SimulatedGpu};
+
+const GIB: u64 = 1 << 30;
+const ROOT: &str = "/sys/fs/cgroup";
+const POD_A: &str = "kubepods.slice/kubepods-pod1111aaaa_0000_4000_8000_000000000001.slice";
+const POD_B: &str = "kubepods.slice/kubepods-pod2222bbbb_0000_4000_8000_000000000002.slice";
+
+fn sim(gpus: Vec<SimulatedGpu>) -> Arc<SimulatedBackend> {
+    Arc::new(SimulatedBackend::new(gpus))
+}
+
+fn cfg(name: &str, gpu: GpuSelector, memory: Option<u64>) -> GpuDeviceConfig {
+    GpuDeviceConfig {
+        name: name.into(),
+        gpu,
+        memory_bytes: memory,
+    }
+}
+
+fn limiter(backend: &Arc<SimulatedBackend>) -> GpuLimiter {
+    GpuLimiter::new(
+        backend.clone(),
+        &[cfg("gpu0", GpuSelector::Index(0), None)],
+        ROOT,
+    )
+    .unwrap()
+}
+
+fn spec(key: &str, memory: &str, cgroup: &str) -> LimitSpec {
+    LimitSpec {
+        share_key: key.into(),
+        device: "gpu0".into(),
+        limits: BTreeMap::from([(MEMORY.to_string(), Quantity::parse(memory).unwrap())]),
+        target: Target {
+            pod_uid: format!("pod-of-{key}"),
+            cgroup_paths: vec![cgroup.into()],
+            ..Target::default()
+        },
+    }
+}
+
+fn cg(rel: &str) -> PathBuf {
+    Path::new(ROOT).join(rel)
+}
+
+fn limit_of(b: &SimulatedBackend, rel: &str) -> Option<u64> {
+    b.cgroup_limits()
+        .into_iter()
+        .find(|(_, p, _)| *p == cg(rel))
+        .map(|(_, _, l)| l.hard_bytes)
+}
+
+#[test]
+fn limit_is_set_and_read_back() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 80 * GIB)]);
+    let l = limiter(&b);
+    let e = l.apply(&spec("s1", "8Gi", POD_A)).unwrap();
+    assert_eq!(e.mechanism, "simulated-cgroup");
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("8Gi").unwrap());
+    assert_eq!(limit_of(&b, POD_A), Some(8 * GIB));
+    // A repeated apply is idempotent.
+    l.apply(&spec("s1", "8Gi", POD_A)).unwrap();
+    assert_eq!(b.cgroup_limits().len(), 1);
+    assert_eq!(l.verify(&spec("s1", "8Gi", POD_A)).unwrap(), e);
+}
+
+#[test]
+fn oversubscription_is_refused() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 80 * GIB)]);
+    let l = GpuLimiter::new(
+        b.clone(),
+        &[cfg(
+            "gpu0",
+            GpuSelector::Uuid("GPU-a".into()),
+            Some(40 * GIB),
+        )],
+        ROOT,
+    )
+    .unwrap();
+    l.apply(&spec("s1", "30Gi", POD_A)).unwrap();
+    let err = l.apply(&spec("s2", "11Gi", POD_B)).unwrap_err();
+    assert_eq!(err.retry, Retry::Permanent);
+    assert!(err.message.contains("oversubscribed"), "{}", err.message);
+    assert_eq!(
+        limit_of(&b, POD_B),
+        None,
+        "nothing was installed for the refused share"
+    );
+    // Exactly the rest fits.
+    l.apply(&spec("s2", "10Gi", POD_B)).unwrap();
+    // A share larger than the device on its own.
+    assert!(l.apply(&spec("s3", "41Gi", POD_B)).is_err());
+    // The same share with another amount is a contradiction, not an update.
+    assert!(l.apply(&spec("s1", "20Gi", POD_A)).is_err());
+}
+
+#[test]
+fn release_zeroes_the_limit_and_frees_capacity_once() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    let l = limiter(&b);
+    l.apply(&spec("s1", "16Gi", POD_A)).unwrap();
+    assert!(l.apply(&spec("s2", "1Gi", POD_B)).is_err());
+    l.remove("s1").unwrap();
+    assert_eq!(limit_of(&b, POD_A), None);
+    l.remove("s1").unwrap();
+    l.apply(&spec("s2", "16Gi", POD_B)).unwrap();
+}
+
+#[test]
+fn shares_of_one_pod_on_one_gpu_add_up_in_its_cgroup() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 80 * GIB)]);
+    let l = limiter(&b);
+    l.apply(&spec("s1", "4Gi", POD_A)).unwrap();
+    l.apply(&spec("s2", "6Gi", POD_A)).unwrap();
+    assert_eq!(limit_of(&b, POD_A), Some(10 * GIB));
+    assert!(
+        !l.verify(&spec("s1", "4Gi", POD_A))
+            .unwrap()
+            .enforced
+            .is_empty()
+    );
+    l.remove("s2").unwrap();
+    assert_eq!(limit_of(&b, POD_A), Some(4 * GIB));
+    l.remove("s1").unwrap();
+    assert_eq!(limit_of(&b, POD_A), None);
+}
+
+#[test]
+fn restart_re_verifies_and_re_adopts() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    {
+        let l = limiter(&b);
+        l.apply(&spec("s1", "12Gi", POD_A)).unwrap();
+    }
+    // A new process: nothing in memory, the driver still holds the limit.
+    let l = limiter(&b);
+    let e = l.verify(&spec("s1", "12Gi", POD_A)).unwrap();
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("12Gi").unwrap());
+    // Its capacity counts again.
+    assert!(l.apply(&spec("s2", "8Gi", POD_B)).is_err());
+
+    // The driver lost the limit (reload): verify must not claim enforcement.
+    b.tamper_cgroup_limit("GPU-a", &cg(POD_A), None);
+    let e = l.verify(&spec("s1", "12Gi", POD_A)).unwrap();
+    assert!(e.enforced.is_empty());
+    assert_eq!(e.mechanism, "simulated-cgroup");
+    // A re-apply repairs it.
+    l.apply(&spec("s1", "12Gi", POD_A)).unwrap();
+    assert_eq!(limit_of(&b, POD_A), Some(12 * GIB));
+}
+
+#[test]
+fn nvml_errors_come_back_retryable_or_permanent() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    let l = limiter(&b);
+    let cases: [(fn() -> NvmlError, Retry); 6] = [
+        (|| NvmlError::Timeout, Retry::Retryable),
+        (|| NvmlError::GpuLost, Retry::Retryable),
+        (|| NvmlError::Unknown, Retry::Retryable),
+        (|| NvmlError::DriverNotLoaded, Retry::Permanent),
+        (|| NvmlError::NoPermission, Retry::Permanent),
+        (|| NvmlError::NotSupported, Retry::Permanent),
+    ];
+    for (make, retry) in cases {
+        b.inject_fault(SimOp::SetCgroupLimit, make, Some(1));
+        let err = l.apply(&spec("s1", "1Gi", POD_A)).unwrap_err();
+        assert_eq!(err.retry, retry, "{}", err.message);
+        // The fault is gone: the retry goes through.
+        l.apply(&spec("s1", "1Gi", POD_A)).unwrap();
+        l.remove("s1").unwrap();
+    }
+    b.inject_fault(SimOp::GetCgroupLimit, || NvmlError::Timeout, Some(1));
+    l.apply(&spec("s1", "1Gi", POD_A)).unwrap_err();
+    assert!(l.verify(&spec("s1", "1Gi", POD_A)).is_ok());
+}
+
+#[test]
+fn failed_remove_keeps_the_share_for_a_retry() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    let l = limiter(&b);
+    l.apply(&spec("s1", "16Gi", POD_A)).unwrap();
+    b.inject_fault(SimOp::ClearCgroupLimit, || NvmlError::Timeout, Some(1));
+    assert_eq!(l.remove("s1").unwrap_err().retry, Retry::Retryable);
+    assert!(
+        l.apply(&spec("s2", "1Gi", POD_B)).is_err(),
+        "capacity still held"
+    );
+    l.remove("s1").unwrap();
+    assert_eq!(limit_of(&b, POD_A), None);
+}
+
+#[test]
+fn mechanism_is_chosen_per_gpu_in_order() {
+    let mut mps_only = SimulatedGpu::new("GPU-mps", 16 * GIB);
+    mps_only.cgroup_limits = false;
+    let mut mig = SimulatedGpu::new("GPU-mig", 16 * GIB);
+    mig.mig = MigMode::Enabled;
+    mig.mps = false;
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB), mps_only, mig]);
+    let l = GpuLimiter::new(
+        b.clone(),
+        &[
+            cfg("gpu0", GpuSelector::Index(0), None),
+            cfg("gpu1", GpuSelector::Uuid("GPU-mps".into()), None),
+            cfg("gpu2", GpuSelector::Index(2), None),
+        ],
+        ROOT,
+    )
+    .unwrap();
+    assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::NvmlCgroup);
+    assert_eq!(l.device("gpu1").unwrap().mechanism, Mechanism::Mps);
+    let wd = l.device("gpu2").unwrap();
+    assert_eq!(wd.mechanism, Mechanism::Watchdog);
+    assert_eq!(wd.not_chosen.len(), 2, "{:?}", wd.not_chosen);
+    assert_eq!(
+        l.mechanisms(),
+        vec!["simulated-cgroup", "simulated-mps", "simulated-watchdog"]
+    );
+    assert!(!l.accounting_only());
+
+    let mut s = spec("m1", "2Gi", POD_A);
+    s.device = "gpu1".into();
+    let e = l.apply(&s).unwrap();
+    assert_eq!(e.mechanism, "simulated-mps");
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("2Gi").unwrap());
+    assert_eq!(
+        b.mps_limits(),
+        vec![("GPU-mps".into(), "m1".into(), 2 * GIB)]
+    );
+    l.remove("m1").unwrap();
+    assert!(b.mps_limits().is_empty());
+
+    // Watchdog only: accepted, reported, and not enforced.
+    let mut s = spec("w1", "2Gi", POD_A);
+    s.device = "gpu2".into();
+    s.target.cgroup_paths.clear();
+    let e = l.apply(&s).unwrap();
+    assert_eq!(e.mechanism, "simulated-watchdog");
+    assert!(e.enforced.is_empty());
+    let watched = l.watched_shares(Action::Report);
+    assert!(
+        watched
+            .iter()
+            .any(|w| w.share_key == "w1" && w.gpu_uuid == "GPU-mig")
+    );
+}
+
+#[test]
+fn device_configs_are_checked() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    let new = |c: GpuDeviceConfig| GpuLimiter::new(b.clone(), &[c], ROOT);
+    assert!(matches!(
+        new(cfg("x", GpuSelector::Uuid("GPU-zz".into()), None)),
+        Err(GpuError::GpuNotFound(_))
+    ));
+    assert!(matches!(
+        new(cfg("x", GpuSelector::Index(3), None)),
+        Err(GpuError::GpuNotFound(_))
+    ));
+    assert!(matches!(
+        new(cfg("x", GpuSelector::Index(0), Some(17 * GIB))),
+        Err(GpuError::InvalidArgument(_))
+    ));
+    let l = new(cfg("x", GpuSelector::Index(0), None)).unwrap();
+    assert_eq!(l.device("x").unwrap().capacity_bytes, 16 * GIB);
+    let twice = GpuLimiter::new(
+        b.clone(),
+        &[
+            cfg("x", GpuSelector::Index(0), None),
+            cfg("x", GpuSelector::Index(0), None),
+        ],
+        ROOT,
+    );
+    assert!(twice.is_err());
+    // No driver at all: the limiter cannot be built, and says why.
+    b.inject_fault(SimOp::Discover, || NvmlError::DriverNotLoaded, Some(1));
+    assert!(matches!(
+        new(cfg("x", GpuSelector::Index(0), None)),
+        Err(GpuError::Unavailable(_))
+    ));
+}
+
+#[test]
+fn bad_specs_are_permanent_errors() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
+    let l = limiter(&b);
+    let mut cases = Vec::new();
+    let mut s = spec("s", "1Gi", POD_A);
+    s.limits
+        .insert("bandwidth".into(), Quantity::parse("1G").unwrap());
+    cases.push(("unknown capacity", s));
+    cases.push(("fraction of a byte", spec("s", "1500m", POD_A)));
+    cases.push(("zero", spec("s", "0", POD_A)));
+    cases.push(("dot-dot", spec("s", "1Gi", "kubepods.slice/../../etc")));
+    let mut s = spec("s", "1Gi", POD_A);
+    s.target.cgroup_paths.clear();
+    cases.push(("no cgroup", s));
+    let mut s = spec("s", "1Gi", POD_A);
+    s.device = "nope".into();
+    cases.push(("unknown device", s));
+    for (what, s) in cases {
+        let err = l.apply(&s).unwrap_err();
+        assert_eq!(err.retry, Retry::Permanent, "{what}: {}", err.message);
+    }
+    assert!(b.cgroup_limits().is_empty());
+}
+
+#[test]
+fn cgroup_paths_resolve_under_the_root() {
+    let root = Path::new(ROOT);
+    assert_eq!(resolve_cgroup(root, "a/b").unwrap(), cg("a/b"));
+    assert_eq!(resolve_cgroup(root, "/a/b").unwrap(), cg("a/b"));
+    assert_eq!(resolve_cgroup(root, "/sys/fs/cgroup/a").unwrap(), cg("a"));
+    assert!(resolve_cgroup(root, "").is_err());
+    assert!(resolve_cgroup(root, "/sys/fs/cgroup/../../etc").is_err());
+}
