@@ -1,4 +1,40 @@
-//! GPU memory limiter (placeholder doc; rewritten below when the crate is complete).
+//! GPU memory limiter for `gpu` devices: a plain library, not yet wired into the agent.
+//!
+//! What exists:
+//!
+//! - [`backend`]: the [`GpuBackend`] trait (discovery, compute processes, per-GPU
+//!   capability probe, per-cgroup and MPS limits), implemented by
+//!   - [`nvml`]: NVML through nvml-wrapper, loaded at run time. No library, no driver
+//!     or no permission is a [`GpuError::Unavailable`] value and a log line, never a
+//!     panic. `nvmlDeviceSet/GetMemoryLimits_v1` (R615+) are resolved from the loaded
+//!     library; see [`sys`] for their signatures and what is not known about them.
+//!   - [`simulated`]: an in-memory GPU for tests and demos, labelled "simulated" in
+//!     every name and mechanism it reports, with fault injection as NVML errors.
+//! - [`error`]: [`GpuError`] and its retryable/permanent split.
+//! - [`limiter`]: [`GpuLimiter`], the `shareguard_common::limiter::Limiter` for `gpu`
+//!   devices: mechanism per GPU in the order nvml-cgroup > mps > watchdog, read-back
+//!   before claiming enforcement, oversubscription refused, capacity name `memory`.
+//! - [`watchdog`]: the watchdog's decisions (usage per share, over-limit episodes,
+//!   which processes to terminate after the grace period) as pure logic, and
+//!   [`sys::PidfdTerminator`], the pidfd-based kill that re-checks the pod first.
+//! - [`cgroup`]: `/proc/PID/cgroup` -> pod uid for the systemd and cgroupfs layouts.
+//! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
+//!   CDI specification's rules.
+//! - [`sys`]: all unsafe code (the two unbound NVML functions, pidfd calls).
+//!
+//! What does not exist yet:
+//!
+//! - agent wiring: the agent still refuses `kind = "gpu"` devices in its configuration;
+//!   nothing runs the watchdog loop, emits its events, metrics or audit lines, or calls
+//!   the CDI writer and puts its ids into `ClaimResult.cdi_device_ids`;
+//! - configuration (TOML) for GPU devices, the watchdog action and grace period, and
+//!   the CDI directory and kind;
+//! - MPS control daemon management: the NVML back end reports MPS as unsupported, so
+//!   real GPUs get nvml-cgroup or the watchdog; only the simulated back end has MPS;
+//! - persistence of the limiter's share table: after a restart shares are re-adopted
+//!   through `verify`, and `remove` of a share not seen since is a no-op;
+//! - a script or CI job that runs the NVML path on a real GPU: the NVML back end has
+//!   not been run against a driver, and the memory-limit calls not against R615+.
 
 pub mod backend;
 pub mod cdi;
@@ -12,3 +48,4 @@ pub mod watchdog;
 
 pub use backend::{GpuBackend, Mechanism};
 pub use error::GpuError;
+pub use limiter::GpuLimiter;
