@@ -29,6 +29,10 @@ pub enum Decision {
     Release,
     /// A restart changed what the agent believes about a share.
     Recover,
+    /// The GPU watchdog saw a share's processes use more memory than its limit.
+    OverLimit,
+    /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
+    Terminate,
 }
 
 #[derive(Debug, Serialize)]
@@ -91,4 +95,10 @@ impl AuditLog {
 
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// A time in milliseconds since the epoch, as RFC 3339.
+pub fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
 }

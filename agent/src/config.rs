@@ -14,10 +14,12 @@ use std::{
 
 use serde::Deserialize;
 use shareguard_common::Quantity;
+use shareguard_limiter_gpu::limiter::MEMORY;
 use shareguard_limiter_net::Mechanism;
 use toml::Spanned;
 
 use crate::{
+    config_gpu::{GpuConfig, RawGpu, RawSimulated, RawWatchdog},
     policy::Policy,
     validate::{is_dns_label, is_dns_subdomain, is_namespace, is_pool_name, is_qualified_name},
 };
@@ -41,6 +43,13 @@ pub struct AgentConfig {
     pub tombstone_retention: Duration,
     /// bpffs directory for the bandwidth limiter's pinned maps and links.
     pub bpffs_dir: PathBuf,
+    /// Where CDI spec files for GPU claims are written (the runtime scans it).
+    pub cdi_dir: PathBuf,
+    /// The cgroup v2 root, under which relative pod cgroup paths are resolved.
+    pub cgroup_root: PathBuf,
+    /// Simulation only: a JSON file the simulated GPUs read their running processes
+    /// from on every watchdog poll (`[{"gpu_uuid", "pid", "used_bytes"}]`).
+    pub simulated_gpu_processes: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +83,8 @@ pub struct DeviceConfig {
     /// For `net` devices: the mechanism the config insists on; `None` lets the kernel
     /// probe choose the strongest available.
     pub net_mechanism: Option<Mechanism>,
+    /// For `gpu` devices: back end, GPU and watchdog.
+    pub gpu: Option<GpuConfig>,
 }
 
 impl DeviceConfig {
@@ -120,6 +131,9 @@ struct RawAgent {
     max_claims_per_request: Option<Spanned<usize>>,
     tombstone_retention: Option<Spanned<String>>,
     bpffs_dir: Option<PathBuf>,
+    cdi_dir: Option<PathBuf>,
+    cgroup_root: Option<PathBuf>,
+    simulated_gpu_processes: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +154,12 @@ struct RawDevice {
     interface: Option<Spanned<String>>,
     /// For `net` devices: "auto" (the default) or a mechanism name.
     mechanism: Option<Spanned<String>>,
+    /// For `gpu` devices, see [`crate::config_gpu`].
+    backend: Option<Spanned<String>>,
+    uuid: Option<Spanned<String>>,
+    index: Option<Spanned<u32>>,
+    watchdog: Option<Spanned<RawWatchdog>>,
+    simulated: Option<Spanned<RawSimulated>>,
 }
 
 #[derive(Deserialize)]
@@ -236,6 +256,11 @@ impl Config {
             bpffs_dir: a
                 .bpffs_dir
                 .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/shareguard")),
+            cdi_dir: a.cdi_dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi")),
+            cgroup_root: a
+                .cgroup_root
+                .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            simulated_gpu_processes: a.simulated_gpu_processes,
         };
 
         let mut devices = Vec::with_capacity(raw.devices.len());
@@ -292,17 +317,7 @@ impl Config {
                 // Refused until their limiters exist: an agent that accepted them would
                 // report bandwidth or GPU shares it cannot enforce.
                 "net" => DeviceKind::Net,
-                // Refused until its limiter exists: an agent that accepted it would
-                // report GPU shares it cannot enforce.
-                "gpu" => {
-                    return Err(err(
-                        d.kind.span(),
-                        format!(
-                            "device {name}: kind {:?} is not supported by this build yet (no limiter); use \"generic\" for accounting only",
-                            d.kind.get_ref()
-                        ),
-                    ));
-                }
+                "gpu" => DeviceKind::Gpu,
                 other => {
                     return Err(err(
                         d.kind.span(),
@@ -344,6 +359,32 @@ impl Config {
                     ),
                 ));
             }
+            let raw_gpu = RawGpu {
+                backend: &d.backend,
+                uuid: &d.uuid,
+                index: &d.index,
+                watchdog: &d.watchdog,
+                simulated: &d.simulated,
+            };
+            let (gpu, gpu_memory) = if kind == DeviceKind::Gpu {
+                let memory_given = d
+                    .capacity
+                    .iter()
+                    .any(|(k, c)| k.get_ref() == MEMORY && c.get_ref().value.is_some());
+                let (g, q) = raw_gpu
+                    .parse(&name, &dspan, memory_given)
+                    .map_err(|(span, m)| err(span, m))?;
+                (Some(g), q)
+            } else {
+                if let Some((span, field)) = raw_gpu.first_present() {
+                    return Err(err(
+                        span,
+                        format!("device {name}: {field} is only for kind \"gpu\""),
+                    ));
+                }
+                (None, None)
+            };
+            let discover_memory = gpu.as_ref().is_some_and(|g| g.discover_memory);
             let mut capacities = BTreeMap::new();
             for (cname, cap) in d.capacity {
                 let cspan = cap.span();
@@ -370,6 +411,13 @@ impl Config {
                             )
                         })?
                     }
+                    (None, DeviceKind::Gpu, _) if cname_s == MEMORY && discover_memory => {
+                        // Filled in from the GPU when the agent starts.
+                        Quantity::ZERO
+                    }
+                    (None, DeviceKind::Gpu, _) if cname_s == MEMORY && gpu_memory.is_some() => {
+                        gpu_memory.unwrap_or(Quantity::ZERO)
+                    }
                     (None, _, _) => {
                         return Err(err(
                             cspan,
@@ -377,7 +425,9 @@ impl Config {
                         ));
                     }
                 };
-                if value.is_negative() || value.is_zero() {
+                let discovered_later =
+                    kind == DeviceKind::Gpu && discover_memory && value.is_zero();
+                if !discovered_later && (value.is_negative() || value.is_zero()) {
                     return Err(err(
                         cspan.clone(),
                         format!(
@@ -402,6 +452,7 @@ impl Config {
                 })?;
                 if let Some(d) = policy.default
                     && d > value
+                    && !discovered_later
                 {
                     return Err(err(
                         cspan,
@@ -411,6 +462,16 @@ impl Config {
                     ));
                 }
                 capacities.insert(cname_s, CapacityConfig { value, policy });
+            }
+            if kind == DeviceKind::Gpu
+                && let Some(other) = capacities.keys().find(|k| k.as_str() != MEMORY)
+            {
+                return Err(err(
+                    dspan.clone(),
+                    format!(
+                        "device {name}: a gpu device's only capacity is {MEMORY}; {other:?} is not it"
+                    ),
+                ));
             }
             if kind == DeviceKind::Net {
                 check_net_capacities(&name, &capacities).map_err(|why| err(dspan.clone(), why))?;
@@ -450,6 +511,7 @@ impl Config {
                 admin_namespaces: admin,
                 capacities,
                 net_mechanism,
+                gpu,
             });
         }
         Ok(Config { agent, devices })
@@ -572,9 +634,107 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         let e = err_of(&GOOD.replace("kind = \"generic\"", "kind = \"net\""));
         assert!(e.message.contains("net device's capacities"), "{e}");
         let e = err_of(&GOOD.replace("kind = \"generic\"", "kind = \"gpu\""));
-        assert!(e.message.contains("not supported by this build"), "{e}");
+        assert!(
+            e.message.contains("names its GPU with uuid or index"),
+            "{e}"
+        );
         let e = err_of(&GOOD.replace("value = \"40Gi\"\n", ""));
         assert!(e.message.contains("value is required"), "{e}");
+    }
+
+    const GPU: &str = r#"
+[agent]
+socket = "/tmp/x.sock"
+state_dir = "/tmp/state"
+cdi_dir = "/tmp/cdi"
+
+[[device]]
+name = "gpu-0"
+driver = "shareguard.example.com"
+pool = "node-a"
+kind = "gpu"
+backend = "simulated"
+watchdog = { period = "200ms", action = "terminate", grace = "2s" }
+[device.simulated]
+memory = "80Gi"
+[device.capacity.memory]
+default = "10Gi"
+valid_range = { min = "1Gi", step = "1Gi" }
+"#;
+
+    #[test]
+    fn a_simulated_gpu_takes_its_memory_and_names_itself() {
+        use shareguard_limiter_gpu::{limiter::GpuSelector, watchdog::Action};
+        let c = Config::parse(GPU, "t.toml").unwrap();
+        assert_eq!(c.agent.cdi_dir, PathBuf::from("/tmp/cdi"));
+        let d = c.device("gpu-0").unwrap();
+        assert_eq!(
+            d.capacities["memory"].value,
+            Quantity::parse("80Gi").unwrap()
+        );
+        let g = d.gpu.as_ref().unwrap();
+        assert_eq!(
+            g.backend,
+            crate::config_gpu::GpuBackendKind::Simulated {
+                memory_bytes: 80 << 30
+            }
+        );
+        assert_eq!(g.selector, GpuSelector::Uuid("GPU-simulated-gpu-0".into()));
+        assert!(!g.discover_memory);
+        assert_eq!(g.watchdog.period, Duration::from_millis(200));
+        assert_eq!(
+            g.watchdog.action,
+            Action::Terminate {
+                grace: Duration::from_secs(2)
+            }
+        );
+    }
+
+    #[test]
+    fn an_nvml_gpu_without_a_memory_value_discovers_it() {
+        let text = GPU
+            .replace("backend = \"simulated\"", "backend = \"nvml\"\nindex = 0")
+            .replace("[device.simulated]\nmemory = \"80Gi\"\n", "");
+        let c = Config::parse(&text, "t.toml").unwrap();
+        let d = c.device("gpu-0").unwrap();
+        assert!(d.gpu.as_ref().unwrap().discover_memory);
+        assert!(d.capacities["memory"].value.is_zero(), "filled in at start");
+    }
+
+    #[test]
+    fn gpu_fields_are_checked() {
+        let e = err_of(&GPU.replace("\"simulated\"\nwatchdog", "\"cuda\"\nwatchdog"));
+        assert!(
+            e.message
+                .contains("backend \"cuda\" is not one of nvml, simulated"),
+            "{e}"
+        );
+        let e = err_of(&GPU.replace("action = \"terminate\"", "action = \"kill\""));
+        assert!(e.message.contains("watchdog.action \"kill\""), "{e}");
+        let e = err_of(&GPU.replace("action = \"terminate\", ", ""));
+        assert!(e.message.contains("grace is only for action"), "{e}");
+        let e = err_of(&GPU.replace("period = \"200ms\"", "period = \"1ms\""));
+        assert!(e.message.contains("at least 10ms"), "{e}");
+        let e = err_of(&GPU.replace(
+            "backend = \"simulated\"",
+            "backend = \"simulated\"\nuuid = \"GPU-1\"\nindex = 1",
+        ));
+        assert!(e.message.contains("uuid or index, not both"), "{e}");
+        let e = err_of(&GPU.replace("[device.simulated]\nmemory = \"80Gi\"\n", ""));
+        assert!(e.message.contains("needs [device.simulated]"), "{e}");
+        let e = err_of(&GPU.replace(
+            "[device.capacity.memory]",
+            "[device.capacity.bandwidth]\nvalue = \"1G\"\n[device.capacity.memory]",
+        ));
+        assert!(e.message.contains("only capacity is memory"), "{e}");
+        let e = err_of(&GOOD.replace(
+            "kind = \"generic\"",
+            "kind = \"generic\"\nbackend = \"nvml\"",
+        ));
+        assert!(
+            e.message.contains("backend is only for kind \"gpu\""),
+            "{e}"
+        );
     }
 
     const NET: &str = r#"

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
 use tracing::{debug, info_span};
 
 use crate::{
-    convert::{device_to_pb, outcome_to_pb, phase_from_pb, share_to_pb},
+    convert::{device_to_pb, outcome_to_pb, phase_from_pb},
     engine::{Engine, ShareFilter},
     error::{ClaimError, RequestError},
 };
@@ -138,7 +138,7 @@ impl NodeAgent for Api {
         let _span = info_span!("get_share", share = %id).entered();
         self.engine
             .get_share(&id)
-            .map(|r| Response::new(share_to_pb(&r)))
+            .map(|r| Response::new(self.engine.status(&r)))
             .ok_or_else(|| RequestError::NotFound(id).to_status())
     }
 
@@ -153,7 +153,7 @@ impl NodeAgent for Api {
             .engine
             .list_shares(&f)
             .iter()
-            .map(share_to_pb)
+            .map(|r| self.engine.status(r))
             .collect();
         Ok(Response::new(pb::ListSharesResponse { shares }))
     }
@@ -186,7 +186,7 @@ impl NodeAgent for Api {
                 for r in &snapshot {
                     if !send(
                         pb::watch_shares_response::Kind::Snapshot,
-                        Some(share_to_pb(r)),
+                        Some(engine.status(r)),
                     )
                     .await
                     {
@@ -201,7 +201,7 @@ impl NodeAgent for Api {
                         Ok(r) if f.matches(&r) => {
                             if !send(
                                 pb::watch_shares_response::Kind::Changed,
-                                Some(share_to_pb(&r)),
+                                Some(engine.status(&r)),
                             )
                             .await
                             {

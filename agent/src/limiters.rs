@@ -2,14 +2,31 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
+use shareguard_common::{
+    Format, Quantity,
+    limiter::{Enforcement, LimitSpec, Limiter, LimiterError},
+};
+use shareguard_limiter_gpu::{
+    GpuBackend, GpuLimiter,
+    limiter::{GpuDeviceConfig, MEMORY},
+    nvml::NvmlBackend,
+    simulated::{SimulatedBackend, SimulatedGpu},
+};
 use shareguard_limiter_net::{NetBackend, NetLimiter};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::{
     accounting::AccountingLimiter,
     config::{Config, DeviceKind},
+    config_gpu::GpuBackendKind,
+    gpu_watch::GpuWatch,
 };
+
+/// The limiter of every device, and the GPU watchdogs to run (one per GPU back end).
+pub struct Limiters {
+    pub by_device: HashMap<String, Arc<dyn Limiter>>,
+    pub gpu_watches: Vec<GpuWatch>,
+}
 
 /// Stands in for a limiter that could not start (no BPF, no bpffs): the device is
 /// listed with the reason, and its shares fail with it instead of being reported as
@@ -51,7 +68,9 @@ impl Limiter for Unavailable {
     }
 }
 
-pub fn for_config(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
+/// Builds the limiters for `cfg` and fills in what only they can know: the memory of
+/// GPUs whose capacity the config leaves out.
+pub fn for_config(cfg: &mut Config) -> Limiters {
     // One back end (programs, pins, install records, probe) for all net devices, opened
     // on first use; each device gets its own mechanism on top of it.
     let mut net: Option<Result<Arc<NetBackend>, String>> = None;
@@ -82,11 +101,115 @@ pub fn for_config(cfg: &Config) -> HashMap<String, Arc<dyn Limiter>> {
                     Err(why) => Arc::new(Unavailable { why: why.clone() }),
                 }
             }
-            DeviceKind::Gpu => Arc::new(Unavailable {
-                why: "no GPU limiter in this build".to_owned(),
-            }),
+            // Below, per back end.
+            DeviceKind::Gpu => continue,
         };
         out.insert(d.name.clone(), l);
     }
-    out
+    let gpu_watches = gpu_limiters(cfg, &mut out);
+    Limiters {
+        by_device: out,
+        gpu_watches,
+    }
+}
+
+/// One `GpuLimiter` per back end kind (NVML, simulated) over that kind's devices.
+fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -> Vec<GpuWatch> {
+    let mut watches = Vec::new();
+    for simulated in [false, true] {
+        let devices: Vec<_> = cfg
+            .devices
+            .iter()
+            .filter_map(|d| d.gpu.as_ref().map(|g| (d, g)))
+            .filter(|(_, g)| matches!(g.backend, GpuBackendKind::Simulated { .. }) == simulated)
+            .collect();
+        if devices.is_empty() {
+            continue;
+        }
+        let configs: Vec<GpuDeviceConfig> = devices
+            .iter()
+            .map(|(d, g)| GpuDeviceConfig {
+                name: d.name.clone(),
+                gpu: g.selector.clone(),
+                memory_bytes: d
+                    .capacities
+                    .get(MEMORY)
+                    .filter(|_| !g.discover_memory)
+                    .and_then(|c| c.value.ceil_units())
+                    .and_then(|b| u64::try_from(b).ok()),
+            })
+            .collect();
+        let sim_backend = simulated.then(|| {
+            let gpus = devices
+                .iter()
+                .filter_map(|(_, g)| match (&g.selector, &g.backend) {
+                    (
+                        shareguard_limiter_gpu::limiter::GpuSelector::Uuid(u),
+                        GpuBackendKind::Simulated { memory_bytes },
+                    ) => Some(SimulatedGpu::new(u.clone(), *memory_bytes)),
+                    _ => None,
+                })
+                .collect();
+            Arc::new(SimulatedBackend::new(gpus))
+        });
+        let backend: Result<Arc<dyn GpuBackend>, String> = match &sim_backend {
+            Some(b) => {
+                warn!(devices = ?configs.iter().map(|c| &c.name).collect::<Vec<_>>(), "GPU devices on the SIMULATED back end: nothing real enforces their shares");
+                Ok(b.clone())
+            }
+            None => NvmlBackend::open()
+                .map(|b| Arc::new(b) as Arc<dyn GpuBackend>)
+                .map_err(|e| {
+                    error!(error = %e, "NVML unavailable: the GPU devices cannot be enforced");
+                    format!("NVML: {e}")
+                }),
+        };
+        let limiter = backend.and_then(|b| {
+            GpuLimiter::new(b.clone(), &configs, cfg.agent.cgroup_root.clone())
+                .map(|l| (Arc::new(l), b))
+                .map_err(|e| {
+                    error!(error = %e, "GPU limiter unavailable");
+                    e.to_string()
+                })
+        });
+        let names: Vec<String> = devices.iter().map(|(d, _)| d.name.clone()).collect();
+        match limiter {
+            Ok((l, backend)) => {
+                for name in &names {
+                    out.insert(name.clone(), l.clone() as Arc<dyn Limiter>);
+                }
+                watches.push(GpuWatch::new(
+                    l.clone(),
+                    backend,
+                    sim_backend,
+                    cfg.agent.simulated_gpu_processes.clone(),
+                    cfg.devices
+                        .iter()
+                        .filter(|d| names.contains(&d.name))
+                        .filter_map(|d| {
+                            d.gpu.as_ref().map(|g| (d.name.clone(), g.watchdog.clone()))
+                        })
+                        .collect(),
+                ));
+                // Capacities the config left to the GPU.
+                for d in cfg.devices.iter_mut().filter(|d| names.contains(&d.name)) {
+                    if d.gpu.as_ref().is_some_and(|g| g.discover_memory)
+                        && let (Some(dev), Some(cap)) =
+                            (l.device(&d.name), d.capacities.get_mut(MEMORY))
+                        && let Some(q) =
+                            Quantity::from_units(i128::from(dev.capacity_bytes), Format::BinarySI)
+                    {
+                        info!(device = %d.name, memory = %q, "GPU memory capacity taken from the GPU");
+                        cap.value = q;
+                    }
+                }
+            }
+            Err(why) => {
+                for name in names {
+                    out.insert(name, Arc::new(Unavailable { why: why.clone() }));
+                }
+            }
+        }
+    }
+    watches
 }

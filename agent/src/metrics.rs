@@ -37,6 +37,19 @@ struct DeviceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    device: String,
+    /// "terminated", "already exited" or "not terminated".
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PollLabel {
+    /// "ok" or "error".
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
 }
@@ -131,6 +144,12 @@ pub struct Metrics {
     prepare_seconds: Histogram,
     refusals: Family<RefusalLabel, Counter>,
     traffic: Arc<ShareTraffic>,
+    gpu_used: Family<ShareLabels, Gauge>,
+    gpu_limit: Family<ShareLabels, Gauge>,
+    gpu_over_limit: Family<DeviceLabel, Counter>,
+    gpu_terminations: Family<OutcomeLabel, Counter>,
+    gpu_polls: Family<PollLabel, Counter>,
+    gpu_poll_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -193,7 +212,50 @@ impl Metrics {
         );
         let traffic = Arc::new(ShareTraffic::default());
         registry.register_collector(Box::new(traffic.clone()));
+        let gpu_used = Family::<ShareLabels, Gauge>::default();
+        let gpu_limit = Family::<ShareLabels, Gauge>::default();
+        let gpu_over_limit = Family::<DeviceLabel, Counter>::default();
+        let gpu_terminations = Family::<OutcomeLabel, Counter>::default();
+        let gpu_polls = Family::<PollLabel, Counter>::default();
+        // 0.1 ms .. ~1.6 s: one NVML query per GPU plus a /proc read per process.
+        let gpu_poll_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 15));
+        registry.register(
+            "shareguard_gpu_share_used_bytes",
+            "GPU memory used by the processes of the share's pod on its GPU, as the watchdog last saw it",
+            gpu_used.clone(),
+        );
+        registry.register(
+            "shareguard_gpu_share_limit_bytes",
+            "The memory limit the watchdog holds the share's pod to on its GPU (its shares there, summed)",
+            gpu_limit.clone(),
+        );
+        registry.register(
+            "shareguard_gpu_over_limit_events",
+            "Times a GPU share's usage crossed its limit",
+            gpu_over_limit.clone(),
+        );
+        registry.register(
+            "shareguard_gpu_terminations",
+            "Processes the GPU watchdog terminated (or tried to) because their share was over its limit",
+            gpu_terminations.clone(),
+        );
+        registry.register(
+            "shareguard_gpu_watchdog_polls",
+            "GPU watchdog polls, by result",
+            gpu_polls.clone(),
+        );
+        registry.register(
+            "shareguard_gpu_watchdog_poll_duration_seconds",
+            "Time one GPU watchdog poll took",
+            gpu_poll_seconds.clone(),
+        );
         Self {
+            gpu_used,
+            gpu_limit,
+            gpu_over_limit,
+            gpu_terminations,
+            gpu_polls,
+            gpu_poll_seconds,
             traffic,
             registry,
             capacity,
@@ -220,6 +282,34 @@ impl Metrics {
             .get_or_create(&RefusalLabel {
                 rpc: rpc.to_owned(),
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn gpu_over_limit(&self, device: &str) {
+        self.gpu_over_limit
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn gpu_terminated(&self, device: &str, outcome: &str) {
+        self.gpu_terminations
+            .get_or_create(&OutcomeLabel {
+                device: device.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn gpu_polled(&self, took: Duration, ok: bool) {
+        if ok {
+            self.gpu_poll_seconds.observe(took.as_secs_f64());
+        }
+        self.gpu_polls
+            .get_or_create(&PollLabel {
+                result: if ok { "ok" } else { "error" }.to_owned(),
             })
             .inc();
     }
@@ -269,6 +359,25 @@ impl Metrics {
                 (labels, c)
             })
             .collect();
+        // Only shares the watchdog watches now: released ones must disappear.
+        self.gpu_used.clear();
+        self.gpu_limit.clear();
+        let obs = engine.gpu_observations();
+        for r in engine.records_of(obs.keys()) {
+            let Some(o) = obs.get(&r.key) else { continue };
+            let labels = ShareLabels {
+                share: r.key,
+                namespace: r.claim.namespace,
+                claim: r.claim.name,
+                device: r.device,
+            };
+            self.gpu_used
+                .get_or_create(&labels)
+                .set(i64::try_from(o.used_bytes).unwrap_or(i64::MAX));
+            self.gpu_limit
+                .get_or_create(&labels)
+                .set(i64::try_from(o.limit_bytes).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)

@@ -78,22 +78,26 @@ async fn shutdown_signal() {
 
 pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
-    let cfg = Arc::new(Config::load(config_path)?);
+    let mut cfg = Config::load(config_path)?;
     std::fs::create_dir_all(&cfg.agent.state_dir)
         .with_context(|| format!("creating state_dir {}", cfg.agent.state_dir.display()))?;
     std::fs::set_permissions(&cfg.agent.state_dir, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("chmod 0700 {}", cfg.agent.state_dir.display()))?;
     let boot = boot_id()?;
     let metrics = Arc::new(Metrics::new());
-    let engine = {
-        let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || {
-            let limiters = crate::limiters::for_config(&cfg);
-            Engine::open(cfg, limiters, &boot, metrics)
-        })
-        .await??
-    };
+    let (engine, cfg, gpu_watches) = tokio::task::spawn_blocking(move || {
+        // The limiters complete the config (GPU memory discovered from the GPU) before
+        // the ledger is built from it.
+        let limiters = crate::limiters::for_config(&mut cfg);
+        let cfg = Arc::new(cfg);
+        Engine::open(cfg.clone(), limiters.by_device, &boot, metrics)
+            .map(|e| (e, cfg, limiters.gpu_watches))
+    })
+    .await??;
     let engine = Arc::new(engine);
+    for w in gpu_watches {
+        crate::gpu_watch::spawn(engine.clone(), w);
+    }
 
     let ready = Arc::new(AtomicBool::new(false));
     let http_listener = tokio::net::TcpListener::bind(cfg.agent.metrics_addr)

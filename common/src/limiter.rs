@@ -111,4 +111,19 @@ pub trait Limiter: Send + Sync {
     fn counters(&self, _share_key: &str) -> Option<TrafficCounters> {
         None
     }
+
+    /// For devices a container reaches through CDI (GPUs): what the claim's CDI spec
+    /// must give the container for a share on `device`. None for everything else.
+    fn cdi_device(&self, _device: &str) -> Option<CdiDevice> {
+        None
+    }
+}
+
+/// What a CDI spec gives a container for one share (see `Limiter::cdi_device`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdiDevice {
+    /// The GPU's UUID, for `CUDA_VISIBLE_DEVICES`.
+    pub gpu_uuid: String,
+    /// The MPS control daemon's pipe directory, where the share runs through MPS.
+    pub mps_pipe_dir: Option<std::path::PathBuf>,
 }

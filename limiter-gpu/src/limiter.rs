@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
+use shareguard_common::limiter::{CdiDevice, Enforcement, LimitSpec, Limiter, LimiterError};
 use shareguard_common::{Format, Quantity};
 
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
@@ -145,6 +145,11 @@ impl GpuLimiter {
 
     /// The share table as the watchdog needs it, every share with `action`.
     pub fn watched_shares(&self, action: Action) -> Vec<WatchedShare> {
+        self.watched_shares_by(|_| action)
+    }
+
+    /// The share table as the watchdog needs it, each share with its device's action.
+    pub fn watched_shares_by(&self, action_of: impl Fn(&str) -> Action) -> Vec<WatchedShare> {
         self.lock()
             .iter()
             .map(|(k, r)| WatchedShare {
@@ -152,9 +157,17 @@ impl GpuLimiter {
                 pod_uid: r.pod_uid.clone(),
                 gpu_uuid: r.uuid.clone(),
                 limit_bytes: r.bytes,
-                action,
+                action: action_of(&r.device),
             })
             .collect()
+    }
+
+    /// UUIDs of the GPUs behind the configured devices, each once.
+    pub fn gpu_uuids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.devices.values().map(|d| d.gpu.uuid.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, ShareRecord>> {
@@ -379,6 +392,16 @@ impl Limiter for GpuLimiter {
 
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
         Ok(self.remove_inner(share_key)?)
+    }
+
+    fn cdi_device(&self, device: &str) -> Option<CdiDevice> {
+        let d = self.devices.get(device)?;
+        Some(CdiDevice {
+            gpu_uuid: d.gpu.uuid.clone(),
+            // No MPS control daemon is managed by this build (see the crate doc), so no
+            // pipe directory is handed to containers.
+            mps_pipe_dir: None,
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 //! through each device's limiter, and recovery at start. The gRPC layer only translates
 //! to and from these calls; every decision is taken here.
 
+pub mod gpu;
 mod locks;
 mod prepare;
 mod query;
@@ -58,6 +59,8 @@ pub struct Engine {
     events: broadcast::Sender<ShareRecord>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
+    /// What the GPU watchdog last saw, by share key (see [`gpu`]).
+    gpu_obs: Mutex<HashMap<String, gpu::GpuObservation>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -104,6 +107,7 @@ impl Engine {
             events,
             audit,
             metrics,
+            gpu_obs: Mutex::new(HashMap::new()),
         };
         let (mut state, batch) = recover::recover(&engine, loaded, boot_id);
         engine
@@ -289,26 +293,44 @@ fn spec_of(r: &ShareRecord) -> LimitSpec {
 
 /// I5: ENFORCED only when every consumed capacity was read back equal to the request.
 /// Returns the phase and, when it is not ENFORCED, why.
-fn judge(
-    r: &ShareRecord,
-    enforced: &std::collections::BTreeMap<String, shareguard_common::Quantity>,
-) -> (Phase, String) {
+///
+/// A back end that can only watch (the GPU watchdog where the driver offers no hard
+/// limit) reads nothing back by design: such a share is ACCOUNTED, stated as not
+/// enforced up front, rather than DEGRADED as if something had stopped working.
+fn judge(r: &ShareRecord, e: &shareguard_common::limiter::Enforcement) -> (Phase, String) {
+    let simulated = e.mechanism.starts_with("simulated");
+    let note = if simulated {
+        " (SIMULATED GPU: no real driver holds this limit)"
+    } else {
+        ""
+    };
+    if e.enforced.is_empty() && e.mechanism.ends_with("watchdog") {
+        return (
+            Phase::Accounted,
+            format!(
+                "not enforced: this GPU offers no hard memory limit; the watchdog observes usage and acts on it{note}"
+            ),
+        );
+    }
     for (name, want) in &r.consumed {
-        match enforced.get(name) {
+        match e.enforced.get(name) {
             None => {
                 return (
                     Phase::Degraded,
-                    format!("{name}: nothing enforced was read back"),
+                    format!("{name}: nothing enforced was read back{note}"),
                 );
             }
             Some(got) if got != want => {
                 return (
                     Phase::Degraded,
-                    format!("{name}: read back {got}, requested {want}"),
+                    format!("{name}: read back {got}, requested {want}{note}"),
                 );
             }
             Some(_) => {}
         }
     }
-    (Phase::Enforced, "limit applied and read back".to_owned())
+    (
+        Phase::Enforced,
+        format!("limit applied and read back{note}"),
+    )
 }

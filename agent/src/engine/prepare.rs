@@ -314,7 +314,7 @@ impl Engine {
             match self.apply_blocking(r).await {
                 Ok(e) => {
                     applied.push(r.key.clone());
-                    let (phase, reason) = judge(r, &e.enforced);
+                    let (phase, reason) = judge(r, &e);
                     r.mechanism = e.mechanism;
                     r.enforced = e.enforced;
                     r.phase = phase;
@@ -334,6 +334,24 @@ impl Engine {
             // Accounting only: the admission itself was the final, durable write.
             return self.outcome(v, records, None);
         }
+        // The claim's CDI spec (GPU shares) is written before the result is persisted, so
+        // an acknowledged claim always has its spec; its ids go into the same batch.
+        let claim_rec = match self.write_cdi(&v.claim.uid, &records) {
+            Ok(ids) if ids.is_empty() => None,
+            Ok(ids) => lock(&self.state)
+                .claims
+                .get(&v.claim.uid)
+                .cloned()
+                .map(|mut c| {
+                    c.cdi_device_ids = ids;
+                    c.updated_at_ms = now_ms();
+                    c
+                }),
+            Err(msg) => {
+                let e = LimiterError::retryable(format!("writing the claim's CDI spec: {msg}"));
+                return self.roll_back(v, records, applied, 0, e, caller).await;
+            }
+        };
         let changed: Vec<ShareRecord> = records
             .iter()
             .filter(|r| applied.contains(&r.key))
@@ -342,6 +360,7 @@ impl Engine {
         if let Err(e) = self
             .commit_durable(Batch {
                 put_shares: changed,
+                put_claims: claim_rec.into_iter().collect(),
                 ..Default::default()
             })
             .await
@@ -430,7 +449,7 @@ impl Engine {
             n.target = v.target.clone();
             match self.apply_blocking(&n).await {
                 Ok(e) => {
-                    let (phase, reason) = judge(&n, &e.enforced);
+                    let (phase, reason) = judge(&n, &e);
                     n.mechanism = e.mechanism;
                     n.enforced = e.enforced;
                     n.phase = phase;
@@ -448,6 +467,18 @@ impl Engine {
                 changed.push(n.clone());
             }
             out.push(n);
+        }
+        // The spec may have been removed by hand or lost with a tmpfs /var/run: a repeated
+        // Prepare puts it back (same file, same ids).
+        if let Err(msg) = self.write_cdi(&v.claim.uid, &out) {
+            warn!(error = %msg, "rewriting the claim's CDI spec failed");
+            return self.outcome(
+                v,
+                out,
+                Some(ClaimError::unavailable(format!(
+                    "writing the claim's CDI spec: {msg}"
+                ))),
+            );
         }
         // Flush even when nothing changed: the first attempt may have been answered with
         // a flush error, and this answer must not acknowledge anything not yet durable.

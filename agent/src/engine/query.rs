@@ -141,6 +141,14 @@ impl Engine {
         lock(&self.state).epoch
     }
 
+    /// The records of the given share keys that exist.
+    pub fn records_of<'a>(&self, keys: impl IntoIterator<Item = &'a String>) -> Vec<ShareRecord> {
+        let st = lock(&self.state);
+        keys.into_iter()
+            .filter_map(|k| st.records.get(k).cloned())
+            .collect()
+    }
+
     pub fn phase_counts(&self) -> BTreeMap<Phase, u64> {
         let st = lock(&self.state);
         let mut m: BTreeMap<Phase, u64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();

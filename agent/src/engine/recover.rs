@@ -74,7 +74,7 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         ));
     }
     Some(match limiter.verify(&spec_of(r)) {
-        Ok(e) => judge(r, &e.enforced),
+        Ok(e) => judge(r, &e),
         Err(e) => (
             Phase::Unknown,
             format!("could not be verified after restart: {e}"),

@@ -114,7 +114,8 @@ impl Limiter for FakeLimiter {
 }
 
 fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engine {
-    let mut limiters = crate::limiters::for_config(cfg);
+    let mut cfg_mut = (**cfg).clone();
+    let mut limiters = crate::limiters::for_config(&mut cfg_mut).by_device;
     if let Some(k) = kernel {
         for d in &cfg.devices {
             limiters.insert(

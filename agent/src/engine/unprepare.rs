@@ -128,6 +128,13 @@ impl Engine {
             }
         }
 
+        let all: Vec<ShareRecord> = accounting.iter().chain(&enforcing).cloned().collect();
+        if let Err(msg) = self.remove_cdi(uid, &all) {
+            // The shares stay RELEASING: the next Unprepare removes the spec again.
+            return Err(ClaimError::unavailable(format!(
+                "removing the claim's CDI spec failed: {msg}"
+            )));
+        }
         let now = now_ms();
         let released: Vec<ShareRecord> = accounting
             .into_iter()

@@ -1,0 +1,260 @@
+//! The `gpu` part of a device's configuration: which back end, which GPU, and what the
+//! watchdog does. Parsed from the fields `[[device]]` tables of kind `gpu` may carry:
+//!
+//! ```toml
+//! [[device]]
+//! name = "gpu-0"
+//! kind = "gpu"
+//! backend = "nvml"                 # or "simulated" (named as such everywhere)
+//! uuid = "GPU-..."                 # or index = 0
+//! watchdog = { period = "1s", action = "report" }   # or "terminate", grace = "10s"
+//! [device.simulated]               # backend = "simulated" only
+//! memory = "80Gi"
+//! [device.capacity.memory]         # value optional: the GPU's memory when left out
+//! default = "1Gi"
+//! valid_range = { min = "1Gi", step = "1Gi" }
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use shareguard_common::Quantity;
+use shareguard_limiter_gpu::{limiter::GpuSelector, watchdog::Action};
+use toml::Spanned;
+
+/// Which back end drives a GPU device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuBackendKind {
+    Nvml,
+    /// An in-memory GPU of `memory_bytes`, for tests and demos without a GPU.
+    Simulated {
+        memory_bytes: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchdogConfig {
+    pub period: Duration,
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuConfig {
+    pub backend: GpuBackendKind,
+    pub selector: GpuSelector,
+    /// True when the `memory` capacity has no `value` in the config: the agent takes the
+    /// GPU's memory when it starts (until then the capacity reads 0).
+    pub discover_memory: bool,
+    pub watchdog: WatchdogConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWatchdog {
+    period: Option<String>,
+    action: Option<String>,
+    grace: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSimulated {
+    memory: Spanned<String>,
+}
+
+/// The gpu-only fields of a raw `[[device]]` table.
+pub(crate) struct RawGpu<'a> {
+    pub backend: &'a Option<Spanned<String>>,
+    pub uuid: &'a Option<Spanned<String>>,
+    pub index: &'a Option<Spanned<u32>>,
+    pub watchdog: &'a Option<Spanned<RawWatchdog>>,
+    pub simulated: &'a Option<Spanned<RawSimulated>>,
+}
+
+/// A problem with a span in the config text, for `file:line: reason`.
+pub(crate) type SpanError = (std::ops::Range<usize>, String);
+
+/// Default watchdog period: often enough to catch a runaway allocation quickly, rare
+/// enough that polling NVML costs nothing measurable.
+const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
+/// Default grace before `terminate` acts: a process gets time to free what it took.
+const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+fn duration(
+    name: &str,
+    field: &str,
+    v: &str,
+    span: &std::ops::Range<usize>,
+) -> Result<Duration, SpanError> {
+    humantime::parse_duration(v).map_err(|e| {
+        (
+            span.clone(),
+            format!("device {name}: watchdog.{field}: {v:?}: {e}"),
+        )
+    })
+}
+
+impl RawGpu<'_> {
+    /// Whether any gpu-only field is present (they are refused on other kinds).
+    pub fn first_present(&self) -> Option<(std::ops::Range<usize>, &'static str)> {
+        [
+            self.backend.as_ref().map(|s| (s.span(), "backend")),
+            self.uuid.as_ref().map(|s| (s.span(), "uuid")),
+            self.index.as_ref().map(|s| (s.span(), "index")),
+            self.watchdog.as_ref().map(|s| (s.span(), "watchdog")),
+            self.simulated.as_ref().map(|s| (s.span(), "simulated")),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+    }
+
+    /// Parses the gpu fields of device `name`; `memory_given` says whether its `memory`
+    /// capacity has a value. Returns the config and, for a simulated GPU whose capacity
+    /// is left out, the capacity to use.
+    pub fn parse(
+        &self,
+        name: &str,
+        dspan: &std::ops::Range<usize>,
+        memory_given: bool,
+    ) -> Result<(GpuConfig, Option<Quantity>), SpanError> {
+        let backend_name = self
+            .backend
+            .as_ref()
+            .map_or("nvml", |b| b.get_ref().as_str());
+        let (backend, simulated_memory) = match backend_name {
+            "nvml" => {
+                if let Some(s) = self.simulated {
+                    return Err((
+                        s.span(),
+                        format!(
+                            "device {name}: [device.simulated] is only for backend = \"simulated\""
+                        ),
+                    ));
+                }
+                (GpuBackendKind::Nvml, None)
+            }
+            "simulated" => {
+                let s = self.simulated.as_ref().ok_or_else(|| {
+                    (
+                        dspan.clone(),
+                        format!("device {name}: backend \"simulated\" needs [device.simulated] with memory"),
+                    )
+                })?;
+                let m = &s.get_ref().memory;
+                let q = Quantity::parse(m.get_ref())
+                    .map_err(|e| (m.span(), format!("device {name}: simulated.memory: {e}")))?;
+                let bytes = q
+                    .ceil_units()
+                    .filter(|b| *b > 0)
+                    .and_then(|b| u64::try_from(b).ok())
+                    .ok_or_else(|| {
+                        (
+                            m.span(),
+                            format!("device {name}: simulated.memory: {q} is not a positive number of bytes"),
+                        )
+                    })?;
+                (
+                    GpuBackendKind::Simulated {
+                        memory_bytes: bytes,
+                    },
+                    Some(q),
+                )
+            }
+            other => {
+                let span = self.backend.as_ref().map_or(dspan.clone(), |b| b.span());
+                return Err((
+                    span,
+                    format!("device {name}: backend {other:?} is not one of nvml, simulated"),
+                ));
+            }
+        };
+        let selector = match (self.uuid, self.index) {
+            (Some(u), Some(_)) => {
+                return Err((
+                    u.span(),
+                    format!("device {name}: give uuid or index, not both"),
+                ));
+            }
+            (Some(u), None) if u.get_ref().is_empty() => {
+                return Err((u.span(), format!("device {name}: uuid is empty")));
+            }
+            (Some(u), None) => GpuSelector::Uuid(u.get_ref().clone()),
+            (None, Some(i)) => GpuSelector::Index(*i.get_ref()),
+            // A simulated GPU is made for its device, so its uuid can be derived; a real
+            // one must be named, or two devices could silently share one GPU.
+            (None, None) => match backend {
+                GpuBackendKind::Simulated { .. } => {
+                    GpuSelector::Uuid(format!("GPU-simulated-{name}"))
+                }
+                GpuBackendKind::Nvml => {
+                    return Err((
+                        dspan.clone(),
+                        format!("device {name}: a gpu device names its GPU with uuid or index"),
+                    ));
+                }
+            },
+        };
+        let watchdog = match self.watchdog {
+            None => WatchdogConfig {
+                period: DEFAULT_PERIOD,
+                action: Action::Report,
+            },
+            Some(w) => {
+                let span = w.span();
+                let w = w.get_ref();
+                let period = match &w.period {
+                    None => DEFAULT_PERIOD,
+                    Some(p) => duration(name, "period", p, &span)?,
+                };
+                if period < Duration::from_millis(10) {
+                    return Err((
+                        span,
+                        format!("device {name}: watchdog.period must be at least 10ms"),
+                    ));
+                }
+                let grace = match &w.grace {
+                    None => DEFAULT_GRACE,
+                    Some(g) => duration(name, "grace", g, &span)?,
+                };
+                let action = match w.action.as_deref() {
+                    None | Some("report") => {
+                        if w.grace.is_some() {
+                            return Err((
+                                span,
+                                format!(
+                                    "device {name}: watchdog.grace is only for action = \"terminate\""
+                                ),
+                            ));
+                        }
+                        Action::Report
+                    }
+                    Some("terminate") => Action::Terminate { grace },
+                    Some(other) => {
+                        return Err((
+                            span,
+                            format!(
+                                "device {name}: watchdog.action {other:?} is not one of report, terminate"
+                            ),
+                        ));
+                    }
+                };
+                WatchdogConfig { period, action }
+            }
+        };
+        let capacity = match (&backend, memory_given) {
+            (_, true) => None,
+            (GpuBackendKind::Simulated { .. }, false) => simulated_memory,
+            (GpuBackendKind::Nvml, false) => None,
+        };
+        Ok((
+            GpuConfig {
+                discover_memory: !memory_given && backend == GpuBackendKind::Nvml,
+                backend,
+                selector,
+                watchdog,
+            },
+            capacity,
+        ))
+    }
+}

@@ -1,0 +1,200 @@
+//! The GPU watchdog loop: every period it asks the GPU back end which compute processes
+//! run, maps each host PID to its pod through `/proc/PID/cgroup`, lets the watchdog
+//! decide (usage per share, over-limit episodes, terminations after the grace period),
+//! carries out the terminations, and hands the result to the engine, which turns it into
+//! share status, audit lines, metrics and watch events.
+//!
+//! The watchdog always runs, also where the driver enforces a hard limit: it is the
+//! verifier that sees what the pods really use.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde::Deserialize;
+use shareguard_limiter_gpu::{
+    GpuBackend, GpuError, GpuLimiter,
+    backend::ComputeProcess,
+    cgroup::pod_from_proc_cgroup,
+    simulated::SimulatedBackend,
+    sys::PidfdTerminator,
+    watchdog::{
+        Action, OverLimit, ProcessUsage, ShareUsage, TerminateDecision, TerminateError, Terminated,
+        Watchdog, execute_terminations,
+    },
+};
+use tracing::{debug, warn};
+
+use crate::{config_gpu::WatchdogConfig, engine::Engine, sync::lock};
+
+/// One back end's GPUs and their watchdog settings.
+pub struct GpuWatch {
+    limiter: Arc<GpuLimiter>,
+    backend: Arc<dyn GpuBackend>,
+    /// Simulation only: the simulated back end and the file its processes come from.
+    simulated: Option<(Arc<SimulatedBackend>, PathBuf)>,
+    actions: HashMap<String, Action>,
+    period: Duration,
+    watchdog: Mutex<Watchdog>,
+}
+
+/// What one poll found and did.
+#[derive(Debug, Default)]
+pub struct WatchReport {
+    pub usage: Vec<ShareUsage>,
+    pub over_limit: Vec<OverLimit>,
+    pub terminated: Vec<(TerminateDecision, Result<Terminated, TerminateError>)>,
+    /// PIDs on a watched GPU that belong to no share there: (GPU, pid).
+    pub unattributed: Vec<(String, u32)>,
+    pub took: Duration,
+}
+
+/// One entry of the simulated processes file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimulatedProcess {
+    gpu_uuid: String,
+    pid: u32,
+    used_bytes: Option<u64>,
+}
+
+/// The pod a host PID belongs to, from its cgroup; None for a process outside any pod
+/// (or one that already exited).
+pub fn pod_of(proc_root: &Path, pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+    pod_from_proc_cgroup(&text).map(|p| p.uid)
+}
+
+impl GpuWatch {
+    pub fn new(
+        limiter: Arc<GpuLimiter>,
+        backend: Arc<dyn GpuBackend>,
+        simulated: Option<Arc<SimulatedBackend>>,
+        processes_file: Option<PathBuf>,
+        devices: Vec<(String, WatchdogConfig)>,
+    ) -> GpuWatch {
+        let period = devices
+            .iter()
+            .map(|(_, w)| w.period)
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        GpuWatch {
+            limiter,
+            backend,
+            simulated: simulated.zip(processes_file),
+            actions: devices.into_iter().map(|(d, w)| (d, w.action)).collect(),
+            period,
+            watchdog: Mutex::new(Watchdog::new()),
+        }
+    }
+
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Simulation only: loads the processes the simulated GPUs report now. A missing file
+    /// means no processes; a malformed one is an error (the poll is skipped and logged).
+    fn load_simulated(&self) -> Result<(), GpuError> {
+        let Some((sim, file)) = &self.simulated else {
+            return Ok(());
+        };
+        let list: Vec<SimulatedProcess> = match std::fs::read(file) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                GpuError::InvalidArgument(format!(
+                    "simulated processes file {}: {e}",
+                    file.display()
+                ))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                return Err(GpuError::InvalidArgument(format!(
+                    "simulated processes file {}: {e}",
+                    file.display()
+                )));
+            }
+        };
+        let mut by_gpu: HashMap<String, Vec<ComputeProcess>> = self
+            .limiter
+            .gpu_uuids()
+            .into_iter()
+            .map(|u| (u, Vec::new()))
+            .collect();
+        for p in list {
+            by_gpu.entry(p.gpu_uuid).or_default().push(ComputeProcess {
+                pid: p.pid,
+                used_bytes: p.used_bytes,
+            });
+        }
+        for (uuid, procs) in by_gpu {
+            sim.set_processes(&uuid, procs);
+        }
+        Ok(())
+    }
+
+    /// One poll: blocking (NVML, /proc), so it runs on a blocking thread.
+    pub fn poll(&self, proc_root: &Path) -> Result<WatchReport, GpuError> {
+        let started = Instant::now();
+        self.load_simulated()?;
+        let shares = self.limiter.watched_shares_by(|device| {
+            self.actions.get(device).copied().unwrap_or(Action::Report)
+        });
+        let mut processes = Vec::new();
+        for uuid in self.limiter.gpu_uuids() {
+            for p in self.backend.compute_processes(&uuid)? {
+                processes.push(ProcessUsage {
+                    gpu_uuid: uuid.clone(),
+                    pid: p.pid,
+                    used_bytes: p.used_bytes,
+                });
+            }
+        }
+        let verdict = lock(&self.watchdog).evaluate(
+            Instant::now(),
+            &processes,
+            |pid| pod_of(proc_root, pid),
+            &shares,
+        );
+        let terminator = PidfdTerminator::with_proc_root(proc_root);
+        let terminated = execute_terminations(&verdict, &terminator);
+        Ok(WatchReport {
+            usage: verdict.usage,
+            over_limit: verdict.over_limit,
+            terminated,
+            unattributed: verdict.unattributed,
+            took: started.elapsed(),
+        })
+    }
+}
+
+/// Runs `watch` every period until the process ends.
+pub fn spawn(engine: Arc<Engine>, watch: GpuWatch) {
+    let watch = Arc::new(watch);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(watch.period());
+        // A slow poll (NVML can block) must not be followed by a burst of catch-up polls.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let w = watch.clone();
+            match tokio::task::spawn_blocking(move || w.poll(Path::new("/proc"))).await {
+                Ok(Ok(report)) => {
+                    debug!(
+                        shares = report.usage.len(),
+                        over = report.over_limit.len(),
+                        took_ms = report.took.as_secs_f64() * 1e3,
+                        "GPU watchdog poll"
+                    );
+                    engine.observe_gpu(&report);
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, "GPU watchdog poll failed");
+                    engine.gpu_poll_failed();
+                }
+                Err(e) => warn!(error = %e, "GPU watchdog poll panicked"),
+            }
+        }
+    });
+}

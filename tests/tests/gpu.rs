@@ -1,0 +1,312 @@
+//! GPU memory shares through the real agent, on the SIMULATED GPU back end (this machine
+//! has no GPU): limits set and read back, the CDI spec per claim, oversubscription
+//! refused, release, restart; and the watchdog against real processes in real cgroups
+//! laid out as the kubelet lays them out, with `terminate` ending the one over its limit
+//! and no other. The NVML path runs only on a machine with a GPU: tests/gpu/run-on-gpu.sh.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use shareguard_limiter_gpu::cdi::validate_spec;
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL, alloc, claim, device, net, prepare_one, proto as pb, share_id,
+    unprepare_one,
+};
+
+const UUID: &str = "GPU-simulated-gpu-0";
+
+fn gpu_device(watchdog: &str) -> String {
+    format!(
+        r#"
+[[device]]
+name = "gpu-0"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "gpu"
+backend = "simulated"
+allowed_namespaces = ["*"]
+watchdog = {watchdog}
+[device.simulated]
+memory = "80Gi"
+[device.capacity.memory]
+default = "1Gi"
+valid_range = {{ min = "1Gi", step = "1Gi" }}
+"#
+    )
+}
+
+/// The agent, with its CDI directory and simulated-processes file in `dir`.
+fn start(dir: &Path, watchdog: &str) -> Agent {
+    let mut o = Options::new(gpu_device(watchdog));
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}",
+        dir.join("cdi"),
+        dir.join("processes.json")
+    );
+    Agent::start(o)
+}
+
+fn gpu_claim(uid: &str, id: &str, amount: &str, pod_uid: &str, cgroup: &str) -> pb::ClaimPrepare {
+    let mut c = claim(uid, "team-a", "a1", vec![alloc("gpu-0", id, amount)]);
+    c.target = Some(pb::PodTarget {
+        pod_uid: pod_uid.into(),
+        cgroup_paths: vec![cgroup.into()],
+        ..Default::default()
+    });
+    c
+}
+
+fn spec_path(dir: &Path, claim_uid: &str) -> PathBuf {
+    dir.join("cdi")
+        .join(format!("{DRIVER}-gpu_{claim_uid}.json"))
+}
+
+#[tokio::test]
+async fn simulated_gpu_share_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = start(dir.path(), r#"{ period = "1s", action = "report" }"#);
+    let mut c = a.client().await;
+
+    let d = device(&mut c, "gpu-0").await;
+    assert_eq!(d.kind, "gpu");
+    assert_eq!(d.capacity["memory"], "80Gi", "from [device.simulated]");
+    assert!(
+        d.mechanisms.iter().all(|m| m.starts_with("simulated")),
+        "named as simulated everywhere: {:?}",
+        d.mechanisms
+    );
+
+    let id = share_id();
+    let pod = "0b5c4f6e-1111-4222-8333-944455556666";
+    let cg = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5c4f6e_1111_4222_8333_944455556666.slice";
+    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod, cg)).await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.mechanism, "simulated-cgroup");
+    assert_eq!(
+        s.limits[0].enforced, "10Gi",
+        "read back from the simulated driver"
+    );
+    assert!(s.reason.contains("SIMULATED"), "{}", s.reason);
+
+    // The claim's CDI spec: one device per share, named with the shareID.
+    assert_eq!(r.cdi_device_ids, [format!("{DRIVER}/gpu=gpu-0-{id}")]);
+    let path = spec_path(dir.path(), "g1");
+    let spec: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    validate_spec(&spec).unwrap_or_else(|p| panic!("{path:?} is not a valid CDI spec: {p:?}"));
+    assert_eq!(spec["kind"], format!("{DRIVER}/gpu"));
+    assert_eq!(spec["devices"][0]["name"], format!("gpu-0-{id}"));
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["env"][0],
+        format!("CUDA_VISIBLE_DEVICES={UUID}")
+    );
+
+    // 10Gi + 75Gi > 80Gi: refused, and no spec is written for it.
+    let r = prepare_one(&mut c, 1, gpu_claim("g2", &share_id(), "75Gi", pod, cg)).await;
+    assert!(r.error.is_some(), "{r:?}");
+    assert!(!spec_path(dir.path(), "g2").exists());
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "10Gi");
+
+    // The simulated driver's state lives in the agent process, like a driver reset: after
+    // a SIGKILL the restarted agent re-verifies, finds no limit and says so; a repeated
+    // Prepare puts it back.
+    a.kill9();
+    fs::remove_file(&path).unwrap();
+    a.restart();
+    let mut c = a.client().await;
+    let s = c
+        .get_share(pb::GetShareRequest {
+            share_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
+    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod, cg)).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    assert!(path.exists(), "a repeated Prepare rewrites the CDI spec");
+
+    assert_eq!(unprepare_one(&mut c, 1, "g1").await.code, "");
+    assert!(!path.exists(), "the spec is removed on release");
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
+}
+
+/// The cgroup v2 hierarchy: /sys/fs/cgroup itself, or the unified one of a hybrid host.
+fn cgroup2_root() -> PathBuf {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("no cgroup v2 hierarchy")
+}
+
+/// A cgroup path (relative to the v2 root) with one `sleep` in it; kills the process
+/// and removes the directories, deepest first, when dropped, also on panic.
+struct PodProcess {
+    root: PathBuf,
+    rel: String,
+    child: Child,
+}
+
+impl PodProcess {
+    fn start(rel: &str) -> PodProcess {
+        let root = cgroup2_root();
+        let dir = root.join(rel);
+        fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("sleep").arg("600").spawn().unwrap();
+        let p = PodProcess {
+            root,
+            rel: rel.to_owned(),
+            child,
+        };
+        fs::write(dir.join("cgroup.procs"), p.child.id().to_string()).unwrap();
+        p
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut rel = PathBuf::from(&self.rel);
+        loop {
+            // Only directories this test made: the top one is unique to it too.
+            let _ = fs::remove_dir(self.root.join(&rel));
+            if !rel.pop() || rel.as_os_str().is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+fn metric(body: &str, name: &str, labels: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(name) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn watchdog_terminates_only_the_process_over_its_share() {
+    if !net::privileged("watchdog_terminates_only_the_process_over_its_share") {
+        return;
+    }
+    let n = std::process::id();
+    // Unique pod uids per test process, in both kubelet layouts.
+    let uid_a = format!("{n:08x}-aaaa-4aaa-8aaa-aaaaaaaaaaaa");
+    let uid_b = format!("{n:08x}-bbbb-4bbb-8bbb-bbbbbbbbbbbb");
+    // Under a directory unique to this test process, as kind nests the kubelet's root.
+    let cg_a = format!(
+        "sgtest{n}a.slice/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{n}a.scope",
+        uid_a.replace('-', "_")
+    );
+    let cg_b = format!("sgtest{n}b/kubepods/besteffort/pod{uid_b}/ctr{n}b");
+    let mut pa = PodProcess::start(&cg_a);
+    let mut pb_ = PodProcess::start(&cg_b);
+
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(
+        dir.path(),
+        r#"{ period = "100ms", action = "terminate", grace = "300ms" }"#,
+    );
+    let mut c = a.client().await;
+    let (id_a, id_b) = (share_id(), share_id());
+    for (uid, id, pod, cg) in [("wa", &id_a, &uid_a, &cg_a), ("wb", &id_b, &uid_b, &cg_b)] {
+        let r = prepare_one(&mut c, 1, gpu_claim(uid, id, "10Gi", pod, cg)).await;
+        assert_eq!(r.error, None, "{r:?}");
+    }
+    // The simulated GPU reports both processes: A at 12Gi of its 10Gi, B at 5Gi.
+    fs::write(
+        dir.path().join("processes.json"),
+        serde_json::json!([
+            { "gpu_uuid": UUID, "pid": pa.pid(), "used_bytes": 12u64 << 30 },
+            { "gpu_uuid": UUID, "pid": pb_.pid(), "used_bytes": 5u64 << 30 },
+        ])
+        .to_string(),
+    )
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pa.running() {
+        assert!(
+            Instant::now() < deadline,
+            "the process over its share was not terminated within 10 s:\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(pb_.running(), "the process within its share must live");
+
+    // The kill happens in the poll; the audit line follows when the engine takes it.
+    let of = |lines: &[serde_json::Value], decision: &str, id: &str| {
+        lines
+            .iter()
+            .filter(|l| l["decision"] == decision && l["share_id"] == id)
+            .count()
+    };
+    let lines = loop {
+        let lines = a.audit_lines();
+        if of(&lines, "terminate", &id_a) > 0 {
+            break lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no terminate audit line: {lines:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let of = |decision: &str, id: &str| of(&lines, decision, id);
+    assert_eq!(of("over_limit", &id_a), 1, "{lines:?}");
+    assert!(of("terminate", &id_a) >= 1, "{lines:?}");
+    assert_eq!(of("over_limit", &id_b) + of("terminate", &id_b), 0);
+    let term = lines.iter().find(|l| l["decision"] == "terminate").unwrap();
+    assert!(
+        term["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&pa.pid().to_string()),
+        "{term}"
+    );
+
+    // B's usage is shown in its status; the metrics count the event and the kill.
+    let s = c
+        .get_share(pb::GetShareRequest { share_id: id_b })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.usage[0].name, "memory");
+    assert_eq!(s.usage[0].used, "5Gi");
+    let (_, body) = a.http("/metrics");
+    assert_eq!(
+        metric(
+            &body,
+            "shareguard_gpu_over_limit_events_total",
+            "device=\"gpu-0\""
+        ),
+        1.0,
+        "{body}"
+    );
+    assert!(
+        metric(
+            &body,
+            "shareguard_gpu_terminations_total",
+            "outcome=\"terminated\""
+        ) >= 1.0,
+        "{body}"
+    );
+}
