@@ -79,6 +79,7 @@ pub struct NvmlBackend {
     // Declared before `nvml` only for readability: the function pointers have no Drop
     // and are only called through `&self`, while `nvml` (and its library) is alive.
     limit_fns: CgroupLimitFns,
+    limit_symbols: SymbolPresence,
     driver_version: String,
     cgroup2_root: std::path::PathBuf,
     nvml: Nvml,
@@ -125,10 +126,18 @@ impl NvmlBackend {
         );
         Ok(Self {
             limit_fns,
+            limit_symbols: presence,
             driver_version,
             cgroup2_root: "/sys/fs/cgroup".into(),
             nvml,
         })
+    }
+
+    /// Which of `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1` the
+    /// loaded library exports, for probes and diagnostics. Both are needed for the
+    /// nvml-cgroup mechanism; [`GpuBackend::capabilities`] says why it is unusable.
+    pub fn memory_limit_symbols(&self) -> SymbolPresence {
+        self.limit_symbols
     }
 
     fn device(&self, uuid: &str) -> Result<nvml_wrapper::Device<'_>, GpuError> {
@@ -450,6 +459,20 @@ mod tests {
         if let Err(e) = NvmlBackend::open() {
             assert!(matches!(e, GpuError::Unavailable(_)), "{e:?}");
             assert_eq!(e.retry(), Retry::Permanent);
+        }
+    }
+
+    #[test]
+    fn symbol_presence_agrees_with_the_cgroup_decision() {
+        // Only where a driver is present; `sys` tests the lookup itself without one.
+        let Ok(b) = NvmlBackend::open() else { return };
+        let p = b.memory_limit_symbols();
+        match &b.limit_fns {
+            CgroupLimitFns::Callable(_) => assert!(p.set && p.get, "{p:?}"),
+            CgroupLimitFns::Missing(why) => {
+                assert!(!(p.set && p.get), "{p:?}");
+                assert!(why.contains("missing from NVML"), "{why}");
+            }
         }
     }
 

@@ -254,6 +254,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_library_without_the_symbols_reports_both_missing() {
+        // libc stands in for an NVML before R615: neither symbol is there.
+        // SAFETY: no symbol of the declared types exists in libc, so `resolve` hands out
+        // no function; nothing is called.
+        let lib = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
+        // SAFETY: as above; `lib` outlives the (absent) functions.
+        let (presence, fns) = unsafe { MemoryLimitFns::resolve(&lib) };
+        assert_eq!(
+            presence,
+            SymbolPresence {
+                set: false,
+                get: false
+            }
+        );
+        assert!(fns.is_none());
+    }
+
+    #[test]
     fn terminating_a_missing_pid_is_gone_not_an_error() {
         // PID max on Linux is at most 2^22; this one cannot exist.
         let t = PidfdTerminator::default();
