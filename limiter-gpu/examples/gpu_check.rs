@@ -1,0 +1,1348 @@
+//! `gpu_check`: the GPU memory limiter against a real NVIDIA GPU, end to end.
+//!
+//! Run by `tests/gpu/run-on-gpu.sh` on a machine with a GPU, as root. In order:
+//!
+//! 1. the NVML probe per GPU (uuid, name, memory, MIG mode, driver, whether
+//!    `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1` exist, and what the
+//!    capability probe concluded for `nvml-cgroup` and `mps`);
+//! 2. a test cgroup laid out like a kubelet pod (`<cgroup2>/shareguard-gpu-check-*/
+//!    kubepods/pod<uid>/allocator`), so that the library's cgroup parser maps the
+//!    allocator to a pod; removed at the end by a guard, also on panic;
+//! 3. a share (`--share-mib`, default 1 GiB) prepared through [`GpuLimiter`] for that pod,
+//!    and the limit the driver reports back;
+//! 4. the allocator (the command after `--`) started inside the cgroup, trying to
+//!    allocate `--alloc-mib` (default 2 GiB) in steps, while the watchdog logic runs over
+//!    NVML's running compute processes;
+//! 5. the share released, and the limit read back once more;
+//! 6. a summary: mechanism | result | enforced limit read back.
+//!
+//! The allocator learns what to do from `GPU_CHECK_TARGET_BYTES`, `GPU_CHECK_STEP_BYTES`
+//! and `GPU_CHECK_HOLD_SECONDS`, gets `CUDA_VISIBLE_DEVICES=<uuid>`, and reports on stdout
+//! with lines of this form (anything else is shown as is):
+//!
+//! ```text
+//! ALLOC start <what it uses>
+//! ALLOC ok total=<bytes>
+//! ALLOC fail total=<bytes> step=<bytes> error=<one line>
+//! ALLOC holding total=<bytes> seconds=<s>
+//! ALLOC done total=<bytes>
+//! ALLOC init-failed error=<one line>
+//! ```
+//!
+//! `--simulated` runs the same steps over the library's simulated back end (a GPU
+//! without cgroup limits or MPS, whose driver "sees" the allocator using what it reports
+//! as allocated): a self-test of this program's cgroup, allocator, watchdog and summary
+//! code on a machine without a GPU. `--simulated-cgroup` gives that GPU simulated
+//! per-cgroup limits (stored and read back in memory; nothing blocks the allocator, its
+//! own failures are what the summary reports). Every line then says SIMULATED; it proves
+//! nothing about a GPU or driver.
+//!
+//! Exit status: 0 when the check ran, whatever it found (including "no GPU here" and
+//! "not supported"); 1 when the check itself could not run (bad arguments, allocator
+//! command not startable); 2 when cleanup left something behind (a limit or cgroup).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use shareguard_common::Quantity;
+use shareguard_common::limiter::{LimitSpec, Limiter, Target};
+use shareguard_limiter_gpu::backend::{
+    CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, Support,
+};
+use shareguard_limiter_gpu::cgroup::pod_from_proc_cgroup;
+use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
+use shareguard_limiter_gpu::nvml::NvmlBackend;
+use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
+use shareguard_limiter_gpu::sys::PidfdTerminator;
+use shareguard_limiter_gpu::watchdog::{Action, ProcessUsage, Watchdog, execute_terminations};
+use shareguard_limiter_gpu::{GpuError, GpuLimiter, Mechanism};
+
+const MIB: u64 = 1 << 20;
+const SHARE_KEY: &str = "gpu-check-share";
+const DEVICE: &str = "gpu-check";
+const CGROUP_PREFIX: &str = "shareguard-gpu-check-";
+
+const USAGE: &str = "\
+usage: gpu_check [options] [-- ALLOCATOR COMMAND...]
+  --gpu INDEX|UUID          GPU to test (default: index 0)
+  --share-mib N             share to prepare (default 1024)
+  --alloc-mib N             what the allocator tries to get (default 2048)
+  --step-mib N              allocation step (default 256)
+  --hold-secs N             how long the allocator holds its memory (default 10)
+  --timeout-secs N          kill the allocator after this long (default 90)
+  --poll-ms N               watchdog poll period (default 250)
+  --watchdog-action A       terminate (default) or report
+  --grace-secs N            grace before the watchdog terminates (default 2)
+  --allocator-name NAME     how to call the allocator in the report
+  --simulated               self-test over the SIMULATED back end (no GPU needed)
+  --simulated-cgroup        as --simulated, the simulated GPU with cgroup limits";
+
+#[derive(Debug)]
+struct Opts {
+    gpu: GpuSelector,
+    share_bytes: u64,
+    alloc_bytes: u64,
+    step_bytes: u64,
+    hold: Duration,
+    timeout: Duration,
+    poll: Duration,
+    action: Action,
+    allocator_name: Option<String>,
+    allocator: Vec<String>,
+    simulated: bool,
+    simulated_cgroup: bool,
+}
+
+impl Opts {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Opts, String> {
+        let mut o = Opts {
+            gpu: GpuSelector::Index(0),
+            share_bytes: 1024 * MIB,
+            alloc_bytes: 2048 * MIB,
+            step_bytes: 256 * MIB,
+            hold: Duration::from_secs(10),
+            timeout: Duration::from_secs(90),
+            poll: Duration::from_millis(250),
+            action: Action::Terminate {
+                grace: Duration::from_secs(2),
+            },
+            allocator_name: None,
+            allocator: Vec::new(),
+            simulated: false,
+            simulated_cgroup: false,
+        };
+        let mut terminate = true;
+        let mut grace = Duration::from_secs(2);
+        while let Some(a) = args.next() {
+            if a == "--" {
+                o.allocator = args.by_ref().collect();
+                break;
+            }
+            if a == "-h" || a == "--help" {
+                return Err(String::new());
+            }
+            let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
+            let num = |v: String| -> Result<u64, String> {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{a}: {v:?} is not a whole number"))
+            };
+            match a.as_str() {
+                "--gpu" => {
+                    let v = value()?;
+                    o.gpu = match v.parse::<u32>() {
+                        Ok(i) => GpuSelector::Index(i),
+                        Err(_) => GpuSelector::Uuid(v),
+                    };
+                }
+                "--share-mib" => o.share_bytes = mib(num(value()?)?, &a)?,
+                "--alloc-mib" => o.alloc_bytes = mib(num(value()?)?, &a)?,
+                "--step-mib" => o.step_bytes = mib(num(value()?)?, &a)?,
+                "--hold-secs" => o.hold = Duration::from_secs(num(value()?)?),
+                "--timeout-secs" => o.timeout = Duration::from_secs(num(value()?)?),
+                "--poll-ms" => o.poll = Duration::from_millis(num(value()?)?.max(10)),
+                "--grace-secs" => grace = Duration::from_secs(num(value()?)?),
+                "--watchdog-action" => {
+                    terminate = match value()?.as_str() {
+                        "terminate" => true,
+                        "report" => false,
+                        other => return Err(format!("--watchdog-action: {other:?}")),
+                    }
+                }
+                "--allocator-name" => o.allocator_name = Some(value()?),
+                "--simulated" => o.simulated = true,
+                "--simulated-cgroup" => {
+                    o.simulated = true;
+                    o.simulated_cgroup = true;
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        o.action = if terminate {
+            Action::Terminate { grace }
+        } else {
+            Action::Report
+        };
+        Ok(o)
+    }
+}
+
+fn mib(n: u64, what: &str) -> Result<u64, String> {
+    n.checked_mul(MIB)
+        .filter(|b| *b > 0)
+        .ok_or_else(|| format!("{what}: {n} MiB is out of range"))
+}
+
+fn main() -> ExitCode {
+    let opts = match Opts::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gpu_check: {e}\n{USAGE}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(&opts) {
+        Ok(Outcome::Ran) => ExitCode::SUCCESS,
+        Ok(Outcome::LeftState) => {
+            println!("gpu_check: cleanup left state behind (see the lines above); exit 2");
+            ExitCode::from(2)
+        }
+        Ok(Outcome::CheckFailed(why)) => {
+            println!("gpu_check: FAILED: {why}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            println!("gpu_check: FAILED: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+enum Outcome {
+    Ran,
+    LeftState,
+    /// The check itself is broken (the allocator never spoke its protocol).
+    CheckFailed(String),
+}
+
+// ---------------------------------------------------------------------------------
+// Formatting helpers
+
+fn bytes(b: u64) -> String {
+    format!("{:.2} GiB ({b} bytes)", b as f64 / (1u64 << 30) as f64)
+}
+
+fn short(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{} MiB", b / MIB)
+    }
+}
+
+fn section(title: &str) {
+    println!();
+    println!("== {title} ==");
+}
+
+fn limit_text(l: Option<CgroupLimit>) -> String {
+    match l {
+        None => "no limit".to_string(),
+        Some(l) => format!(
+            "hard {}, soft {}, used {}",
+            short(l.hard_bytes),
+            short(l.soft_bytes),
+            short(l.used_bytes)
+        ),
+    }
+}
+
+fn support_text(s: &Support) -> String {
+    match s {
+        Support::Supported => "supported".to_string(),
+        Support::Unsupported(why) => format!("not supported: {why}"),
+    }
+}
+
+/// Small files from /proc and /sys, capped so that nothing odd makes us read forever.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    let mut s = String::new();
+    fs::File::open(path)?
+        .take(64 * 1024)
+        .read_to_string(&mut s)?;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------------
+// The check
+
+/// The back end under test: NVML, or the simulated one for a self-test.
+enum Back {
+    Nvml(Arc<NvmlBackend>),
+    Sim(Arc<SimulatedBackend>),
+}
+
+impl Back {
+    fn gpu(&self) -> &dyn GpuBackend {
+        match self {
+            Back::Nvml(b) => b.as_ref(),
+            Back::Sim(b) => b.as_ref(),
+        }
+    }
+
+    fn shared(&self) -> Arc<dyn GpuBackend> {
+        match self {
+            Back::Nvml(b) => b.clone(),
+            Back::Sim(b) => b.clone(),
+        }
+    }
+
+    /// Simulated only: the driver reports the allocator using what it says it holds.
+    fn feed(&self, uuid: &str, pid: u32, used: Option<u64>) {
+        if let Back::Sim(b) = self {
+            let procs = used
+                .map(|u| {
+                    vec![ComputeProcess {
+                        pid,
+                        used_bytes: Some(u),
+                    }]
+                })
+                .unwrap_or_default();
+            b.set_processes(uuid, procs);
+        }
+    }
+}
+
+fn run(opts: &Opts) -> Result<Outcome, String> {
+    if opts.simulated {
+        println!(
+            "gpu_check: SIMULATED back end (self-test of this program; says nothing about a GPU)"
+        );
+    } else {
+        println!("gpu_check: shareguard limiter-gpu against the real NVML, no simulation");
+    }
+    section("environment");
+    let kernel = read_small(Path::new("/proc/sys/kernel/osrelease")).unwrap_or_default();
+    println!("kernel: {}", kernel.trim());
+    let own_cgroup = read_small(Path::new("/proc/self/cgroup")).unwrap_or_default();
+    println!(
+        "this process's cgroup: {}",
+        own_cgroup.lines().collect::<Vec<_>>().join(" ; ")
+    );
+
+    section(if opts.simulated {
+        "SIMULATED probe"
+    } else {
+        "NVML probe"
+    });
+    let backend = if opts.simulated {
+        Back::Sim(Arc::new(SimulatedBackend::new(vec![SimulatedGpu {
+            cgroup_limits: opts.simulated_cgroup,
+            mps: false,
+            ..SimulatedGpu::new("GPU-simulated-0", 16 << 30)
+        }])))
+    } else {
+        match NvmlBackend::open() {
+            Ok(b) => Back::Nvml(Arc::new(b)),
+            Err(e) => {
+                println!("no NVIDIA GPU / NVML here (or not usable): {e}");
+                println!("nothing to check on this machine.");
+                return Ok(Outcome::Ran);
+            }
+        }
+    };
+    let gpus = match backend.gpu().discover() {
+        Ok(g) if g.is_empty() => {
+            println!("no NVIDIA GPU: NVML loaded but reports 0 GPUs.");
+            return Ok(Outcome::Ran);
+        }
+        Ok(g) => g,
+        Err(e) => {
+            println!("no usable NVIDIA GPU: NVML loaded but discovery failed: {e}");
+            return Ok(Outcome::Ran);
+        }
+    };
+    match &backend {
+        Back::Nvml(b) => {
+            let symbols = b.memory_limit_symbols();
+            let present = |b: bool| if b { "present" } else { "missing" };
+            println!("NVML library: loaded");
+            println!("nvmlDeviceSetMemoryLimits_v1: {}", present(symbols.set));
+            println!("nvmlDeviceGetMemoryLimits_v1: {}", present(symbols.get));
+        }
+        Back::Sim(_) => println!("NVML library: not used (SIMULATED back end)"),
+    }
+    let mut caps = BTreeMap::new();
+    for g in &gpus {
+        print_gpu(g);
+        match backend.gpu().capabilities(&g.uuid) {
+            Ok(c) => {
+                println!("  nvml-cgroup:   {}", support_text(&c.cgroup_limits));
+                println!("  mps:           {}", support_text(&c.mps));
+                caps.insert(g.uuid.clone(), c);
+            }
+            Err(e) => println!("  capability probe failed: {e}"),
+        }
+    }
+    let gpu = match &opts.gpu {
+        GpuSelector::Index(i) => gpus.iter().find(|g| g.index == *i),
+        GpuSelector::Uuid(u) => gpus.iter().find(|g| &g.uuid == u),
+    }
+    .ok_or_else(|| format!("GPU {:?} not found", opts.gpu))?
+    .clone();
+    println!(
+        "testing GPU {} ({}, {})",
+        gpu.index,
+        gpu.uuid,
+        short(gpu.total_memory_bytes)
+    );
+    if gpu.mig == MigMode::Enabled {
+        println!(
+            "note: MIG is enabled; CUDA_VISIBLE_DEVICES=<GPU uuid> gives the allocator no MIG instance"
+        );
+    }
+
+    section("test cgroup");
+    let pod_uid = random_pod_uid().map_err(|e| format!("/dev/urandom: {e}"))?;
+    let mut cgroup_error = None;
+    let mut cgroup = match TestCgroup::create(&pod_uid) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            cgroup_error = Some(e.clone());
+            println!("test cgroup: NOT created: {e}");
+            println!(
+                "  (the nvml-cgroup mechanism needs it; the allocator runs outside any pod, so the watchdog cannot attribute it)"
+            );
+            None
+        }
+    };
+
+    section("prepare the share");
+    let dyn_backend = backend.shared();
+    let cgroup_root = cgroup
+        .as_ref()
+        .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), |c| c.root.clone());
+    let limiter = GpuLimiter::new(
+        dyn_backend,
+        &[GpuDeviceConfig {
+            name: DEVICE.into(),
+            gpu: GpuSelector::Uuid(gpu.uuid.clone()),
+            memory_bytes: None,
+        }],
+        cgroup_root,
+    )
+    .map_err(|e| format!("GpuLimiter::new: {e}"))?;
+    let device = limiter
+        .device(DEVICE)
+        .ok_or("GpuLimiter lost its device")?
+        .clone();
+    println!(
+        "mechanism chosen by the limiter: {}",
+        limiter.label(device.mechanism)
+    );
+    for (m, why) in &device.not_chosen {
+        println!("  {} not chosen: {why}", m.as_str());
+    }
+    let spec = LimitSpec {
+        share_key: SHARE_KEY.into(),
+        device: DEVICE.into(),
+        limits: BTreeMap::from([(
+            MEMORY.to_string(),
+            Quantity::parse(&format!("{}Mi", opts.share_bytes / MIB))
+                .map_err(|e| format!("share size: {e}"))?,
+        )]),
+        target: Target {
+            pod_uid: pod_uid.clone(),
+            cgroup_paths: cgroup
+                .as_ref()
+                .map(|c| vec![c.pod.display().to_string()])
+                .unwrap_or_default(),
+            ..Target::default()
+        },
+    };
+    println!(
+        "share {SHARE_KEY}: {} for pod {pod_uid} on {}",
+        bytes(opts.share_bytes),
+        gpu.uuid
+    );
+    let mut report = Report {
+        cgroup_error,
+        ..Report::default()
+    };
+    match limiter.apply(&spec) {
+        Ok(enf) => {
+            let enforced = enf.enforced.get(MEMORY).map(|q| q.to_string());
+            println!(
+                "apply: ok, mechanism {}, enforced (read back) {}",
+                enf.mechanism,
+                enforced.as_deref().unwrap_or("none")
+            );
+            report.applied = Some(enforced);
+        }
+        Err(e) => {
+            println!("apply: FAILED ({:?}): {}", e.retry, e.message);
+            report.apply_error = Some(e.message);
+        }
+    }
+    if let Some(cg) = &cgroup {
+        let rb = read_back(backend.gpu(), &gpu.uuid, &cg.pod);
+        println!("driver read-back for {}: {rb}", cg.pod.display());
+        report.limit_while_prepared = Some(rb);
+    }
+
+    section("allocator");
+    let mut run_result = None;
+    if opts.allocator.is_empty() {
+        println!("allocator: none given; nothing allocates (no CUDA allocator on this machine?)");
+    } else {
+        let name = opts
+            .allocator_name
+            .clone()
+            .unwrap_or_else(|| opts.allocator.join(" "));
+        println!("allocator: {name}");
+        println!(
+            "  asks for {} in steps of {}, holds it {} s",
+            short(opts.alloc_bytes),
+            short(opts.step_bytes),
+            opts.hold.as_secs()
+        );
+        println!(
+            "  watchdog: polls NVML every {} ms, action {:?}",
+            opts.poll.as_millis(),
+            opts.action
+        );
+        run_result = Some(run_allocator(
+            opts,
+            &backend,
+            &limiter,
+            &gpu,
+            cgroup.as_ref(),
+        )?);
+    }
+
+    section("release the share");
+    let mut left_state = false;
+    // A limit may be left behind only where one was set: the mechanism is nvml-cgroup
+    // and apply got as far as the driver.
+    let limit_was_set = device.mechanism == Mechanism::NvmlCgroup && report.applied.is_some();
+    match limiter.remove(SHARE_KEY) {
+        Ok(()) => println!("remove: ok"),
+        Err(e) => {
+            println!("remove: FAILED: {}", e.message);
+            left_state |= limit_was_set;
+        }
+    }
+    if let Some(cg) = &cgroup {
+        let rb = backend.gpu().cgroup_limit(&gpu.uuid, &cg.pod);
+        let text = read_back_text(&rb);
+        println!("driver read-back after release: {text}");
+        match rb {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                println!("release: the driver still reports a limit on the test cgroup");
+                left_state = true;
+            }
+            Err(_) => left_state |= limit_was_set,
+        }
+        report.limit_after_release = Some(text);
+    }
+    if let Some(mut cg) = cgroup.take() {
+        let problems = cg.cleanup();
+        left_state |= !problems.is_empty();
+    }
+
+    section("summary");
+    let mps_caps = caps.get(&gpu.uuid).map(|c| c.mps.clone());
+    print_summary(
+        opts,
+        &limiter,
+        &device,
+        mps_caps,
+        &report,
+        run_result.as_ref(),
+    );
+    if left_state {
+        return Ok(Outcome::LeftState);
+    }
+    if let Some(r) = &run_result
+        && !r.log.any_line
+    {
+        return Ok(Outcome::CheckFailed(format!(
+            "the allocator {:?} printed no ALLOC line; it did not run as intended (see its output above)",
+            opts.allocator
+        )));
+    }
+    Ok(Outcome::Ran)
+}
+
+fn print_gpu(g: &GpuInfo) {
+    println!("gpu {}: {}", g.index, g.uuid);
+    println!("  name:          {}", g.name);
+    println!("  memory:        {}", bytes(g.total_memory_bytes));
+    let mig = match g.mig {
+        MigMode::Disabled => "disabled",
+        MigMode::Enabled => "enabled",
+        MigMode::NotSupported => "not supported by this GPU",
+    };
+    println!("  MIG mode:      {mig}");
+    println!("  driver:        {}", g.driver_version);
+}
+
+fn read_back(backend: &dyn GpuBackend, uuid: &str, cgroup: &Path) -> String {
+    read_back_text(&backend.cgroup_limit(uuid, cgroup))
+}
+
+fn read_back_text(r: &Result<Option<CgroupLimit>, GpuError>) -> String {
+    match r {
+        Ok(l) => limit_text(*l),
+        Err(GpuError::NotSupported(why)) => format!("cannot read back (not supported: {why})"),
+        Err(e) => format!("cannot read back: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Test cgroup
+
+/// A pod-like cgroup tree, removed when dropped (also while unwinding from a panic).
+struct TestCgroup {
+    /// The cgroup v2 mount.
+    root: PathBuf,
+    /// `<root>/shareguard-gpu-check-<pid>-<rand>`, the tree's top.
+    top: PathBuf,
+    /// `<top>/kubepods/pod<uid>`: the share's target, as a pod cgroup.
+    pod: PathBuf,
+    /// `<pod>/allocator`: where the allocator runs, as a container would.
+    ctr: PathBuf,
+    /// Directories made, in creation order.
+    created: Vec<PathBuf>,
+    /// `cgroup.subtree_control` files this check added `+dmem` to, in order.
+    enabled_dmem: Vec<PathBuf>,
+    done: bool,
+}
+
+impl TestCgroup {
+    fn create(pod_uid: &str) -> Result<TestCgroup, String> {
+        let root = cgroup2_mount().ok_or("no cgroup2 file system is mounted")?;
+        let kind = if root == Path::new("/sys/fs/cgroup") {
+            "cgroup v2 (unified) at /sys/fs/cgroup"
+        } else {
+            "cgroup v1 with the v2 (unified) hierarchy"
+        };
+        println!("cgroup: {kind}, using {}", root.display());
+        let controllers = read_small(&root.join("cgroup.controllers")).unwrap_or_default();
+        let has_dmem = controllers.split_whitespace().any(|c| c == "dmem");
+        println!(
+            "cgroup: root controllers: {} (dmem {})",
+            controllers.trim(),
+            if has_dmem {
+                "available"
+            } else {
+                "NOT available in this kernel"
+            }
+        );
+        let suffix = pod_uid.get(..8).unwrap_or("x");
+        let top = root.join(format!("{CGROUP_PREFIX}{}-{suffix}", std::process::id()));
+        let pod = top.join("kubepods").join(format!("pod{pod_uid}"));
+        let ctr = pod.join("allocator");
+        // The guard exists before the first directory, so an error half way cleans up.
+        let mut cg = TestCgroup {
+            root: root.clone(),
+            top: top.clone(),
+            pod: pod.clone(),
+            ctr: ctr.clone(),
+            created: Vec::new(),
+            enabled_dmem: Vec::new(),
+            done: false,
+        };
+        for dir in [top.clone(), top.join("kubepods"), pod.clone(), ctr.clone()] {
+            fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            cg.created.push(dir);
+        }
+        if has_dmem {
+            // The device memory controller must reach the pod cgroup for the driver to
+            // charge and limit it: enabled from the root down to the pod's parent. The
+            // allocator's own cgroup is charged to the pod, as a container's would be.
+            for dir in [root.clone(), top.clone(), top.join("kubepods")] {
+                let file = dir.join("cgroup.subtree_control");
+                let on = read_small(&file).unwrap_or_default();
+                if on.split_whitespace().any(|c| c == "dmem") {
+                    continue;
+                }
+                match fs::write(&file, "+dmem") {
+                    Ok(()) => cg.enabled_dmem.push(file),
+                    Err(e) => {
+                        println!("cgroup: could not enable dmem in {}: {e}", file.display());
+                        break;
+                    }
+                }
+            }
+        }
+        let pod_files = fs::read_dir(&pod)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("dmem."))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        println!("cgroup: created {}", ctr.display());
+        println!(
+            "cgroup: pod cgroup dmem files: {}",
+            if pod_files.is_empty() {
+                "none".to_string()
+            } else {
+                pod_files.join(" ")
+            }
+        );
+        let parsed = pod_from_proc_cgroup(&format!(
+            "0::/{}",
+            ctr.strip_prefix(&root).unwrap_or(&ctr).display()
+        ));
+        println!(
+            "cgroup: the library's parser maps it to pod {}",
+            parsed.map_or_else(|| "NONE (layout not recognised)".to_string(), |p| p.uid)
+        );
+        Ok(cg)
+    }
+
+    /// Kills whatever is left in the tree, removes it, and takes back `+dmem` where
+    /// this check added it. Returns what it could not undo (also printed).
+    fn cleanup(&mut self) -> Vec<String> {
+        if self.done {
+            return Vec::new();
+        }
+        self.done = true;
+        let mut problems = Vec::new();
+        if self.created.is_empty() {
+            return problems;
+        }
+        // cgroup.kill (Linux 5.14+) kills every process of the subtree at once.
+        let kill = self.top.join("cgroup.kill");
+        if kill.exists()
+            && let Err(e) = fs::write(&kill, "1")
+        {
+            println!("cleanup: {}: {e}", kill.display());
+        }
+        for dir in self.created.iter().rev() {
+            let mut last = None;
+            // A killed process leaves its cgroup a moment after it is reaped.
+            for _ in 0..50 {
+                match fs::remove_dir(dir) {
+                    Ok(()) => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            if let Some(e) = last {
+                let p = format!("could not remove {}: {e}", dir.display());
+                println!("cleanup: {p}");
+                problems.push(p);
+            }
+        }
+        for file in self.enabled_dmem.iter().rev() {
+            if !file.exists() {
+                continue; // inside a removed cgroup
+            }
+            match fs::write(file, "-dmem") {
+                Ok(()) => println!("cleanup: dmem disabled again in {}", file.display()),
+                Err(e) => println!(
+                    "cleanup: dmem left enabled in {} (it was off before): {e}",
+                    file.display()
+                ),
+            }
+        }
+        if problems.is_empty() {
+            println!("cleanup: test cgroup {} removed", self.top.display());
+        }
+        problems
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on unified hosts, else
+/// the unified mount of a hybrid host (`/sys/fs/cgroup/unified`).
+fn cgroup2_mount() -> Option<PathBuf> {
+    let info = read_small(Path::new("/proc/self/mountinfo")).ok()?;
+    let mut mounts = Vec::new();
+    for line in info.lines() {
+        // id parent major:minor root mountpoint options [optional...] - fstype source ...
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next() == Some("cgroup2")
+            && let Some(mp) = left.split_whitespace().nth(4)
+        {
+            mounts.push(PathBuf::from(mp.replace("\\040", " ")));
+        }
+    }
+    for preferred in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        if let Some(m) = mounts.iter().find(|m| m.as_path() == Path::new(preferred)) {
+            return Some(m.clone());
+        }
+    }
+    mounts.into_iter().next()
+}
+
+/// A random RFC 4122 version 4 uuid, lowercase, as the API server makes pod uids.
+fn random_pod_uid() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let mut s = String::with_capacity(36);
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        let _ = write!(s, "{x:02x}");
+    }
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------------
+// Allocator and watchdog
+
+/// Kills and reaps the allocator if it is still running when dropped.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take()
+            && let Ok(None) = c.try_wait()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct AllocatorLog {
+    /// At least one line of the protocol came: the allocator ran as intended.
+    any_line: bool,
+    start: Option<String>,
+    reached: u64,
+    fail: Option<(u64, String)>,
+    init_failed: Option<String>,
+    done: bool,
+}
+
+impl AllocatorLog {
+    fn take_line(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("ALLOC ") else {
+            return;
+        };
+        self.any_line = true;
+        let (kind, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+        let (fields, error) = match rest.split_once("error=") {
+            Some((f, e)) => (f, Some(e.to_string())),
+            None => (rest, None),
+        };
+        let total = fields
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("total="))
+            .and_then(|v| v.parse::<u64>().ok());
+        match kind {
+            "start" => self.start = Some(rest.to_string()),
+            "ok" | "holding" => self.reached = total.unwrap_or(self.reached).max(self.reached),
+            "done" => self.done = true,
+            "fail" => {
+                let t = total.unwrap_or(self.reached);
+                self.fail = Some((t, error.unwrap_or_default()));
+            }
+            "init-failed" => self.init_failed = Some(error.unwrap_or_default()),
+            _ => {}
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct WatchLog {
+    polls: u32,
+    /// NVML listed the allocator's pid at least once.
+    seen: bool,
+    /// The allocator's pid was attributed to the test pod.
+    attributed: bool,
+    max_used: Option<u64>,
+    /// (seconds after start, used, limit) of the first over-limit event.
+    first_over: Option<(f64, u64, u64)>,
+    terminated: Vec<String>,
+    errors: Vec<String>,
+}
+
+struct AllocatorRun {
+    pid: u32,
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    log: AllocatorLog,
+    watch: WatchLog,
+}
+
+#[derive(Clone, Copy)]
+enum Stream {
+    Out,
+    Err,
+}
+
+fn spawn_reader(
+    src: impl Read + Send + 'static,
+    which: Stream,
+    tx: mpsc::Sender<(Stream, String)>,
+) {
+    thread::spawn(move || {
+        for line in BufReader::new(src).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((which, line)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn drain(rx: &Receiver<(Stream, String)>, log: &mut AllocatorLog, wait: Duration) {
+    let end = Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((Stream::Out, line)) => {
+                println!("  allocator| {line}");
+                log.take_line(&line);
+            }
+            Ok((Stream::Err, line)) => println!("  allocator stderr| {line}"),
+            Err(_) => return,
+        }
+    }
+}
+
+fn pod_of(pid: u32) -> Option<String> {
+    let content = read_small(&Path::new("/proc").join(pid.to_string()).join("cgroup")).ok()?;
+    pod_from_proc_cgroup(&content).map(|p| p.uid)
+}
+
+fn run_allocator(
+    opts: &Opts,
+    backend: &Back,
+    limiter: &GpuLimiter,
+    gpu: &GpuInfo,
+    cgroup: Option<&TestCgroup>,
+) -> Result<AllocatorRun, String> {
+    let (prog, args) = opts
+        .allocator
+        .split_first()
+        .ok_or("empty allocator command")?;
+    let mut cmd = match cgroup {
+        // The shell joins the cgroup and then becomes the allocator (same pid), so the
+        // allocator's first CUDA call already happens inside the pod.
+        Some(cg) => {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c")
+                .arg(r#"echo $$ > "$1" || exit 97; shift; exec "$@""#)
+                .arg("sh")
+                .arg(cg.ctr.join("cgroup.procs"))
+                .arg(prog)
+                .args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(prog);
+            c.args(args);
+            c
+        }
+    };
+    cmd.env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+        .env("GPU_CHECK_TARGET_BYTES", opts.alloc_bytes.to_string())
+        .env("GPU_CHECK_STEP_BYTES", opts.step_bytes.to_string())
+        .env("GPU_CHECK_HOLD_SECONDS", opts.hold.as_secs().to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the allocator {:?}: {e}", opts.allocator))?;
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        spawn_reader(out, Stream::Out, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        spawn_reader(err, Stream::Err, tx);
+    }
+    let mut guard = ChildGuard(Some(child));
+    println!("allocator started: pid {pid}");
+
+    let start = Instant::now();
+    let mut log = AllocatorLog::default();
+    let mut watch = WatchLog::default();
+    let mut wd = Watchdog::new();
+    let terminator = PidfdTerminator::default();
+    let mut last_line = String::new();
+    let mut timed_out = false;
+    let status = loop {
+        drain(&rx, &mut log, Duration::ZERO);
+        backend.feed(
+            &gpu.uuid,
+            pid,
+            log.start
+                .is_some()
+                .then_some(log.reached)
+                .filter(|_| !log.done),
+        );
+        poll_watchdog(
+            backend,
+            limiter,
+            gpu,
+            opts.action,
+            pid,
+            start,
+            &mut wd,
+            &terminator,
+            &mut watch,
+            &mut last_line,
+        );
+        let Some(child) = guard.0.as_mut() else {
+            break None;
+        };
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) => {}
+            Err(e) => {
+                println!("allocator: wait failed: {e}");
+                break None;
+            }
+        }
+        if start.elapsed() > opts.timeout {
+            println!(
+                "allocator: still running after {} s; killing it",
+                opts.timeout.as_secs()
+            );
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().ok();
+        }
+        thread::sleep(opts.poll);
+    };
+    // The pipes close when the allocator exits; what it wrote last is still queued.
+    drain(&rx, &mut log, Duration::from_millis(500));
+    let how = match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => format!("{s}"),
+        },
+        None => "unknown".into(),
+    };
+    println!(
+        "allocator finished after {:.1} s: {how}",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(AllocatorRun {
+        pid,
+        status,
+        timed_out,
+        log,
+        watch,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn poll_watchdog(
+    backend: &Back,
+    limiter: &GpuLimiter,
+    gpu: &GpuInfo,
+    action: Action,
+    alloc_pid: u32,
+    start: Instant,
+    wd: &mut Watchdog,
+    terminator: &PidfdTerminator,
+    watch: &mut WatchLog,
+    last_line: &mut String,
+) {
+    watch.polls += 1;
+    let t = start.elapsed().as_secs_f64();
+    let procs = match backend.gpu().compute_processes(&gpu.uuid) {
+        Ok(p) => p,
+        Err(e) => {
+            let msg = format!("compute processes: {e}");
+            if !watch.errors.contains(&msg) {
+                println!("  watchdog t={t:.1}s: {msg}");
+                watch.errors.push(msg);
+            }
+            return;
+        }
+    };
+    let usage: Vec<ProcessUsage> = procs
+        .iter()
+        .map(|p| ProcessUsage {
+            gpu_uuid: gpu.uuid.clone(),
+            pid: p.pid,
+            used_bytes: p.used_bytes,
+        })
+        .collect();
+    if let Some(p) = procs.iter().find(|p| p.pid == alloc_pid) {
+        watch.seen = true;
+        if let Some(u) = p.used_bytes {
+            watch.max_used = Some(watch.max_used.map_or(u, |m| m.max(u)));
+        }
+    }
+    let shares = limiter.watched_shares(action);
+    let verdict = wd.evaluate(Instant::now(), &usage, pod_of, &shares);
+
+    let mut parts = Vec::new();
+    for p in &procs {
+        let used = p.used_bytes.map_or_else(|| "usage unknown".into(), short);
+        let mine = if p.pid == alloc_pid {
+            " (allocator)"
+        } else {
+            ""
+        };
+        let owner = match verdict.usage.iter().find(|u| u.pids.contains(&p.pid)) {
+            Some(u) => {
+                if p.pid == alloc_pid {
+                    watch.attributed = true;
+                }
+                format!(
+                    "pod {} share {} ({} of {})",
+                    u.pod_uid,
+                    u.share_keys.join(","),
+                    short(u.used_bytes),
+                    short(u.limit_bytes)
+                )
+            }
+            None if fs::metadata(format!("/proc/{}", p.pid)).is_err() => {
+                "unattributed: not in this /proc (another pid namespace?)".into()
+            }
+            None => "unattributed (no share for its cgroup)".into(),
+        };
+        parts.push(format!("pid {}{mine} {used} -> {owner}", p.pid));
+    }
+    if procs.is_empty() {
+        parts.push("no compute processes".into());
+    }
+    let line = parts.join("; ");
+    if line != *last_line {
+        println!("  watchdog t={t:.1}s: {line}");
+        *last_line = line;
+    }
+    for o in verdict.over_limit.iter().filter(|o| o.new) {
+        println!(
+            "  watchdog t={t:.1}s: OVER-LIMIT event: pod {} shares {} use {} > limit {}",
+            o.pod_uid,
+            o.share_keys.join(","),
+            short(o.used_bytes),
+            short(o.limit_bytes)
+        );
+        if watch.first_over.is_none() {
+            watch.first_over = Some((t, o.used_bytes, o.limit_bytes));
+        }
+    }
+    for (d, r) in execute_terminations(&verdict, terminator) {
+        let what = match r {
+            Ok(x) => format!("{x:?}"),
+            Err(e) => format!("failed: {e}"),
+        };
+        println!(
+            "  watchdog t={t:.1}s: terminate pid {} ({} used) of pod {}: {what}",
+            d.pid,
+            short(d.used_bytes),
+            d.pod_uid
+        );
+        watch.terminated.push(format!("pid {} {what}", d.pid));
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Summary
+
+#[derive(Debug, Default)]
+struct Report {
+    /// Some(enforced memory as read back by the limiter) when apply succeeded.
+    applied: Option<Option<String>>,
+    apply_error: Option<String>,
+    limit_while_prepared: Option<String>,
+    limit_after_release: Option<String>,
+    /// Why the test cgroup could not be made, when it could not.
+    cgroup_error: Option<String>,
+}
+
+fn print_summary(
+    opts: &Opts,
+    limiter: &GpuLimiter,
+    device: &shareguard_limiter_gpu::limiter::GpuDevice,
+    mps: Option<Support>,
+    report: &Report,
+    run: Option<&AllocatorRun>,
+) {
+    let limit = short(opts.share_bytes);
+    if let Some(r) = run {
+        let st = match (r.status, r.timed_out) {
+            (_, true) => "timed out, killed".to_string(),
+            (Some(s), _) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit {c}"),
+                (None, Some(sig)) => format!("signal {sig}"),
+                _ => s.to_string(),
+            },
+            (None, _) => "unknown".into(),
+        };
+        let via = r.log.start.as_deref().unwrap_or("did not report how");
+        println!("allocator pid {}: {via}; {st}", r.pid);
+        match (&r.log.init_failed, &r.log.fail) {
+            (Some(e), _) => println!("allocator: CUDA init failed: {e}"),
+            (None, Some((t, e))) => println!(
+                "allocator: got {} of {} asked, then: {e}",
+                short(*t),
+                short(opts.alloc_bytes)
+            ),
+            (None, None) => println!(
+                "allocator: got {} of {} asked{}",
+                short(r.log.reached),
+                short(opts.alloc_bytes),
+                if r.log.done { ", no error" } else { "" }
+            ),
+        }
+    }
+
+    let mut rows: Vec<[String; 3]> = vec![[
+        "mechanism".into(),
+        "result".into(),
+        "enforced limit read back".into(),
+    ]];
+
+    // nvml-cgroup
+    let cgroup_why = device
+        .not_chosen
+        .iter()
+        .find(|(m, _)| *m == Mechanism::NvmlCgroup)
+        .map(|(_, w)| w.clone());
+    let while_prepared = report
+        .limit_while_prepared
+        .clone()
+        .unwrap_or_else(|| "-".into());
+    let after = report
+        .limit_after_release
+        .clone()
+        .unwrap_or_else(|| "-".into());
+    let cgroup_supported = cgroup_why.is_none();
+    let nvml_result = if let Some(why) = cgroup_why {
+        format!("not supported: {why}")
+    } else if let Some(e) = &report.apply_error {
+        format!("not enforced: apply failed: {e}")
+    } else if matches!(report.applied, Some(None)) {
+        "not enforced: the limit read back does not match the share".into()
+    } else {
+        match run {
+            None => "limit set and read back; no allocator ran, so nothing was blocked".into(),
+            Some(r) if !r.log.any_line => "not exercised: the allocator did not run".into(),
+            Some(r) => match (&r.log.init_failed, &r.log.fail) {
+                (Some(e), _) => {
+                    format!("allocator failed at CUDA init, before allocating: {e}")
+                }
+                (None, Some((t, e))) if *t <= opts.share_bytes => format!(
+                    "blocked by driver: allocation stopped at {} of {} ({e})",
+                    short(*t),
+                    short(opts.alloc_bytes)
+                ),
+                (None, Some((t, e))) => format!(
+                    "NOT blocked at the limit: allocator got {} > {limit} before failing ({e})",
+                    short(*t)
+                ),
+                (None, None) if r.log.reached > opts.share_bytes => format!(
+                    "NOT blocked: allocator got {} with a {limit} limit",
+                    short(r.log.reached)
+                ),
+                (None, None) => format!(
+                    "not exercised: allocator reported {} and no failure",
+                    short(r.log.reached)
+                ),
+            },
+        }
+    };
+    rows.push([
+        limiter.label(Mechanism::NvmlCgroup),
+        nvml_result,
+        if cgroup_supported {
+            format!("prepared: {while_prepared}; after release: {after}")
+        } else {
+            "- (no driver limit)".into()
+        },
+    ]);
+
+    // mps
+    let mps_result = match mps {
+        Some(Support::Supported) if device.mechanism == Mechanism::Mps => {
+            "chosen by the limiter (see the allocator result)".into()
+        }
+        _ => "not attempted (not implemented for NVML in this build)".to_string(),
+    };
+    println!("mps: {mps_result}");
+    rows.push([limiter.label(Mechanism::Mps), mps_result, "-".into()]);
+
+    // watchdog
+    let wd_result = match run {
+        None => "not exercised: no allocator ran".to_string(),
+        Some(r) if !r.log.any_line => "not exercised: the allocator did not run".into(),
+        Some(r) => {
+            let w = &r.watch;
+            if let Some((t, used, lim)) = w.first_over {
+                let act = if w.terminated.is_empty() {
+                    match opts.action {
+                        Action::Report => "reported (action report)".to_string(),
+                        Action::Terminate { .. } => "not terminated (exited first)".to_string(),
+                    }
+                } else {
+                    format!("terminated: {}", w.terminated.join(", "))
+                };
+                format!(
+                    "caught by watchdog: over limit at t={t:.1}s ({} > {}), {act}",
+                    short(used),
+                    short(lim)
+                )
+            } else if w.attributed {
+                format!(
+                    "nothing to catch: allocator stayed within {limit} (max seen {})",
+                    w.max_used.map_or_else(|| "unknown".into(), short)
+                )
+            } else if w.seen && report.cgroup_error.is_some() {
+                "NOT caught: NVML listed the allocator, but with no test cgroup it is in no pod"
+                    .into()
+            } else if w.seen {
+                "NOT caught: NVML listed the allocator but it was not attributed to the test pod"
+                    .into()
+            } else if !w.errors.is_empty() {
+                format!("NOT caught: {}", w.errors.join("; "))
+            } else {
+                format!(
+                    "NOT caught: allocator pid {} never in NVML's process list ({} polls; pid namespace, or no CUDA context)",
+                    r.pid, w.polls
+                )
+            }
+        }
+    };
+    rows.push([
+        limiter.label(Mechanism::Watchdog),
+        wd_result,
+        format!("- (reacts only; watched {limit} from the share table)"),
+    ]);
+
+    let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0);
+    println!();
+    for (i, r) in rows.iter().enumerate() {
+        println!("{:<w0$} | {:<w1$} | {}", r[0], r[1], r[2]);
+        if i == 0 {
+            println!(
+                "{}-+-{}-+-{}",
+                "-".repeat(w0),
+                "-".repeat(w1),
+                "-".repeat(24)
+            );
+        }
+    }
+    println!();
+    println!(
+        "limiter's choice for this GPU: {}",
+        limiter.label(device.mechanism)
+    );
+}
