@@ -12,6 +12,42 @@
 //! such as `/kubelet.slice/kubelet-kubepods.slice/...`, which is accepted as long as the
 //! `kubepods` marker is there. The input comes from processes we do not trust, so the
 //! parser never panics and answers None for anything it does not recognise.
+//!
+//! [`pod_uid_of_pid`] reads the file for the watchdog's pid -> pod function.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+/// `/proc/PID/cgroup` is a few hundred bytes; the cap keeps a hostile mount (or a
+/// pathological nesting) from making us read without end.
+pub const MAX_PROC_CGROUP_BYTES: u64 = 64 * 1024;
+
+/// The content of `<proc_root>/<pid>/cgroup`, at most [`MAX_PROC_CGROUP_BYTES`] of it.
+/// A process that is gone reads as `ENOENT` (or `ESRCH` while it is being reaped).
+pub fn read_proc_cgroup(proc_root: &Path, pid: u32) -> std::io::Result<String> {
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    let mut content = String::new();
+    File::open(&path)?
+        .take(MAX_PROC_CGROUP_BYTES)
+        .read_to_string(&mut content)?;
+    Ok(content)
+}
+
+/// The pod uid of a running process, read from `<proc_root>/<pid>/cgroup`: the
+/// watchdog's pid -> pod function. None when the process is gone, its file cannot be
+/// read, or it is in no pod (or in two).
+pub fn pod_uid_of_pid(proc_root: &Path, pid: u32) -> Option<String> {
+    match read_proc_cgroup(proc_root, pid) {
+        Ok(content) => pod_from_proc_cgroup(&content).map(|p| p.uid),
+        Err(e) => {
+            if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
+                tracing::debug!(pid, error = %e, "cannot read the cgroup of a GPU process");
+            }
+            None
+        }
+    }
+}
 
 /// Quality-of-service class, from where the pod cgroup sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +295,66 @@ mod tests {
         assert_eq!(pod_from_proc_cgroup(&v1), None);
         let mixed = format!("12:memory:/kubepods/pod{UID}/c\n0::/kubepods/pod{other}/c");
         assert_eq!(pod_from_proc_cgroup(&mixed), None);
+    }
+
+    fn fake_proc(entries: &[(u32, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, content) in entries {
+            let d = dir.path().join(pid.to_string());
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("cgroup"), content).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn pod_of_pid_reads_the_proc_file() {
+        let other = "aaaaaaaa-5678-4ef0-9abc-def012345678";
+        let proc_root = fake_proc(&[
+            (
+                10,
+                &format!(
+                    "1:name=systemd:/\n0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_US}.slice/cri-containerd-a.scope\n"
+                ),
+            ),
+            (
+                11,
+                &format!("9:name=systemd:/kubepods/besteffort/pod{other}/c\n0::/\n"),
+            ),
+            (12, "0::/system.slice/containerd.service\n"),
+        ]);
+        let root = proc_root.path();
+        assert_eq!(pod_uid_of_pid(root, 10).as_deref(), Some(UID));
+        assert_eq!(pod_uid_of_pid(root, 11).as_deref(), Some(other));
+        assert_eq!(pod_uid_of_pid(root, 12), None);
+        // No such process.
+        assert_eq!(pod_uid_of_pid(root, 13), None);
+        let err = read_proc_cgroup(root, 13).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn pod_of_pid_reads_at_most_the_cap() {
+        // A pod line past the cap is not seen: the read stops there.
+        let padding = format!(
+            "1:name=systemd:/{}\n",
+            "x".repeat(MAX_PROC_CGROUP_BYTES as usize)
+        );
+        let proc_root = fake_proc(&[(20, &format!("{padding}0::/kubepods/pod{UID}/c\n"))]);
+        let content = read_proc_cgroup(proc_root.path(), 20).unwrap();
+        assert_eq!(content.len() as u64, MAX_PROC_CGROUP_BYTES);
+        assert_eq!(pod_uid_of_pid(proc_root.path(), 20), None);
+    }
+
+    #[test]
+    fn pod_of_pid_against_the_real_proc() {
+        // The test process is in no pod; the file is there and has a line per hierarchy.
+        let proc_root = Path::new("/proc");
+        let content = read_proc_cgroup(proc_root, std::process::id()).unwrap();
+        assert!(content.lines().count() >= 1, "{content:?}");
+        assert_eq!(pod_uid_of_pid(proc_root, std::process::id()), None);
+        // PID max on Linux is at most 2^22; this one cannot exist.
+        assert_eq!(pod_uid_of_pid(proc_root, 4_194_304 + 17), None);
     }
 
     #[test]

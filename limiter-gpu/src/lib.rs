@@ -17,7 +17,8 @@
 //! - [`watchdog`]: the watchdog's decisions (usage per share, over-limit episodes,
 //!   which processes to terminate after the grace period) as pure logic, and
 //!   [`sys::PidfdTerminator`], the pidfd-based kill that re-checks the pod first.
-//! - [`cgroup`]: `/proc/PID/cgroup` -> pod uid for the systemd and cgroupfs layouts.
+//! - [`cgroup`]: `/proc/PID/cgroup` -> pod uid for the systemd and cgroupfs layouts,
+//!   and [`cgroup::pod_uid_of_pid`], the pid -> pod function the watchdog is fed.
 //! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
 //!   CDI specification's rules.
 //! - [`sys`]: all unsafe code (the two unbound NVML functions, pidfd calls).

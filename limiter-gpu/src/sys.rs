@@ -22,15 +22,13 @@
 //! None of this has been run against a real R615+ driver yet.
 
 use std::ffi::{CStr, c_char, c_uint, c_ulonglong, c_void};
-use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 
 use nvml_wrapper::Device;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 
-use crate::cgroup::pod_from_proc_cgroup;
+use crate::cgroup::{pod_from_proc_cgroup, read_proc_cgroup};
 use crate::watchdog::{ProcessTerminator, TerminateError, Terminated};
 
 #[repr(C)]
@@ -227,17 +225,18 @@ impl ProcessTerminator for PidfdTerminator {
         let Some(fd) = Self::pidfd_open(pid)? else {
             return Ok(Terminated::AlreadyGone);
         };
-        let path = self.proc_root.join(pid.to_string()).join("cgroup");
-        let mut content = String::new();
-        // /proc/PID/cgroup is a few hundred bytes; the cap keeps a hostile mount from
-        // making us read without end.
-        let read = File::open(&path).and_then(|f| f.take(64 * 1024).read_to_string(&mut content));
-        if let Err(e) = read {
-            return match e.raw_os_error() {
-                Some(libc::ESRCH) | Some(libc::ENOENT) => Ok(Terminated::AlreadyGone),
-                _ => Err(TerminateError::Failed(format!("{}: {e}", path.display()))),
-            };
-        }
+        let content = match read_proc_cgroup(&self.proc_root, pid) {
+            Ok(c) => c,
+            Err(e) => {
+                return match e.raw_os_error() {
+                    Some(libc::ESRCH) | Some(libc::ENOENT) => Ok(Terminated::AlreadyGone),
+                    _ => Err(TerminateError::Failed(format!(
+                        "{}/{pid}/cgroup: {e}",
+                        self.proc_root.display()
+                    ))),
+                };
+            }
+        };
         match pod_from_proc_cgroup(&content) {
             Some(p) if p.uid == pod_uid => Self::send_sigkill(&fd),
             other => Err(TerminateError::NotInPod {
