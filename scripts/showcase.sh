@@ -2,7 +2,9 @@
 # The main job: a self-contained tour of the agent on this machine. It builds the agent,
 # starts it on an embedded config with a temporary store, prepares shares for two
 # namespaces, shows the ledger, shows an oversubscription and a policy violation refused,
-# kills the agent with SIGKILL, restarts it and shows that nothing was lost.
+# kills the agent with SIGKILL, restarts it and shows that nothing was lost; then two pods
+# share a NIC with bandwidth measured by iperf3, and a GPU share is limited, watched and
+# its over-limit process terminated (on the SIMULATED GPU back end: no GPU here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -16,8 +18,18 @@ work=$(mktemp -d /tmp/shareguard-showcase.XXXXXX)
 agent_pid=""
 pins="/sys/fs/bpf/shareguard-showcase-$$"
 tag="sgs$(( $$ % 100000 ))"
+gpu_pid=""
+# A pod cgroup laid out as the kubelet's systemd driver lays it out, under a directory of
+# our own; on the cgroup v2 hierarchy (the unified one on a hybrid host).
+cg2=/sys/fs/cgroup; [ -e "$cg2/cgroup.controllers" ] || cg2=/sys/fs/cgroup/unified
+gpu_pod_uid="5e0c1a2b-0000-4000-8000-$(printf '%012d' $$)"
+gpu_cg_top="shareguard-showcase-$$.slice"
+gpu_cg="$gpu_cg_top/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${gpu_pod_uid//-/_}.slice/cri-containerd-showcase.scope"
 cleanup() {
   if [ -n "$agent_pid" ]; then { kill -9 "$agent_pid" && wait "$agent_pid"; } 2>/dev/null || true; fi
+  if [ -n "$gpu_pid" ]; then kill -9 "$gpu_pid" 2>/dev/null || true; fi
+  # Deepest first; only the directories made here.
+  d="$gpu_cg"; while [ -n "$d" ] && [ "$d" != . ]; do rmdir "$cg2/$d" 2>/dev/null || true; d=$(dirname "$d"); done
   pkill -f "iperf3 -s -B 198.19.0" 2>/dev/null || true
   for p in a b; do
     ip link del "${tag}$p" 2>/dev/null || true
@@ -35,6 +47,9 @@ audit_log = "$work/audit.jsonl"
 metrics_addr = "127.0.0.1:0"
 allowed_uids = [$(id -u)]
 bpffs_dir = "$pins"
+cdi_dir = "$work/cdi"
+# SIMULATION: the simulated GPU reports the compute processes listed in this file.
+simulated_gpu_processes = "$work/gpu-processes.json"
 
 # Accounting only: shares are counted in the ledger and reported ACCOUNTED, never
 # ENFORCED, because nothing on this device can enforce them.
@@ -61,6 +76,23 @@ allowed_namespaces = ["team-a", "team-b"]
 value = "1G"
 default = "10M"
 valid_range = { min = "10M", max = "1G", step = "10M" }
+
+# GPU memory on the SIMULATED back end (this machine has no GPU; on one with NVIDIA's
+# driver: backend = "nvml" and uuid or index). The watchdog polls every 200 ms and ends
+# a process whose share stays over its limit for 1 s.
+[[device]]
+name = "gpu-0"
+driver = "shareguard.example.com"
+pool = "showcase-node"
+kind = "gpu"
+backend = "simulated"
+allowed_namespaces = ["team-a", "team-b"]
+watchdog = { period = "200ms", action = "terminate", grace = "1s" }
+[device.simulated]
+memory = "80Gi"
+[device.capacity.memory]
+default = "1Gi"
+valid_range = { min = "1Gi", step = "1Gi" }
 TOML
 
 sg() { "$SG" --socket "$work/agent.sock" "$@"; }
@@ -181,11 +213,40 @@ done
 echo "(TCP goodput tops out at 1448/1514 = 0.956 of an Ethernet-level limit)"
 sg shares --device nic-0
 
+step "GPU: a share of gpu-0 (SIMULATED back end: no NVIDIA GPU on this machine)"
+mkdir -p "$cg2/$gpu_cg"
+sleep 600 & gpu_pid=$!
+echo "$gpu_pid" >"$cg2/$gpu_cg/cgroup.procs"
+echo "pod $gpu_pod_uid: process $gpu_pid in cgroup $gpu_cg"
+gpu_share=$(uuid)
+sg prepare -f - <<JSON
+{"epoch": "1", "claims": [{
+  "claim": {"uid": "gpu-a", "namespace": "team-a", "name": "gpu-a"},
+  "allocationId": "alloc-gpu-a",
+  "target": {"podUid": "$gpu_pod_uid", "cgroupPaths": ["$gpu_cg"]},
+  "allocations": [{"request": "gpu", "driver": "shareguard.example.com", "pool": "showcase-node",
+    "device": "gpu-0", "shareId": "$gpu_share", "consumedCapacity": {"memory": "8Gi"}, "policyVersion": "rv-1"}]}]}
+JSON
+sg shares --device gpu-0
+echo "CDI spec written for the claim ($work/cdi):"
+cat "$work/cdi/"*gpu-a.json
+
+step "GPU: the process uses 12Gi of its 8Gi share -> the watchdog reports, then terminates it"
+printf '[{"gpu_uuid": "GPU-simulated-gpu-0", "pid": %d, "used_bytes": %d}]\n' "$gpu_pid" $((12 << 30)) >"$work/gpu-processes.json"
+for _ in $(seq 1 200); do kill -0 "$gpu_pid" 2>/dev/null || break; sleep 0.05; done
+if kill -0 "$gpu_pid" 2>/dev/null; then echo "process $gpu_pid still runs after 10 s" >&2; exit 1; fi
+wait "$gpu_pid" 2>/dev/null || true
+echo "process $gpu_pid is gone"
+gpu_pid=""
+grep -E '"decision":"(over_limit|terminate)"' "$work/audit.jsonl"
+sg release gpu-a >/dev/null
+echo "released: CDI spec removed: $(ls "$work/cdi" | wc -l) spec files left"
+
 step "audit log (one JSON line per decision)"
 cat "$work/audit.jsonl"
 
 step "metrics (excerpt)"
-curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals|share_)' || true
+curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals|share_|gpu_)' || true
 
 echo
 echo "showcase complete"

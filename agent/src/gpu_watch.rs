@@ -18,7 +18,7 @@ use serde::Deserialize;
 use shareguard_limiter_gpu::{
     GpuBackend, GpuError, GpuLimiter,
     backend::ComputeProcess,
-    cgroup::pod_from_proc_cgroup,
+    cgroup::pod_uid_of_pid,
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
     watchdog::{
@@ -59,13 +59,6 @@ struct SimulatedProcess {
     gpu_uuid: String,
     pid: u32,
     used_bytes: Option<u64>,
-}
-
-/// The pod a host PID belongs to, from its cgroup; None for a process outside any pod
-/// (or one that already exited).
-pub fn pod_of(proc_root: &Path, pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    pod_from_proc_cgroup(&text).map(|p| p.uid)
 }
 
 impl GpuWatch {
@@ -154,7 +147,7 @@ impl GpuWatch {
         let verdict = lock(&self.watchdog).evaluate(
             Instant::now(),
             &processes,
-            |pid| pod_of(proc_root, pid),
+            |pid| pod_uid_of_pid(proc_root, pid),
             &shares,
         );
         let terminator = PidfdTerminator::with_proc_root(proc_root);

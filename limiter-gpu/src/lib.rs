@@ -1,4 +1,6 @@
-//! GPU memory limiter for `gpu` devices: a plain library, not yet wired into the agent.
+//! GPU memory limiter for `gpu` devices: a plain library; the agent decides when to call
+//! it (`agent/src/limiters.rs` builds it from the config, `agent/src/gpu_watch.rs` runs
+//! the watchdog loop, the engine writes the CDI specs).
 //!
 //! What exists:
 //!
@@ -25,17 +27,13 @@
 //!
 //! What does not exist yet:
 //!
-//! - agent wiring: the agent still refuses `kind = "gpu"` devices in its configuration;
-//!   nothing runs the watchdog loop, emits its events, metrics or audit lines, or calls
-//!   the CDI writer and puts its ids into `ClaimResult.cdi_device_ids`;
-//! - configuration (TOML) for GPU devices, the watchdog action and grace period, and
-//!   the CDI directory and kind;
 //! - MPS control daemon management: the NVML back end reports MPS as unsupported, so
-//!   real GPUs get nvml-cgroup or the watchdog; only the simulated back end has MPS;
+//!   real GPUs get nvml-cgroup or the watchdog; only the simulated back end has MPS, and
+//!   no CDI spec carries an MPS pipe directory;
 //! - persistence of the limiter's share table: after a restart shares are re-adopted
 //!   through `verify`, and `remove` of a share not seen since is a no-op;
-//! - a script or CI job that runs the NVML path on a real GPU: the NVML back end has
-//!   not been run against a driver, and the memory-limit calls not against R615+.
+//! - a run on a real GPU: `tests/gpu/run-on-gpu.sh` is written for one, but the NVML back
+//!   end has not been run against a driver, and the memory-limit calls not against R615+.
 
 pub mod backend;
 pub mod cdi;
