@@ -233,6 +233,9 @@ cat "$work/cdi/"*gpu-a.json
 
 step "GPU: the process uses 12Gi of its 8Gi share -> the watchdog reports, then terminates it"
 printf '[{"gpu_uuid": "GPU-simulated-gpu-0", "pid": %d, "used_bytes": %d}]\n' "$gpu_pid" $((12 << 30)) >"$work/gpu-processes.json"
+for _ in $(seq 1 200); do grep -q '"decision":"over_limit"' "$work/audit.jsonl" && break; sleep 0.05; done
+echo "within the grace period (1s) the share's status says what the watchdog sees:"
+sg -o json shares --device gpu-0 | python3 -c 'import json,sys; s=json.load(sys.stdin)["shares"][0]; print("usage:", s.get("usage")); print("reason:", s["reason"])'
 for _ in $(seq 1 200); do kill -0 "$gpu_pid" 2>/dev/null || break; sleep 0.05; done
 if kill -0 "$gpu_pid" 2>/dev/null; then echo "process $gpu_pid still runs after 10 s" >&2; exit 1; fi
 wait "$gpu_pid" 2>/dev/null || true

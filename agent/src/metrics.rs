@@ -364,7 +364,10 @@ impl Metrics {
         self.gpu_limit.clear();
         let obs = engine.gpu_observations();
         for r in engine.records_of(obs.keys()) {
-            let Some(o) = obs.get(&r.key) else { continue };
+            // A share released since the last poll is no longer watched.
+            let Some(o) = obs.get(&r.key).filter(|_| r.phase.holds_capacity()) else {
+                continue;
+            };
             let labels = ShareLabels {
                 share: r.key,
                 namespace: r.claim.namespace,
