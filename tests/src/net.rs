@@ -57,6 +57,26 @@ const TRAFFIC_LOCK: &str = "/tmp/shareguard-tests-traffic.lock";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// A private bpffs directory for one agent's pins, removed (and with it every link the
+/// agent pinned, so no program stays attached) when dropped, also on panic.
+pub struct PinDir(pub PathBuf);
+
+impl PinDir {
+    pub fn new() -> PinDir {
+        PinDir(PathBuf::from(format!(
+            "/sys/fs/bpf/sg-it-{}-{}",
+            std::process::id(),
+            next_id()
+        )))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 fn next_id() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }

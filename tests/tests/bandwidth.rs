@@ -8,42 +8,16 @@
 
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
 
-use std::{
-    fs,
-    path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::fs;
 
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, claim, claim_ref, device,
-    net::{self, Direction, Iperf, Pod, TrafficLock},
+    net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one,
 };
 
 const LOW: f64 = 0.90;
 const HIGH: f64 = 1.05;
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// A private bpffs directory for one agent's pins, removed (and with it every link the
-/// agent pinned, so no program stays attached) when the test ends, even on panic.
-struct PinDir(PathBuf);
-
-impl PinDir {
-    fn new() -> PinDir {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        PinDir(PathBuf::from(format!(
-            "/sys/fs/bpf/sg-it-{}-{n}",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn net_device(name: &str, capacity: &str) -> String {
     net_device_with(name, capacity, "")

@@ -4,31 +4,14 @@
 
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{fs, process::Command};
 
 use shareguard_limiter_net::probe;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, agent_bin, claim, device, net, net::Pod, prepare_one,
-    proto as pb, share_id,
+    Agent, DRIVER, Options, POOL, agent_bin, claim, device, net,
+    net::{PinDir, Pod},
+    prepare_one, proto as pb, share_id,
 };
-
-/// A private bpffs directory for the agent's pins, removed with every link in it.
-struct PinDir(PathBuf);
-
-impl PinDir {
-    fn new(tag: &str) -> PinDir {
-        PinDir(PathBuf::from(format!(
-            "/sys/fs/bpf/sg-nd-{tag}-{}",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn net_device(name: &str, lines: &str) -> String {
     format!(
@@ -58,7 +41,7 @@ async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
         return;
     }
     let kernel = probe::probe().unwrap();
-    let pins = PinDir::new("mech");
+    let pins = PinDir::new();
     let a = start(
         [
             net_device("auto", CAPACITY),
@@ -140,7 +123,7 @@ async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
         .trim()
         .parse()
         .unwrap();
-    let pins = PinDir::new("speed");
+    let pins = PinDir::new();
     let nic = net_device(
         "nic",
         &format!(
