@@ -310,3 +310,70 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
         "{body}"
     );
 }
+
+/// Without NVML (no driver, no library: this machine), an `nvml` GPU device is listed as
+/// unavailable with the reason, holds no capacity, refuses its shares, and the agent
+/// serves its other devices as usual.
+#[tokio::test]
+async fn missing_nvml_leaves_the_device_unavailable_and_the_agent_serving() {
+    if shareguard_limiter_gpu::nvml::NvmlBackend::open().is_ok() {
+        eprintln!(
+            "SKIPPED missing_nvml_leaves_the_device_unavailable_and_the_agent_serving: this machine has NVML"
+        );
+        return;
+    }
+    let devices = format!(
+        r#"
+[[device]]
+name = "gpu-0"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "gpu"
+backend = "nvml"
+index = 0
+allowed_namespaces = ["*"]
+[device.capacity.memory]
+default = "1Gi"
+valid_range = {{ min = "1Gi", step = "1Gi" }}
+{}"#,
+        shareguard_tests::generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[])
+    );
+    let a = Agent::start(Options::new(devices));
+    let mut c = a.client().await;
+    let d = device(&mut c, "gpu-0").await;
+    assert_eq!(d.mechanisms.len(), 1);
+    assert!(
+        d.mechanisms[0].starts_with("unavailable: NVML"),
+        "{:?}",
+        d.mechanisms
+    );
+    assert_eq!(
+        d.capacity["memory"], "0",
+        "nothing discovered, nothing to hand out"
+    );
+    let r = prepare_one(
+        &mut c,
+        1,
+        gpu_claim("nv", &share_id(), "1Gi", "pod-nv", "kubepods/pod-nv"),
+    )
+    .await;
+    assert!(r.error.is_some(), "{r:?}");
+    assert!(
+        a.log_text().contains("NVML unavailable"),
+        "the reason is logged"
+    );
+    // The other device is served as usual.
+    let r = prepare_one(
+        &mut c,
+        1,
+        claim(
+            "g",
+            "team-a",
+            "a1",
+            vec![alloc("gen-0", &share_id(), "5Gi")],
+        ),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Accounted as i32);
+}
