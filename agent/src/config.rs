@@ -50,6 +50,8 @@ pub struct AgentConfig {
     /// Simulation only: a JSON file the simulated GPUs read their running processes
     /// from on every watchdog poll (`[{"gpu_uuid", "pid", "used_bytes"}]`).
     pub simulated_gpu_processes: Option<PathBuf>,
+    /// How often the reconciler re-reads every enforced share from the kernel/driver.
+    pub reconcile_period: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +136,7 @@ struct RawAgent {
     cdi_dir: Option<PathBuf>,
     cgroup_root: Option<PathBuf>,
     simulated_gpu_processes: Option<PathBuf>,
+    reconcile_period: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -240,6 +243,26 @@ impl Config {
                 )
             })?,
         };
+        let reconcile_period = match a.reconcile_period {
+            // Often enough that drift is noticed within a minute's dashboards, rarely
+            // enough that re-reading thousands of shares costs nothing noticeable.
+            None => Duration::from_secs(10),
+            Some(s) => {
+                let d = humantime::parse_duration(s.get_ref()).map_err(|e| {
+                    err(
+                        s.span(),
+                        format!("agent.reconcile_period: {:?}: {e}", s.get_ref()),
+                    )
+                })?;
+                if d < Duration::from_millis(100) {
+                    return Err(err(
+                        s.span(),
+                        "agent.reconcile_period: must be at least 100ms".into(),
+                    ));
+                }
+                d
+            }
+        };
         let state_dir = a
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
@@ -261,6 +284,7 @@ impl Config {
                 .cgroup_root
                 .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
             simulated_gpu_processes: a.simulated_gpu_processes,
+            reconcile_period,
         };
 
         let mut devices = Vec::with_capacity(raw.devices.len());

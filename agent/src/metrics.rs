@@ -150,6 +150,9 @@ pub struct Metrics {
     gpu_terminations: Family<OutcomeLabel, Counter>,
     gpu_polls: Family<PollLabel, Counter>,
     gpu_poll_seconds: Histogram,
+    reconcile_seconds: Histogram,
+    drift: Family<DeviceLabel, Counter>,
+    repairs: Family<DeviceLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -249,7 +252,29 @@ impl Metrics {
             "Time one GPU watchdog poll took",
             gpu_poll_seconds.clone(),
         );
+        // 1 ms .. ~16 s: one netlink round trip or NVML call per share.
+        let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let drift = Family::<DeviceLabel, Counter>::default();
+        let repairs = Family::<DeviceLabel, Counter>::default();
+        registry.register(
+            "shareguard_reconcile_duration_seconds",
+            "Time one reconciler pass over the enforced shares took",
+            reconcile_seconds.clone(),
+        );
+        registry.register(
+            "shareguard_reconcile_drift",
+            "Enforced shares whose enforcement the reconciler found changed or missing",
+            drift.clone(),
+        );
+        registry.register(
+            "shareguard_reconcile_repairs",
+            "Drifted shares the reconciler re-applied and verified again",
+            repairs.clone(),
+        );
         Self {
+            reconcile_seconds,
+            drift,
+            repairs,
             gpu_used,
             gpu_limit,
             gpu_over_limit,
@@ -299,6 +324,26 @@ impl Metrics {
             .get_or_create(&OutcomeLabel {
                 device: device.to_owned(),
                 outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn reconciled(&self, took: Duration) {
+        self.reconcile_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn drift(&self, device: &str) {
+        self.drift
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn repaired(&self, device: &str) {
+        self.repairs
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
             })
             .inc();
     }

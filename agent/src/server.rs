@@ -126,6 +126,27 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         }
     });
 
+    let reconciler = engine.clone();
+    let period = cfg.agent.reconcile_period;
+    tokio::spawn(async move {
+        // The first pass one period after start: the start itself just verified
+        // every share (recover).
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let s = reconciler.reconcile().await;
+            if s.drifted > 0 || s.repaired > 0 {
+                info!(
+                    checked = s.checked,
+                    drifted = s.drifted,
+                    repaired = s.repaired,
+                    "reconciled"
+                );
+            }
+        }
+    });
+
     let listener = bind_socket(&cfg.agent.socket)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeAgentServer<Api>>().await;

@@ -44,8 +44,9 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
 /// The agent, with its CDI directory and simulated-processes file in `dir`.
 fn start(dir: &Path, watchdog: &str) -> Agent {
     let mut o = Options::new(gpu_device(watchdog));
+    // The reconciler would repair what these tests look at first; an hour keeps it out.
     o.agent_extra = format!(
-        "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}",
+        "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}\nreconcile_period = \"1h\"",
         dir.join("cdi"),
         dir.join("processes.json")
     );

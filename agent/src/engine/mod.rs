@@ -6,6 +6,7 @@ pub mod gpu;
 mod locks;
 mod prepare;
 mod query;
+mod reconcile;
 mod recover;
 #[cfg(test)]
 mod tests;

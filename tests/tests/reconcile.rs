@@ -1,0 +1,185 @@
+//! The reconciler against drift injected by hand on real interfaces: the share's qdisc
+//! deleted, its class rate changed, its ifb removed. Each is found within two periods
+//! (the share goes DEGRADED, with the reason), repaired (ENFORCED again, the kernel state
+//! as it was), seen by a watcher in that order, and counted in the metrics. A pod that
+//! is gone is reported and keeps its capacity. Root only; skips without it unless
+//! `CI=true`.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::time::{Duration, Instant};
+
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL, claim, device,
+    net::{self, PinDir, Pod},
+    prepare_one, proto as pb, share_id,
+};
+use tonic::Streaming;
+
+use pb::watch_shares_response::Kind;
+
+const PERIOD: Duration = Duration::from_millis(500);
+
+fn start(pins: &PinDir) -> Agent {
+    let mut o = Options::new(format!(
+        r#"
+[[device]]
+name = "nic-0"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "net"
+mechanism = "htb-ebpf"
+allowed_namespaces = ["*"]
+[device.capacity.bandwidth]
+value = "10G"
+default = "10M"
+valid_range = {{ min = "10M", max = "10G", step = "10M" }}
+"#
+    ));
+    o.agent_extra = format!(
+        "bpffs_dir = {:?}\nreconcile_period = \"{}ms\"",
+        pins.0,
+        PERIOD.as_millis()
+    );
+    Agent::start(o)
+}
+
+/// The next CHANGED event of share `id`, within `deadline` of now.
+async fn changed(
+    s: &mut Streaming<pb::WatchSharesResponse>,
+    id: &str,
+    deadline: Duration,
+) -> pb::ShareStatus {
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let ev = tokio::time::timeout_at(until, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no change of {id} within {deadline:?}"))
+            .unwrap()
+            .unwrap();
+        if ev.kind == Kind::Changed as i32
+            && let Some(share) = ev.share
+            && share.share_id == id
+        {
+            return share;
+        }
+    }
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(name) && l.contains("device=\"nic-0\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn drift_is_found_within_two_periods_and_repaired() {
+    if !net::privileged("drift_is_found_within_two_periods_and_repaired") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let pod = Pod::new();
+    let mut c = a.client().await;
+    let id = share_id();
+    let mut cl = claim(
+        "rc",
+        "team-a",
+        "a1",
+        vec![pb::DeviceAllocation {
+            request: "bw".into(),
+            driver: DRIVER.into(),
+            pool: POOL.into(),
+            device: "nic-0".into(),
+            share_id: id.clone(),
+            consumed_capacity: [("bandwidth".to_owned(), "100M".to_owned())].into(),
+            ..Default::default()
+        }],
+    );
+    cl.target = Some(pb::PodTarget {
+        pod_uid: "pod-rc".into(),
+        netns_path: pod.netns_path().display().to_string(),
+        interface: pod.pod_if().to_owned(),
+        ..Default::default()
+    });
+    let r = prepare_one(&mut c, 1, cl).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let host = pod.host_if().to_owned();
+    let qdiscs = || net::sh(&["tc", "qdisc", "show", "dev", &host]);
+    let class = |dev: &str| net::sh(&["tc", "class", "show", "dev", dev]);
+    let (qdiscs_before, class_before) = (qdiscs(), class(&host));
+    assert!(class_before.contains("rate 100Mbit"), "{class_before}");
+
+    let mut w = c
+        .watch_shares(pb::WatchSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let injections: [(&str, Vec<&str>); 3] = [
+        (
+            "root qdisc deleted",
+            vec!["tc", "qdisc", "del", "dev", &host, "root"],
+        ),
+        (
+            "class rate changed",
+            vec![
+                "tc", "class", "change", "dev", &host, "parent", "1:", "classid", "1:1", "htb",
+                "rate", "1mbit", "ceil", "1mbit",
+            ],
+        ),
+        ("ifb deleted", vec!["ip", "link", "del", &ifb]),
+    ];
+    for (i, (what, cmd)) in injections.iter().enumerate() {
+        let injected = Instant::now();
+        net::sh(cmd);
+        let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+        let found = injected.elapsed();
+        assert_eq!(s.phase, pb::Phase::Degraded as i32, "{what}: {s:?}");
+        assert!(s.reason.contains("drift"), "{what}: {}", s.reason);
+        assert!(
+            found <= 2 * PERIOD + Duration::from_millis(500),
+            "{what}: found after {found:?}, more than two periods of {PERIOD:?}"
+        );
+        let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+        assert_eq!(s.phase, pb::Phase::Enforced as i32, "{what}: {s:?}");
+        assert!(s.reason.contains("repaired"), "{what}: {}", s.reason);
+        assert_eq!(s.limits[0].enforced, "100M", "{what}");
+        assert_eq!(
+            qdiscs(),
+            qdiscs_before,
+            "{what}: the qdiscs are as installed"
+        );
+        assert_eq!(
+            class(&host),
+            class_before,
+            "{what}: the class is as installed"
+        );
+        assert!(net::link_exists(&ifb), "{what}: the ifb is back");
+        let (_, body) = a.http("/metrics");
+        let n = (i + 1) as f64;
+        assert_eq!(
+            metric(&body, "shareguard_reconcile_drift_total"),
+            n,
+            "{what}"
+        );
+        assert_eq!(
+            metric(&body, "shareguard_reconcile_repairs_total"),
+            n,
+            "{what}"
+        );
+    }
+
+    // The pod goes away without an Unprepare: reported, never released implicitly.
+    drop(pod);
+    // Drift first, then the failed repair says what is missing.
+    let mut s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+    while !s.reason.contains("capacity stays held") {
+        assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
+        s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+    }
+    assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
+    assert!(s.reason.contains("does not exist"), "{}", s.reason);
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "100M");
+}
