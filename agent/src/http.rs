@@ -5,7 +5,13 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header::ACCEPT},
+    response::IntoResponse,
+    routing::get,
+};
 
 use crate::engine::Engine;
 
@@ -23,15 +29,28 @@ pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
         .with_state(Ctx { engine, ready })
 }
 
-async fn metrics(State(c): State<Ctx>) -> impl IntoResponse {
+/// OpenMetrics to a scraper that asks for it (Prometheus does), the Prometheus text
+/// format to everyone else.
+async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> impl IntoResponse {
+    let openmetrics = headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
     match c.engine.metrics().render(&c.engine) {
-        Ok(body) => (
+        Ok(body) if openmetrics => (
             StatusCode::OK,
             [(
                 "content-type",
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
             body,
+        )
+            .into_response(),
+        Ok(body) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+            crate::metrics_text::to_prometheus_text(&body),
         )
             .into_response(),
         Err(_) => (

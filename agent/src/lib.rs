@@ -19,6 +19,7 @@ pub mod http;
 pub mod ledger;
 pub mod limiters;
 pub mod metrics;
+pub mod metrics_text;
 pub mod policy;
 pub mod record;
 pub mod server;

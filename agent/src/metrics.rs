@@ -37,6 +37,15 @@ struct DeviceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareCapacityLabels {
+    share: String,
+    namespace: String,
+    claim: String,
+    device: String,
+    capacity: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     device: String,
     /// "terminated", "already exited" or "not terminated".
@@ -153,6 +162,14 @@ pub struct Metrics {
     reconcile_seconds: Histogram,
     drift: Family<DeviceLabel, Counter>,
     repairs: Family<DeviceLabel, Counter>,
+    requested: Family<ShareCapacityLabels, FloatGauge>,
+    enforced: Family<ShareCapacityLabels, FloatGauge>,
+    enforce_seconds: Family<DeviceLabel, Histogram, fn() -> Histogram>,
+}
+
+fn enforce_histogram() -> Histogram {
+    // 0.1 ms .. ~1.6 s: a map update, a few netlink round trips, tc, or an NVML call.
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 15))
 }
 
 impl Default for Metrics {
@@ -271,7 +288,31 @@ impl Metrics {
             "Drifted shares the reconciler re-applied and verified again",
             repairs.clone(),
         );
+        let requested = Family::<ShareCapacityLabels, FloatGauge>::default();
+        let enforced = Family::<ShareCapacityLabels, FloatGauge>::default();
+        let enforce_seconds =
+            Family::<DeviceLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+                enforce_histogram,
+            );
+        registry.register(
+            "shareguard_share_requested",
+            "What a live share asked for, per capacity, in the capacity's base unit",
+            requested.clone(),
+        );
+        registry.register(
+            "shareguard_share_enforced",
+            "What the kernel or driver was last read back to enforce for a live share, per capacity (absent: not enforced)",
+            enforced.clone(),
+        );
+        registry.register(
+            "shareguard_enforcement_duration_seconds",
+            "Time the device's limiter took to apply and read back one share",
+            enforce_seconds.clone(),
+        );
         Self {
+            requested,
+            enforced,
+            enforce_seconds,
             reconcile_seconds,
             drift,
             repairs,
@@ -326,6 +367,14 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    pub fn enforced_in(&self, device: &str, took: Duration) {
+        self.enforce_seconds
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     pub fn reconciled(&self, took: Duration) {
@@ -404,6 +453,24 @@ impl Metrics {
                 (labels, c)
             })
             .collect();
+        // Live shares only: a released one must disappear, not linger at its last value.
+        self.requested.clear();
+        self.enforced.clear();
+        for r in engine.live_records() {
+            for (capacity, q) in &r.consumed {
+                let l = ShareCapacityLabels {
+                    share: r.key.clone(),
+                    namespace: r.claim.namespace.clone(),
+                    claim: r.claim.name.clone(),
+                    device: r.device.clone(),
+                    capacity: capacity.clone(),
+                };
+                self.requested.get_or_create(&l).set(as_f64(q));
+                if let Some(e) = r.enforced.get(capacity) {
+                    self.enforced.get_or_create(&l).set(as_f64(e));
+                }
+            }
+        }
         // Only shares the watchdog watches now: released ones must disappear.
         self.gpu_used.clear();
         self.gpu_limit.clear();

@@ -180,3 +180,164 @@ async fn health_and_readiness_endpoints() {
         "a 200 for everything would make the two above meaningless"
     );
 }
+
+/// Every family, with samples in it (a live share, a refusal, a GPU share on the
+/// simulated back end watched by the watchdog), passes Prometheus' own linter, and the
+/// per-share families say what the share asked for and what was read back.
+#[tokio::test]
+async fn metrics_pass_promtool_and_show_requested_and_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let devices = generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[])
+        + &format!(
+            r#"
+[[device]]
+name = "gpu-0"
+driver = "{}"
+pool = "{}"
+kind = "gpu"
+backend = "simulated"
+allowed_namespaces = ["*"]
+watchdog = {{ period = "50ms", action = "report" }}
+[device.simulated]
+memory = "80Gi"
+[device.capacity.memory]
+default = "1Gi"
+valid_range = {{ min = "1Gi", step = "1Gi" }}
+"#,
+            shareguard_tests::DRIVER,
+            shareguard_tests::POOL
+        );
+    let mut o = Options::new(devices);
+    o.agent_extra = format!("cdi_dir = {:?}", dir.path().join("cdi"));
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+    let gen_share = share_id();
+    prepare_one(
+        &mut c,
+        1,
+        claim(
+            "m1",
+            "team-a",
+            "a1",
+            vec![alloc("gen-0", &gen_share, "10Gi")],
+        ),
+    )
+    .await;
+    // Refused: 7Gi is off the policy's steps.
+    prepare_one(
+        &mut c,
+        1,
+        claim(
+            "m2",
+            "team-a",
+            "a1",
+            vec![alloc("gen-0", &share_id(), "7Gi")],
+        ),
+    )
+    .await;
+    let gpu_share = share_id();
+    let mut g = claim(
+        "m3",
+        "team-a",
+        "a1",
+        vec![alloc("gpu-0", &gpu_share, "2Gi")],
+    );
+    g.target = Some(shareguard_tests::proto::PodTarget {
+        pod_uid: "pod-m3".into(),
+        cgroup_paths: vec!["kubepods/pod-m3".into()],
+        ..Default::default()
+    });
+    let r = prepare_one(&mut c, 1, g).await;
+    assert_eq!(r.error, None, "{r:?}");
+
+    // Wait for a watchdog poll to be counted, with a deadline: its families are then
+    // in the output too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let body = loop {
+        let (_, body) = a.http("/metrics");
+        if sample(
+            &body,
+            "shareguard_gpu_watchdog_polls_total",
+            &[("result", "ok")],
+        )
+        .is_some()
+        {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no watchdog poll counted:\n{body}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+
+    let share =
+        |name: &str, id: &str| sample(&body, name, &[("share", id), ("capacity", "memory")]);
+    assert_eq!(
+        share("shareguard_share_requested", &gen_share),
+        Some(10.0 * GIB)
+    );
+    assert_eq!(
+        share("shareguard_share_enforced", &gen_share),
+        None,
+        "an accounting share is not enforced"
+    );
+    assert_eq!(
+        share("shareguard_share_requested", &gpu_share),
+        Some(2.0 * GIB)
+    );
+    assert_eq!(
+        share("shareguard_share_enforced", &gpu_share),
+        Some(2.0 * GIB)
+    );
+    assert!(
+        body.contains("shareguard_enforcement_duration_seconds_count{device=\"gpu-0\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("shareguard_reconcile_duration_seconds"),
+        "{body}"
+    );
+
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/test.sh installs it)");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), body.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{said}\n{body}"
+    );
+    assert_eq!(said.trim(), "", "promtool has remarks:\n{said}");
+
+    // A scraper that asks for OpenMetrics gets it: counter families without `_total` in
+    // their metadata, and the `# EOF` terminator.
+    let mut s = std::net::TcpStream::connect(a.metrics.unwrap()).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+    )
+    .unwrap();
+    let mut om = String::new();
+    std::io::Read::read_to_string(&mut s, &mut om).unwrap();
+    assert!(
+        om.contains("content-type: application/openmetrics-text"),
+        "{om}"
+    );
+    assert!(om.contains("# TYPE shareguard_refusals counter"), "{om}");
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    assert!(
+        body.contains("# TYPE shareguard_refusals_total counter"),
+        "{body}"
+    );
+    assert!(!body.contains("# EOF"), "{body}");
+}

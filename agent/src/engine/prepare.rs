@@ -660,9 +660,11 @@ impl Engine {
         };
         let spec = spec_of(r);
         let span = info_span!("apply", share = %r.key, claim = %r.claim.uid, device = %r.device);
+        let started = Instant::now();
         let res = tokio::task::spawn_blocking(move || span.in_scope(|| l.apply(&spec)))
             .await
             .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))));
+        self.metrics.enforced_in(&r.device, started.elapsed());
         match &res {
             Ok(e) => {
                 info!(share = %r.key, claim = %r.claim.uid, mechanism = %e.mechanism, "limit applied")

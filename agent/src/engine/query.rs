@@ -141,6 +141,16 @@ impl Engine {
         lock(&self.state).epoch
     }
 
+    /// Every share that holds capacity.
+    pub fn live_records(&self) -> Vec<ShareRecord> {
+        let st = lock(&self.state);
+        st.records
+            .values()
+            .filter(|r| r.phase.holds_capacity())
+            .cloned()
+            .collect()
+    }
+
     /// The records of the given share keys that exist.
     pub fn records_of<'a>(&self, keys: impl IntoIterator<Item = &'a String>) -> Vec<ShareRecord> {
         let st = lock(&self.state);
