@@ -124,7 +124,27 @@ fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engi
             );
         }
     }
-    Engine::open(cfg.clone(), limiters, boot, Arc::new(Metrics::new())).unwrap()
+    // sled releases its directory lock from its own I/O threads shortly after the last
+    // handle is dropped, so reopening in the same process can find it still held (seen
+    // on a loaded 2-core machine). Wait for that, with a deadline; any other error fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Engine::open(
+            cfg.clone(),
+            limiters.clone(),
+            boot,
+            Arc::new(Metrics::new()),
+        ) {
+            Ok(e) => return e,
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("opening the engine: {e}"),
+        }
+    }
 }
 
 fn share(n: u32) -> String {
