@@ -29,6 +29,12 @@ fn rfc3339_seconds(ms: u64) -> String {
 }
 
 pub fn render(r: &ShareRecord) -> String {
+    render_with(r, &[])
+}
+
+/// [`render`], with what the agent observes the share using (capacity name -> amount),
+/// e.g. the GPU watchdog's memory usage, under `data.observed`.
+pub fn render_with(r: &ShareRecord, observed: &[(String, String)]) -> String {
     let quantities = |m: &std::collections::BTreeMap<String, shareguard_common::Quantity>| {
         m.iter()
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
@@ -61,8 +67,190 @@ pub fn render(r: &ShareRecord) -> String {
             "enforced": quantities(&r.enforced),
         },
     });
+    if !observed.is_empty()
+        && let Some(data) = status.get_mut("data").and_then(Value::as_object_mut)
+    {
+        let o: Map<String, Value> = observed
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        data.insert("observed".to_owned(), Value::Object(o));
+    }
     if let (Some(id), Some(obj)) = (&r.share_id, status.as_object_mut()) {
         obj.insert("shareID".to_owned(), Value::String(id.clone()));
     }
     status.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::Value;
+    use shareguard_common::Quantity;
+
+    use super::*;
+    use crate::record::{ClaimId, TargetRecord};
+
+    fn record(phase: Phase, reason: &str) -> ShareRecord {
+        let q = |s: &str| Quantity::parse(s).unwrap();
+        ShareRecord {
+            key: "3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c".into(),
+            share_id: Some("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c".into()),
+            claim: ClaimId::default(),
+            allocation_id: "a".into(),
+            request: "r".into(),
+            driver: "shareguard.example.com".into(),
+            pool: "node-a".into(),
+            device: "gpu-0".into(),
+            consumed: BTreeMap::from([("memory".to_owned(), q("10Gi"))]),
+            policy_version: "1".into(),
+            admin_access: false,
+            target: TargetRecord::default(),
+            phase,
+            mechanism: "nvml-cgroup".into(),
+            enforced: if phase == Phase::Enforced {
+                BTreeMap::from([("memory".to_owned(), q("10Gi"))])
+            } else {
+                BTreeMap::new()
+            },
+            reason: reason.into(),
+            error: None,
+            epoch: 1,
+            created_at_ms: 1,
+            updated_at_ms: 1_795_956_110_233,
+            released_at_ms: None,
+        }
+    }
+
+    /// The rules of resource.k8s.io/v1 `AllocatedDeviceStatus` and metav1 `Condition`
+    /// that the API server validates, as far as a shim copying the JSON relies on them.
+    fn check_allocated_device_status(v: &Value) -> Result<(), String> {
+        let o = v.as_object().ok_or("not an object")?;
+        for k in o.keys() {
+            if ![
+                "driver",
+                "pool",
+                "device",
+                "shareID",
+                "conditions",
+                "data",
+                "networkData",
+            ]
+            .contains(&k.as_str())
+            {
+                return Err(format!("unknown field {k}"));
+            }
+        }
+        for k in ["driver", "pool", "device"] {
+            if o.get(k).and_then(Value::as_str).is_none_or(str::is_empty) {
+                return Err(format!("{k} missing"));
+            }
+        }
+        if let Some(id) = o.get("shareID") {
+            let id = id.as_str().ok_or("shareID not a string")?;
+            if id.len() != 36 || id.chars().any(|c| c.is_ascii_uppercase()) {
+                return Err(format!("shareID {id} is not a lowercase UUID"));
+            }
+        }
+        let conds = o
+            .get("conditions")
+            .and_then(Value::as_array)
+            .ok_or("conditions")?;
+        if conds.len() > 8 {
+            return Err("more than 8 conditions".into());
+        }
+        for c in conds {
+            let c = c.as_object().ok_or("condition not an object")?;
+            for k in c.keys() {
+                if ![
+                    "type",
+                    "status",
+                    "reason",
+                    "message",
+                    "lastTransitionTime",
+                    "observedGeneration",
+                ]
+                .contains(&k.as_str())
+                {
+                    return Err(format!("unknown condition field {k}"));
+                }
+            }
+            let s = |k: &str| {
+                c.get(k)
+                    .and_then(Value::as_str)
+                    .ok_or(format!("condition {k}"))
+            };
+            if !["True", "False", "Unknown"].contains(&s("status")?) {
+                return Err("condition status".into());
+            }
+            let reason = s("reason")?;
+            let ok = reason.len() <= 1024
+                && reason.starts_with(|c: char| c.is_ascii_alphabetic())
+                && reason
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
+                && !reason.ends_with([',', ':']);
+            if !ok {
+                return Err(format!("condition reason {reason:?}"));
+            }
+            if s("message")?.len() > 32 * 1024 {
+                return Err("condition message too long".into());
+            }
+            humantime::parse_rfc3339(s("lastTransitionTime")?)
+                .map_err(|e| format!("lastTransitionTime: {e}"))?;
+            if s("type")?.is_empty() {
+                return Err("condition type empty".into());
+            }
+        }
+        if !o.get("data").is_some_and(Value::is_object) {
+            return Err("data must be an object (a RawExtension of JSON)".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_phase_renders_a_valid_allocated_device_status_under_10k() {
+        for phase in [
+            Phase::Preparing,
+            Phase::Enforced,
+            Phase::Accounted,
+            Phase::Degraded,
+            Phase::Failed,
+            Phase::Unknown,
+            Phase::Releasing,
+            Phase::Released,
+        ] {
+            // A reason far above the bound is cut, not the structure.
+            let r = record(phase, &"é".repeat(20_000));
+            let text = render_with(&r, &[("memory".into(), "3Gi".into())]);
+            assert!(text.len() <= MAX_BYTES, "{phase:?}: {} bytes", text.len());
+            let v: Value = serde_json::from_str(&text).unwrap();
+            check_allocated_device_status(&v).unwrap_or_else(|e| panic!("{phase:?}: {e}: {v}"));
+            assert_eq!(v["data"]["observed"]["memory"], "3Gi");
+            assert_eq!(
+                v["conditions"][0]["status"],
+                if phase == Phase::Enforced {
+                    "True"
+                } else {
+                    "False"
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_check_rejects_what_the_api_server_would() {
+        let good: Value = serde_json::from_str(&render(&record(Phase::Enforced, "ok"))).unwrap();
+        check_allocated_device_status(&good).unwrap();
+        let mut bad = good.clone();
+        bad["conditions"][0]["reason"] = "not camel case!".into();
+        assert!(check_allocated_device_status(&bad).is_err());
+        let mut bad = good.clone();
+        bad["extra"] = 1.into();
+        assert!(check_allocated_device_status(&bad).is_err());
+        let mut bad = good;
+        bad["data"] = "x".into();
+        assert!(check_allocated_device_status(&bad).is_err());
+    }
 }

@@ -150,6 +150,8 @@ impl Engine {
                 name: MEMORY.to_owned(),
                 used: bytes(o.used_bytes),
             }];
+            s.device_status_json =
+                crate::device_status::render_with(r, &[(MEMORY.to_owned(), bytes(o.used_bytes))]);
             if let Some(since) = o.over_since_ms {
                 s.reason = format!(
                     "{}; watchdog: over the memory limit since {}: {} used of {}",
