@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub metrics_addr: SocketAddr,
     pub audit_log: PathBuf,
+    /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
+    pub audit_bound: crate::audit::Bound,
     pub allowed_uids: Vec<u32>,
     pub max_claims_per_request: usize,
     pub tombstone_retention: Duration,
@@ -129,6 +131,9 @@ struct RawAgent {
     state_dir: Option<PathBuf>,
     metrics_addr: Option<Spanned<String>>,
     audit_log: Option<PathBuf>,
+    /// An integer or a quantity string ("64Mi").
+    audit_max_bytes: Option<Spanned<RawBytes>>,
+    audit_keep: Option<Spanned<u32>>,
     allowed_uids: Option<Vec<u32>>,
     max_claims_per_request: Option<Spanned<usize>>,
     tombstone_retention: Option<Spanned<String>>,
@@ -137,6 +142,14 @@ struct RawAgent {
     cgroup_root: Option<PathBuf>,
     simulated_gpu_processes: Option<PathBuf>,
     reconcile_period: Option<Spanned<String>>,
+}
+
+/// A byte count written as a TOML integer or as a quantity string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawBytes {
+    Int(i64),
+    Text(String),
 }
 
 #[derive(Deserialize)]
@@ -263,6 +276,43 @@ impl Config {
                 d
             }
         };
+        let audit_max_bytes = match a.audit_max_bytes {
+            None => crate::audit::DEFAULT_MAX_BYTES,
+            Some(b) => {
+                let span = b.span();
+                let bytes = match b.into_inner() {
+                    RawBytes::Int(n) => i128::from(n),
+                    RawBytes::Text(t) => Quantity::parse(&t)
+                        .ok()
+                        .and_then(|q| q.ceil_units())
+                        .ok_or_else(|| {
+                            err(
+                                span.clone(),
+                                format!("agent.audit_max_bytes: {t:?} is not a quantity of bytes"),
+                            )
+                        })?,
+                };
+                // Zero would rotate before every line; a bound of one line is the least
+                // that keeps the log.
+                u64::try_from(bytes)
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| {
+                        err(
+                            span,
+                            format!("agent.audit_max_bytes: {bytes} is not at least 1 byte"),
+                        )
+                    })?
+            }
+        };
+        let audit_keep = match a.audit_keep {
+            None => crate::audit::DEFAULT_KEEP,
+            // Zero would delete the lines a rotation has just moved aside.
+            Some(n) if *n.get_ref() == 0 => {
+                return Err(err(n.span(), "agent.audit_keep: must be at least 1".into()));
+            }
+            Some(n) => n.into_inner(),
+        };
         let state_dir = a
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
@@ -271,6 +321,10 @@ impl Config {
                 .socket
                 .unwrap_or_else(|| PathBuf::from("/run/shareguard/agent.sock")),
             audit_log: a.audit_log.unwrap_or_else(|| state_dir.join("audit.jsonl")),
+            audit_bound: crate::audit::Bound {
+                max_bytes: audit_max_bytes,
+                keep: audit_keep,
+            },
             state_dir,
             metrics_addr,
             allowed_uids: a.allowed_uids.unwrap_or_else(|| vec![0]),
@@ -619,6 +673,7 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         let c = Config::parse(GOOD, "t.toml").unwrap();
         assert_eq!(c.agent.allowed_uids, vec![0, 1000]);
         assert_eq!(c.agent.audit_log, PathBuf::from("/tmp/state/audit.jsonl"));
+        assert_eq!(c.agent.audit_bound, crate::audit::Bound::default());
         let d = c.device("gen-0").unwrap();
         assert_eq!(
             d.capacities["memory"].value,
@@ -664,6 +719,33 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         );
         let e = err_of(&GOOD.replace("value = \"40Gi\"\n", ""));
         assert!(e.message.contains("value is required"), "{e}");
+    }
+
+    #[test]
+    fn the_audit_bound_takes_bytes_or_a_quantity_and_refuses_zero() {
+        let with = |extra: &str| GOOD.replace("allowed_uids", &format!("{extra}\nallowed_uids"));
+        let c = Config::parse(&with("audit_max_bytes = \"1Mi\"\naudit_keep = 2"), "t").unwrap();
+        assert_eq!(
+            c.agent.audit_bound,
+            crate::audit::Bound {
+                max_bytes: 1 << 20,
+                keep: 2
+            }
+        );
+        let c = Config::parse(&with("audit_max_bytes = 4096"), "t").unwrap();
+        assert_eq!(c.agent.audit_bound.max_bytes, 4096);
+        assert_eq!(c.agent.audit_bound.keep, crate::audit::DEFAULT_KEEP);
+
+        for (bad, says) in [
+            ("audit_max_bytes = 0", "at least 1 byte"),
+            ("audit_max_bytes = -5", "at least 1 byte"),
+            ("audit_max_bytes = \"lots\"", "not a quantity"),
+            ("audit_keep = 0", "at least 1"),
+        ] {
+            let e = err_of(&with(bad));
+            assert_eq!(e.line, 5, "{bad}: {e}");
+            assert!(e.message.contains(says), "{bad}: {e}");
+        }
     }
 
     const GPU: &str = r#"

@@ -94,10 +94,13 @@ impl Engine {
         };
         let store = Store::open(&store_dir).map_err(store_err)?;
         let loaded = store.load().map_err(store_err)?;
-        let audit = AuditLog::open(&cfg.agent.audit_log).map_err(|source| OpenError::Audit {
-            path: cfg.agent.audit_log.display().to_string(),
-            source,
-        })?;
+        let audit =
+            AuditLog::open(&cfg.agent.audit_log, cfg.agent.audit_bound).map_err(|source| {
+                OpenError::Audit {
+                    path: cfg.agent.audit_log.display().to_string(),
+                    source,
+                }
+            })?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let mut engine = Engine {
             cfg,
