@@ -1,14 +1,27 @@
-//! The `shareguard` command line: `agent` runs the daemon; every other subcommand talks
-//! to a running agent over its socket.
+//! The `shareguard` command line: `agent` runs the daemon; `audit` reads the audit log's
+//! files directly; every other subcommand talks to a running agent over its socket.
 
-use std::{io::Read, path::PathBuf, process::ExitCode};
+use std::{
+    io::{Read, Write},
+    path::PathBuf,
+    process::ExitCode,
+};
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use shareguard_proto::v1 as pb;
 use tokio_stream::StreamExt;
 
-use crate::{client::connect, config, convert::parse_phase, convert::phase_to_pb};
+use crate::{
+    audit::{
+        Decision,
+        query::{self, Entry, Filter},
+    },
+    client::connect,
+    config,
+    convert::parse_phase,
+    convert::phase_to_pb,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -79,6 +92,40 @@ pub enum Cmd {
         #[arg(long)]
         epoch: Option<u64>,
     },
+    /// Query the audit log on this node (reads its files; needs no running agent).
+    Audit(AuditArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AuditArgs {
+    /// The agent's config, for `[agent] audit_log`.
+    #[arg(long, default_value = config::DEFAULT_PATH, conflicts_with = "file")]
+    pub config: PathBuf,
+    /// The audit log itself (rotated files `FILE.N` next to it are read too).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Only lines of this claim uid.
+    #[arg(long)]
+    pub claim: Option<String>,
+    /// Only lines of this shareID.
+    #[arg(long)]
+    pub share: Option<String>,
+    /// Only lines of claims in this namespace (the line's tenant).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only lines of this device.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Only these decisions (repeat the flag or separate with commas).
+    #[arg(long, value_delimiter = ',')]
+    pub decision: Vec<Decision>,
+    /// Only lines at or after this: a duration back from now (90s, 15m, 1h, 2d) or an
+    /// RFC 3339 UTC time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only the most recent N matching lines.
+    #[arg(long)]
+    pub limit: Option<usize>,
 }
 
 fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
@@ -227,12 +274,112 @@ fn read_input(file: &str) -> anyhow::Result<String> {
     }
 }
 
+fn audit_rows(entries: &[Entry]) -> String {
+    let mut rows = vec![
+        [
+            "TIME", "DECISION", "TENANT", "CLAIM", "SHARE", "DEVICE", "AMOUNTS", "REASON",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    for e in entries {
+        let r = &e.record;
+        let amounts: Vec<String> = r.amounts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        rows.push(vec![
+            r.time.clone(),
+            r.decision.clone(),
+            dash(&r.tenant),
+            dash(&r.claim_uid),
+            dash(&r.share_id),
+            dash(&r.device),
+            dash(&amounts.join(",")),
+            // One row per line: a reason with a newline would break the table.
+            r.reason.replace('\n', " "),
+        ]);
+    }
+    table(rows)
+}
+
+/// `shareguard audit`: reads the log's files (oldest first), reports malformed lines on
+/// stderr and skips them, and prints what the filters select. Exit code 1 when a file
+/// could not be read to its end, since the answer may then be incomplete.
+fn run_audit(a: AuditArgs, out: Output) -> anyhow::Result<ExitCode> {
+    let path = match a.file {
+        Some(f) => f,
+        None => {
+            config::Config::load(&a.config)
+                .with_context(|| {
+                    format!(
+                        "reading the audit log's path from {} (or give --file)",
+                        a.config.display()
+                    )
+                })?
+                .agent
+                .audit_log
+        }
+    };
+    let since = a
+        .since
+        .as_deref()
+        .map(|s| query::parse_since(s, std::time::SystemTime::now()))
+        .transpose()
+        .context("--since")?;
+    let filter = Filter {
+        claim_uid: a.claim,
+        share_id: a.share,
+        namespace: a.namespace,
+        device: a.device,
+        decisions: a.decision,
+        since,
+        limit: a.limit,
+    };
+    let lines = query::read(&path)?;
+    let mut incomplete = false;
+    let entries = lines.filter_map(|l| match l {
+        Ok(e) => Some(e),
+        Err(e) => {
+            incomplete |= matches!(e, query::LineError::Io { .. });
+            eprintln!("shareguard audit: {e}");
+            None
+        }
+    });
+    let selected = query::select(entries, &filter);
+    match out {
+        // The lines exactly as written, one per line, for jq and grep.
+        Output::Json => {
+            let mut stdout = std::io::stdout().lock();
+            for e in &selected {
+                writeln!(stdout, "{}", e.raw)?;
+            }
+        }
+        Output::Table => print!("{}", audit_rows(&selected)),
+    }
+    Ok(if incomplete {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// Runs a client subcommand. Returns the exit code: 1 when any claim was refused.
 pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
+    // Local: no socket, so a stopped agent does not keep an SRE from its audit trail.
+    let cmd = match cli.cmd {
+        Cmd::Audit(a) => return run_audit(a, out),
+        cmd => cmd,
+    };
     let mut c = connect(&cli.socket).await?;
-    match cli.cmd {
+    match cmd {
         Cmd::Agent { .. } => bail!("`agent` is not a client command"),
+        Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Devices => {
             let r = c
                 .list_devices(pb::ListDevicesRequest {})
