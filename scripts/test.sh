@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_build_deps
-# promtool (Debian's prometheus package) lints the agent's /metrics in the tests.
-ensure_debs prometheus
+# promtool (Debian's prometheus package) lints the agent's /metrics in the tests, and
+# systemd-analyze (systemd) verifies the unit file.
+ensure_debs prometheus systemd
 
 if [ "${CI:-}" = "true" ] && [ "$(id -u)" != 0 ]; then
   echo "CI=true but not root: the privileged tests must run in CI" >&2
