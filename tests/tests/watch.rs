@@ -168,3 +168,87 @@ async fn watch_filters_by_device_and_namespace() {
     assert_eq!(ev.kind, Kind::Changed as i32, "{ev:?}");
     assert_eq!(ev.share.map(|s| s.share_id), Some(id));
 }
+
+/// Many watchers at once each see every transition, in order; a watcher that never
+/// reads does not hold the agent back (the changes keep being answered), and once it
+/// reads it gets the changes it missed in order, or a fresh snapshot if it fell too far
+/// behind.
+#[tokio::test]
+async fn many_watchers_see_every_transition_and_a_stuck_one_blocks_nothing() {
+    const CLAIMS: usize = 300;
+    const WATCHERS: usize = 8;
+    let a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "40Gi",
+        "5Gi",
+        &["team-a"],
+        &[],
+    )));
+    let mut c = a.client().await;
+    let open = || async {
+        let mut w = a
+            .client()
+            .await
+            .watch_shares(pb::WatchSharesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(snapshot(&mut w).await.is_empty());
+        w
+    };
+    let stuck = open().await;
+    let mut watchers = Vec::new();
+    for _ in 0..WATCHERS {
+        watchers.push(open().await);
+    }
+    let ids: Vec<String> = (0..CLAIMS).map(|_| share_id()).collect();
+    let readers: Vec<_> = watchers
+        .into_iter()
+        .map(|mut w| {
+            let ids = ids.clone();
+            tokio::spawn(async move {
+                for id in &ids {
+                    assert_eq!(changed(&mut w, id).await.phase, pb::Phase::Accounted as i32);
+                    assert_eq!(changed(&mut w, id).await.phase, pb::Phase::Released as i32);
+                }
+            })
+        })
+        .collect();
+    // Far more changes than one watcher's queue holds: the stuck watcher's queue is
+    // full long before the end.
+    for (i, id) in ids.iter().enumerate() {
+        let uid = format!("many-{i}");
+        let r = prepare_one(
+            &mut c,
+            1,
+            claim(&uid, "team-a", "a", vec![alloc("gen-0", id, "5Gi")]),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+    }
+    for r in readers {
+        r.await.expect("a watcher missed or reordered a transition");
+    }
+    // The stuck watcher, read at last: each share's transitions in order, or, if it lost
+    // events, a snapshot to start again from.
+    let mut stuck = stuck;
+    let mut last: std::collections::HashMap<String, i32> = Default::default();
+    let mut seen = 0;
+    while seen < 2 * CLAIMS {
+        let ev = next(&mut stuck).await;
+        match Kind::try_from(ev.kind) {
+            Ok(Kind::Changed) => {
+                let s = ev.share.unwrap();
+                let before = last.insert(s.share_id.clone(), s.phase);
+                if s.phase == pb::Phase::Released as i32 {
+                    assert_eq!(before, Some(pb::Phase::Accounted as i32), "{s:?}");
+                }
+                seen += 1;
+            }
+            // Resynchronised: everything is in the snapshot, which ends the check.
+            Ok(Kind::Snapshot) | Ok(Kind::SnapshotEnd) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+}
