@@ -211,16 +211,7 @@ mod tests {
 
     #[test]
     fn every_phase_renders_a_valid_allocated_device_status_under_10k() {
-        for phase in [
-            Phase::Preparing,
-            Phase::Enforced,
-            Phase::Accounted,
-            Phase::Degraded,
-            Phase::Failed,
-            Phase::Unknown,
-            Phase::Releasing,
-            Phase::Released,
-        ] {
+        for phase in Phase::ALL {
             // A reason far above the bound is cut, not the structure.
             let r = record(phase, &"é".repeat(20_000));
             let text = render_with(&r, &[("memory".into(), "3Gi".into())]);
