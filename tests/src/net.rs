@@ -525,6 +525,44 @@ impl Pod {
         }
     }
 
+    /// Deletes the veth pair and creates it again with the same names and addresses, as
+    /// a CNI plugin does when it sets a sandbox's network up again: the host end gets a
+    /// new ifindex, and everything installed on the old one is gone with it.
+    pub fn recreate_link(&mut self) {
+        let host = self.link.name().to_owned();
+        let ns = self.netns.name().to_owned();
+        sh(&["ip", "link", "del", &host]);
+        sh(&[
+            "ip", "link", "add", &host, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ]);
+        let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/30", self.host_addr),
+            "dev",
+            &host,
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/30", self.pod_addr),
+            "dev",
+            "eth0",
+        ]);
+        sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
+        sh(&["ip", "link", "set", &host, "up"]);
+        let oper = format!("/sys/class/net/{host}/operstate");
+        wait_for(&format!("{host} to be up"), READY_TIMEOUT, || {
+            fs::read_to_string(&oper).is_ok_and(|s| s.trim() == "up")
+        });
+        self.ifindex = ifindex(&host);
+    }
+
     /// The host end of the veth pair, in the root namespace.
     pub fn host_if(&self) -> &str {
         self.link.name()

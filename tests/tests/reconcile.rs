@@ -1,5 +1,5 @@
 //! The reconciler against drift injected by hand on real interfaces: the share's qdisc
-//! deleted, its class rate changed, its ifb removed. Each is found within two periods
+//! deleted, its class rate changed, its ifb removed, the pod's interface recreated. Each is found within two periods
 //! (the share goes DEGRADED, with the reason), repaired (ENFORCED again, the kernel state
 //! as it was), seen by a watcher in that order, and counted in the metrics. A pod that
 //! is gone is reported and keeps its capacity. Root only; skips without it unless
@@ -170,6 +170,22 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             "{what}"
         );
     }
+
+    // The pod's network is set up again (same names, a new interface): the old
+    // interface is gone, so the limit is; the repair installs it on the new one.
+    let old_index = pod.host_ifindex();
+    let mut pod = pod;
+    pod.recreate_link();
+    assert_ne!(pod.host_ifindex(), old_index);
+    let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+    assert_eq!(s.phase, pb::Phase::Degraded as i32, "recreated: {s:?}");
+    let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "recreated: {s:?}");
+    assert_eq!(
+        class(&host),
+        class_before,
+        "recreated: the class is on the new interface"
+    );
 
     // The pod goes away without an Unprepare: reported, never released implicitly.
     drop(pod);
