@@ -6,8 +6,10 @@
 //!
 //! What it never does: free capacity. A share whose target is gone (the pod's network
 //! namespace, its interface) stays DEGRADED, saying so, until an explicit Unprepare.
-//! UNKNOWN shares (not verifiable since a restart or reboot) are left to the pod's
-//! repeated Prepare, which carries the target as it is now.
+//! UNKNOWN shares (not verifiable since a restart or reboot) are read back too, and
+//! become ENFORCED if their enforcement is there after all (a transient failure at
+//! start), but are never re-applied: after a reboot their stored target is stale, and
+//! the pod's repeated Prepare carries the target as it is now.
 
 use std::time::Instant;
 
@@ -36,7 +38,7 @@ impl Engine {
             let st = lock(&self.state);
             st.records
                 .values()
-                .filter(|r| matches!(r.phase, Phase::Enforced | Phase::Degraded))
+                .filter(|r| matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown))
                 .filter(|r| !self.accounting_only(&r.device))
                 .cloned()
                 .collect()
@@ -61,7 +63,7 @@ impl Engine {
         let Some(r) = lock(&self.state).records.get(key).cloned() else {
             return;
         };
-        if !matches!(r.phase, Phase::Enforced | Phase::Degraded) {
+        if !matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown) {
             return;
         }
         let Some(l) = self.limiter(&r.device).cloned() else {
@@ -79,7 +81,7 @@ impl Engine {
         let why = match &verified {
             Ok(e) => match judge(&r, e) {
                 (Phase::Enforced, _) | (Phase::Accounted, _) => {
-                    if r.phase == Phase::Degraded {
+                    if matches!(r.phase, Phase::Degraded | Phase::Unknown) {
                         // Repaired by someone else (or the kernel came back): say so.
                         self.settle(&r, e, stats, false).await;
                     }
@@ -89,6 +91,10 @@ impl Engine {
             },
             Err(e) => e.to_string(),
         };
+        if r.phase == Phase::Unknown {
+            // Verified only; re-applying is the repeated Prepare's job (see above).
+            return;
+        }
         // Drift: record it before trying to repair, so a crash in between is explained.
         if r.phase == Phase::Enforced {
             stats.drifted += 1;

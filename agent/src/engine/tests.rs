@@ -575,3 +575,64 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn reconcile_repairs_drift_verifies_unknown_and_never_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    {
+        let e = open(&cfg, Some(&k), "boot-a");
+        for n in 1..=3 {
+            let c = claim(
+                &format!("c{n}"),
+                "a1",
+                vec![alloc("gen-0", &share(n), "1Gi")],
+            );
+            assert_eq!(rt.block_on(e.prepare(1, &[c], 0)).unwrap()[0].error, None);
+        }
+    }
+    // Share 2 cannot be verified at start (its limit is gone for the moment).
+    let kept = lock(&k.installed).remove(&share(2)).unwrap();
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(e.get_share(&share(2)).unwrap().phase, Phase::Unknown);
+
+    // Share 1 drifts; share 2's limit is back; share 3's limit is gone and cannot be
+    // re-applied.
+    lock(&k.installed)
+        .get_mut(&share(1))
+        .unwrap()
+        .0
+        .insert("memory".into(), q("512Mi"));
+    lock(&k.installed).insert(share(2), kept);
+    lock(&k.installed).remove(&share(3));
+    lock(&k.fail_apply).insert(share(3));
+
+    let stats = rt.block_on(e.reconcile());
+    assert_eq!(stats.checked, 3);
+    assert_eq!((stats.drifted, stats.repaired), (2, 1), "{stats:?}");
+    let r1 = e.get_share(&share(1)).unwrap();
+    assert_eq!(r1.phase, Phase::Enforced, "{}", r1.reason);
+    assert!(r1.reason.contains("repaired"), "{}", r1.reason);
+    assert_eq!(
+        lock(&k.installed)[&share(1)].0["memory"],
+        q("1Gi"),
+        "re-applied"
+    );
+    let r2 = e.get_share(&share(2)).unwrap();
+    assert_eq!(
+        r2.phase,
+        Phase::Enforced,
+        "verified after all: {}",
+        r2.reason
+    );
+    let r3 = e.get_share(&share(3)).unwrap();
+    assert_eq!(r3.phase, Phase::Degraded);
+    assert!(r3.reason.contains("capacity stays held"), "{}", r3.reason);
+    assert_eq!(allocated(&e, "gen-0"), q("3Gi"), "nothing freed");
+
+    // Another pass changes nothing that is settled.
+    let stats = rt.block_on(e.reconcile());
+    assert_eq!((stats.drifted, stats.repaired), (0, 0), "{stats:?}");
+}
