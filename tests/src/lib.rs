@@ -414,6 +414,36 @@ pub async fn device(c: &mut NodeAgentClient<Channel>, name: &str) -> pb::DeviceS
         .unwrap_or_else(|| panic!("no device {name}"))
 }
 
+/// One share by shareID (it must exist).
+pub async fn get_share(c: &mut NodeAgentClient<Channel>, id: impl Into<String>) -> pb::ShareStatus {
+    let share_id = id.into();
+    c.get_share(pb::GetShareRequest {
+        share_id: share_id.clone(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("GetShare {share_id}: {e}"))
+    .into_inner()
+}
+
+/// The value of the metric series `name` whose labels include every `(key, value)` of
+/// `labels`, from the text `/metrics` serves; None when no such series is exposed (a
+/// counter that has not counted yet may not be). A value that is not a number fails.
+pub fn metric_sample(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+        let set = rest.strip_suffix('}')?;
+        let all = labels
+            .iter()
+            .all(|(k, v)| set.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+        (n == name && all).then(|| {
+            value
+                .parse()
+                .unwrap_or_else(|e| panic!("{name}: sample value {value:?}: {e}"))
+        })
+    })
+}
+
 /// Every share record the agent holds, tombstones included.
 pub async fn all_shares(c: &mut NodeAgentClient<Channel>) -> Vec<pb::ShareStatus> {
     c.list_shares(pb::ListSharesRequest::default())

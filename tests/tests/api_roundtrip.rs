@@ -4,7 +4,7 @@
 
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, all_shares, alloc, claim, claim_ref, device, generic_device,
-    prepare_one, proto as pb, share_id, unprepare_one,
+    get_share, prepare_one, proto as pb, share_id, unprepare_one,
 };
 
 fn two_devices() -> Options {
@@ -35,13 +35,7 @@ async fn prepare_then_get_share_reports_the_admitted_share() {
     assert_eq!(r.shares.len(), 1, "{r:?}");
     let answered = &r.shares[0];
 
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id.clone()).await;
     // The answer to Prepare and the stored record must be the same thing.
     assert_eq!(&s, answered);
     assert_eq!(s.share_id, id);
@@ -126,11 +120,7 @@ async fn unprepare_releases_and_frees_the_capacity() {
     assert_eq!(out.claims.len(), 1, "{out:?}");
     assert_eq!(out.claims["rt-unprep"].code, "", "{out:?}");
 
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(s.phase, pb::Phase::Released as i32, "{s:?}");
     let d = device(&mut c, "gen-0").await;
     assert_eq!(

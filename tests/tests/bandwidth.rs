@@ -11,7 +11,7 @@
 use std::fs;
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, claim, claim_ref, device,
+    Agent, DRIVER, Options, POOL, claim, claim_ref, device, get_share, metric_sample,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one,
 };
@@ -201,13 +201,7 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     }
     a.restart();
     let mut c = a.client().await;
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id.clone()).await;
     assert_eq!(
         s.phase,
         pb::Phase::Enforced as i32,
@@ -232,15 +226,12 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     let (code, body) = a.http("/metrics");
     assert_eq!(code, 200);
     let bytes = |direction: &str| -> f64 {
-        body.lines()
-            .find(|l| {
-                l.starts_with("shareguard_share_traffic_bytes_total{")
-                    && l.contains(&format!("share=\"{id}\""))
-                    && l.contains(&format!("direction=\"{direction}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {direction} byte counter for {id}:\n{body}"))
+        metric_sample(
+            &body,
+            "shareguard_share_traffic_bytes_total",
+            &[("share", &id), ("direction", direction)],
+        )
+        .unwrap_or_else(|| panic!("no {direction} byte counter for {id}:\n{body}"))
     };
     // Two to-pod runs of 6 s at about 100 Mbit/s went through the share.
     assert!(bytes("to_pod") > 2.0 * 5.0 * 100e6 / 8.0 * 0.9, "{body}");
@@ -343,11 +334,7 @@ async fn failures_are_reported_never_enforced() {
     drop(vanishing);
     a.restart();
     let mut c = a.client().await;
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(s.phase, pb::Phase::Unknown as i32, "{s:?}");
     assert!(s.reason.contains("does not exist"), "{s:?}");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "50M");
@@ -400,10 +387,7 @@ async fn policer_fallback_limits_both_directions() {
             );
         }
         let (_, body) = a.http("/metrics");
-        let drops = body
-            .lines()
-            .find(|l| l.starts_with("shareguard_share_drops_total{") && l.contains(&id))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        let drops = metric_sample(&body, "shareguard_share_drops_total", &[("share", &id)])
             .unwrap_or_else(|| panic!("no drops metric for {id}: {body}"));
         assert!(drops > 0.0, "a policer at its limit drops packets: {drops}");
         assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");

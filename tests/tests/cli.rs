@@ -8,7 +8,7 @@ use std::process::Output;
 use serde_json::{Value, json};
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, agent_bin, all_shares, alloc, claim, device, generic_device,
-    prepare_one, proto as pb, share_id, unprepare_one,
+    get_share, prepare_one, proto as pb, share_id, unprepare_one,
 };
 
 fn two_devices() -> Options {
@@ -298,11 +298,7 @@ async fn prepare_reads_camel_case_json_from_stdin() {
 
     // What the CLI sent is what the agent stored, camelCase fields included.
     let mut c = a.client().await;
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(
         (s.policy_version.as_str(), s.allocation_id.as_str()),
         ("v7", "alloc-1")
@@ -395,11 +391,7 @@ async fn release_without_epoch_reuses_the_agents_epoch() {
 
     let out = ok(&a, &["release", "cli-rel"]);
     assert!(out.contains("cli-rel") && out.contains("released"), "{out}");
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(s.phase, pb::Phase::Released as i32, "{s:?}");
     let all = c
         .list_devices(pb::ListDevicesRequest {})

@@ -2,8 +2,8 @@
 //! shares, shares exclude them, and releasing one gives the whole device back.
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, claim, device, generic_device, prepare_one, proto as pb,
-    share_id, unprepare_one,
+    Agent, DRIVER, Options, POOL, alloc, claim, device, generic_device, get_share, prepare_one,
+    proto as pb, share_id, unprepare_one,
 };
 
 fn dedicated(device: &str) -> pb::DeviceAllocation {
@@ -38,13 +38,7 @@ async fn dedicated_allocation_takes_the_device_and_excludes_shares() {
         "a dedicated allocation has no shareID"
     );
     // It is found under its dedicated key instead.
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: "dedicated/whole/gen-0".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, "dedicated/whole/gen-0").await;
     assert_eq!(
         (s.device.as_str(), s.phase),
         ("gen-0", pb::Phase::Accounted as i32),

@@ -15,8 +15,8 @@ use std::{
 
 use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, claim, device, net, prepare_one, proto as pb, share_id,
-    unprepare_one,
+    Agent, DRIVER, Options, POOL, alloc, claim, device, get_share, metric_sample, net, prepare_one,
+    proto as pb, share_id, unprepare_one,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
@@ -122,13 +122,7 @@ async fn simulated_gpu_share_end_to_end() {
     fs::remove_file(&path).unwrap();
     a.restart();
     let mut c = a.client().await;
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
     let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod, cg)).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
@@ -193,13 +187,6 @@ impl Drop for PodProcess {
             }
         }
     }
-}
-
-fn metric(body: &str, name: &str, labels: &str) -> f64 {
-    body.lines()
-        .find(|l| l.starts_with(name) && l.contains(labels))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -285,29 +272,26 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
     );
 
     // B's usage is shown in its status; the metrics count the event and the kill.
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id_b })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id_b).await;
     assert_eq!(s.usage[0].name, "memory");
     assert_eq!(s.usage[0].used, "5Gi");
     let (_, body) = a.http("/metrics");
     assert_eq!(
-        metric(
+        metric_sample(
             &body,
             "shareguard_gpu_over_limit_events_total",
-            "device=\"gpu-0\""
+            &[("device", "gpu-0")]
         ),
-        1.0,
+        Some(1.0),
         "{body}"
     );
     assert!(
-        metric(
+        metric_sample(
             &body,
             "shareguard_gpu_terminations_total",
-            "outcome=\"terminated\""
-        ) >= 1.0,
+            &[("outcome", "terminated")]
+        )
+        .is_some_and(|n| n >= 1.0),
         "{body}"
     );
 }

@@ -3,8 +3,8 @@
 //! times frees once; a released claim can be prepared again.
 
 use shareguard_tests::{
-    Agent, Options, all_shares, alloc, claim, device, generic_device, prepare_one, proto as pb,
-    share_id, unprepare_one,
+    Agent, Options, all_shares, alloc, claim, device, generic_device, get_share, prepare_one,
+    proto as pb, share_id, unprepare_one,
 };
 
 fn one_device() -> Options {
@@ -154,11 +154,7 @@ async fn share_id_of_another_claim_is_already_exists() {
         r.shares.is_empty(),
         "the other claim's share must not be disclosed: {r:?}"
     );
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(s.claim.map(|c| c.uid), Some("owner".to_owned()));
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "10Gi");
 }
@@ -402,10 +398,6 @@ async fn same_claim_uid_from_another_namespace_is_not_a_repeat() {
         r.shares.is_empty(),
         "team-a's share was disclosed to a team-b request: {r:?}"
     );
-    let s = c
-        .get_share(pb::GetShareRequest { share_id: id })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id).await;
     assert_eq!(s.claim.map(|c| c.namespace), Some("team-a".to_owned()));
 }

@@ -4,8 +4,8 @@
 use std::fs;
 
 use shareguard_tests::{
-    Agent, Options, alloc, claim, device, generic_device, prepare_one, proto as pb, share_id,
-    unprepare_one,
+    Agent, Options, alloc, claim, device, generic_device, get_share, prepare_one, proto as pb,
+    share_id, unprepare_one,
 };
 
 #[tokio::test]
@@ -36,13 +36,7 @@ async fn shares_of_a_removed_device_become_unknown_and_keep_their_capacity() {
     fs::write(&a.config, &without).unwrap();
     a.restart();
     let mut c = a.client().await;
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Unknown as i32, "{s:?}");
     assert!(
         s.reason.contains("inventory"),
@@ -67,13 +61,7 @@ async fn shares_of_a_removed_device_become_unknown_and_keep_their_capacity() {
     );
     // Nothing was lost while it was gone, and an accounting share has nothing to
     // re-verify: it is ACCOUNTED again.
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Accounted as i32, "{s:?}");
 
     assert_eq!(unprepare_one(&mut c, 1, "inv").await.code, "");

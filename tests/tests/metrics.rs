@@ -4,32 +4,20 @@
 #![allow(clippy::unwrap_used)] // Helpers of tests, too: a panic is a test failure; it says where.
 
 use shareguard_tests::{
-    Agent, Options, alloc, claim, device, generic_device, gib, prepare_one, share_id, unprepare_one,
+    Agent, Options, alloc, claim, device, generic_device, gib, metric_sample, prepare_one,
+    share_id, unprepare_one,
 };
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The value of the series `name` whose labels include `labels`, if it is exposed.
-fn sample(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
-        let set = rest.strip_suffix('}')?;
-        let all = labels
-            .iter()
-            .all(|(k, v)| set.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
-        (n == name && all).then(|| value.parse().unwrap())
-    })
-}
-
 fn memory(body: &str, name: &str) -> f64 {
-    sample(body, name, &[("device", "gen-0"), ("capacity", "memory")])
+    metric_sample(body, name, &[("device", "gen-0"), ("capacity", "memory")])
         .unwrap_or_else(|| panic!("no {name} for gen-0:\n{body}"))
 }
 
 /// A counter that has not counted yet may not be exposed at all.
 fn refusals(a: &Agent, code: &str) -> f64 {
-    sample(
+    metric_sample(
         &a.http("/metrics").1,
         "shareguard_refusals_total",
         &[("rpc", "Prepare"), ("reason", code)],
@@ -75,7 +63,7 @@ async fn ledger_gauges_match_list_devices() {
         gib(&d.free["memory"]) as f64 * GIB
     );
     assert_eq!(
-        sample(
+        metric_sample(
             &body,
             "shareguard_device_live_shares",
             &[("device", "gen-0")]
@@ -83,7 +71,7 @@ async fn ledger_gauges_match_list_devices() {
         Some(2.0)
     );
     assert_eq!(
-        sample(&body, "shareguard_shares", &[("phase", "ACCOUNTED")]),
+        metric_sample(&body, "shareguard_shares", &[("phase", "ACCOUNTED")]),
         Some(2.0)
     );
 
@@ -93,7 +81,7 @@ async fn ledger_gauges_match_list_devices() {
     assert_eq!(memory(&body, "shareguard_device_allocated"), 5.0 * GIB);
     assert_eq!(memory(&body, "shareguard_device_free"), 15.0 * GIB);
     assert_eq!(
-        sample(&body, "shareguard_shares", &[("phase", "RELEASED")]),
+        metric_sample(&body, "shareguard_shares", &[("phase", "RELEASED")]),
         Some(1.0)
     );
 }
@@ -255,7 +243,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let body = loop {
         let (_, body) = a.http("/metrics");
-        if sample(
+        if metric_sample(
             &body,
             "shareguard_gpu_watchdog_polls_total",
             &[("result", "ok")],
@@ -272,7 +260,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     };
 
     let share =
-        |name: &str, id: &str| sample(&body, name, &[("share", id), ("capacity", "memory")]);
+        |name: &str, id: &str| metric_sample(&body, name, &[("share", id), ("capacity", "memory")]);
     assert_eq!(
         share("shareguard_share_requested", &gen_share),
         Some(10.0 * GIB)

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, claim, device,
+    Agent, DRIVER, Options, POOL, claim, device, metric_sample,
     net::{self, PinDir, Pod},
     prepare_one, proto as pb, share_id,
 };
@@ -64,13 +64,6 @@ async fn changed(
             return share;
         }
     }
-}
-
-fn metric(body: &str, name: &str) -> f64 {
-    body.lines()
-        .find(|l| l.starts_with(name) && l.contains("device=\"nic-0\""))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -160,12 +153,22 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         let (_, body) = a.http("/metrics");
         let n = (i + 1) as f64;
         assert_eq!(
-            metric(&body, "shareguard_reconcile_drift_total"),
+            metric_sample(
+                &body,
+                "shareguard_reconcile_drift_total",
+                &[("device", "nic-0")]
+            )
+            .unwrap_or(0.0),
             n,
             "{what}"
         );
         assert_eq!(
-            metric(&body, "shareguard_reconcile_repairs_total"),
+            metric_sample(
+                &body,
+                "shareguard_reconcile_repairs_total",
+                &[("device", "nic-0")]
+            )
+            .unwrap_or(0.0),
             n,
             "{what}"
         );

@@ -1,6 +1,8 @@
 //! The harness itself works: an agent starts, answers, and is ready again after SIGKILL.
 
-use shareguard_tests::{Agent, Options, alloc, claim, generic_device, proto as pb, share_id};
+use shareguard_tests::{
+    Agent, Options, alloc, claim, generic_device, get_share, proto as pb, share_id,
+};
 
 #[tokio::test]
 async fn prepare_survives_sigkill() {
@@ -29,14 +31,6 @@ async fn prepare_survives_sigkill() {
         .into_inner();
     assert_eq!(r.claims["c1"].error, None, "{r:?}");
     a.restart();
-    let s = a
-        .client()
-        .await
-        .get_share(pb::GetShareRequest {
-            share_id: id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut a.client().await, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Accounted as i32);
 }

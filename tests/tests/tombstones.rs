@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use shareguard_tests::{
-    Agent, Options, alloc, claim, device, generic_device, prepare_one, proto as pb, share_id,
-    unprepare_one,
+    Agent, Options, alloc, claim, device, generic_device, get_share, prepare_one, proto as pb,
+    share_id, unprepare_one,
 };
 
 const SWEEP_DEADLINE: Duration = Duration::from_secs(20);
@@ -42,13 +42,7 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
     assert_eq!(unprepare_one(&mut c, 1, "tomb-gone").await.code, "");
 
     // Right after the release the tombstone is there, for audit.
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: gone.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, gone.clone()).await;
     assert_eq!(s.phase, pb::Phase::Released as i32);
 
     let deadline = Instant::now() + SWEEP_DEADLINE;
@@ -70,13 +64,7 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
             }
         }
     }
-    let s = c
-        .get_share(pb::GetShareRequest {
-            share_id: kept.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let s = get_share(&mut c, kept.clone()).await;
     assert_eq!(
         s.phase,
         pb::Phase::Accounted as i32,
