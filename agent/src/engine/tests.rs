@@ -180,6 +180,19 @@ fn claim(uid: &str, alloc_id: &str, allocs: Vec<pb::DeviceAllocation>) -> pb::Cl
     }
 }
 
+/// An agent (boot "boot-a") that enforced shares 1 to 3, one claim each, then stopped.
+fn enforce_three(cfg: &Arc<Config>, k: &Arc<FakeKernel>, rt: &tokio::runtime::Runtime) {
+    let e = open(cfg, Some(k), "boot-a");
+    for n in 1..=3 {
+        let c = claim(
+            &format!("c{n}"),
+            "a1",
+            vec![alloc("gen-0", &share(n), "1Gi")],
+        );
+        assert_eq!(rt.block_on(e.prepare(1, &[c], 0)).unwrap()[0].error, None);
+    }
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -292,17 +305,7 @@ fn restart_reverifies_and_never_frees() {
     let cfg = config(dir.path(), "1h");
     let k = Arc::new(FakeKernel::default());
     let rt = rt();
-    {
-        let e = open(&cfg, Some(&k), "boot-a");
-        for n in 1..=3 {
-            let c = claim(
-                &format!("c{n}"),
-                "a1",
-                vec![alloc("gen-0", &share(n), "1Gi")],
-            );
-            assert_eq!(rt.block_on(e.prepare(1, &[c], 0)).unwrap()[0].error, None);
-        }
-    }
+    enforce_three(&cfg, &k, &rt);
     // Same boot: the "kernel" kept share 1, lost share 2, and share 3 drifted.
     lock(&k.installed).remove(&share(2));
     lock(&k.installed)
@@ -582,17 +585,7 @@ fn reconcile_repairs_drift_verifies_unknown_and_never_frees() {
     let cfg = config(dir.path(), "1h");
     let k = Arc::new(FakeKernel::default());
     let rt = rt();
-    {
-        let e = open(&cfg, Some(&k), "boot-a");
-        for n in 1..=3 {
-            let c = claim(
-                &format!("c{n}"),
-                "a1",
-                vec![alloc("gen-0", &share(n), "1Gi")],
-            );
-            assert_eq!(rt.block_on(e.prepare(1, &[c], 0)).unwrap()[0].error, None);
-        }
-    }
+    enforce_three(&cfg, &k, &rt);
     // Share 2 cannot be verified at start (its limit is gone for the moment).
     let kept = lock(&k.installed).remove(&share(2)).unwrap();
     let e = open(&cfg, Some(&k), "boot-a");
