@@ -121,6 +121,35 @@ pub struct IfaceConfig {
     pub from_pod: Pace,
 }
 
+/// How the programs themselves limit one direction of an interface (see
+/// [`IfaceConfig::pacing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectionPacing {
+    /// EDT: give packets departure times from `pace`.
+    pub edt: bool,
+    /// Policer: drop what exceeds `pace`.
+    pub police: bool,
+    pub pace: Pace,
+}
+
+impl IfaceConfig {
+    /// The flags and rate of direction `dir` ([`DIR_TO_POD`] or [`DIR_FROM_POD`]; any
+    /// other value reads as from the pod, like [`counter_index`] refuses it).
+    #[inline(always)]
+    pub const fn pacing(&self, dir: u32) -> DirectionPacing {
+        let (edt, police, pace) = if dir == DIR_TO_POD {
+            (FLAG_EDT_TO_POD, FLAG_POLICE_TO_POD, self.to_pod)
+        } else {
+            (FLAG_EDT_FROM_POD, FLAG_POLICE_FROM_POD, self.from_pod)
+        };
+        DirectionPacing {
+            edt: self.flags & edt != 0,
+            police: self.flags & police != 0,
+            pace,
+        }
+    }
+}
+
 /// Traffic counted for one slot and direction. Per CPU in the map; user space sums them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -184,6 +213,40 @@ mod tests {
         assert_eq!(counter_index(MAX_SLOTS, DIR_TO_POD), None);
         assert_eq!(counter_index(u32::MAX, DIR_TO_POD), None);
         assert_eq!(counter_index(0, 2), None);
+    }
+
+    #[test]
+    fn each_direction_reads_its_own_flags_and_rate() {
+        let to = Pace {
+            bytes_per_sec: 1,
+            slack_ns: 2,
+        };
+        let from = Pace {
+            bytes_per_sec: 3,
+            slack_ns: 4,
+        };
+        let cfg = IfaceConfig {
+            flags: FLAG_EDT_TO_POD | FLAG_POLICE_FROM_POD,
+            to_pod: to,
+            from_pod: from,
+            ..IfaceConfig::default()
+        };
+        assert_eq!(
+            cfg.pacing(DIR_TO_POD),
+            DirectionPacing {
+                edt: true,
+                police: false,
+                pace: to
+            }
+        );
+        assert_eq!(
+            cfg.pacing(DIR_FROM_POD),
+            DirectionPacing {
+                edt: false,
+                police: true,
+                pace: from
+            }
+        );
     }
 
     #[test]

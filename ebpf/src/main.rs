@@ -25,9 +25,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD,
-    FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig, MAX_COUNTERS, MAX_IFACES, Pace,
-    PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
+    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, IfaceConfig, MAX_COUNTERS, MAX_IFACES,
+    Pace, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -48,14 +47,7 @@ pub fn sg_egress(ctx: TcContext) -> i32 {
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
-    let verdict = pace_packet(
-        &ctx,
-        counter_index(cfg.slot, DIR_TO_POD),
-        cfg.flags & FLAG_EDT_TO_POD != 0,
-        cfg.flags & FLAG_POLICE_TO_POD != 0,
-        cfg.to_pod,
-    );
-    if !count(cfg.slot, DIR_TO_POD, ctx.len(), verdict) {
+    if !limit(&ctx, &cfg, DIR_TO_POD) {
         return TC_ACT_SHOT as i32;
     }
     if cfg.classid != 0 {
@@ -74,14 +66,7 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
-    let verdict = pace_packet(
-        &ctx,
-        counter_index(cfg.slot, DIR_FROM_POD),
-        cfg.flags & FLAG_EDT_FROM_POD != 0,
-        cfg.flags & FLAG_POLICE_FROM_POD != 0,
-        cfg.from_pod,
-    );
-    if !count(cfg.slot, DIR_FROM_POD, ctx.len(), verdict) {
+    if !limit(&ctx, &cfg, DIR_FROM_POD) {
         return TC_ACT_SHOT as i32;
     }
     if cfg.redirect_ifindex == 0 {
@@ -96,6 +81,15 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     let action = unsafe { bpf_redirect(cfg.redirect_ifindex, 0) };
     // TC_ACT_REDIRECT on success, TC_ACT_SHOT for invalid flags: both fit in an i32.
     action as i32
+}
+
+/// Paces or polices one packet of direction `dir` as `cfg` says and counts it; returns
+/// whether it goes on (false: drop it).
+#[inline(always)]
+fn limit(ctx: &TcContext, cfg: &IfaceConfig, dir: u32) -> bool {
+    let p = cfg.pacing(dir);
+    let verdict = pace_packet(ctx, counter_index(cfg.slot, dir), p.edt, p.police, p.pace);
+    count(cfg.slot, dir, ctx.len(), verdict)
 }
 
 /// Runs the share's EDT or policer arithmetic for one packet, stores the new state and,
@@ -120,7 +114,11 @@ fn pace_packet(ctx: &TcContext, index: Option<u32>, edt: bool, police: bool, p: 
         // SAFETY: reading context fields tc programs may read (verifier-checked).
         let (tstamp, kind) = unsafe { ((*skb).tstamp, u32::from((*skb).tstamp_type)) };
         // Only a delivery time is a departure request; otherwise tstamp is a receive time.
-        let asked = if kind == SKB_TSTAMP_DELIVERY_MONO { tstamp } else { 0 };
+        let asked = if kind == SKB_TSTAMP_DELIVERY_MONO {
+            tstamp
+        } else {
+            0
+        };
         pace::edt(current, now, asked, len, p)
     } else {
         pace::police(current, now, len, p)
@@ -145,7 +143,11 @@ fn wire_len(ctx: &TcContext) -> u64 {
     if segs <= 1 {
         return u64::from(ctx.len());
     }
-    pace::wire_len(ctx.len(), segs, header_len(ctx).unwrap_or(DEFAULT_HEADER_LEN))
+    pace::wire_len(
+        ctx.len(),
+        segs,
+        header_len(ctx).unwrap_or(DEFAULT_HEADER_LEN),
+    )
 }
 
 /// Ethernet, IP and TCP or UDP header bytes of the packet, when it is one of those.

@@ -57,6 +57,15 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// The direction as the programs and their maps number it (`DIR_TO_POD`,
+    /// `DIR_FROM_POD`).
+    pub fn index(self) -> u32 {
+        match self {
+            Self::ToPod => DIR_TO_POD,
+            Self::FromPod => DIR_FROM_POD,
+        }
+    }
+
     fn program(self) -> &'static str {
         match self {
             Self::ToPod => PROG_TO_POD,

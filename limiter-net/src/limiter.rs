@@ -18,9 +18,7 @@ use shareguard_common::{
     Format, Quantity,
     limiter::{Enforcement, LimitSpec, Limiter, LimiterError, TrafficCounters},
 };
-use shareguard_ebpf_common::{
-    FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig,
-};
+use shareguard_ebpf_common::IfaceConfig;
 use tracing::info;
 
 use crate::{
@@ -233,12 +231,8 @@ impl NetLimiter {
         let redirected = |cfg: &IfaceConfig| {
             dir == Direction::ToPod || queue_index.is_some_and(|q| cfg.redirect_ifindex == q)
         };
-        let (edt_flag, police_flag, pace) = match (dir, cfg) {
-            (_, None) => return Ok(None),
-            (Direction::ToPod, Some(c)) => (FLAG_EDT_TO_POD, FLAG_POLICE_TO_POD, c.to_pod),
-            (Direction::FromPod, Some(c)) => (FLAG_EDT_FROM_POD, FLAG_POLICE_FROM_POD, c.from_pod),
-        };
         let Some(c) = cfg else { return Ok(None) };
+        let p = c.pacing(dir.index());
         Ok(match i.mechanism {
             Mechanism::HtbEbpf => match queue_index {
                 // HTB's default class catches all traffic to the pod, so that direction
@@ -249,19 +243,12 @@ impl NetLimiter {
                 _ => None,
             },
             Mechanism::EdtFq => match queue_index {
-                Some(q)
-                    if attached
-                        && redirected(c)
-                        && c.flags & edt_flag != 0
-                        && root_is_ours(q, "fq")? =>
-                {
-                    Some(mechanism::pace_bps(&pace))
+                Some(q) if attached && redirected(c) && p.edt && root_is_ours(q, "fq")? => {
+                    Some(mechanism::pace_bps(&p.pace))
                 }
                 _ => None,
             },
-            Mechanism::BpfPolicer => {
-                (attached && c.flags & police_flag != 0).then(|| mechanism::pace_bps(&pace))
-            }
+            Mechanism::BpfPolicer => (attached && p.police).then(|| mechanism::pace_bps(&p.pace)),
         })
     }
 
