@@ -306,33 +306,38 @@ impl Limiter for NetLimiter {
             ));
         }
         let host = rtnl::resolve(netns, ifname.unwrap_or(DEFAULT_POD_IFACE))?;
-        for other in state.all()? {
-            if other.share_key != spec.share_key
-                && other.host_index == host.index
-                && other.host_name == host.name
-            {
-                return Err(NetError::Conflict(format!(
-                    "interface {} is already limited by share {}",
-                    host.name, other.share_key
-                ))
-                .into());
-            }
+        // One read of the records: other shares on this interface, and this share's own.
+        let (mut existing, others): (Vec<Installed>, Vec<Installed>) = state
+            .all()?
+            .into_iter()
+            .partition(|i| i.share_key == spec.share_key);
+        if let Some(other) = others
+            .iter()
+            .find(|o| o.host_index == host.index && o.host_name == host.name)
+        {
+            return Err(NetError::Conflict(format!(
+                "interface {} is already limited by share {}",
+                host.name, other.share_key
+            ))
+            .into());
         }
-        if let Some(old) = state.get(&spec.share_key)?
+        let mut existing = existing.pop();
+        if let Some(old) = &existing
             && (old.host_index != host.index
                 || old.host_name != host.name
                 || old.mechanism != self.mechanism)
         {
             // The pod sandbox came back with a new interface, or the device now uses
             // another mechanism: take the old limit down and install afresh.
-            self.uninstall(&mut bpf, &old)?;
+            self.uninstall(&mut bpf, old)?;
             state.remove(&spec.share_key)?;
+            existing = None;
         }
         if let Some(rtnl::RootQdisc { kind, major, .. }) = rtnl::root_qdisc(host.index)?
             && major != 0
             && !(Some(kind.as_str()) == self.mechanism.qdisc_kind()
                 && major == tc::MAJOR
-                && state.get(&spec.share_key)?.is_some())
+                && existing.is_some())
         {
             // Someone else's qdisc: replacing it would break the promise to leave the
             // interface as it was found. (The policer installs none, but a foreign root
@@ -358,7 +363,7 @@ impl Limiter for NetLimiter {
             from_pod_bps: from,
             ifb: ifb.clone(),
         };
-        let fresh = state.get(&spec.share_key)?.is_none();
+        let fresh = existing.is_none();
         state.put(&installed)?;
         if let Some(q) = &plan.veth_root {
             install_root(&host.name, host.index, q)?;
