@@ -16,6 +16,9 @@ fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+# ebpf/ is its own workspace (built for bpfel by limiter-net's build script), out of
+# cargo fmt's reach above.
+rustfmt --edition 2024 --check ebpf/src/*.rs
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo build (the integration tests run this binary)"

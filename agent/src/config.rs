@@ -503,8 +503,8 @@ impl Config {
                         ));
                     }
                 };
-                let discovered_later =
-                    kind == DeviceKind::Gpu && discover_memory && value.is_zero();
+                // Only a GPU's memory is discovered, and only when it has no value.
+                let discovered_later = discover_memory && cname_s == MEMORY;
                 if !discovered_later && (value.is_negative() || value.is_zero()) {
                     return Err(err(
                         cspan.clone(),

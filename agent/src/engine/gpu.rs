@@ -174,11 +174,7 @@ impl Engine {
     ) -> Result<Vec<String>, String> {
         let mut by_driver: BTreeMap<&str, Vec<CdiShare>> = BTreeMap::new();
         for r in shares {
-            let Some(d) = self
-                .limiters
-                .get(&r.device)
-                .and_then(|l| l.cdi_device(&r.device))
-            else {
+            let Some(d) = self.cdi_device(r) else {
                 continue;
             };
             by_driver.entry(&r.driver).or_default().push(CdiShare {
@@ -209,12 +205,7 @@ impl Engine {
     pub(crate) fn remove_cdi(&self, claim_uid: &str, shares: &[ShareRecord]) -> Result<(), String> {
         let drivers: HashSet<&str> = shares
             .iter()
-            .filter(|r| {
-                self.limiters
-                    .get(&r.device)
-                    .and_then(|l| l.cdi_device(&r.device))
-                    .is_some()
-            })
+            .filter(|r| self.cdi_device(r).is_some())
             .map(|r| r.driver.as_str())
             .collect();
         for driver in drivers {
@@ -223,6 +214,11 @@ impl Engine {
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// What the share's device needs in a CDI spec; None for devices without one.
+    fn cdi_device(&self, r: &ShareRecord) -> Option<shareguard_common::limiter::CdiDevice> {
+        self.limiter(&r.device)?.cdi_device(&r.device)
     }
 
     fn cdi_writer(&self, driver: &str) -> Result<CdiWriter, String> {
