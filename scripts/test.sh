@@ -14,6 +14,10 @@ if [ "${CI:-}" = "true" ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# One build from scratch (CI, or a check before pushing) gains nothing from incremental
+# state, which was a gigabyte of the target directory.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 # ebpf/ is its own workspace (built for bpfel by limiter-net's build script), out of
@@ -26,3 +30,6 @@ cargo build --workspace --all-targets --locked
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
 echo "==> all tests passed"
+# What the run took on disk, so that a machine short of space shows in the log.
+du -sh target 2>/dev/null || true
+df -h . 2>/dev/null | tail -1 || true
