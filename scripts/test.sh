@@ -17,6 +17,12 @@ fi
 # One build from scratch (CI, or a check before pushing) gains nothing from incremental
 # state, which was a gigabyte of the target directory.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# A fresh clone's build peaks near 2.3 GB (measured); say so up front rather than let the
+# linker die with a bus error halfway through.
+avail_mb=$(df -Pm . | awk 'NR == 2 { print $4 }')
+if [ -n "$avail_mb" ] && [ "$avail_mb" -lt 3000 ]; then
+  echo "warning: only ${avail_mb} MB free here; a build from scratch needs about 2.5 GB" >&2
+fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
