@@ -49,6 +49,9 @@ pub struct AgentConfig {
     pub cdi_dir: PathBuf,
     /// The cgroup v2 root, under which relative pod cgroup paths are resolved.
     pub cgroup_root: PathBuf,
+    /// NVIDIA's MPS control program and where the per-share MPS daemons live
+    /// (`mps_control`, `mps_dir`).
+    pub mps: shareguard_limiter_gpu::mps::MpsConfig,
     /// Simulation only: a JSON file the simulated GPUs read their running processes
     /// from on every watchdog poll (`[{"gpu_uuid", "pid", "used_bytes"}]`).
     pub simulated_gpu_processes: Option<PathBuf>,
@@ -140,6 +143,9 @@ struct RawAgent {
     bpffs_dir: Option<PathBuf>,
     cdi_dir: Option<PathBuf>,
     cgroup_root: Option<PathBuf>,
+    mps_control: Option<PathBuf>,
+    mps_dir: Option<Spanned<PathBuf>>,
+    mps_launcher: Option<Spanned<Vec<String>>>,
     simulated_gpu_processes: Option<PathBuf>,
     reconcile_period: Option<Spanned<String>>,
 }
@@ -313,6 +319,29 @@ impl Config {
             }
             Some(n) => n.into_inner(),
         };
+        let mut mps = shareguard_limiter_gpu::mps::MpsConfig::default();
+        if let Some(c) = a.mps_control {
+            mps.control = c;
+        }
+        if let Some(l) = a.mps_launcher {
+            let span = l.span();
+            let l = l.into_inner();
+            if l.first().is_some_and(String::is_empty) {
+                return Err(err(
+                    span,
+                    "agent.mps_launcher: the first element names a program and cannot be empty"
+                        .into(),
+                ));
+            }
+            mps.launcher = l;
+        }
+        if let Some(d) = a.mps_dir {
+            let span = d.span();
+            mps.dir = d.into_inner();
+            // The same check the daemons make, here so that it names the field.
+            shareguard_limiter_gpu::mps::MpsDaemons::new(mps.clone())
+                .map_err(|e| err(span, format!("agent.mps_dir: {e}")))?;
+        }
         let state_dir = a
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
@@ -337,6 +366,7 @@ impl Config {
             cgroup_root: a
                 .cgroup_root
                 .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            mps,
             simulated_gpu_processes: a.simulated_gpu_processes,
             reconcile_period,
         };
@@ -782,7 +812,9 @@ valid_range = { min = "1Gi", step = "1Gi" }
         assert_eq!(
             g.backend,
             crate::config_gpu::GpuBackendKind::Simulated {
-                memory_bytes: 80 << 30
+                memory_bytes: 80 << 30,
+                cgroup_limits: true,
+                mps: true,
             }
         );
         assert_eq!(g.selector, GpuSelector::Uuid("GPU-simulated-gpu-0".into()));
@@ -794,6 +826,62 @@ valid_range = { min = "1Gi", step = "1Gi" }
                 grace: Duration::from_secs(2)
             }
         );
+    }
+
+    #[test]
+    fn mps_settings_are_read_and_the_directory_checked() {
+        let c = Config::parse(GPU, "t.toml").unwrap();
+        assert_eq!(
+            c.agent.mps,
+            shareguard_limiter_gpu::mps::MpsConfig::default()
+        );
+        let text = GPU
+            .replace(
+                "cdi_dir = \"/tmp/cdi\"",
+                "cdi_dir = \"/tmp/cdi\"\nmps_control = \"/opt/nv/mps-control\"\nmps_dir = \"/run/sg-mps\"",
+            )
+            .replace("memory = \"80Gi\"", "memory = \"80Gi\"\ncgroup_limits = false");
+        let c = Config::parse(&text, "t.toml").unwrap();
+        assert_eq!(c.agent.mps.control, PathBuf::from("/opt/nv/mps-control"));
+        assert_eq!(c.agent.mps.dir, PathBuf::from("/run/sg-mps"));
+        assert!(
+            c.agent.mps.launcher.is_empty(),
+            "started directly unless told"
+        );
+        let text = GPU.replace(
+            "cdi_dir = \"/tmp/cdi\"",
+            "cdi_dir = \"/tmp/cdi\"\nmps_launcher = [\"systemd-run\", \"--unit=sg-{name}\", \"--\"]",
+        );
+        let l = Config::parse(&text, "t.toml").unwrap();
+        assert_eq!(
+            l.agent.mps.launcher,
+            ["systemd-run", "--unit=sg-{name}", "--"]
+        );
+        let e = err_of(&GPU.replace(
+            "cdi_dir = \"/tmp/cdi\"",
+            "cdi_dir = \"/tmp/cdi\"\nmps_launcher = [\"\"]",
+        ));
+        assert!(e.message.contains("agent.mps_launcher"), "{e}");
+        assert!(matches!(
+            c.device("gpu-0").unwrap().gpu.as_ref().unwrap().backend,
+            crate::config_gpu::GpuBackendKind::Simulated {
+                cgroup_limits: false,
+                mps: true,
+                ..
+            }
+        ));
+        for bad in [
+            "relative/mps",
+            "/run/a-directory-name-far-too-long-for-sockets",
+        ] {
+            let e = err_of(&GPU.replace(
+                "cdi_dir = \"/tmp/cdi\"",
+                &format!("cdi_dir = \"/tmp/cdi\"\nmps_dir = \"{bad}\""),
+            ));
+            assert_eq!(e.line, 6, "{bad}: {e}");
+            assert!(e.message.contains("agent.mps_dir"), "{bad}: {e}");
+            assert!(e.message.contains("at most 40 bytes"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! watchdog = { period = "1s", action = "report" }   # or "terminate", grace = "10s"
 //! [device.simulated]               # backend = "simulated" only
 //! memory = "80Gi"
+//! cgroup_limits = true             # what the simulated driver offers (both default
+//! mps = true                       #   true); MPS also needs [agent] mps_control
 //! [device.capacity.memory]         # value optional: the GPU's memory when left out
 //! default = "1Gi"
 //! valid_range = { min = "1Gi", step = "1Gi" }
@@ -29,6 +31,10 @@ pub enum GpuBackendKind {
     /// An in-memory GPU of `memory_bytes`, for tests and demos without a GPU.
     Simulated {
         memory_bytes: u64,
+        /// Whether the simulated driver offers per-cgroup limits.
+        cgroup_limits: bool,
+        /// Whether it offers MPS (which then runs real daemons of `agent.mps_control`).
+        mps: bool,
     },
 }
 
@@ -60,6 +66,8 @@ pub(crate) struct RawWatchdog {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawSimulated {
     memory: Spanned<String>,
+    cgroup_limits: Option<bool>,
+    mps: Option<bool>,
 }
 
 /// The gpu-only fields of a raw `[[device]]` table.
@@ -157,6 +165,8 @@ impl RawGpu<'_> {
                 (
                     GpuBackendKind::Simulated {
                         memory_bytes: bytes,
+                        cgroup_limits: s.get_ref().cgroup_limits.unwrap_or(true),
+                        mps: s.get_ref().mps.unwrap_or(true),
                     },
                     Some(q),
                 )

@@ -6,6 +6,7 @@ use shareguard_common::{
     Format, Quantity,
     limiter::{Enforcement, LimitSpec, Limiter, LimiterError},
 };
+use shareguard_limiter_gpu::mps::MpsDaemons;
 use shareguard_limiter_gpu::{
     GpuBackend, GpuLimiter,
     limiter::{GpuDeviceConfig, MEMORY},
@@ -139,18 +140,40 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
                     .and_then(|b| u64::try_from(b).ok()),
             })
             .collect();
+        // Checked when the config was read, so this only fails for a config built in
+        // code; then MPS is left out and said so.
+        let mps_daemons = || {
+            MpsDaemons::new(cfg.agent.mps.clone())
+                .map_err(
+                    |e| error!(error = %e, "MPS daemons unusable; no GPU gets the mps mechanism"),
+                )
+                .ok()
+        };
         let sim_backend = simulated.then(|| {
             let gpus = devices
                 .iter()
                 .filter_map(|(_, g)| match (&g.selector, &g.backend) {
                     (
                         shareguard_limiter_gpu::limiter::GpuSelector::Uuid(u),
-                        GpuBackendKind::Simulated { memory_bytes },
-                    ) => Some(SimulatedGpu::new(u.clone(), *memory_bytes)),
+                        GpuBackendKind::Simulated {
+                            memory_bytes,
+                            cgroup_limits,
+                            mps,
+                        },
+                    ) => {
+                        let mut gpu = SimulatedGpu::new(u.clone(), *memory_bytes);
+                        gpu.cgroup_limits = *cgroup_limits;
+                        gpu.mps = *mps;
+                        Some(gpu)
+                    }
                     _ => None,
                 })
                 .collect();
-            Arc::new(SimulatedBackend::new(gpus))
+            let backend = SimulatedBackend::new(gpus);
+            Arc::new(match mps_daemons() {
+                Some(d) => backend.with_mps_daemons(d),
+                None => backend,
+            })
         });
         let backend: Result<Arc<dyn GpuBackend>, String> = match &sim_backend {
             Some(b) => {
@@ -158,6 +181,10 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
                 Ok(b.clone())
             }
             None => NvmlBackend::open()
+                .map(|b| match mps_daemons() {
+                    Some(d) => b.with_mps(d),
+                    None => b,
+                })
                 .map(|b| Arc::new(b) as Arc<dyn GpuBackend>)
                 .map_err(|e| {
                     error!(error = %e, "NVML unavailable: the GPU devices cannot be enforced");

@@ -113,8 +113,9 @@ pub trait Limiter: Send + Sync {
     }
 
     /// For devices a container reaches through CDI (GPUs): what the claim's CDI spec
-    /// must give the container for a share on `device`. None for everything else.
-    fn cdi_device(&self, _device: &str) -> Option<CdiDevice> {
+    /// must give the container for share `share_key` on `device`. None for everything
+    /// else.
+    fn cdi_device(&self, _device: &str, _share_key: &str) -> Option<CdiDevice> {
         None
     }
 }

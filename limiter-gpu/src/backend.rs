@@ -5,7 +5,7 @@
 //! limiter interface; the agent runs them on blocking threads.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::GpuError;
 
@@ -68,6 +68,29 @@ pub struct CgroupLimit {
     pub soft_bytes: u64,
     pub hard_bytes: u64,
     pub used_bytes: u64,
+}
+
+/// An MPS limit as read back: the true value lies in `bytes .. bytes + granularity`,
+/// because the control program shows limits of 1 GiB and more in whole GiB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MpsLimit {
+    pub bytes: u64,
+    pub granularity: u64,
+}
+
+impl MpsLimit {
+    /// An exact reading, as the simulated back end gives.
+    pub fn exact(bytes: u64) -> Self {
+        Self {
+            bytes,
+            granularity: 1,
+        }
+    }
+
+    /// Whether a limit set to `want` would read back as this.
+    pub fn admits(&self, want: u64) -> bool {
+        want >= self.bytes && want - self.bytes < self.granularity.max(1)
+    }
 }
 
 /// Enforcement mechanisms, strongest first.
@@ -138,11 +161,17 @@ pub trait GpuBackend: Send + Sync {
     /// ancestors and only an explicit reset through NVML takes it back out.
     fn clear_cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<(), GpuError>;
 
-    /// Sets the MPS pinned device memory limit for a share.
+    /// Sets the MPS pinned device memory limit for a share (a whole number of MiB).
     fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError>;
 
     /// Reads the MPS limit of a share back; None when there is none.
-    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<u64>, GpuError>;
+    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<MpsLimit>, GpuError>;
 
     fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError>;
+
+    /// The MPS pipe directory a share's containers connect through, where the share
+    /// runs through a real MPS control daemon.
+    fn mps_pipe_dir(&self, _share_key: &str) -> Option<PathBuf> {
+        None
+    }
 }

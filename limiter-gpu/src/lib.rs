@@ -40,6 +40,7 @@ pub mod cdi;
 pub mod cgroup;
 pub mod error;
 pub mod limiter;
+pub mod mps;
 pub mod nvml;
 pub mod simulated;
 pub mod sys;

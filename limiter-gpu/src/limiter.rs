@@ -23,6 +23,7 @@ use shareguard_common::{Format, Quantity};
 
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
 use crate::error::GpuError;
+use crate::mps::enforceable_bytes;
 use crate::watchdog::{Action, WatchedShare};
 
 /// The one capacity a GPU device has.
@@ -270,7 +271,10 @@ impl GpuLimiter {
                 }
                 Ok(())
             }
-            Mechanism::Mps => self.backend.set_mps_limit(&rec.uuid, key, rec.bytes),
+            Mechanism::Mps => {
+                self.backend
+                    .set_mps_limit(&rec.uuid, key, enforceable_bytes(rec.bytes))
+            }
             Mechanism::Watchdog => Ok(()),
         }
     }
@@ -279,7 +283,9 @@ impl GpuLimiter {
     /// cgroups carries exactly the expected limit; anything else yields no `enforced`
     /// entry, which the agent reports as DEGRADED rather than trusting it.
     fn read_back(&self, key: &str, rec: &ShareRecord) -> Result<Enforcement, GpuError> {
-        let ok = match rec.mechanism {
+        // The bytes in force when the read-back agrees: the share's memory, or for MPS
+        // that rounded down to the MiB its limits are set in.
+        let in_force = match rec.mechanism {
             Mechanism::NvmlCgroup => {
                 let mut all = true;
                 for cg in &rec.cgroups {
@@ -296,15 +302,24 @@ impl GpuLimiter {
                         all = false;
                     }
                 }
-                all
+                all.then_some(rec.bytes)
             }
-            Mechanism::Mps => self.backend.mps_limit(&rec.uuid, key)? == Some(rec.bytes),
-            Mechanism::Watchdog => false,
+            Mechanism::Mps => {
+                let want = enforceable_bytes(rec.bytes);
+                let got = self.backend.mps_limit(&rec.uuid, key)?;
+                if got.is_some_and(|l| l.admits(want)) {
+                    Some(want)
+                } else {
+                    tracing::warn!(share = key, want, got = ?got, "MPS limit read back differs");
+                    None
+                }
+            }
+            Mechanism::Watchdog => None,
         };
         let mut enforced = BTreeMap::new();
-        if ok {
-            let q = Quantity::from_units(i128::from(rec.bytes), Format::BinarySI)
-                .ok_or_else(|| GpuError::Internal(format!("{} bytes as a quantity", rec.bytes)))?;
+        if let Some(bytes) = in_force {
+            let q = Quantity::from_units(i128::from(bytes), Format::BinarySI)
+                .ok_or_else(|| GpuError::Internal(format!("{bytes} bytes as a quantity")))?;
             enforced.insert(MEMORY.to_string(), q);
         }
         Ok(Enforcement {
@@ -394,13 +409,15 @@ impl Limiter for GpuLimiter {
         Ok(self.remove_inner(share_key)?)
     }
 
-    fn cdi_device(&self, device: &str) -> Option<CdiDevice> {
+    fn cdi_device(&self, device: &str, share_key: &str) -> Option<CdiDevice> {
         let d = self.devices.get(device)?;
         Some(CdiDevice {
             gpu_uuid: d.gpu.uuid.clone(),
-            // No MPS control daemon is managed by this build (see the crate doc), so no
-            // pipe directory is handed to containers.
-            mps_pipe_dir: None,
+            // Only a share that runs through its own MPS daemon has a pipe directory to
+            // hand to its containers.
+            mps_pipe_dir: (d.mechanism == Mechanism::Mps)
+                .then(|| self.backend.mps_pipe_dir(share_key))
+                .flatten(),
         })
     }
 }

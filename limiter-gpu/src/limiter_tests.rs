@@ -323,3 +323,71 @@ fn cgroup_paths_resolve_under_the_root() {
     assert!(resolve_cgroup(root, "").is_err());
     assert!(resolve_cgroup(root, "/sys/fs/cgroup/../../etc").is_err());
 }
+
+/// Kills the MPS daemons below a test's directory on drop, so that a failed assertion
+/// leaves no process behind.
+struct DaemonDir(tempfile::TempDir);
+
+impl Drop for DaemonDir {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir(self.0.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let pid_file = e.path().join("pipe/nvidia-cuda-mps-control.pid");
+            if let Ok(pid) = std::fs::read_to_string(pid_file) {
+                let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+            }
+        }
+    }
+}
+
+#[test]
+fn mps_shares_run_through_their_own_daemon() {
+    use crate::mps::{MpsConfig, MpsDaemons};
+    let dir = DaemonDir(tempfile::Builder::new().prefix("sg-mps").tempdir().unwrap());
+    let daemons = MpsDaemons::new(MpsConfig {
+        control: Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/simulated-nvidia-cuda-mps-control"),
+        dir: dir.0.path().to_path_buf(),
+        timeout: std::time::Duration::from_secs(10),
+        launcher: Vec::new(),
+    })
+    .unwrap();
+    let mut gpu = SimulatedGpu::new("GPU-mps", 16 * GIB);
+    gpu.cgroup_limits = false;
+    let b = Arc::new(SimulatedBackend::new(vec![gpu]).with_mps_daemons(daemons));
+    let l = limiter(&b);
+    assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Mps);
+
+    // 2500 MiB and one byte: MPS limits are whole MiB, and the byte is not given.
+    let s = spec("m1", "2621440001", POD_A);
+    let e = l.apply(&s).unwrap();
+    assert_eq!(e.mechanism, "simulated-mps");
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("2500Mi").unwrap());
+    let pipe = dir.0.path().join("m1/pipe");
+    let cdi = l.cdi_device("gpu0", "m1").unwrap();
+    assert_eq!(cdi.mps_pipe_dir.as_deref(), Some(pipe.as_path()));
+    let pid: u32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    // Drift: the limit changed behind the agent's back is not reported as enforced,
+    // and apply puts it back.
+    std::fs::write(pipe.join("fake-default-mib"), "4096\n").unwrap();
+    assert!(l.verify(&s).unwrap().enforced.is_empty());
+    assert_eq!(l.apply(&s).unwrap(), e);
+    assert_eq!(l.verify(&s).unwrap(), e);
+
+    l.remove("m1").unwrap();
+    assert!(!pipe.exists(), "the daemon's directory is gone");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "the daemon quit"
+    );
+}

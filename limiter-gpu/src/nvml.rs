@@ -13,10 +13,13 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
+
 use crate::backend::{
-    Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, Support,
+    Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
 };
 use crate::error::GpuError;
+use crate::mps::MpsDaemons;
 use crate::sys::{MemoryLimitFns, SymbolPresence};
 
 /// First driver branch with per-cgroup memory limits.
@@ -82,6 +85,8 @@ pub struct NvmlBackend {
     limit_symbols: SymbolPresence,
     driver_version: String,
     cgroup2_root: std::path::PathBuf,
+    /// The per-share MPS daemons; None leaves the `mps` mechanism unsupported.
+    mps: Option<MpsDaemons>,
     nvml: Nvml,
 }
 
@@ -129,8 +134,45 @@ impl NvmlBackend {
             limit_symbols: presence,
             driver_version,
             cgroup2_root: "/sys/fs/cgroup".into(),
+            mps: None,
             nvml,
         })
+    }
+
+    /// Enables the `mps` mechanism through these daemons, where a GPU allows it.
+    pub fn with_mps(mut self, mps: MpsDaemons) -> Self {
+        self.mps = Some(mps);
+        self
+    }
+
+    fn mps(&self) -> Result<&MpsDaemons, GpuError> {
+        self.mps
+            .as_ref()
+            .ok_or_else(|| GpuError::NotSupported("MPS is not configured for this back end".into()))
+    }
+
+    /// Whether per-share MPS daemons can run on this GPU.
+    fn mps_support(&self, device: &nvml_wrapper::Device<'_>) -> Result<Support, GpuError> {
+        let Some(mps) = &self.mps else {
+            return Ok(Support::Unsupported(
+                "MPS is not configured for this back end".into(),
+            ));
+        };
+        if Self::mig_mode(device)? == MigMode::Enabled {
+            return Ok(Support::Unsupported(
+                "MIG is enabled; per-share MPS daemons are set up for whole GPUs only".into(),
+            ));
+        }
+        let mode = device
+            .compute_mode()
+            .map_err(|e| map_nvml_error("nvmlDeviceGetComputeMode", e))?;
+        if mode != ComputeMode::Default {
+            return Ok(Support::Unsupported(format!(
+                "compute mode is {mode:?}; one MPS daemon per share needs DEFAULT, where \
+                 several MPS servers may share the GPU"
+            )));
+        }
+        Ok(mps.probe())
     }
 
     /// Which of `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1` the
@@ -284,9 +326,7 @@ impl GpuBackend for NvmlBackend {
         };
         Ok(Capabilities {
             cgroup_limits,
-            mps: Support::Unsupported(
-                "MPS control daemon management is not implemented in this build".into(),
-            ),
+            mps: self.mps_support(&d)?,
         })
     }
 
@@ -349,18 +389,22 @@ impl GpuBackend for NvmlBackend {
             .map_err(|e| map_nvml_error("nvmlDeviceSetMemoryLimits_v1 (clear)", e))
     }
 
-    fn set_mps_limit(&self, _uuid: &str, _share_key: &str, _bytes: u64) -> Result<(), GpuError> {
-        Err(GpuError::NotSupported(
-            "MPS control daemon management is not implemented in this build".into(),
-        ))
+    fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
+        // Only to fail early and clearly for a GPU NVML does not know.
+        self.device(uuid)?;
+        self.mps()?.ensure_limit(uuid, share_key, bytes)
     }
 
-    fn mps_limit(&self, _uuid: &str, _share_key: &str) -> Result<Option<u64>, GpuError> {
-        Ok(None)
+    fn mps_limit(&self, _uuid: &str, share_key: &str) -> Result<Option<MpsLimit>, GpuError> {
+        self.mps()?.limit(share_key)
     }
 
-    fn clear_mps_limit(&self, _uuid: &str, _share_key: &str) -> Result<(), GpuError> {
-        Ok(())
+    fn clear_mps_limit(&self, _uuid: &str, share_key: &str) -> Result<(), GpuError> {
+        self.mps()?.stop(share_key)
+    }
+
+    fn mps_pipe_dir(&self, share_key: &str) -> Option<std::path::PathBuf> {
+        self.mps.as_ref().map(|m| m.pipe_dir(share_key))
     }
 }
 

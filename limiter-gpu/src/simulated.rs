@@ -16,9 +16,11 @@ use std::sync::{Mutex, MutexGuard};
 use nvml_wrapper::error::NvmlError;
 
 use crate::backend::{
-    Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, Mechanism, MigMode, Support,
+    Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, Mechanism, MigMode, MpsLimit,
+    Support,
 };
 use crate::error::GpuError;
+use crate::mps::MpsDaemons;
 use crate::nvml::map_nvml_error;
 
 /// Configuration of one simulated GPU.
@@ -78,6 +80,10 @@ struct State {
 
 pub struct SimulatedBackend {
     state: Mutex<State>,
+    /// When set, MPS limits go through these daemons (the GPU is simulated, the
+    /// daemon management is the real code, driving whatever control program is
+    /// configured); when not, they are kept in memory.
+    mps_daemons: Option<MpsDaemons>,
 }
 
 const SIMULATED_DRIVER_VERSION: &str = "simulated";
@@ -89,7 +95,20 @@ impl SimulatedBackend {
                 gpus,
                 ..State::default()
             }),
+            mps_daemons: None,
         }
+    }
+
+    fn daemons(&self) -> Result<&MpsDaemons, GpuError> {
+        self.mps_daemons
+            .as_ref()
+            .ok_or_else(|| GpuError::Internal("no MPS daemons configured".into()))
+    }
+
+    /// Routes MPS limits through real per-share daemons (see the field).
+    pub fn with_mps_daemons(mut self, daemons: MpsDaemons) -> Self {
+        self.mps_daemons = Some(daemons);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -242,9 +261,13 @@ impl GpuBackend for SimulatedBackend {
     fn capabilities(&self, uuid: &str) -> Result<Capabilities, GpuError> {
         let mut st = self.lock();
         st.check_fault(SimOp::Capabilities, "simulated probe")?;
+        let mps = match (st.mps_support(uuid)?, &self.mps_daemons) {
+            (Support::Supported, Some(d)) => d.probe(),
+            (support, _) => support,
+        };
         Ok(Capabilities {
             cgroup_limits: st.cgroup_support(uuid)?,
-            mps: st.mps_support(uuid)?,
+            mps,
         })
     }
 
@@ -289,33 +312,53 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
-        let mut st = self.lock();
-        st.check_fault(SimOp::SetMpsLimit, "simulated set MPS limit")?;
-        let support = st.mps_support(uuid)?;
-        st.require(support)?;
-        st.mps_limits
-            .insert((uuid.to_string(), share_key.to_string()), bytes);
-        Ok(())
+        {
+            let mut st = self.lock();
+            st.check_fault(SimOp::SetMpsLimit, "simulated set MPS limit")?;
+            let support = st.mps_support(uuid)?;
+            st.require(support)?;
+            if self.mps_daemons.is_none() {
+                st.mps_limits
+                    .insert((uuid.to_string(), share_key.to_string()), bytes);
+                return Ok(());
+            }
+        }
+        // Outside the lock: starting a daemon waits for a process.
+        self.daemons()?.ensure_limit(uuid, share_key, bytes)
     }
 
-    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<u64>, GpuError> {
-        let mut st = self.lock();
-        st.check_fault(SimOp::GetMpsLimit, "simulated get MPS limit")?;
-        let support = st.mps_support(uuid)?;
-        st.require(support)?;
-        Ok(st
-            .mps_limits
-            .get(&(uuid.to_string(), share_key.to_string()))
-            .copied())
+    fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<MpsLimit>, GpuError> {
+        {
+            let mut st = self.lock();
+            st.check_fault(SimOp::GetMpsLimit, "simulated get MPS limit")?;
+            let support = st.mps_support(uuid)?;
+            st.require(support)?;
+            if self.mps_daemons.is_none() {
+                return Ok(st
+                    .mps_limits
+                    .get(&(uuid.to_string(), share_key.to_string()))
+                    .map(|b| MpsLimit::exact(*b)));
+            }
+        }
+        self.daemons()?.limit(share_key)
     }
 
     fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError> {
-        let mut st = self.lock();
-        st.check_fault(SimOp::ClearMpsLimit, "simulated clear MPS limit")?;
-        st.gpu(uuid)?;
-        st.mps_limits
-            .remove(&(uuid.to_string(), share_key.to_string()));
-        Ok(())
+        {
+            let mut st = self.lock();
+            st.check_fault(SimOp::ClearMpsLimit, "simulated clear MPS limit")?;
+            st.gpu(uuid)?;
+            if self.mps_daemons.is_none() {
+                st.mps_limits
+                    .remove(&(uuid.to_string(), share_key.to_string()));
+                return Ok(());
+            }
+        }
+        self.daemons()?.stop(share_key)
+    }
+
+    fn mps_pipe_dir(&self, share_key: &str) -> Option<PathBuf> {
+        self.mps_daemons.as_ref().map(|d| d.pipe_dir(share_key))
     }
 }
 

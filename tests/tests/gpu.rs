@@ -362,3 +362,145 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(r.shares[0].phase, pb::Phase::Accounted as i32);
 }
+
+/// Where the per-share MPS daemons of one test live; kills any still running when
+/// dropped, so a failed assertion leaves no process behind.
+struct MpsDir(PathBuf);
+
+impl MpsDir {
+    fn pid(&self, share: &str) -> Option<u32> {
+        fs::read_to_string(self.0.join(share).join("pipe/nvidia-cuda-mps-control.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for MpsDir {
+    fn drop(&mut self) {
+        for e in fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            if let Ok(pid) = fs::read_to_string(e.path().join("pipe/nvidia-cuda-mps-control.pid")) {
+                let _ = Command::new("kill").arg(pid.trim()).status();
+            }
+        }
+    }
+}
+
+/// Alive and not a zombie (a quit daemon may wait for its reaper for a while).
+fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The `mps` mechanism end to end through the agent: a simulated GPU that offers MPS
+/// only, whose shares the real MPS daemon management enforces by driving a SIMULATION
+/// of NVIDIA's control program (limiter-gpu/tests/fixtures). One daemon per share, its
+/// pipe directory in the claim's CDI spec, the daemon outliving an agent SIGKILL, a dead
+/// daemon found and replaced by the reconciler, and everything gone on release.
+#[tokio::test]
+async fn mps_share_gets_its_own_daemon_through_the_agent() {
+    let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
+    let mps = MpsDir(dir.path().join("mps"));
+    let control = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
+    let mut o = Options::new(
+        gpu_device(r#"{ period = "1s", action = "report" }"#).replace(
+            "memory = \"80Gi\"\n",
+            "memory = \"80Gi\"\ncgroup_limits = false\n",
+        ),
+    );
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nreconcile_period = \"300ms\"",
+        dir.path().join("cdi"),
+        mps.0
+    );
+    let mut a = Agent::start(o);
+    let mut c = a.client().await;
+    assert_eq!(
+        device(&mut c, "gpu-0").await.mechanisms,
+        ["simulated-mps", "simulated-watchdog"]
+    );
+
+    let id = share_id();
+    let pod = "7c1d2e3f-1111-4222-8333-944455556666";
+    let r = prepare_one(
+        &mut c,
+        1,
+        gpu_claim("m1", &id, "10Gi", pod, "kubepods.slice/x"),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.mechanism, "simulated-mps");
+    assert_eq!(s.limits[0].enforced, "10Gi", "read back from the daemon");
+    let pid = mps.pid(&id).expect("a daemon for the share");
+    assert!(alive(pid));
+
+    // The containers get the share's own pipe directory, and nothing else of MPS.
+    let pipe = mps.0.join(&id).join("pipe");
+    let path = spec_path(dir.path(), "m1");
+    let spec: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    validate_spec(&spec).unwrap_or_else(|p| panic!("{path:?} is not a valid CDI spec: {p:?}"));
+    let edits = &spec["devices"][0]["containerEdits"];
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        env.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).as_str()),
+        "{env:?}"
+    );
+    assert_eq!(edits["mounts"][0]["hostPath"], pipe.to_str().unwrap());
+
+    // The daemon outlives the agent: the restarted agent reads the limit back from it.
+    a.kill9();
+    a.restart();
+    let mut c = a.client().await;
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(mps.pid(&id), Some(pid), "the same daemon");
+
+    // A dead daemon is drift: the reconciler starts a new one with the limit.
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if let Some(new) = mps.pid(&id)
+            && new != pid
+            && alive(new)
+            && s.phase == pb::Phase::Enforced as i32
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new daemon within 20s: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, metrics) = a.http("/metrics");
+    let repairs = metric_sample(
+        &metrics,
+        "shareguard_reconcile_repairs_total",
+        &[("device", "gpu-0")],
+    );
+    assert!(
+        repairs.is_some_and(|n| n >= 1.0),
+        "repair counted: {repairs:?}"
+    );
+
+    let last = mps.pid(&id).unwrap();
+    assert_eq!(unprepare_one(&mut c, 1, "m1").await.code, "");
+    assert!(!alive(last), "the daemon quit on release");
+    assert!(!mps.0.join(&id).exists(), "its directory is gone");
+    assert!(!path.exists(), "the CDI spec is removed");
+}

@@ -218,7 +218,7 @@ impl Engine {
 
     /// What the share's device needs in a CDI spec; None for devices without one.
     fn cdi_device(&self, r: &ShareRecord) -> Option<shareguard_common::limiter::CdiDevice> {
-        self.limiter(&r.device)?.cdi_device(&r.device)
+        self.limiter(&r.device)?.cdi_device(&r.device, &r.key)
     }
 
     fn cdi_writer(&self, driver: &str) -> Result<CdiWriter, String> {
