@@ -23,17 +23,17 @@
 //!   and [`cgroup::pod_uid_of_pid`], the pid -> pod function the watchdog is fed.
 //! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
 //!   CDI specification's rules.
+//! - [`mps`]: the `mps` mechanism: one MPS control daemon per share, its pinned device
+//!   memory limit set and read back through NVIDIA's control program.
 //! - [`sys`]: all unsafe code (the two unbound NVML functions, pidfd calls).
 //!
 //! What does not exist yet:
 //!
-//! - MPS control daemon management: the NVML back end reports MPS as unsupported, so
-//!   real GPUs get nvml-cgroup or the watchdog; only the simulated back end has MPS, and
-//!   no CDI spec carries an MPS pipe directory;
 //! - persistence of the limiter's share table: after a restart shares are re-adopted
 //!   through `verify`, and `remove` of a share not seen since is a no-op;
 //! - a run on a real GPU: `tests/gpu/run-on-gpu.sh` is written for one, but the NVML back
-//!   end has not been run against a driver, and the memory-limit calls not against R615+.
+//!   end has not been run against a driver, the memory-limit calls not against R615+,
+//!   and the MPS code not against NVIDIA's control program (only its simulation).
 
 pub mod backend;
 pub mod cdi;
