@@ -220,6 +220,17 @@ impl MpsDaemons {
 
     fn start(&self, uuid: &str, dir: &Path) -> Result<(), GpuError> {
         let pipe = dir.join("pipe");
+        // What a dead daemon left (its pid file, sockets a new one could not bind over)
+        // goes first; its log stays for whoever looks into why it died.
+        for e in fs::read_dir(&pipe).map_err(|e| io_err("reading", &pipe, &e))? {
+            let path = e.map_err(|e| io_err("reading", &pipe, &e))?.path();
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            removed.map_err(|e| io_err("removing", &path, &e))?;
+        }
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -249,8 +249,14 @@ fn a_dead_daemon_reads_as_no_limit_and_is_started_again() {
         std::thread::sleep(POLL);
     }
     assert_eq!(d.limit(SHARE).unwrap(), None);
+    let leftover = d.pipe_dir(SHARE).join("control");
+    fs::write(&leftover, "").unwrap();
     d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
     assert_ne!(pid_of(&d, SHARE), pid, "a new daemon");
+    assert!(
+        !leftover.exists(),
+        "the dead daemon's files went before the new one started"
+    );
     assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
     d.stop(SHARE).unwrap();
 }
