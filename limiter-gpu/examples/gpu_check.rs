@@ -9,16 +9,23 @@
 //!    kubepods/pod<uid>/allocator`), so that the library's cgroup parser maps the
 //!    allocator to a pod; removed at the end by a guard, also on panic;
 //! 3. a share (`--share-mib`, default 1 GiB) prepared through [`GpuLimiter`] for that pod,
-//!    and the limit the driver reports back;
+//!    and the limit the driver reports back; where the limiter chose `mps`, that starts
+//!    the share's own MPS control daemon (`--mps-control`, default
+//!    `/usr/bin/nvidia-cuda-mps-control`, its directories under `/run/sg-gpu-check-mps`)
+//!    and the limit read back is the daemon's (`get_default_device_pinned_mem_limit`);
 //! 4. the allocator (the command after `--`) started inside the cgroup, trying to
 //!    allocate `--alloc-mib` (default 2 GiB) in steps, while the watchdog logic runs over
-//!    NVML's running compute processes;
-//! 5. the share released, and the limit read back once more;
+//!    NVML's running compute processes; under `mps` it also gets
+//!    `CUDA_MPS_PIPE_DIRECTORY=<the share's pipe directory>`, as the share's CDI spec
+//!    gives containers, so it runs as a client of the share's daemon;
+//! 5. the share released (which stops the share's MPS daemon), and the limits read back
+//!    once more: none is expected, and no daemon;
 //! 6. a summary: mechanism | result | enforced limit read back.
 //!
 //! The allocator learns what to do from `GPU_CHECK_TARGET_BYTES`, `GPU_CHECK_STEP_BYTES`
-//! and `GPU_CHECK_HOLD_SECONDS`, gets `CUDA_VISIBLE_DEVICES=<uuid>`, and reports on stdout
-//! with lines of this form (anything else is shown as is):
+//! and `GPU_CHECK_HOLD_SECONDS`, gets `CUDA_VISIBLE_DEVICES=<uuid>` (and, under `mps`,
+//! `CUDA_MPS_PIPE_DIRECTORY`), and reports on stdout with lines of this form (anything
+//! else is shown as is):
 //!
 //! ```text
 //! ALLOC start <what it uses>
@@ -34,12 +41,24 @@
 //! as allocated): a self-test of this program's cgroup, allocator, watchdog and summary
 //! code on a machine without a GPU. `--simulated-cgroup` gives that GPU simulated
 //! per-cgroup limits (stored and read back in memory; nothing blocks the allocator, its
-//! own failures are what the summary reports). Every line then says SIMULATED; it proves
-//! nothing about a GPU or driver.
+//! own failures are what the summary reports). `--simulated-mps` gives it MPS instead,
+//! through the real per-share daemon management driving the `--mps-control` program:
+//! with `--mps-control limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control`
+//! (a simulation of NVIDIA's control program) that self-tests the daemon start, the
+//! limit read back, the pipe directory handed to the allocator and the daemon's stop
+//! without a GPU; again nothing blocks the allocator. Every line then says SIMULATED; it
+//! proves nothing about a GPU, a driver or NVIDIA's MPS.
+//!
+//! Cleanup: the share is released (and with it the MPS daemon stopped) on every path
+//! that gets as far as preparing it, also when the allocator cannot be started and, by a
+//! guard, on panic; the test cgroup is removed by its own guard. A gpu_check killed
+//! from outside leaves them behind (`run-on-gpu.sh` removes a leftover cgroup); the
+//! next run stops a daemon left for its share before it prepares the share.
 //!
 //! Exit status: 0 when the check ran, whatever it found (including "no GPU here" and
 //! "not supported"); 1 when the check itself could not run (bad arguments, allocator
-//! command not startable); 2 when cleanup left something behind (a limit or cgroup).
+//! command not startable); 2 when cleanup left something behind (a limit, a cgroup, or
+//! an MPS daemon directory under `/run/sg-gpu-check-mps`), which takes precedence over 1.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -56,10 +75,11 @@ use std::time::{Duration, Instant};
 use shareguard_common::Quantity;
 use shareguard_common::limiter::{LimitSpec, Limiter, Target};
 use shareguard_limiter_gpu::backend::{
-    CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, Support,
+    CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
 };
 use shareguard_limiter_gpu::cgroup::pod_from_proc_cgroup;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
+use shareguard_limiter_gpu::mps::{MpsConfig, MpsDaemons};
 use shareguard_limiter_gpu::nvml::NvmlBackend;
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
 use shareguard_limiter_gpu::sys::PidfdTerminator;
@@ -70,6 +90,10 @@ const MIB: u64 = 1 << 20;
 const SHARE_KEY: &str = "gpu-check-share";
 const DEVICE: &str = "gpu-check";
 const CGROUP_PREFIX: &str = "shareguard-gpu-check-";
+/// Where this check's per-share MPS daemons live; apart from the agent's
+/// `/run/shareguard/mps`, so that the check never touches a running agent's daemons.
+const MPS_DIR: &str = "/run/sg-gpu-check-mps";
+const MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
 const USAGE: &str = "\
 usage: gpu_check [options] [-- ALLOCATOR COMMAND...]
@@ -83,8 +107,13 @@ usage: gpu_check [options] [-- ALLOCATOR COMMAND...]
   --watchdog-action A       terminate (default) or report
   --grace-secs N            grace before the watchdog terminates (default 2)
   --allocator-name NAME     how to call the allocator in the report
+  --mps-control PATH        NVIDIA's MPS control program, for the mps mechanism
+                            (default /usr/bin/nvidia-cuda-mps-control)
   --simulated               self-test over the SIMULATED back end (no GPU needed)
-  --simulated-cgroup        as --simulated, the simulated GPU with cgroup limits";
+  --simulated-cgroup        as --simulated, the simulated GPU with cgroup limits
+  --simulated-mps           as --simulated, the simulated GPU with MPS through real
+                            per-share daemons of --mps-control (for a self-test:
+                            limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control)";
 
 #[derive(Debug)]
 struct Opts {
@@ -98,8 +127,10 @@ struct Opts {
     action: Action,
     allocator_name: Option<String>,
     allocator: Vec<String>,
+    mps_control: PathBuf,
     simulated: bool,
     simulated_cgroup: bool,
+    simulated_mps: bool,
 }
 
 impl Opts {
@@ -117,8 +148,10 @@ impl Opts {
             },
             allocator_name: None,
             allocator: Vec::new(),
+            mps_control: PathBuf::from(MPS_CONTROL),
             simulated: false,
             simulated_cgroup: false,
+            simulated_mps: false,
         };
         let mut terminate = true;
         let mut grace = Duration::from_secs(2);
@@ -163,6 +196,11 @@ impl Opts {
                     o.simulated = true;
                     o.simulated_cgroup = true;
                 }
+                "--simulated-mps" => {
+                    o.simulated = true;
+                    o.simulated_mps = true;
+                }
+                "--mps-control" => o.mps_control = PathBuf::from(value()?),
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -327,15 +365,30 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
     } else {
         "NVML probe"
     });
+    // The per-share MPS daemons hold nothing but this configuration, so a second handle
+    // on them (for a daemon left by an earlier, killed run) is another `MpsDaemons`.
+    let mps_cfg = MpsConfig {
+        control: absolute(&opts.mps_control),
+        dir: MPS_DIR.into(),
+        ..MpsConfig::default()
+    };
+    let mps_daemons =
+        || MpsDaemons::new(mps_cfg.clone()).map_err(|e| format!("MPS configuration: {e}"));
+    let uses_mps = !opts.simulated || opts.simulated_mps;
     let backend = if opts.simulated {
-        Back::Sim(Arc::new(SimulatedBackend::new(vec![SimulatedGpu {
+        let sim = SimulatedBackend::new(vec![SimulatedGpu {
             cgroup_limits: opts.simulated_cgroup,
-            mps: false,
+            mps: opts.simulated_mps,
             ..SimulatedGpu::new("GPU-simulated-0", 16 << 30)
-        }])))
+        }]);
+        Back::Sim(Arc::new(if opts.simulated_mps {
+            sim.with_mps_daemons(mps_daemons()?)
+        } else {
+            sim
+        }))
     } else {
         match NvmlBackend::open() {
-            Ok(b) => Back::Nvml(Arc::new(b)),
+            Ok(b) => Back::Nvml(Arc::new(b.with_mps(mps_daemons()?))),
             Err(e) => {
                 println!("no NVIDIA GPU / NVML here (or not usable): {e}");
                 println!("nothing to check on this machine.");
@@ -363,6 +416,16 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             println!("nvmlDeviceGetMemoryLimits_v1: {}", present(symbols.get));
         }
         Back::Sim(_) => println!("NVML library: not used (SIMULATED back end)"),
+    }
+    if uses_mps {
+        println!(
+            "MPS control program: {} ({})",
+            mps_cfg.control.display(),
+            support_text(&mps_daemons()?.probe())
+        );
+        println!("MPS daemon directory: {MPS_DIR} (one daemon per share below it)");
+    } else {
+        println!("MPS: not used (SIMULATED GPU without MPS; see --simulated-mps)");
     }
     let mut caps = BTreeMap::new();
     for g in &gpus {
@@ -435,6 +498,10 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
     for (m, why) in &device.not_chosen {
         println!("  {} not chosen: {why}", m.as_str());
     }
+    let mps_chosen = device.mechanism == Mechanism::Mps;
+    if uses_mps {
+        stop_leftover_daemon(&mps_daemons()?);
+    }
     let spec = LimitSpec {
         share_key: SHARE_KEY.into(),
         device: DEVICE.into(),
@@ -461,6 +528,14 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
         cgroup_error,
         ..Report::default()
     };
+    // From here on the share is released on every way out of this function: by
+    // `release` below, or by the guard on an early return or a panic. Under `mps` that
+    // stops the share's daemon. Dropped before the test cgroup (declared earlier), so a
+    // cgroup's limit is cleared before the cgroup goes.
+    let mut share = ShareGuard {
+        limiter: &limiter,
+        armed: true,
+    };
     match limiter.apply(&spec) {
         Ok(enf) => {
             let enforced = enf.enforced.get(MEMORY).map(|q| q.to_string());
@@ -481,9 +556,34 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
         println!("driver read-back for {}: {rb}", cg.pod.display());
         report.limit_while_prepared = Some(rb);
     }
+    // What the share's containers would get from its CDI spec.
+    let mps_pipe_dir = limiter
+        .cdi_device(DEVICE, SHARE_KEY)
+        .and_then(|d| d.mps_pipe_dir);
+    let mut daemon_pid = None;
+    if mps_chosen {
+        let rb = backend.gpu().mps_limit(&gpu.uuid, SHARE_KEY);
+        let text = mps_limit_text(&rb);
+        println!("MPS read-back (the share's daemon): {text}");
+        report.mps_while_prepared = Some(text);
+        match &mps_pipe_dir {
+            Some(dir) => {
+                daemon_pid = read_small(&dir.join(MPS_PID_FILE))
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u32>().ok());
+                println!(
+                    "MPS daemon of the share: {}, pipe directory {}",
+                    daemon_pid.map_or_else(|| "no pid file".into(), |p| format!("pid {p}")),
+                    dir.display()
+                );
+            }
+            None => println!("MPS: the limiter gives the share NO pipe directory"),
+        }
+    }
 
     section("allocator");
     let mut run_result = None;
+    let mut allocator_error = None;
     if opts.allocator.is_empty() {
         println!("allocator: none given; nothing allocates (no CUDA allocator on this machine?)");
     } else {
@@ -503,21 +603,34 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             opts.poll.as_millis(),
             opts.action
         );
-        run_result = Some(run_allocator(
+        match run_allocator(
             opts,
             &backend,
             &limiter,
             &gpu,
             cgroup.as_ref(),
-        )?);
+            mps_pipe_dir.as_deref(),
+        ) {
+            Ok(r) => run_result = Some(r),
+            // Reported once the share is released and the cgroup removed.
+            Err(e) => {
+                println!("allocator: NOT run: {e}");
+                allocator_error = Some(e);
+            }
+        }
     }
 
     section("release the share");
     let mut left_state = false;
     // A limit may be left behind only where one was set: the mechanism is nvml-cgroup
-    // and apply got as far as the driver.
-    let limit_was_set = device.mechanism == Mechanism::NvmlCgroup && report.applied.is_some();
-    match limiter.remove(SHARE_KEY) {
+    // and apply got as far as the driver, or it is mps (a daemon may have started even
+    // where apply failed later).
+    let limit_was_set = match device.mechanism {
+        Mechanism::NvmlCgroup => report.applied.is_some(),
+        Mechanism::Mps => true,
+        Mechanism::Watchdog => false,
+    };
+    match share.release() {
         Ok(()) => println!("remove: ok"),
         Err(e) => {
             println!("remove: FAILED: {}", e.message);
@@ -534,9 +647,32 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
                 println!("release: the driver still reports a limit on the test cgroup");
                 left_state = true;
             }
-            Err(_) => left_state |= limit_was_set,
+            Err(_) => {
+                left_state |= device.mechanism == Mechanism::NvmlCgroup && limit_was_set;
+            }
         }
         report.limit_after_release = Some(text);
+    }
+    if mps_chosen {
+        let rb = backend.gpu().mps_limit(&gpu.uuid, SHARE_KEY);
+        let text = mps_limit_text(&rb);
+        println!("MPS read-back after release: {text}");
+        if !matches!(rb, Ok(None)) {
+            println!("release: the share's MPS daemon is still there");
+            left_state = true;
+        }
+        if let Some(pid) = daemon_pid {
+            if process_alive(pid) {
+                println!("release: the share's MPS daemon, pid {pid}, is still running");
+                left_state = true;
+            } else {
+                println!("MPS daemon pid {pid}: gone");
+            }
+        }
+        report.mps_after_release = Some(text);
+    }
+    if uses_mps {
+        left_state |= !mps_dir_clean();
     }
     if let Some(mut cg) = cgroup.take() {
         let problems = cg.cleanup();
@@ -556,6 +692,9 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
     if left_state {
         return Ok(Outcome::LeftState);
     }
+    if let Some(e) = allocator_error {
+        return Ok(Outcome::CheckFailed(e));
+    }
     if let Some(r) = &run_result
         && !r.log.any_line
     {
@@ -565,6 +704,109 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
         )));
     }
     Ok(Outcome::Ran)
+}
+
+/// Releases the share when dropped unless [`ShareGuard::release`] did: the way out of
+/// `run` on an early return or a panic, so that no MPS daemon or limit outlives the
+/// check.
+struct ShareGuard<'a> {
+    limiter: &'a GpuLimiter,
+    armed: bool,
+}
+
+impl ShareGuard<'_> {
+    fn release(&mut self) -> Result<(), shareguard_common::limiter::LimiterError> {
+        self.armed = false;
+        self.limiter.remove(SHARE_KEY)
+    }
+}
+
+impl Drop for ShareGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        match self.limiter.remove(SHARE_KEY) {
+            Ok(()) => println!("cleanup: share {SHARE_KEY} released"),
+            Err(e) => println!(
+                "cleanup: releasing share {SHARE_KEY} FAILED: {} (an MPS daemon may be left under {MPS_DIR})",
+                e.message
+            ),
+        }
+    }
+}
+
+/// The pid file NVIDIA's control daemon writes into its pipe directory.
+const MPS_PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
+/// Stops the daemon an earlier, killed run left for this check's share, so that this
+/// run starts (and reads back) its own.
+fn stop_leftover_daemon(mps: &MpsDaemons) {
+    let Some(share_dir) = mps.pipe_dir(SHARE_KEY).parent().map(Path::to_path_buf) else {
+        return;
+    };
+    if !share_dir.exists() {
+        return;
+    }
+    match mps.stop(SHARE_KEY) {
+        Ok(()) => println!(
+            "MPS: stopped a daemon left by an earlier run in {}",
+            share_dir.display()
+        ),
+        Err(e) => println!(
+            "MPS: {} is left by an earlier run and could not be stopped: {e}",
+            share_dir.display()
+        ),
+    }
+}
+
+/// True when nothing is left under [`MPS_DIR`]; removes the directory itself once it is
+/// empty. Prints what is left.
+fn mps_dir_clean() -> bool {
+    let dir = Path::new(MPS_DIR);
+    let entries: Vec<String> = match fs::read_dir(dir) {
+        Ok(d) => d
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().display().to_string())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+        Err(e) => {
+            println!("cleanup: cannot list {MPS_DIR}: {e}");
+            return false;
+        }
+    };
+    if !entries.is_empty() {
+        println!(
+            "cleanup: MPS daemon directory left behind: {}",
+            entries.join(" ")
+        );
+        return false;
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => println!("cleanup: {MPS_DIR} removed, no MPS daemon left"),
+        Err(e) => println!("cleanup: {MPS_DIR} is empty but stays: {e}"),
+    }
+    true
+}
+
+/// True while the process exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    read_small(&Path::new("/proc").join(pid.to_string()).join("stat")).is_ok_and(|stat| {
+        // The state follows the command name in parentheses, which may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// A relative path made absolute against the working directory: the MPS daemon is
+/// started through a shell and must find the same program.
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    std::env::current_dir().map_or_else(|_| p.to_path_buf(), |d| d.join(p))
 }
 
 fn print_gpu(g: &GpuInfo) {
@@ -578,6 +820,29 @@ fn print_gpu(g: &GpuInfo) {
     };
     println!("  MIG mode:      {mig}");
     println!("  driver:        {}", g.driver_version);
+}
+
+fn mps_limit_text(r: &Result<Option<MpsLimit>, GpuError>) -> String {
+    match r {
+        Ok(None) => "no limit (no daemon for the share)".into(),
+        Ok(Some(l)) if l.granularity <= MIB && l.bytes % MIB == 0 => {
+            format!("{} MiB", l.bytes / MIB)
+        }
+        Ok(Some(l)) if l.granularity <= MIB => format!("{} bytes", l.bytes),
+        // The control program shows limits of 1 GiB and more in whole GiB, rounded down.
+        Ok(Some(l)) => format!(
+            "at least {} MiB, under {} MiB (shown in whole {})",
+            l.bytes / MIB,
+            l.bytes.saturating_add(l.granularity) / MIB,
+            if l.granularity == 1 << 30 {
+                "GiB".to_string()
+            } else {
+                short(l.granularity)
+            }
+        ),
+        Err(GpuError::NotSupported(why)) => format!("cannot read back (not supported: {why})"),
+        Err(e) => format!("cannot read back: {e}"),
+    }
 }
 
 fn read_back(backend: &dyn GpuBackend, uuid: &str, cgroup: &Path) -> String {
@@ -927,6 +1192,7 @@ fn run_allocator(
     limiter: &GpuLimiter,
     gpu: &GpuInfo,
     cgroup: Option<&TestCgroup>,
+    mps_pipe_dir: Option<&Path>,
 ) -> Result<AllocatorRun, String> {
     let (prog, args) = opts
         .allocator
@@ -959,6 +1225,22 @@ fn run_allocator(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    match mps_pipe_dir {
+        // As the share's CDI spec does for its containers: the allocator becomes a
+        // client of the share's own MPS daemon, under the limit read back above.
+        Some(dir) => {
+            cmd.env("CUDA_MPS_PIPE_DIRECTORY", dir);
+            println!(
+                "allocator env: CUDA_MPS_PIPE_DIRECTORY={} (the share's MPS daemon)",
+                dir.display()
+            );
+        }
+        // Not inherited from this program's environment: a container of a share
+        // without MPS gets none either.
+        None => {
+            cmd.env_remove("CUDA_MPS_PIPE_DIRECTORY");
+        }
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start the allocator {:?}: {e}", opts.allocator))?;
@@ -1163,8 +1445,52 @@ struct Report {
     apply_error: Option<String>,
     limit_while_prepared: Option<String>,
     limit_after_release: Option<String>,
+    /// The MPS limit read back from the share's daemon, where `mps` was chosen.
+    mps_while_prepared: Option<String>,
+    mps_after_release: Option<String>,
     /// Why the test cgroup could not be made, when it could not.
     cgroup_error: Option<String>,
+}
+
+/// The result of a mechanism the limiter chose, from the apply and the allocator's log;
+/// `by` names what would block the allocator ("driver", "MPS").
+fn enforcement_result(
+    opts: &Opts,
+    report: &Report,
+    run: Option<&AllocatorRun>,
+    by: &str,
+) -> String {
+    let limit = short(opts.share_bytes);
+    if let Some(e) = &report.apply_error {
+        return format!("not enforced: apply failed: {e}");
+    }
+    if matches!(report.applied, Some(None)) {
+        return "not enforced: the limit read back does not match the share".into();
+    }
+    match run {
+        None => "limit set and read back; no allocator ran, so nothing was blocked".into(),
+        Some(r) if !r.log.any_line => "not exercised: the allocator did not run".into(),
+        Some(r) => match (&r.log.init_failed, &r.log.fail) {
+            (Some(e), _) => format!("allocator failed at CUDA init, before allocating: {e}"),
+            (None, Some((t, e))) if *t <= opts.share_bytes => format!(
+                "blocked by {by}: allocation stopped at {} of {} ({e})",
+                short(*t),
+                short(opts.alloc_bytes)
+            ),
+            (None, Some((t, e))) => format!(
+                "NOT blocked at the limit: allocator got {} > {limit} before failing ({e})",
+                short(*t)
+            ),
+            (None, None) if r.log.reached > opts.share_bytes => format!(
+                "NOT blocked: allocator got {} with a {limit} limit",
+                short(r.log.reached)
+            ),
+            (None, None) => format!(
+                "not exercised: allocator reported {} and no failure",
+                short(r.log.reached)
+            ),
+        },
+    }
 }
 
 fn print_summary(
@@ -1225,39 +1551,9 @@ fn print_summary(
         .clone()
         .unwrap_or_else(|| "-".into());
     let cgroup_supported = cgroup_why.is_none();
-    let nvml_result = if let Some(why) = cgroup_why {
-        format!("not supported: {why}")
-    } else if let Some(e) = &report.apply_error {
-        format!("not enforced: apply failed: {e}")
-    } else if matches!(report.applied, Some(None)) {
-        "not enforced: the limit read back does not match the share".into()
-    } else {
-        match run {
-            None => "limit set and read back; no allocator ran, so nothing was blocked".into(),
-            Some(r) if !r.log.any_line => "not exercised: the allocator did not run".into(),
-            Some(r) => match (&r.log.init_failed, &r.log.fail) {
-                (Some(e), _) => {
-                    format!("allocator failed at CUDA init, before allocating: {e}")
-                }
-                (None, Some((t, e))) if *t <= opts.share_bytes => format!(
-                    "blocked by driver: allocation stopped at {} of {} ({e})",
-                    short(*t),
-                    short(opts.alloc_bytes)
-                ),
-                (None, Some((t, e))) => format!(
-                    "NOT blocked at the limit: allocator got {} > {limit} before failing ({e})",
-                    short(*t)
-                ),
-                (None, None) if r.log.reached > opts.share_bytes => format!(
-                    "NOT blocked: allocator got {} with a {limit} limit",
-                    short(r.log.reached)
-                ),
-                (None, None) => format!(
-                    "not exercised: allocator reported {} and no failure",
-                    short(r.log.reached)
-                ),
-            },
-        }
+    let nvml_result = match cgroup_why {
+        Some(why) => format!("not supported: {why}"),
+        None => enforcement_result(opts, report, run, "driver"),
     };
     rows.push([
         limiter.label(Mechanism::NvmlCgroup),
@@ -1270,14 +1566,39 @@ fn print_summary(
     ]);
 
     // mps
-    let mps_result = match mps {
-        Some(Support::Supported) if device.mechanism == Mechanism::Mps => {
-            "chosen by the limiter (see the allocator result)".into()
+    let mps_why = device
+        .not_chosen
+        .iter()
+        .find(|(m, _)| *m == Mechanism::Mps)
+        .map(|(_, w)| w.clone());
+    let (mps_result, mps_read_back) = if let Some(why) = mps_why {
+        (format!("not supported: {why}"), "- (no MPS daemon)".into())
+    } else if device.mechanism == Mechanism::Mps {
+        let prepared = report.mps_while_prepared.as_deref().unwrap_or("-");
+        let after = report.mps_after_release.as_deref().unwrap_or("-");
+        (
+            enforcement_result(opts, report, run, "MPS"),
+            format!("prepared: {prepared}; after release: {after}"),
+        )
+    } else {
+        // A stronger mechanism came first, so no MPS daemon was started; the probe
+        // still says whether MPS would have been usable.
+        let chosen = limiter.label(device.mechanism);
+        match mps {
+            Some(Support::Unsupported(why)) => {
+                (format!("not supported: {why}"), "- (no MPS daemon)".into())
+            }
+            Some(Support::Supported) => (
+                format!("not attempted: {chosen} chosen first (MPS itself is supported)"),
+                "- (no MPS daemon started)".into(),
+            ),
+            None => (
+                format!("not attempted: {chosen} chosen first"),
+                "- (no MPS daemon started)".into(),
+            ),
         }
-        _ => "not attempted (not implemented for NVML in this build)".to_string(),
     };
-    println!("mps: {mps_result}");
-    rows.push([limiter.label(Mechanism::Mps), mps_result, "-".into()]);
+    rows.push([limiter.label(Mechanism::Mps), mps_result, mps_read_back]);
 
     // watchdog
     let wd_result = match run {
@@ -1312,6 +1633,11 @@ fn print_summary(
                     .into()
             } else if !w.errors.is_empty() {
                 format!("NOT caught: {}", w.errors.join("; "))
+            } else if device.mechanism == Mechanism::Mps {
+                format!(
+                    "NOT caught: allocator pid {} never in NVML's process list ({} polls; under MPS the list may show the MPS server instead of its clients)",
+                    r.pid, w.polls
+                )
             } else {
                 format!(
                     "NOT caught: allocator pid {} never in NVML's process list ({} polls; pid namespace, or no CUDA context)",

@@ -6,6 +6,13 @@
 # limiter-gpu/examples/gpu_check.rs; this script builds it, finds a CUDA allocator and
 # prints the context around it.
 #
+# MPS: where the limiter chooses it (no nvml-cgroup, /usr/bin/nvidia-cuda-mps-control
+# installed, MIG off, compute mode DEFAULT), gpu_check starts one MPS control daemon for
+# its test share under /run/sg-gpu-check-mps, reads its limit back, runs the allocator
+# as its client (CUDA_MPS_PIPE_DIRECTORY) and stops it when the share is released. A
+# gpu_check killed from outside (the timeout below) can leave that daemon; the next run
+# stops it.
+#
 # Usage (as root, from anywhere in the repository):
 #   tests/gpu/run-on-gpu.sh
 # Optional environment:
@@ -22,7 +29,7 @@
 #
 # Exit status: 0 when the check ran, whatever it found (including "no GPU here" and
 # "not supported"); non-zero only when the script itself failed (no cargo, build failed,
-# the allocator could not run, or cleanup left a limit or cgroup behind).
+# the allocator could not run, or cleanup left a limit, cgroup or MPS daemon behind).
 #
 # Time: about 1-2 minutes, at most about 5. The cargo build dominates: a release build of
 # shareguard-limiter-gpu and its dependencies only (about a minute on 16 cores, bounded
