@@ -22,6 +22,23 @@ use crate::error::GpuError;
 use crate::mps::MpsDaemons;
 use crate::sys::{MemoryLimitFns, SymbolPresence};
 
+/// One entry per PID from NVML's two process lists; where both list a PID, the entry
+/// that knows its memory wins.
+pub fn merge_processes(
+    direct: Vec<ComputeProcess>,
+    mps: Vec<ComputeProcess>,
+) -> Vec<ComputeProcess> {
+    let mut out: Vec<ComputeProcess> = Vec::with_capacity(direct.len() + mps.len());
+    for p in direct.into_iter().chain(mps) {
+        match out.iter_mut().find(|q| q.pid == p.pid) {
+            Some(q) if q.used_bytes.is_none() => *q = p,
+            Some(_) => {}
+            None => out.push(p),
+        }
+    }
+    out
+}
+
 /// First driver branch with per-cgroup memory limits.
 const CGROUP_LIMITS_MIN_DRIVER: u32 = 615;
 
@@ -290,19 +307,29 @@ impl GpuBackend for NvmlBackend {
 
     fn compute_processes(&self, uuid: &str) -> Result<Vec<ComputeProcess>, GpuError> {
         let d = self.device(uuid)?;
-        let procs = d
+        let convert = |procs: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>| {
+            procs
+                .into_iter()
+                .map(|p| ComputeProcess {
+                    pid: p.pid,
+                    used_bytes: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                })
+                .collect::<Vec<_>>()
+        };
+        let direct = d
             .running_compute_processes()
             .map_err(|e| map_nvml_error("nvmlDeviceGetComputeRunningProcesses", e))?;
-        Ok(procs
-            .into_iter()
-            .map(|p| ComputeProcess {
-                pid: p.pid,
-                used_bytes: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                },
-            })
-            .collect())
+        // Clients of an MPS server are listed apart; without them the watchdog would see
+        // only the server (in no pod) and miss every MPS share's processes.
+        let mps = match d.mps_running_compute_processes() {
+            Ok(p) => p,
+            Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => Vec::new(),
+            Err(e) => return Err(map_nvml_error("nvmlDeviceGetMPSComputeRunningProcesses", e)),
+        };
+        Ok(merge_processes(convert(direct), convert(mps)))
     }
 
     fn capabilities(&self, uuid: &str) -> Result<Capabilities, GpuError> {
@@ -518,6 +545,19 @@ mod tests {
                 assert!(why.contains("missing from NVML"), "{why}");
             }
         }
+    }
+
+    #[test]
+    fn mps_clients_join_the_process_list_once() {
+        let p = |pid, used| ComputeProcess {
+            pid,
+            used_bytes: used,
+        };
+        let merged = merge_processes(
+            vec![p(10, Some(5)), p(11, None)],
+            vec![p(11, Some(7)), p(12, None), p(10, Some(99))],
+        );
+        assert_eq!(merged, vec![p(10, Some(5)), p(11, Some(7)), p(12, None)]);
     }
 
     #[test]

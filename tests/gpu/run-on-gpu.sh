@@ -10,8 +10,8 @@
 # installed, MIG off, compute mode DEFAULT), gpu_check starts one MPS control daemon for
 # its test share under /run/sg-gpu-check-mps, reads its limit back, runs the allocator
 # as its client (CUDA_MPS_PIPE_DIRECTORY) and stops it when the share is released. A
-# gpu_check killed from outside (the timeout below) can leave that daemon; the next run
-# stops it.
+# gpu_check killed from outside (the timeout below) can leave that daemon; the EXIT
+# trap quits it (and the next run would stop it too).
 #
 # Usage (as root, from anywhere in the repository):
 #   tests/gpu/run-on-gpu.sh
@@ -71,6 +71,15 @@ cleanup() {
             rmdir "$dir" 2>/dev/null || say "cleanup: could not remove $dir"
         done < <(find "$top" -depth -type d 2>/dev/null)
     done
+    # An MPS daemon of a gpu_check killed from outside: quit it through its own pipe.
+    local pipe
+    for pipe in /run/sg-gpu-check-mps/*/pipe; do
+        [[ -e $pipe/nvidia-cuda-mps-control.pid ]] || continue
+        say "cleanup: quitting leftover MPS daemon in $pipe"
+        echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 10 nvidia-cuda-mps-control \
+            || say "cleanup: could not quit the daemon in $pipe"
+    done
+    rm -rf /run/sg-gpu-check-mps
 }
 trap cleanup EXIT
 
