@@ -61,7 +61,8 @@ pub struct NetLimiter {
     mechanism: Mechanism,
 }
 
-fn link_name(share_key: &str, dir: Direction) -> String {
+/// The file name of a share's pinned link for one direction, under `<pin_dir>/links/`.
+pub fn link_name(share_key: &str, dir: Direction) -> String {
     let d = match dir {
         Direction::ToPod => "to-pod",
         Direction::FromPod => "from-pod",

@@ -1,5 +1,6 @@
 //! The reconciler against drift injected by hand on real interfaces: the share's qdisc
-//! deleted, its class rate changed, its ifb removed, the pod's interface recreated. Each is found within two periods
+//! deleted, its class rate changed, its ifb removed, its program link unpinned (which
+//! detaches it), the pod's interface recreated. Each is found within two periods
 //! (the share goes DEGRADED, with the reason), repaired (ENFORCED again, the kernel state
 //! as it was), seen by a watcher in that order, and counted in the metrics. A pod that
 //! is gone is reported and keeps its capacity. Root only; skips without it unless
@@ -110,7 +111,18 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         .await
         .unwrap()
         .into_inner();
-    let injections: [(&str, Vec<&str>); 3] = [
+    // Removing the pin ends the link (the agent keeps no fd of it), so the program no
+    // longer sees the pod's traffic: the reconciler must notice from the pin alone.
+    let link = pins
+        .0
+        .join("net/links")
+        .join(shareguard_limiter_net::limiter::link_name(
+            &id,
+            shareguard_limiter_net::bpf::Direction::FromPod,
+        ));
+    assert!(link.exists(), "{link:?}");
+    let link_str = link.display().to_string();
+    let injections: [(&str, Vec<&str>); 4] = [
         (
             "root qdisc deleted",
             vec!["tc", "qdisc", "del", "dev", &host, "root"],
@@ -123,6 +135,7 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             ],
         ),
         ("ifb deleted", vec!["ip", "link", "del", &ifb]),
+        ("program link unpinned", vec!["rm", &link_str]),
     ];
     for (i, (what, cmd)) in injections.iter().enumerate() {
         let injected = Instant::now();
@@ -150,6 +163,7 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             "{what}: the class is as installed"
         );
         assert!(net::link_exists(&ifb), "{what}: the ifb is back");
+        assert!(link.exists(), "{what}: the program link is pinned again");
         let (_, body) = a.http("/metrics");
         let n = (i + 1) as f64;
         assert_eq!(
