@@ -125,6 +125,15 @@ pub trait Limiter: Send + Sync {
 pub struct CdiDevice {
     /// The GPU's UUID, for `CUDA_VISIBLE_DEVICES`.
     pub gpu_uuid: String,
-    /// The MPS control daemon's pipe directory, where the share runs through MPS.
-    pub mps_pipe_dir: Option<std::path::PathBuf>,
+    /// The share's MPS control daemon, where the share runs through MPS.
+    pub mps: Option<MpsDirs>,
+}
+
+/// Where a share's containers meet its MPS control daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpsDirs {
+    /// `CUDA_MPS_PIPE_DIRECTORY`, mounted at the same path.
+    pub pipe: std::path::PathBuf,
+    /// The daemon's `/dev/shm`, mounted at the containers' `/dev/shm`.
+    pub shm: std::path::PathBuf,
 }

@@ -73,7 +73,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use shareguard_common::Quantity;
-use shareguard_common::limiter::{LimitSpec, Limiter, Target};
+use shareguard_common::limiter::{LimitSpec, Limiter, MpsDirs, Target};
 use shareguard_limiter_gpu::backend::{
     CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
 };
@@ -557,9 +557,8 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
         report.limit_while_prepared = Some(rb);
     }
     // What the share's containers would get from its CDI spec.
-    let mps_pipe_dir = limiter
-        .cdi_device(DEVICE, SHARE_KEY)
-        .and_then(|d| d.mps_pipe_dir);
+    let mps_dirs = limiter.cdi_device(DEVICE, SHARE_KEY).and_then(|d| d.mps);
+    let mps_pipe_dir = mps_dirs.as_ref().map(|m| m.pipe.clone());
     let mut daemon_pid = None;
     if mps_chosen {
         let rb = backend.gpu().mps_limit(&gpu.uuid, SHARE_KEY);
@@ -609,7 +608,7 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             &limiter,
             &gpu,
             cgroup.as_ref(),
-            mps_pipe_dir.as_deref(),
+            mps_dirs.as_ref(),
         ) {
             Ok(r) => run_result = Some(r),
             // Reported once the share is released and the cgroup removed.
@@ -1192,31 +1191,41 @@ fn run_allocator(
     limiter: &GpuLimiter,
     gpu: &GpuInfo,
     cgroup: Option<&TestCgroup>,
-    mps_pipe_dir: Option<&Path>,
+    mps: Option<&MpsDirs>,
 ) -> Result<AllocatorRun, String> {
     let (prog, args) = opts
         .allocator
         .split_first()
         .ok_or("empty allocator command")?;
-    let mut cmd = match cgroup {
-        // The shell joins the cgroup and then becomes the allocator (same pid), so the
-        // allocator's first CUDA call already happens inside the pod.
-        Some(cg) => {
-            let mut c = Command::new("/bin/sh");
-            c.arg("-c")
-                .arg(r#"echo $$ > "$1" || exit 97; shift; exec "$@""#)
-                .arg("sh")
-                .arg(cg.ctr.join("cgroup.procs"))
-                .arg(prog)
-                .args(args);
+    // The shell joins the cgroup and then becomes the allocator (same pid), so the
+    // allocator's first CUDA call already happens inside the pod. Under MPS it first
+    // takes the share daemon's /dev/shm, in a mount namespace of its own, as the CDI
+    // spec gives a container: MPS clients meet their server there too.
+    let mut cmd = match mps {
+        Some(_) => {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "--", "/bin/sh"]);
             c
         }
-        None => {
-            let mut c = Command::new(prog);
-            c.args(args);
-            c
-        }
+        None => Command::new("/bin/sh"),
     };
+    cmd.arg("-c")
+        .arg(
+            r#"cg=$1; shm=$2; shift 2
+if [ -n "$cg" ]; then echo $$ > "$cg" || exit 97; fi
+if [ -n "$shm" ]; then mount --bind "$shm" /dev/shm || exit 96; fi
+exec "$@""#,
+        )
+        .arg("sh")
+        .arg(
+            cgroup
+                .map(|cg| cg.ctr.join("cgroup.procs"))
+                .unwrap_or_default(),
+        )
+        .arg(mps.map(|m| m.shm.clone()).unwrap_or_default())
+        .arg(prog)
+        .args(args);
+    let mps_pipe_dir = mps.map(|m| m.pipe.as_path());
     cmd.env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
         .env("GPU_CHECK_TARGET_BYTES", opts.alloc_bytes.to_string())
         .env("GPU_CHECK_STEP_BYTES", opts.step_bytes.to_string())
@@ -1234,6 +1243,9 @@ fn run_allocator(
                 "allocator env: CUDA_MPS_PIPE_DIRECTORY={} (the share's MPS daemon)",
                 dir.display()
             );
+            if let Some(m) = mps {
+                println!("allocator /dev/shm: {} (the daemon's)", m.shm.display());
+            }
         }
         // Not inherited from this program's environment: a container of a share
         // without MPS gets none either.

@@ -5,7 +5,7 @@
 //! limiter interface; the agent runs them on blocking threads.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::GpuError;
 
@@ -169,9 +169,9 @@ pub trait GpuBackend: Send + Sync {
 
     fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError>;
 
-    /// The MPS pipe directory a share's containers connect through, where the share
-    /// runs through a real MPS control daemon.
-    fn mps_pipe_dir(&self, _share_key: &str) -> Option<PathBuf> {
+    /// Where a share's containers meet its MPS control daemon, where the share runs
+    /// through a real one.
+    fn mps_dirs(&self, _share_key: &str) -> Option<shareguard_common::limiter::MpsDirs> {
         None
     }
 }

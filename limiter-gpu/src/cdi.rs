@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde_json::Value;
+use shareguard_common::limiter::MpsDirs;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CdiConfig {
@@ -49,8 +50,8 @@ pub struct CdiShare {
     /// Device name from the agent's inventory; goes into the CDI device name for humans.
     pub device: String,
     pub gpu_uuid: String,
-    /// The MPS control daemon's pipe directory, when the share is enforced through MPS.
-    pub mps_pipe_dir: Option<PathBuf>,
+    /// The share's MPS control daemon, when the share is enforced through MPS.
+    pub mps: Option<MpsDirs>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,15 +173,25 @@ impl CdiWriter {
             }
             let mut env = vec![format!("CUDA_VISIBLE_DEVICES={}", s.gpu_uuid)];
             let mut mounts = Vec::new();
-            if let Some(dir) = &s.mps_pipe_dir {
-                let dir = dir
-                    .to_str()
-                    .filter(|d| d.starts_with('/'))
-                    .ok_or_else(|| CdiError::Invalid(format!("MPS pipe dir {}", dir.display())))?;
-                env.push(format!("CUDA_MPS_PIPE_DIRECTORY={dir}"));
+            if let Some(m) = &s.mps {
+                let abs = |p: &Path, what: &str| {
+                    p.to_str()
+                        .filter(|d| d.starts_with('/'))
+                        .map(str::to_owned)
+                        .ok_or_else(|| CdiError::Invalid(format!("MPS {what} {}", p.display())))
+                };
+                let pipe = abs(&m.pipe, "pipe dir")?;
+                env.push(format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"));
                 mounts.push(Mount {
-                    host_path: dir.into(),
-                    container_path: dir.into(),
+                    host_path: pipe.clone(),
+                    container_path: pipe,
+                    options: vec!["rbind", "rw", "nosuid", "nodev"],
+                });
+                // The server and its clients also meet in /dev/shm: the container's is
+                // the share daemon's, not the runtime's own tmpfs.
+                mounts.push(Mount {
+                    host_path: abs(&m.shm, "shm dir")?,
+                    container_path: "/dev/shm".into(),
                     options: vec!["rbind", "rw", "nosuid", "nodev"],
                 });
             }

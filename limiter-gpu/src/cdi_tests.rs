@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use shareguard_common::limiter::MpsDirs;
 
 const SHARE: &str = "3f2b8c1e-9d4a-4b7e-8f0a-1c2d3e4f5a6b";
 const CLAIM: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -19,7 +20,10 @@ fn share(device: &str, share_id: &str, mps: Option<&str>) -> CdiShare {
         share_id: share_id.into(),
         device: device.into(),
         gpu_uuid: GPU.into(),
-        mps_pipe_dir: mps.map(PathBuf::from),
+        mps: mps.map(|d| MpsDirs {
+            pipe: PathBuf::from(d).join("pipe"),
+            shm: PathBuf::from(d).join("shm"),
+        }),
     }
 }
 
@@ -76,11 +80,30 @@ fn mps_share_gets_pipe_env_and_mount() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert!(
-        env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps"),
+        env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps/pipe"),
         "{env:?}"
     );
-    assert_eq!(edits["mounts"][0]["hostPath"], "/run/nvidia/mps");
-    assert_eq!(edits["mounts"][0]["containerPath"], "/run/nvidia/mps");
+    assert_eq!(edits["mounts"][0]["hostPath"], "/run/nvidia/mps/pipe");
+    assert_eq!(edits["mounts"][0]["containerPath"], "/run/nvidia/mps/pipe");
+    // The daemon's /dev/shm, not the runtime's.
+    assert_eq!(edits["mounts"][1]["hostPath"], "/run/nvidia/mps/shm");
+    assert_eq!(edits["mounts"][1]["containerPath"], "/dev/shm");
+    assert_eq!(edits["mounts"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn mps_directories_must_be_absolute() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let mut s = share("gpu-0", SHARE, Some("/run/nvidia/mps"));
+    if let Some(m) = s.mps.as_mut() {
+        m.shm = PathBuf::from("relative/shm");
+    }
+    assert!(matches!(
+        w.write_claim(CLAIM, &[s]),
+        Err(CdiError::Invalid(_))
+    ));
+    assert!(!w.spec_path(CLAIM).unwrap().exists(), "nothing written");
 }
 
 #[test]

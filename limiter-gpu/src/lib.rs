@@ -44,6 +44,8 @@ pub mod mps;
 pub mod nvml;
 pub mod simulated;
 pub mod sys;
+#[cfg(test)]
+mod test_root;
 pub mod watchdog;
 
 pub use backend::{GpuBackend, Mechanism};

@@ -415,8 +415,8 @@ impl Limiter for GpuLimiter {
             gpu_uuid: d.gpu.uuid.clone(),
             // Only a share that runs through its own MPS daemon has a pipe directory to
             // hand to its containers.
-            mps_pipe_dir: (d.mechanism == Mechanism::Mps)
-                .then(|| self.backend.mps_pipe_dir(share_key))
+            mps: (d.mechanism == Mechanism::Mps)
+                .then(|| self.backend.mps_dirs(share_key))
                 .flatten(),
         })
     }

@@ -345,6 +345,9 @@ impl Drop for DaemonDir {
 
 #[test]
 fn mps_shares_run_through_their_own_daemon() {
+    if !crate::test_root::require_root("mps_shares_run_through_their_own_daemon") {
+        return;
+    }
     use crate::mps::{MpsConfig, MpsDaemons};
     let dir = DaemonDir(tempfile::Builder::new().prefix("sg-mps").tempdir().unwrap());
     let daemons = MpsDaemons::new(MpsConfig {
@@ -368,7 +371,9 @@ fn mps_shares_run_through_their_own_daemon() {
     assert_eq!(e.enforced[MEMORY], Quantity::parse("2500Mi").unwrap());
     let pipe = dir.0.path().join("m1/pipe");
     let cdi = l.cdi_device("gpu0", "m1").unwrap();
-    assert_eq!(cdi.mps_pipe_dir.as_deref(), Some(pipe.as_path()));
+    let mps = cdi.mps.expect("an MPS share has its daemon's directories");
+    assert_eq!(mps.pipe, pipe);
+    assert_eq!(mps.shm, dir.0.path().join("m1/shm"));
     let pid: u32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid"))
         .unwrap()
         .trim()

@@ -16,8 +16,14 @@
 //! <dir>/<name>/key     the full share key (a guard against two keys on one name)
 //! <dir>/<name>/gpu     the GPU uuid the daemon was started for
 //! <dir>/<name>/pipe/   CUDA_MPS_PIPE_DIRECTORY: sockets, nvidia-cuda-mps-control.pid
+//! <dir>/<name>/shm/    the daemon's and the containers' /dev/shm (bind mounts)
 //! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY
 //! ```
+//!
+//! The daemon runs in a mount namespace of its own (util-linux `unshare`, which needs
+//! CAP_SYS_ADMIN and a mount() the agent's systemd sandbox forbids: there, use the
+//! launcher) so that its `/dev/shm` is the share's `shm/`, as NVIDIA's device plugin
+//! gives its MPS daemon and clients a tmpfs of their own.
 //!
 //! `<name>` is the share key when it is short and plain (share ids are UUIDs), else a
 //! stable hash of it, because the daemon's socket paths must fit a unix socket's 108
@@ -125,6 +131,19 @@ impl MpsDaemons {
         self.share_dir(share_key).join("pipe")
     }
 
+    /// The directory a share's containers get as `/dev/shm`: the daemon's `/dev/shm`.
+    pub fn shm_dir(&self, share_key: &str) -> PathBuf {
+        self.share_dir(share_key).join("shm")
+    }
+
+    /// Both directories, as a CDI spec needs them.
+    pub fn dirs(&self, share_key: &str) -> shareguard_common::limiter::MpsDirs {
+        shareguard_common::limiter::MpsDirs {
+            pipe: self.pipe_dir(share_key),
+            shm: self.shm_dir(share_key),
+        }
+    }
+
     /// Starts the share's daemon if it is not running and sets its limit, on the
     /// default (for servers yet to start) and on every running server.
     pub fn ensure_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
@@ -200,12 +219,13 @@ impl MpsDaemons {
     }
 
     fn prepare_dir(&self, dir: &Path, share_key: &str) -> Result<(), GpuError> {
-        for d in [dir.join("pipe"), dir.join("log")] {
+        for d in [dir.join("pipe"), dir.join("log"), dir.join("shm")] {
             fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, &e))?;
         }
-        // Containers of any uid connect through the pipe directory; the log is the
-        // agent's.
+        // Containers of any uid connect through the pipe directory and create their
+        // segments in the shared /dev/shm (sticky, as /dev/shm is); the log is the agent's.
         set_mode(&dir.join("pipe"), 0o755)?;
+        set_mode(&dir.join("shm"), 0o1777)?;
         set_mode(&dir.join("log"), 0o700)?;
         let key_file = dir.join("key");
         match fs::read_to_string(&key_file) {
@@ -249,6 +269,26 @@ impl MpsDaemons {
             argv.extend(self.cfg.launcher.iter().map(|a| a.replace("{name}", &name)));
             "-f"
         };
+        // MPS clients and their server meet in /dev/shm as well as in the pipe
+        // directory, so the daemon (and the servers it starts) gets the share's own shm
+        // directory as /dev/shm, in a mount namespace of its own; the CDI spec mounts the
+        // same directory at the containers' /dev/shm. Nothing of the host's /dev/shm is
+        // shared with a pod, nor one share's with another's.
+        argv.extend(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "/bin/sh",
+                "-c",
+                "mount --bind \"$1\" /dev/shm && shift && exec \"$@\"",
+                "shareguard-mps-shm",
+            ]
+            .map(String::from),
+        );
+        argv.push(dir.join("shm").to_string_lossy().into_owned());
         argv.push(self.cfg.control.to_string_lossy().into_owned());
         argv.push(mode.into());
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();

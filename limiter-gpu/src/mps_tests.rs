@@ -156,6 +156,9 @@ fn probe_needs_an_executable_control_program() {
 
 #[test]
 fn a_share_gets_its_own_daemon_with_the_limit_read_back() {
+    if !crate::test_root::require_root("a_share_gets_its_own_daemon_with_the_limit_read_back") {
+        return;
+    }
     let root = Root::new();
     let d = root.daemons();
     assert_eq!(d.limit(SHARE).unwrap(), None, "no daemon yet");
@@ -175,6 +178,19 @@ fn a_share_gets_its_own_daemon_with_the_limit_read_back() {
     assert_eq!(
         fs::metadata(&pipe).unwrap().permissions().mode() & 0o777,
         0o755
+    );
+    // Its /dev/shm is the share's own directory, which the CDI spec gives the containers.
+    let shm = d.shm_dir(SHARE);
+    assert_eq!(shm, root.dir.path().join(SHARE).join("shm"));
+    assert_eq!(
+        fs::read_to_string(shm.join("simulated-mps-daemon"))
+            .unwrap()
+            .trim(),
+        pipe.to_str().unwrap()
+    );
+    assert_eq!(
+        fs::metadata(&shm).unwrap().permissions().mode() & 0o7777,
+        0o1777
     );
     let shown = d.limit(SHARE).unwrap().expect("a limit");
     assert!(shown.admits(8500 << 20), "{shown:?}");
@@ -203,6 +219,9 @@ fn a_share_gets_its_own_daemon_with_the_limit_read_back() {
 
 #[test]
 fn running_servers_get_the_limit_and_their_drift_is_seen() {
+    if !crate::test_root::require_root("running_servers_get_the_limit_and_their_drift_is_seen") {
+        return;
+    }
     let root = Root::new();
     let d = root.daemons();
     d.ensure_limit(UUID, SHARE, 2 << 30).unwrap();
@@ -228,6 +247,9 @@ fn running_servers_get_the_limit_and_their_drift_is_seen() {
 
 #[test]
 fn a_dead_daemon_reads_as_no_limit_and_is_started_again() {
+    if !crate::test_root::require_root("a_dead_daemon_reads_as_no_limit_and_is_started_again") {
+        return;
+    }
     let root = Root::new();
     let d = root.daemons();
     d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
@@ -263,6 +285,9 @@ fn a_dead_daemon_reads_as_no_limit_and_is_started_again() {
 
 #[test]
 fn a_daemon_started_for_another_gpu_is_replaced() {
+    if !crate::test_root::require_root("a_daemon_started_for_another_gpu_is_replaced") {
+        return;
+    }
     let root = Root::new();
     let d = root.daemons();
     d.ensure_limit("GPU-other", SHARE, 1 << 30).unwrap();
@@ -296,6 +321,11 @@ fn a_directory_of_another_share_is_never_taken_over() {
 
 #[test]
 fn a_hanging_or_failing_control_program_is_an_error_in_bounded_time() {
+    if !crate::test_root::require_root(
+        "a_hanging_or_failing_control_program_is_an_error_in_bounded_time",
+    ) {
+        return;
+    }
     let root = Root::new();
     let hang = root.dir.path().join("hanging-control");
     fs::write(&hang, "#!/bin/sh\nexec sleep 60\n").unwrap();
@@ -331,6 +361,9 @@ fn a_hanging_or_failing_control_program_is_an_error_in_bounded_time() {
 
 #[test]
 fn a_refused_limit_is_an_error() {
+    if !crate::test_root::require_root("a_refused_limit_is_an_error") {
+        return;
+    }
     let root = Root::new();
     let d = root.daemons();
     d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
@@ -349,6 +382,9 @@ fn a_refused_limit_is_an_error() {
 
 #[test]
 fn a_launcher_runs_the_daemon_in_the_foreground_under_it() {
+    if !crate::test_root::require_root("a_launcher_runs_the_daemon_in_the_foreground_under_it") {
+        return;
+    }
     let root = Root::new();
     let mut cfg = root.daemons().config().clone();
     // `env` stands in for systemd-run: it passes the unit name on, and `setsid --fork`

@@ -14,6 +14,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
+use shareguard_common::limiter::MpsDirs;
 
 use crate::backend::{
     Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
@@ -430,8 +431,8 @@ impl GpuBackend for NvmlBackend {
         self.mps()?.stop(share_key)
     }
 
-    fn mps_pipe_dir(&self, share_key: &str) -> Option<std::path::PathBuf> {
-        self.mps.as_ref().map(|m| m.pipe_dir(share_key))
+    fn mps_dirs(&self, share_key: &str) -> Option<MpsDirs> {
+        self.mps.as_ref().map(|m| m.dirs(share_key))
     }
 }
 

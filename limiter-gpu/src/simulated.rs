@@ -22,6 +22,7 @@ use crate::backend::{
 use crate::error::GpuError;
 use crate::mps::MpsDaemons;
 use crate::nvml::map_nvml_error;
+use shareguard_common::limiter::MpsDirs;
 
 /// Configuration of one simulated GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -357,8 +358,8 @@ impl GpuBackend for SimulatedBackend {
         self.daemons()?.stop(share_key)
     }
 
-    fn mps_pipe_dir(&self, share_key: &str) -> Option<PathBuf> {
-        self.mps_daemons.as_ref().map(|d| d.pipe_dir(share_key))
+    fn mps_dirs(&self, share_key: &str) -> Option<MpsDirs> {
+        self.mps_daemons.as_ref().map(|d| d.dirs(share_key))
     }
 }
 

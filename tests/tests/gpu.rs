@@ -402,6 +402,9 @@ fn alive(pid: u32) -> bool {
 /// daemon found and replaced by the reconciler, and everything gone on release.
 #[tokio::test]
 async fn mps_share_gets_its_own_daemon_through_the_agent() {
+    if !net::privileged("mps_share_gets_its_own_daemon_through_the_agent") {
+        return;
+    }
     let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
     let mps = MpsDir(dir.path().join("mps"));
     let control = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -457,6 +460,14 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         "{env:?}"
     );
     assert_eq!(edits["mounts"][0]["hostPath"], pipe.to_str().unwrap());
+    // The daemon's /dev/shm is the share's own directory, and the containers get it.
+    let shm = mps.0.join(&id).join("shm");
+    assert_eq!(edits["mounts"][1]["hostPath"], shm.to_str().unwrap());
+    assert_eq!(edits["mounts"][1]["containerPath"], "/dev/shm");
+    assert!(
+        shm.join("simulated-mps-daemon").exists(),
+        "the daemon's /dev/shm"
+    );
 
     // The daemon outlives the agent: the restarted agent reads the limit back from it.
     a.kill9();

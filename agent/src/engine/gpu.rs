@@ -184,7 +184,7 @@ impl Engine {
                     .unwrap_or_else(|| r.key.replace('/', "-")),
                 device: r.device.clone(),
                 gpu_uuid: d.gpu_uuid,
-                mps_pipe_dir: d.mps_pipe_dir,
+                mps: d.mps,
             });
         }
         if by_driver.is_empty() {
