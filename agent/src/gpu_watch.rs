@@ -59,6 +59,9 @@ struct SimulatedProcess {
     gpu_uuid: String,
     pid: u32,
     used_bytes: Option<u64>,
+    /// Whether the process is an MPS client (NVML lists those apart).
+    #[serde(default)]
+    via_mps: bool,
 }
 
 impl GpuWatch {
@@ -119,6 +122,7 @@ impl GpuWatch {
             by_gpu.entry(p.gpu_uuid).or_default().push(ComputeProcess {
                 pid: p.pid,
                 used_bytes: p.used_bytes,
+                via_mps: p.via_mps,
             });
         }
         for (uuid, procs) in by_gpu {

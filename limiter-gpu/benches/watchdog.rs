@@ -195,6 +195,7 @@ fn report(backend: &SimulatedBackend, pids: &[u32], over: Option<usize>) {
             .map(|(i, &pid)| ComputeProcess {
                 pid,
                 used_bytes: Some(if Some(i) == over { OVER } else { UNDER }),
+                via_mps: false,
             })
             .collect(),
     );

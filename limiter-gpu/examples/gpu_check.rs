@@ -328,13 +328,15 @@ impl Back {
     }
 
     /// Simulated only: the driver reports the allocator using what it says it holds.
-    fn feed(&self, uuid: &str, pid: u32, used: Option<u64>) {
+    /// `via_mps`: whether the allocator was started as a client of the share's daemon.
+    fn feed(&self, uuid: &str, pid: u32, used: Option<u64>, via_mps: bool) {
         if let Back::Sim(b) = self {
             let procs = used
                 .map(|u| {
                     vec![ComputeProcess {
                         pid,
                         used_bytes: Some(u),
+                        via_mps,
                     }]
                 })
                 .unwrap_or_default();
@@ -1283,6 +1285,7 @@ exec "$@""#,
                 .is_some()
                 .then_some(log.reached)
                 .filter(|_| !log.done),
+            mps.is_some(),
         );
         poll_watchdog(
             backend,

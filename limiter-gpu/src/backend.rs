@@ -38,6 +38,9 @@ pub struct ComputeProcess {
     pub pid: u32,
     /// Device memory the process uses; None where the driver cannot say.
     pub used_bytes: Option<u64>,
+    /// True for a client of an MPS server (NVML lists those apart). A process of an MPS
+    /// share that is not one runs outside its daemon's limit.
+    pub via_mps: bool,
 }
 
 /// Whether a mechanism can be used on one GPU, and if not, why (for status and logs).

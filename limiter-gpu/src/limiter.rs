@@ -66,11 +66,16 @@ struct ShareRecord {
     cgroups: Vec<PathBuf>,
 }
 
+/// Host PID -> pod uid, as the watchdog maps GPU processes.
+pub type PodLookup = Arc<dyn Fn(u32) -> Option<String> + Send + Sync>;
+
 pub struct GpuLimiter {
     backend: Arc<dyn GpuBackend>,
     devices: BTreeMap<String, GpuDevice>,
     cgroup_root: PathBuf,
     shares: Mutex<BTreeMap<String, ShareRecord>>,
+    /// For the MPS read-back: a process of the share's pod outside its daemon.
+    pod_of: PodLookup,
 }
 
 impl GpuLimiter {
@@ -132,7 +137,29 @@ impl GpuLimiter {
             devices,
             cgroup_root: cgroup_root.into(),
             shares: Mutex::new(BTreeMap::new()),
+            pod_of: Arc::new(|pid| crate::cgroup::pod_uid_of_pid(Path::new("/proc"), pid)),
         })
+    }
+
+    /// Replaces how GPU processes are mapped to pods (tests; a different /proc).
+    pub fn with_pod_lookup(mut self, pod_of: PodLookup) -> Self {
+        self.pod_of = pod_of;
+        self
+    }
+
+    /// A process of the share's pod on its GPU that is not a client of an MPS server:
+    /// it allocates outside the daemon's limit.
+    fn outside_mps(&self, rec: &ShareRecord) -> Result<Option<u32>, GpuError> {
+        if rec.pod_uid.is_empty() {
+            return Ok(None);
+        }
+        Ok(self
+            .backend
+            .compute_processes(&rec.uuid)?
+            .into_iter()
+            .filter(|p| !p.via_mps)
+            .find(|p| (self.pod_of)(p.pid).as_deref() == Some(rec.pod_uid.as_str()))
+            .map(|p| p.pid))
     }
 
     pub fn device(&self, name: &str) -> Option<&GpuDevice> {
@@ -307,11 +334,22 @@ impl GpuLimiter {
             Mechanism::Mps => {
                 let want = enforceable_bytes(rec.bytes);
                 let got = self.backend.mps_limit(&rec.uuid, key)?;
-                if got.is_some_and(|l| l.admits(want)) {
-                    Some(want)
-                } else {
+                if !got.is_some_and(|l| l.admits(want)) {
                     tracing::warn!(share = key, want, got = ?got, "MPS limit read back differs");
                     None
+                } else if let Some(pid) = self.outside_mps(rec)? {
+                    // The daemon holds the limit, but this process never asked it: a
+                    // container that lost or replaced CUDA_MPS_PIPE_DIRECTORY runs on the
+                    // GPU directly, unlimited.
+                    tracing::warn!(
+                        share = key,
+                        pid,
+                        pod = %rec.pod_uid,
+                        "a process of the share's pod uses the GPU outside its MPS daemon"
+                    );
+                    None
+                } else {
+                    Some(want)
                 }
             }
             Mechanism::Watchdog => None,

@@ -361,7 +361,12 @@ fn mps_shares_run_through_their_own_daemon() {
     let mut gpu = SimulatedGpu::new("GPU-mps", 16 * GIB);
     gpu.cgroup_limits = false;
     let b = Arc::new(SimulatedBackend::new(vec![gpu]).with_mps_daemons(daemons));
-    let l = limiter(&b);
+    // 701 and 702 belong to the share's pod, 703 to another.
+    let l = limiter(&b).with_pod_lookup(Arc::new(|pid| match pid {
+        701 | 702 => Some("pod-of-m1".to_string()),
+        703 => Some("pod-of-someone-else".to_string()),
+        _ => None,
+    }));
     assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Mps);
 
     // 2500 MiB and one byte: MPS limits are whole MiB, and the byte is not given.
@@ -385,6 +390,23 @@ fn mps_shares_run_through_their_own_daemon() {
     std::fs::write(pipe.join("fake-default-mib"), "4096\n").unwrap();
     assert!(l.verify(&s).unwrap().enforced.is_empty());
     assert_eq!(l.apply(&s).unwrap(), e);
+    assert_eq!(l.verify(&s).unwrap(), e);
+
+    // The pod's processes are the daemon's clients, and another pod's direct use is not
+    // this share's business: still enforced.
+    let proc = |pid, via_mps| crate::backend::ComputeProcess {
+        pid,
+        used_bytes: Some(GIB),
+        via_mps,
+    };
+    b.set_processes("GPU-mps", vec![proc(701, true), proc(703, false)]);
+    assert_eq!(l.verify(&s).unwrap(), e);
+    // One of them bypasses the daemon (no CUDA_MPS_PIPE_DIRECTORY): not enforced, and
+    // applying again cannot change that.
+    b.set_processes("GPU-mps", vec![proc(701, true), proc(702, false)]);
+    assert!(l.verify(&s).unwrap().enforced.is_empty());
+    assert!(l.apply(&s).unwrap().enforced.is_empty());
+    b.set_processes("GPU-mps", vec![proc(701, true)]);
     assert_eq!(l.verify(&s).unwrap(), e);
 
     l.remove("m1").unwrap();

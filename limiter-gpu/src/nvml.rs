@@ -23,8 +23,8 @@ use crate::error::GpuError;
 use crate::mps::MpsDaemons;
 use crate::sys::{MemoryLimitFns, SymbolPresence};
 
-/// One entry per PID from NVML's two process lists; where both list a PID, the entry
-/// that knows its memory wins.
+/// One entry per PID from NVML's two process lists: a PID on the MPS list is an MPS
+/// client, and the memory figure is the one that is known.
 pub fn merge_processes(
     direct: Vec<ComputeProcess>,
     mps: Vec<ComputeProcess>,
@@ -32,8 +32,10 @@ pub fn merge_processes(
     let mut out: Vec<ComputeProcess> = Vec::with_capacity(direct.len() + mps.len());
     for p in direct.into_iter().chain(mps) {
         match out.iter_mut().find(|q| q.pid == p.pid) {
-            Some(q) if q.used_bytes.is_none() => *q = p,
-            Some(_) => {}
+            Some(q) => {
+                q.via_mps |= p.via_mps;
+                q.used_bytes = q.used_bytes.or(p.used_bytes);
+            }
             None => out.push(p),
         }
     }
@@ -308,7 +310,7 @@ impl GpuBackend for NvmlBackend {
 
     fn compute_processes(&self, uuid: &str) -> Result<Vec<ComputeProcess>, GpuError> {
         let d = self.device(uuid)?;
-        let convert = |procs: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>| {
+        let convert = |procs: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, via_mps| {
             procs
                 .into_iter()
                 .map(|p| ComputeProcess {
@@ -317,6 +319,7 @@ impl GpuBackend for NvmlBackend {
                         UsedGpuMemory::Used(b) => Some(b),
                         UsedGpuMemory::Unavailable => None,
                     },
+                    via_mps,
                 })
                 .collect::<Vec<_>>()
         };
@@ -330,7 +333,7 @@ impl GpuBackend for NvmlBackend {
             Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => Vec::new(),
             Err(e) => return Err(map_nvml_error("nvmlDeviceGetMPSComputeRunningProcesses", e)),
         };
-        Ok(merge_processes(convert(direct), convert(mps)))
+        Ok(merge_processes(convert(direct, false), convert(mps, true)))
     }
 
     fn capabilities(&self, uuid: &str) -> Result<Capabilities, GpuError> {
@@ -550,15 +553,32 @@ mod tests {
 
     #[test]
     fn mps_clients_join_the_process_list_once() {
-        let p = |pid, used| ComputeProcess {
+        let p = |pid, used, via_mps| ComputeProcess {
             pid,
             used_bytes: used,
+            via_mps,
         };
         let merged = merge_processes(
-            vec![p(10, Some(5)), p(11, None)],
-            vec![p(11, Some(7)), p(12, None), p(10, Some(99))],
+            vec![
+                p(10, Some(5), false),
+                p(11, None, false),
+                p(13, Some(1), false),
+            ],
+            vec![
+                p(11, Some(7), true),
+                p(12, None, true),
+                p(10, Some(99), true),
+            ],
         );
-        assert_eq!(merged, vec![p(10, Some(5)), p(11, Some(7)), p(12, None)]);
+        assert_eq!(
+            merged,
+            vec![
+                p(10, Some(5), true),
+                p(11, Some(7), true),
+                p(13, Some(1), false),
+                p(12, None, true)
+            ]
+        );
     }
 
     #[test]

@@ -449,6 +449,7 @@ mod tests {
             vec![ComputeProcess {
                 pid: 42,
                 used_bytes: Some(GIB),
+                via_mps: false,
             }],
         );
         assert_eq!(s.compute_processes("GPU-sim-0").unwrap().len(), 1);

@@ -103,6 +103,7 @@ fn report(backend: &SimulatedBackend, procs: &[(u32, u64)]) {
             .map(|&(pid, bytes)| ComputeProcess {
                 pid,
                 used_bytes: Some(bytes),
+                via_mps: false,
             })
             .collect(),
     );

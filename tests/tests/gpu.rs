@@ -410,13 +410,14 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     let control = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
     let mut o = Options::new(
-        gpu_device(r#"{ period = "1s", action = "report" }"#).replace(
+        gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
             "memory = \"80Gi\"\n",
             "memory = \"80Gi\"\ncgroup_limits = false\n",
         ),
     );
+    let processes = dir.path().join("processes.json");
     o.agent_extra = format!(
-        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nreconcile_period = \"300ms\"",
+        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nreconcile_period = \"300ms\"\nsimulated_gpu_processes = {processes:?}",
         dir.path().join("cdi"),
         mps.0
     );
@@ -428,13 +429,13 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     );
 
     let id = share_id();
-    let pod = "7c1d2e3f-1111-4222-8333-944455556666";
-    let r = prepare_one(
-        &mut c,
-        1,
-        gpu_claim("m1", &id, "10Gi", pod, "kubepods.slice/x"),
-    )
-    .await;
+    let n = std::process::id();
+    let pod = format!("{n:08x}-cccc-4ccc-8ccc-cccccccccccc");
+    let cg = format!(
+        "sgtest{n}m.slice/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{n}m.scope",
+        pod.replace('-', "_")
+    );
+    let r = prepare_one(&mut c, 1, gpu_claim("m1", &id, "10Gi", &pod, &cg)).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -508,6 +509,78 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         repairs.is_some_and(|n| n >= 1.0),
         "repair counted: {repairs:?}"
     );
+
+    // The pod's process, reported by the simulated GPU as a client of the daemon: the
+    // share stays ENFORCED through reconcile passes. Reported as running on the GPU
+    // directly (its container lost CUDA_MPS_PIPE_DIRECTORY), it is unlimited: DEGRADED,
+    // and ENFORCED again once it is a client.
+    let proc = PodProcess::start(&cg);
+    let report = |via_mps: bool| {
+        fs::write(
+            &processes,
+            serde_json::json!([
+                { "gpu_uuid": UUID, "pid": proc.pid(), "used_bytes": 1u64 << 30, "via_mps": via_mps },
+            ])
+            .to_string(),
+        )
+        .unwrap();
+    };
+    let passes = |a: &Agent| {
+        metric_sample(
+            &a.http("/metrics").1,
+            "shareguard_reconcile_duration_seconds_count",
+            &[],
+        )
+        .unwrap_or(0.0)
+    };
+    let wait_for = |what: &str, deadline: Instant, ok: &dyn Fn() -> bool| {
+        while !ok() {
+            assert!(Instant::now() < deadline, "{what} within 20s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    report(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.usage.first().is_some_and(|u| u.used == "1Gi") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watchdog never saw the process: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = passes(&a);
+    wait_for("two reconcile passes", deadline, &|| {
+        passes(&a) >= seen + 2.0
+    });
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "an MPS client: {s:?}");
+    report(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Degraded as i32 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a process outside MPS went unnoticed: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    report(true);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Enforced as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ENFORCED again: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(proc);
 
     let last = mps.pid(&id).unwrap();
     assert_eq!(unprepare_one(&mut c, 1, "m1").await.code, "");
