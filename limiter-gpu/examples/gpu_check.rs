@@ -16,8 +16,9 @@
 //! 4. the allocator (the command after `--`) started inside the cgroup, trying to
 //!    allocate `--alloc-mib` (default 2 GiB) in steps, while the watchdog logic runs over
 //!    NVML's running compute processes; under `mps` it also gets
-//!    `CUDA_MPS_PIPE_DIRECTORY=<the share's pipe directory>`, as the share's CDI spec
-//!    gives containers, so it runs as a client of the share's daemon;
+//!    `CUDA_MPS_PIPE_DIRECTORY=<the share's pipe directory>` and the daemon's `/dev/shm`
+//!    (in a mount namespace of its own), as the share's CDI spec gives containers, so it
+//!    runs as a client of the share's daemon;
 //! 5. the share released (which stops the share's MPS daemon), and the limits read back
 //!    once more: none is expected, and no daemon;
 //! 6. a summary: mechanism | result | enforced limit read back.

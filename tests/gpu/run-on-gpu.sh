@@ -9,7 +9,8 @@
 # MPS: where the limiter chooses it (no nvml-cgroup, /usr/bin/nvidia-cuda-mps-control
 # installed, MIG off, compute mode DEFAULT), gpu_check starts one MPS control daemon for
 # its test share under /run/sg-gpu-check-mps, reads its limit back, runs the allocator
-# as its client (CUDA_MPS_PIPE_DIRECTORY) and stops it when the share is released. A
+# as its client (CUDA_MPS_PIPE_DIRECTORY, and the daemon's /dev/shm in a mount namespace
+# of its own, as the CDI spec gives a container) and stops it when the share is released. A
 # gpu_check killed from outside (the timeout below) can leave that daemon; the EXIT
 # trap quits it (and the next run would stop it too).
 #
