@@ -80,7 +80,7 @@ use shareguard_limiter_gpu::backend::{
 };
 use shareguard_limiter_gpu::cgroup::pod_from_proc_cgroup;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
-use shareguard_limiter_gpu::mps::{MpsConfig, MpsDaemons};
+use shareguard_limiter_gpu::mps::{MpsConfig, MpsDaemons, with_shm};
 use shareguard_limiter_gpu::nvml::NvmlBackend;
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
 use shareguard_limiter_gpu::sys::PidfdTerminator;
@@ -1204,30 +1204,19 @@ fn run_allocator(
     // allocator's first CUDA call already happens inside the pod. Under MPS it first
     // takes the share daemon's /dev/shm, in a mount namespace of its own, as the CDI
     // spec gives a container: MPS clients meet their server there too.
-    let mut cmd = match mps {
-        Some(_) => {
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "--", "/bin/sh"]);
-            c
-        }
-        None => Command::new("/bin/sh"),
-    };
-    cmd.arg("-c")
-        .arg(
-            r#"cg=$1; shm=$2; shift 2
-if [ -n "$cg" ]; then echo $$ > "$cg" || exit 97; fi
-if [ -n "$shm" ]; then mount --bind "$shm" /dev/shm || exit 96; fi
-exec "$@""#,
-        )
-        .arg("sh")
-        .arg(
-            cgroup
-                .map(|cg| cg.ctr.join("cgroup.procs"))
-                .unwrap_or_default(),
-        )
-        .arg(mps.map(|m| m.shm.clone()).unwrap_or_default())
-        .arg(prog)
-        .args(args);
+    let mut argv = mps.map(|m| with_shm(&m.shm)).unwrap_or_default();
+    argv.extend(["/bin/sh".into(), "-c".into()]);
+    argv.push(
+        r#"cg=$1; shift; if [ -n "$cg" ]; then echo $$ > "$cg" || exit 97; fi; exec "$@""#.into(),
+    );
+    argv.push("sh".into());
+    argv.push(
+        cgroup
+            .map(|cg| cg.ctr.join("cgroup.procs").to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).arg(prog).args(args);
     let mps_pipe_dir = mps.map(|m| m.pipe.as_path());
     cmd.env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
         .env("GPU_CHECK_TARGET_BYTES", opts.alloc_bytes.to_string())

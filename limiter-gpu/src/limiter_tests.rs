@@ -324,40 +324,14 @@ fn cgroup_paths_resolve_under_the_root() {
     assert!(resolve_cgroup(root, "/sys/fs/cgroup/../../etc").is_err());
 }
 
-/// Kills the MPS daemons below a test's directory on drop, so that a failed assertion
-/// leaves no process behind.
-struct DaemonDir(tempfile::TempDir);
-
-impl Drop for DaemonDir {
-    fn drop(&mut self) {
-        for e in std::fs::read_dir(self.0.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let pid_file = e.path().join("pipe/nvidia-cuda-mps-control.pid");
-            if let Ok(pid) = std::fs::read_to_string(pid_file) {
-                let _ = std::process::Command::new("kill").arg(pid.trim()).status();
-            }
-        }
-    }
-}
-
 #[test]
 fn mps_shares_run_through_their_own_daemon() {
     if !crate::test_root::require_root("mps_shares_run_through_their_own_daemon") {
         return;
     }
-    use crate::mps::{MpsConfig, MpsDaemons};
-    let dir = DaemonDir(tempfile::Builder::new().prefix("sg-mps").tempdir().unwrap());
-    let daemons = MpsDaemons::new(MpsConfig {
-        control: Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/simulated-nvidia-cuda-mps-control"),
-        dir: dir.0.path().to_path_buf(),
-        timeout: std::time::Duration::from_secs(10),
-        launcher: Vec::new(),
-    })
-    .unwrap();
+    // Kills the daemons below it on drop, so that a failed assertion leaves none.
+    let root = crate::mps::tests::Root::new();
+    let daemons = root.daemons();
     let mut gpu = SimulatedGpu::new("GPU-mps", 16 * GIB);
     gpu.cgroup_limits = false;
     let b = Arc::new(SimulatedBackend::new(vec![gpu]).with_mps_daemons(daemons));
@@ -374,11 +348,11 @@ fn mps_shares_run_through_their_own_daemon() {
     let e = l.apply(&s).unwrap();
     assert_eq!(e.mechanism, "simulated-mps");
     assert_eq!(e.enforced[MEMORY], Quantity::parse("2500Mi").unwrap());
-    let pipe = dir.0.path().join("m1/pipe");
+    let pipe = root.dir.path().join("m1/pipe");
     let cdi = l.cdi_device("gpu0", "m1").unwrap();
     let mps = cdi.mps.expect("an MPS share has its daemon's directories");
     assert_eq!(mps.pipe, pipe);
-    assert_eq!(mps.shm, dir.0.path().join("m1/shm"));
+    assert_eq!(mps.shm, root.dir.path().join("m1/shm"));
     let pid: u32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid"))
         .unwrap()
         .trim()

@@ -152,13 +152,17 @@ impl MpsDaemons {
         self.prepare_dir(&dir, share_key)?;
         let pipe = dir.join("pipe");
         let recorded_gpu = fs::read_to_string(dir.join("gpu")).ok();
-        if daemon_pid(&pipe, &self.cfg.control).is_some() && recorded_gpu.as_deref() != Some(uuid) {
+        let mut running = daemon_pid(&pipe, &self.cfg.control);
+        if let Some(pid) = running
+            && recorded_gpu.as_deref() != Some(uuid)
+        {
             // Started for another GPU (a recycled name, or a config change): its device 0
             // is the wrong GPU, so it must go before a new one starts.
-            self.quit(&pipe)?;
+            self.quit(&pipe, pid)?;
+            running = None;
         }
         write_file(&dir.join("gpu"), uuid)?;
-        if daemon_pid(&pipe, &self.cfg.control).is_none() {
+        if running.is_none() {
             self.start(uuid, &dir)?;
         }
         self.command(
@@ -202,15 +206,11 @@ impl MpsDaemons {
         if !dir.exists() {
             return Ok(());
         }
-        if let Ok(k) = fs::read_to_string(dir.join("key"))
-            && k != share_key
-        {
-            return Err(GpuError::Internal(format!(
-                "{} belongs to share {k:?}, not {share_key:?}",
-                dir.display()
-            )));
+        check_owner(&dir, share_key)?;
+        let pipe = dir.join("pipe");
+        if let Some(pid) = daemon_pid(&pipe, &self.cfg.control) {
+            self.quit(&pipe, pid)?;
         }
-        self.quit(&dir.join("pipe"))?;
         fs::remove_dir_all(&dir).map_err(|e| io_err("removing", &dir, &e))
     }
 
@@ -227,14 +227,10 @@ impl MpsDaemons {
         set_mode(&dir.join("pipe"), 0o755)?;
         set_mode(&dir.join("shm"), 0o1777)?;
         set_mode(&dir.join("log"), 0o700)?;
-        let key_file = dir.join("key");
-        match fs::read_to_string(&key_file) {
-            Ok(k) if k == share_key => Ok(()),
-            Ok(k) => Err(GpuError::Internal(format!(
-                "{} already belongs to share {k:?}, not {share_key:?}",
-                dir.display()
-            ))),
-            Err(_) => write_file(&key_file, share_key),
+        if check_owner(dir, share_key)? {
+            Ok(())
+        } else {
+            write_file(&dir.join("key"), share_key)
         }
     }
 
@@ -274,21 +270,7 @@ impl MpsDaemons {
         // directory as /dev/shm, in a mount namespace of its own; the CDI spec mounts the
         // same directory at the containers' /dev/shm. Nothing of the host's /dev/shm is
         // shared with a pod, nor one share's with another's.
-        argv.extend(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "/bin/sh",
-                "-c",
-                "mount --bind \"$1\" /dev/shm && shift && exec \"$@\"",
-                "shareguard-mps-shm",
-            ]
-            .map(String::from),
-        );
-        argv.push(dir.join("shm").to_string_lossy().into_owned());
+        argv.extend(with_shm(&dir.join("shm")));
         argv.push(self.cfg.control.to_string_lossy().into_owned());
         argv.push(mode.into());
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -311,39 +293,42 @@ impl MpsDaemons {
                 out.describe()
             )));
         }
-        let deadline = Instant::now() + self.cfg.timeout;
-        while daemon_pid(&pipe, &self.cfg.control).is_none() {
-            if Instant::now() >= deadline {
-                return Err(GpuError::Transient(format!(
-                    "the MPS control daemon in {} did not come up within {:?}; see its log in {}",
-                    pipe.display(),
-                    self.cfg.timeout,
-                    dir.join("log").display()
-                )));
-            }
-            std::thread::sleep(POLL);
+        if self.wait_until(|| daemon_pid(&pipe, &self.cfg.control).is_some()) {
+            return Ok(());
         }
-        Ok(())
+        Err(GpuError::Transient(format!(
+            "the MPS control daemon in {} did not come up within {:?}; see its log in {}",
+            pipe.display(),
+            self.cfg.timeout,
+            dir.join("log").display()
+        )))
     }
 
-    /// Asks the daemon to quit and waits until its process is gone.
-    fn quit(&self, pipe: &Path) -> Result<(), GpuError> {
-        let Some(pid) = daemon_pid(pipe, &self.cfg.control) else {
-            return Ok(());
-        };
+    /// Asks the running daemon `pid` to quit and waits until its process is gone.
+    fn quit(&self, pipe: &Path, pid: u32) -> Result<(), GpuError> {
         self.command(pipe, "quit")?;
+        if self.wait_until(|| !process_alive(pid)) {
+            return Ok(());
+        }
+        Err(GpuError::Transient(format!(
+            "the MPS control daemon {pid} in {} did not quit within {:?}",
+            pipe.display(),
+            self.cfg.timeout
+        )))
+    }
+
+    /// Waits up to the configured timeout for `done`; false when it never was.
+    fn wait_until(&self, done: impl Fn() -> bool) -> bool {
         let deadline = Instant::now() + self.cfg.timeout;
-        while process_alive(pid) {
+        loop {
+            if done() {
+                return true;
+            }
             if Instant::now() >= deadline {
-                return Err(GpuError::Transient(format!(
-                    "the MPS control daemon {pid} in {} did not quit within {:?}",
-                    pipe.display(),
-                    self.cfg.timeout
-                )));
+                return false;
             }
             std::thread::sleep(POLL);
         }
-        Ok(())
     }
 
     fn servers(&self, pipe: &Path) -> Result<Vec<u32>, GpuError> {
@@ -456,6 +441,27 @@ impl Output {
     }
 }
 
+/// The command prefix that runs what follows it in a mount namespace of its own, with
+/// `shm` as its `/dev/shm` (util-linux `unshare` and `mount`; needs CAP_SYS_ADMIN). The
+/// process keeps its PID: both `exec`.
+pub fn with_shm(shm: &Path) -> Vec<String> {
+    [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        "mount --bind \"$1\" /dev/shm && shift && exec \"$@\"",
+        "shareguard-mps-shm",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([shm.to_string_lossy().into_owned()])
+    .collect()
+}
+
 /// A set command answers nothing; any text is the daemon refusing it.
 fn expect_silence(out: String) -> Result<(), GpuError> {
     if out.trim().is_empty() {
@@ -559,6 +565,19 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
+/// Whether `dir` is recorded as `share_key`'s (false: no record yet); an error when it
+/// belongs to another share, whose daemon must never be touched for this one.
+fn check_owner(dir: &Path, share_key: &str) -> Result<bool, GpuError> {
+    match fs::read_to_string(dir.join("key")) {
+        Ok(k) if k == share_key => Ok(true),
+        Ok(k) => Err(GpuError::Internal(format!(
+            "{} belongs to share {k:?}, not {share_key:?}",
+            dir.display()
+        ))),
+        Err(_) => Ok(false),
+    }
+}
+
 fn write_file(path: &Path, text: &str) -> Result<(), GpuError> {
     fs::write(path, text).map_err(|e| io_err("writing", path, &e))
 }
@@ -574,4 +593,4 @@ fn io_err(what: &str, path: &Path, e: &std::io::Error) -> GpuError {
 
 #[cfg(test)]
 #[path = "mps_tests.rs"]
-mod tests;
+pub(crate) mod tests;

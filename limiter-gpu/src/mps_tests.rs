@@ -19,12 +19,12 @@ fn simulated_control() -> PathBuf {
 
 /// A root for the share directories that kills every daemon found below it on drop, so
 /// a failing test leaves no process behind.
-struct Root {
-    dir: TempDir,
+pub(crate) struct Root {
+    pub(crate) dir: TempDir,
 }
 
 impl Root {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             dir: tempfile::Builder::new()
                 .prefix("sg-mps")
@@ -33,7 +33,8 @@ impl Root {
         }
     }
 
-    fn daemons(&self) -> MpsDaemons {
+    /// Daemons driving the simulated control program.
+    pub(crate) fn daemons(&self) -> MpsDaemons {
         self.daemons_with(simulated_control(), Duration::from_secs(10))
     }
 
