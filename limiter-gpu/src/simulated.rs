@@ -100,12 +100,6 @@ impl SimulatedBackend {
         }
     }
 
-    fn daemons(&self) -> Result<&MpsDaemons, GpuError> {
-        self.mps_daemons
-            .as_ref()
-            .ok_or_else(|| GpuError::Internal("no MPS daemons configured".into()))
-    }
-
     /// Routes MPS limits through real per-share daemons (see the field).
     pub fn with_mps_daemons(mut self, daemons: MpsDaemons) -> Self {
         self.mps_daemons = Some(daemons);
@@ -313,49 +307,46 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
-        {
-            let mut st = self.lock();
-            st.check_fault(SimOp::SetMpsLimit, "simulated set MPS limit")?;
-            let support = st.mps_support(uuid)?;
-            st.require(support)?;
-            if self.mps_daemons.is_none() {
-                st.mps_limits
-                    .insert((uuid.to_string(), share_key.to_string()), bytes);
-                return Ok(());
-            }
-        }
+        let mut st = self.lock();
+        st.check_fault(SimOp::SetMpsLimit, "simulated set MPS limit")?;
+        let support = st.mps_support(uuid)?;
+        st.require(support)?;
+        let Some(daemons) = &self.mps_daemons else {
+            st.mps_limits
+                .insert((uuid.to_string(), share_key.to_string()), bytes);
+            return Ok(());
+        };
         // Outside the lock: starting a daemon waits for a process.
-        self.daemons()?.ensure_limit(uuid, share_key, bytes)
+        drop(st);
+        daemons.ensure_limit(uuid, share_key, bytes)
     }
 
     fn mps_limit(&self, uuid: &str, share_key: &str) -> Result<Option<MpsLimit>, GpuError> {
-        {
-            let mut st = self.lock();
-            st.check_fault(SimOp::GetMpsLimit, "simulated get MPS limit")?;
-            let support = st.mps_support(uuid)?;
-            st.require(support)?;
-            if self.mps_daemons.is_none() {
-                return Ok(st
-                    .mps_limits
-                    .get(&(uuid.to_string(), share_key.to_string()))
-                    .map(|b| MpsLimit::exact(*b)));
-            }
-        }
-        self.daemons()?.limit(share_key)
+        let mut st = self.lock();
+        st.check_fault(SimOp::GetMpsLimit, "simulated get MPS limit")?;
+        let support = st.mps_support(uuid)?;
+        st.require(support)?;
+        let Some(daemons) = &self.mps_daemons else {
+            return Ok(st
+                .mps_limits
+                .get(&(uuid.to_string(), share_key.to_string()))
+                .map(|b| MpsLimit::exact(*b)));
+        };
+        drop(st);
+        daemons.limit(share_key)
     }
 
     fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError> {
-        {
-            let mut st = self.lock();
-            st.check_fault(SimOp::ClearMpsLimit, "simulated clear MPS limit")?;
-            st.gpu(uuid)?;
-            if self.mps_daemons.is_none() {
-                st.mps_limits
-                    .remove(&(uuid.to_string(), share_key.to_string()));
-                return Ok(());
-            }
-        }
-        self.daemons()?.stop(share_key)
+        let mut st = self.lock();
+        st.check_fault(SimOp::ClearMpsLimit, "simulated clear MPS limit")?;
+        st.gpu(uuid)?;
+        let Some(daemons) = &self.mps_daemons else {
+            st.mps_limits
+                .remove(&(uuid.to_string(), share_key.to_string()));
+            return Ok(());
+        };
+        drop(st);
+        daemons.stop(share_key)
     }
 
     fn mps_dirs(&self, share_key: &str) -> Option<MpsDirs> {
