@@ -122,14 +122,20 @@ fn bpf_err(e: impl std::fmt::Display) -> NetError {
     NetError::Bpf(e.to_string())
 }
 
-/// Whether `ifindex`'s root qdisc is one of ours (handle `1:`, of a kind we install).
-fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
-    Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| q.kind == kind && q.major == tc::MAJOR))
+/// Whether a root qdisc is one of ours: handle `1:`, of the kind we install there.
+fn is_ours(q: &rtnl::RootQdisc, kind: Option<&str>) -> bool {
+    Some(q.kind.as_str()) == kind && q.major == tc::MAJOR
 }
 
-fn install_root(dev: &str, ifindex: u32, q: &RootQdisc) -> Result<(), NetError> {
+/// Whether `ifindex`'s root qdisc is one of ours.
+fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
+    Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| is_ours(&q, Some(kind))))
+}
+
+/// `ours`: the device's root is already our qdisc (HTB then changes it in place).
+fn install_root(dev: &str, q: &RootQdisc, ours: bool) -> Result<(), NetError> {
     match q {
-        RootQdisc::Htb(p) => tc::install_htb(dev, p, root_is_ours(ifindex, "htb")?),
+        RootQdisc::Htb(p) => tc::install_htb(dev, p, ours),
         RootQdisc::Fq => tc::install_fq(dev),
     }
 }
@@ -225,31 +231,38 @@ impl NetLimiter {
         if wanted.is_none() {
             return Ok(None);
         }
-        let attached = bpf
-            .is_attached(&link_name(&i.share_key, dir), i.host_index)
-            .map_err(bpf_err)?;
+        let attached = || {
+            bpf.is_attached(&link_name(&i.share_key, dir), i.host_index)
+                .map_err(bpf_err)
+        };
         // Traffic from the pod reaches its queue only through the program's redirect.
         let redirected = |cfg: &IfaceConfig| {
             dir == Direction::ToPod || queue_index.is_some_and(|q| cfg.redirect_ifindex == q)
         };
-        let Some(c) = cfg else { return Ok(None) };
-        let p = c.pacing(dir.index());
+        let pacing = cfg.map(|c| c.pacing(dir.index()));
         Ok(match i.mechanism {
             Mechanism::HtbEbpf => match queue_index {
                 // HTB's default class catches all traffic to the pod, so that direction
-                // holds even without the classifier.
-                Some(q) if dir == Direction::ToPod || (attached && redirected(c)) => {
+                // holds even without the classifier or its configuration.
+                Some(q)
+                    if dir == Direction::ToPod || (cfg.is_some_and(redirected) && attached()?) =>
+                {
                     rtnl::htb_class_rate(q, tc::MAJOR, tc::MINOR)?.map(|b| b * 8)
                 }
                 _ => None,
             },
-            Mechanism::EdtFq => match queue_index {
-                Some(q) if attached && redirected(c) && p.edt && root_is_ours(q, "fq")? => {
+            Mechanism::EdtFq => match (queue_index, cfg, pacing) {
+                (Some(q), Some(c), Some(p))
+                    if p.edt && redirected(c) && attached()? && root_is_ours(q, "fq")? =>
+                {
                     Some(mechanism::pace_bps(&p.pace))
                 }
                 _ => None,
             },
-            Mechanism::BpfPolicer => (attached && p.police).then(|| mechanism::pace_bps(&p.pace)),
+            Mechanism::BpfPolicer => match pacing {
+                Some(p) if p.police && attached()? => Some(mechanism::pace_bps(&p.pace)),
+                _ => None,
+            },
         })
     }
 
@@ -334,11 +347,13 @@ impl Limiter for NetLimiter {
             state.remove(&spec.share_key)?;
             existing = None;
         }
-        if let Some(rtnl::RootQdisc { kind, major, .. }) = rtnl::root_qdisc(host.index)?
-            && major != 0
-            && !(Some(kind.as_str()) == self.mechanism.qdisc_kind()
-                && major == tc::MAJOR
-                && existing.is_some())
+        let root = rtnl::root_qdisc(host.index)?;
+        let root_ours = root
+            .as_ref()
+            .is_some_and(|q| is_ours(q, self.mechanism.qdisc_kind()));
+        if let Some(rtnl::RootQdisc { kind, major, .. }) = &root
+            && *major != 0
+            && !(root_ours && existing.is_some())
         {
             // Someone else's qdisc: replacing it would break the promise to leave the
             // interface as it was found. (The policer installs none, but a foreign root
@@ -367,12 +382,14 @@ impl Limiter for NetLimiter {
         let fresh = existing.is_none();
         state.put(&installed)?;
         if let Some(q) = &plan.veth_root {
-            install_root(&host.name, host.index, q)?;
+            // The root read above: a foreign one was refused, so it is ours or none.
+            install_root(&host.name, q, root_ours)?;
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
             cfg.redirect_ifindex = rtnl::ensure_ifb(name)?;
-            install_root(name, cfg.redirect_ifindex, q)?;
+            let ours = matches!(q, RootQdisc::Htb(_)) && root_is_ours(cfg.redirect_ifindex, "htb")?;
+            install_root(name, q, ours)?;
         }
         if fresh && cfg.slot != u32::MAX {
             // Pacing state or counts another share left in this slot would hold or drop
@@ -401,7 +418,7 @@ impl Limiter for NetLimiter {
         let qdisc_drops = |ifindex: Option<u32>| {
             ifindex
                 .and_then(|x| rtnl::root_qdisc(x).ok().flatten())
-                .filter(|q| Some(q.kind.as_str()) == kind && q.major == tc::MAJOR)
+                .filter(|q| is_ours(q, kind))
                 .map_or(0, |q| q.drops)
         };
         let ifb_index = i
