@@ -79,23 +79,14 @@ pub const DEFAULT_HEADER_LEN: u32 = 66;
 /// Whether a configuration asks for something the programs cannot do: unknown flags, EDT
 /// and policing in one direction, or a pacing flag without a rate.
 pub const fn flags_valid(cfg: &IfaceConfig) -> bool {
-    let f = cfg.flags;
-    if f & !FLAGS_KNOWN != 0 {
-        return false;
-    }
-    if f & FLAG_EDT_TO_POD != 0 && f & FLAG_POLICE_TO_POD != 0 {
-        return false;
-    }
-    if f & FLAG_EDT_FROM_POD != 0 && f & FLAG_POLICE_FROM_POD != 0 {
-        return false;
-    }
-    if f & (FLAG_EDT_TO_POD | FLAG_POLICE_TO_POD) != 0 && cfg.to_pod.bytes_per_sec == 0 {
-        return false;
-    }
-    if f & (FLAG_EDT_FROM_POD | FLAG_POLICE_FROM_POD) != 0 && cfg.from_pod.bytes_per_sec == 0 {
-        return false;
-    }
-    true
+    cfg.flags & !FLAGS_KNOWN == 0
+        && direction_valid(cfg.pacing(DIR_TO_POD))
+        && direction_valid(cfg.pacing(DIR_FROM_POD))
+}
+
+/// One direction: not both EDT and policing, and a rate when either is asked for.
+const fn direction_valid(p: DirectionPacing) -> bool {
+    !(p.edt && p.police) && (!(p.edt || p.police) || p.pace.bytes_per_sec != 0)
 }
 
 /// What the programs do for one host-side interface (value of [`IFACES_MAP`], keyed by the

@@ -146,30 +146,25 @@ impl Mechanism {
                     from_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
                 )
             }
-            Mechanism::EdtFq => {
+            // The programs pace (EDT) or police each direction themselves; only EDT needs
+            // an fq to hold packets until their departure time.
+            Mechanism::EdtFq | Mechanism::BpfPolicer => {
+                let edt = self == Mechanism::EdtFq;
+                let (to_flag, from_flag, slack) = if edt {
+                    (FLAG_EDT_TO_POD, FLAG_EDT_FROM_POD, EDT_HORIZON_NS)
+                } else {
+                    (FLAG_POLICE_TO_POD, FLAG_POLICE_FROM_POD, POLICER_BUCKET_NS)
+                };
                 if let Some(r) = to_pod {
-                    iface.flags |= FLAG_EDT_TO_POD;
-                    iface.to_pod = pace(r, EDT_HORIZON_NS);
+                    iface.flags |= to_flag;
+                    iface.to_pod = pace(r, slack);
                 }
                 if let Some(r) = from_pod {
-                    iface.flags |= FLAG_EDT_FROM_POD;
-                    iface.from_pod = pace(r, EDT_HORIZON_NS);
+                    iface.flags |= from_flag;
+                    iface.from_pod = pace(r, slack);
                 }
-                (
-                    to_pod.map(|_| RootQdisc::Fq),
-                    from_pod.map(|_| RootQdisc::Fq),
-                )
-            }
-            Mechanism::BpfPolicer => {
-                if let Some(r) = to_pod {
-                    iface.flags |= FLAG_POLICE_TO_POD;
-                    iface.to_pod = pace(r, POLICER_BUCKET_NS);
-                }
-                if let Some(r) = from_pod {
-                    iface.flags |= FLAG_POLICE_FROM_POD;
-                    iface.from_pod = pace(r, POLICER_BUCKET_NS);
-                }
-                (None, None)
+                let fq = |rate: Option<u64>| rate.filter(|_| edt).map(|_| RootQdisc::Fq);
+                (fq(to_pod), fq(from_pod))
             }
         };
         Plan {
