@@ -25,8 +25,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, IfaceConfig, MAX_COUNTERS, MAX_IFACES,
-    Pace, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
+    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, IfaceConfig,
+    MAX_COUNTERS, MAX_IFACES, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -87,15 +87,20 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
 /// whether it goes on (false: drop it).
 #[inline(always)]
 fn limit(ctx: &TcContext, cfg: &IfaceConfig, dir: u32) -> bool {
-    let p = cfg.pacing(dir);
-    let verdict = pace_packet(ctx, counter_index(cfg.slot, dir), p.edt, p.police, p.pace);
-    count(cfg.slot, dir, ctx.len(), verdict)
+    let index = counter_index(cfg.slot, dir);
+    let verdict = pace_packet(ctx, index, cfg.pacing(dir));
+    count(index, ctx.len(), verdict)
 }
 
 /// Runs the share's EDT or policer arithmetic for one packet, stores the new state and,
 /// for EDT, sets the packet's departure time. `Pass` when the direction is not paced.
 #[inline(always)]
-fn pace_packet(ctx: &TcContext, index: Option<u32>, edt: bool, police: bool, p: Pace) -> Verdict {
+fn pace_packet(ctx: &TcContext, index: Option<u32>, d: DirectionPacing) -> Verdict {
+    let DirectionPacing {
+        edt,
+        police,
+        pace: p,
+    } = d;
     if !edt && !police {
         return Verdict::Pass;
     }
@@ -180,19 +185,19 @@ fn iface_config(skb: *mut __sk_buff) -> Option<IfaceConfig> {
     // SAFETY: `skb` is the program's context pointer (see `sg_egress`).
     let ifindex = unsafe { (*skb).ifindex };
     let value = SG_IFACES.get_ptr(ifindex)?;
-    // Copy the 16 bytes out at once: user space may update the entry while we run, and a
-    // copy keeps the fields used below consistent with one another.
+    // Copy the whole entry out at once: user space may update it while we run, and a copy
+    // keeps the fields used below consistent with one another.
     // SAFETY: a non-null pointer returned by a hash map lookup points to a value of the
     // map's value type that stays valid for the rest of this program run (RCU).
     Some(unsafe { *value })
 }
 
-/// Counts a packet the verdict lets through (bytes and packets) or drops; returns whether
-/// it goes on.
+/// Counts a packet the verdict lets through (bytes and packets) or drops in the counters
+/// at `index`; returns whether it goes on.
 #[inline(always)]
-fn count(slot: u32, dir: u32, len: u32, verdict: Verdict) -> bool {
+fn count(index: Option<u32>, len: u32, verdict: Verdict) -> bool {
     let pass = !matches!(verdict, Verdict::Drop);
-    let Some(index) = counter_index(slot, dir) else {
+    let Some(index) = index else {
         return pass;
     };
     let Some(counters) = SG_COUNTERS.get_ptr_mut(index) else {
