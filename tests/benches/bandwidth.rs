@@ -170,7 +170,6 @@ fn main() {
             assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
         }
     }
-    let median = |v: &[f64]| net::percentile(v, 50.0);
 
     println!(
         "| limit | mechanism | goodput Mbit/s | goodput / limit | ping RTT p50 ms | p99 ms | retransmits |"
@@ -197,8 +196,8 @@ fn main() {
     ] {
         println!(
             "| {name} | {:.0} | {:.3} |",
-            median(v) / 1e6,
-            median(v) / median(&high[0])
+            net::median(v) / 1e6,
+            net::median(v) / net::median(&high[0])
         );
     }
     drop(agent);

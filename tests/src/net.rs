@@ -1127,10 +1127,6 @@ impl IperfServer {
         }
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// The server's process id (in the root pid namespace).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -1304,18 +1300,6 @@ fn interval((start, end, bytes, omitted): (f64, f64, f64, bool)) -> Interval {
         },
         omitted,
     }
-}
-
-/// Measures TCP goodput between the root namespace and `pod` with a one-off server:
-/// `seconds` measured after `omit` seconds of warm-up. Takes [`TrafficLock`] for the run.
-pub fn measure(pod: &Pod, direction: Direction, seconds: u32, omit: u32) -> Measurement {
-    let server = pod.iperf_server();
-    let _lock = TrafficLock::acquire();
-    server.measure(&Iperf {
-        seconds,
-        omit,
-        ..Iperf::new(direction)
-    })
 }
 
 // ---------------------------------------------------------------------------------------
