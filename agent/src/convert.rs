@@ -51,6 +51,12 @@ fn timestamp(ms: u64) -> pbjson_types::Timestamp {
 }
 
 pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {
+    share_to_pb_with(r, &[])
+}
+
+/// [`share_to_pb`] with what the agent observes the share using (capacity name ->
+/// amount): shown as its usage and in `device_status_json`.
+pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::ShareStatus {
     pb::ShareStatus {
         share_id: r.share_id.clone().unwrap_or_default(),
         claim: Some(pb::ClaimRef {
@@ -77,11 +83,17 @@ pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {
                     .unwrap_or_default(),
             })
             .collect(),
-        usage: Vec::new(),
+        usage: observed
+            .iter()
+            .map(|(name, used)| pb::CapacityUsage {
+                name: name.clone(),
+                used: used.clone(),
+            })
+            .collect(),
         error: r.error.as_ref().map(error_to_pb),
         policy_version: r.policy_version.clone(),
         allocation_id: r.allocation_id.clone(),
-        device_status_json: device_status::render(r),
+        device_status_json: device_status::render(r, observed),
         updated_at: Some(timestamp(r.updated_at_ms)),
         admin_access: r.admin_access,
         reason: r.reason.clone(),

@@ -28,13 +28,9 @@ fn rfc3339_seconds(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-pub fn render(r: &ShareRecord) -> String {
-    render_with(r, &[])
-}
-
-/// [`render`], with what the agent observes the share using (capacity name -> amount),
-/// e.g. the GPU watchdog's memory usage, under `data.observed`.
-pub fn render_with(r: &ShareRecord, observed: &[(String, String)]) -> String {
+/// The share's status, with what the agent observes it using (capacity name -> amount,
+/// e.g. the GPU watchdog's memory usage) under `data.observed` when there is any.
+pub fn render(r: &ShareRecord, observed: &[(String, String)]) -> String {
     let quantities = |m: &std::collections::BTreeMap<String, shareguard_common::Quantity>| {
         m.iter()
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
@@ -214,7 +210,7 @@ mod tests {
         for phase in Phase::ALL {
             // A reason far above the bound is cut, not the structure.
             let r = record(phase, &"é".repeat(20_000));
-            let text = render_with(&r, &[("memory".into(), "3Gi".into())]);
+            let text = render(&r, &[("memory".into(), "3Gi".into())]);
             assert!(text.len() <= MAX_BYTES, "{phase:?}: {} bytes", text.len());
             let v: Value = serde_json::from_str(&text).unwrap();
             check_allocated_device_status(&v).unwrap_or_else(|e| panic!("{phase:?}: {e}: {v}"));
@@ -232,7 +228,8 @@ mod tests {
 
     #[test]
     fn the_check_rejects_what_the_api_server_would() {
-        let good: Value = serde_json::from_str(&render(&record(Phase::Enforced, "ok"))).unwrap();
+        let good: Value =
+            serde_json::from_str(&render(&record(Phase::Enforced, "ok"), &[])).unwrap();
         check_allocated_device_status(&good).unwrap();
         let mut bad = good.clone();
         bad["conditions"][0]["reason"] = "not camel case!".into();

@@ -440,23 +440,23 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+        // One snapshot of the live shares for every per-share family: a released share
+        // must disappear from all of them, not linger at its last value.
+        let live = engine.live_records();
+        let share_labels = |r: &crate::record::ShareRecord| ShareLabels {
+            share: r.key.clone(),
+            namespace: r.claim.namespace.clone(),
+            claim: r.claim.name.clone(),
+            device: r.device.clone(),
+        };
         *crate::sync::lock(&self.traffic.samples) = engine
-            .share_counters()
+            .share_counters(&live)
             .into_iter()
-            .map(|(r, c)| {
-                let labels = ShareLabels {
-                    share: r.key,
-                    namespace: r.claim.namespace,
-                    claim: r.claim.name,
-                    device: r.device,
-                };
-                (labels, c)
-            })
+            .map(|(r, c)| (share_labels(r), c))
             .collect();
-        // Live shares only: a released one must disappear, not linger at its last value.
         self.requested.clear();
         self.enforced.clear();
-        for r in engine.live_records() {
+        for r in &live {
             for (capacity, q) in &r.consumed {
                 let l = ShareCapacityLabels {
                     share: r.key.clone(),
@@ -475,17 +475,10 @@ impl Metrics {
         self.gpu_used.clear();
         self.gpu_limit.clear();
         let obs = engine.gpu_observations();
-        for r in engine.records_of(obs.keys()) {
-            // A share released since the last poll is no longer watched.
-            let Some(o) = obs.get(&r.key).filter(|_| r.phase.holds_capacity()) else {
-                continue;
-            };
-            let labels = ShareLabels {
-                share: r.key,
-                namespace: r.claim.namespace,
-                claim: r.claim.name,
-                device: r.device,
-            };
+        for r in &live {
+            // A share released since the last poll is not live, whatever was observed.
+            let Some(o) = obs.get(&r.key) else { continue };
+            let labels = share_labels(r);
             self.gpu_used
                 .get_or_create(&labels)
                 .set(i64::try_from(o.used_bytes).unwrap_or(i64::MAX));

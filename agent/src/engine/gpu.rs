@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::{
     audit::{Decision, rfc3339},
-    convert::share_to_pb,
+    convert::{share_to_pb, share_to_pb_with},
     gpu_watch::WatchReport,
     record::ShareRecord,
     sync::lock,
@@ -144,23 +144,18 @@ impl Engine {
 
     /// A share's status as the API shows it: the record, plus what the watchdog sees.
     pub fn status(&self, r: &ShareRecord) -> pb::ShareStatus {
-        let mut s = share_to_pb(r);
-        if let Some(o) = lock(&self.gpu_obs).get(&r.key) {
-            s.usage = vec![pb::CapacityUsage {
-                name: MEMORY.to_owned(),
-                used: bytes(o.used_bytes),
-            }];
-            s.device_status_json =
-                crate::device_status::render_with(r, &[(MEMORY.to_owned(), bytes(o.used_bytes))]);
-            if let Some(since) = o.over_since_ms {
-                s.reason = format!(
-                    "{}; watchdog: over the memory limit since {}: {} used of {}",
-                    s.reason,
-                    rfc3339(since),
-                    bytes(o.used_bytes),
-                    bytes(o.limit_bytes)
-                );
-            }
+        let Some(o) = lock(&self.gpu_obs).get(&r.key).cloned() else {
+            return share_to_pb(r);
+        };
+        let mut s = share_to_pb_with(r, &[(MEMORY.to_owned(), bytes(o.used_bytes))]);
+        if let Some(since) = o.over_since_ms {
+            s.reason = format!(
+                "{}; watchdog: over the memory limit since {}: {} used of {}",
+                s.reason,
+                rfc3339(since),
+                bytes(o.used_bytes),
+                bytes(o.limit_bytes)
+            );
         }
         s
     }

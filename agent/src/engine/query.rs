@@ -118,22 +118,16 @@ impl Engine {
             .collect()
     }
 
-    /// What the kernel counted for every live share whose limiter counts traffic. The
-    /// limiters are asked outside the state lock: counting talks to the kernel.
-    pub fn share_counters(&self) -> Vec<(ShareRecord, TrafficCounters)> {
-        let live: Vec<ShareRecord> = {
-            let st = lock(&self.state);
-            st.records
-                .values()
-                .filter(|r| r.phase.holds_capacity() && !self.accounting_only(&r.device))
-                .cloned()
-                .collect()
-        };
-        live.into_iter()
-            .filter_map(|r| {
-                let c = self.limiter(&r.device)?.counters(&r.key)?;
-                Some((r, c))
-            })
+    /// What the kernel counted for each of `shares` whose limiter counts traffic. Call it
+    /// outside the state lock (with [`Engine::live_records`]): counting talks to the kernel.
+    pub fn share_counters<'a>(
+        &self,
+        shares: &'a [ShareRecord],
+    ) -> Vec<(&'a ShareRecord, TrafficCounters)> {
+        shares
+            .iter()
+            .filter(|r| !self.accounting_only(&r.device))
+            .filter_map(|r| Some((r, self.limiter(&r.device)?.counters(&r.key)?)))
             .collect()
     }
 
@@ -148,14 +142,6 @@ impl Engine {
             .values()
             .filter(|r| r.phase.holds_capacity())
             .cloned()
-            .collect()
-    }
-
-    /// The records of the given share keys that exist.
-    pub fn records_of<'a>(&self, keys: impl IntoIterator<Item = &'a String>) -> Vec<ShareRecord> {
-        let st = lock(&self.state);
-        keys.into_iter()
-            .filter_map(|k| st.records.get(k).cloned())
             .collect()
     }
 

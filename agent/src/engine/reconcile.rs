@@ -30,6 +30,11 @@ pub struct ReconcileStats {
     pub repaired: usize,
 }
 
+/// The phases the reconciler reads back: what was enforced, or should be again.
+fn reconciled(p: Phase) -> bool {
+    matches!(p, Phase::Enforced | Phase::Degraded | Phase::Unknown)
+}
+
 impl Engine {
     /// One pass over the live enforced shares.
     pub async fn reconcile(&self) -> ReconcileStats {
@@ -38,7 +43,7 @@ impl Engine {
             let st = lock(&self.state);
             st.records
                 .values()
-                .filter(|r| matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown))
+                .filter(|r| reconciled(r.phase))
                 .filter(|r| !self.accounting_only(&r.device))
                 .cloned()
                 .collect()
@@ -63,7 +68,7 @@ impl Engine {
         let Some(r) = lock(&self.state).records.get(key).cloned() else {
             return;
         };
-        if !matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown) {
+        if !reconciled(r.phase) {
             return;
         }
         let Some(l) = self.limiter(&r.device).cloned() else {
@@ -80,10 +85,10 @@ impl Engine {
             });
         let why = match &verified {
             Ok(e) => match judge(&r, e) {
-                (Phase::Enforced, _) | (Phase::Accounted, _) => {
+                judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
                     if matches!(r.phase, Phase::Degraded | Phase::Unknown) {
                         // Repaired by someone else (or the kernel came back): say so.
-                        self.settle(&r, e, stats, false).await;
+                        self.settle(&r, e, judged, stats, false).await;
                     }
                     return;
                 }
@@ -109,25 +114,25 @@ impl Engine {
             }
         }
         match self.apply_blocking(&r).await {
-            Ok(e) if matches!(judge(&r, &e).0, Phase::Enforced | Phase::Accounted) => {
-                self.settle(&r, &e, stats, true).await;
-            }
-            Ok(e) => {
-                let (_, why) = judge(&r, &e);
-                self.still_degraded(&r, &why).await;
-            }
+            Ok(e) => match judge(&r, &e) {
+                judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
+                    self.settle(&r, &e, judged, stats, true).await;
+                }
+                (_, why) => self.still_degraded(&r, &why).await,
+            },
             Err(e) => self.still_degraded(&r, &e.to_string()).await,
         }
     }
 
+    /// Persists `r` as `judged` from `e`, the enforcement just read back.
     async fn settle(
         &self,
         r: &ShareRecord,
         e: &shareguard_common::limiter::Enforcement,
+        (phase, reason): (Phase, String),
         stats: &mut ReconcileStats,
         repaired: bool,
     ) {
-        let (phase, reason) = judge(r, e);
         let mut n = r.clone();
         n.phase = phase;
         n.reason = if repaired {
