@@ -16,14 +16,14 @@ use std::{
 
 use serde::Deserialize;
 use shareguard_limiter_gpu::{
-    GpuBackend, GpuError, GpuLimiter,
+    GpuError, GpuLimiter,
     backend::ComputeProcess,
     cgroup::pod_uid_of_pid,
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
     watchdog::{
-        Action, OverLimit, ProcessUsage, ShareUsage, TerminateDecision, TerminateError, Terminated,
-        Watchdog, execute_terminations,
+        Action, OverLimit, ShareUsage, TerminateDecision, TerminateError, Terminated, Watchdog,
+        execute_terminations,
     },
 };
 use tracing::{debug, warn};
@@ -33,7 +33,6 @@ use crate::{config_gpu::WatchdogConfig, engine::Engine, sync::lock};
 /// One back end's GPUs and their watchdog settings.
 pub struct GpuWatch {
     limiter: Arc<GpuLimiter>,
-    backend: Arc<dyn GpuBackend>,
     /// Simulation only: the simulated back end and the file its processes come from.
     simulated: Option<(Arc<SimulatedBackend>, PathBuf)>,
     actions: HashMap<String, Action>,
@@ -67,7 +66,6 @@ struct SimulatedProcess {
 impl GpuWatch {
     pub fn new(
         limiter: Arc<GpuLimiter>,
-        backend: Arc<dyn GpuBackend>,
         simulated: Option<Arc<SimulatedBackend>>,
         processes_file: Option<PathBuf>,
         devices: Vec<(String, WatchdogConfig)>,
@@ -79,7 +77,6 @@ impl GpuWatch {
             .unwrap_or(Duration::from_secs(1));
         GpuWatch {
             limiter,
-            backend,
             simulated: simulated.zip(processes_file),
             actions: devices.into_iter().map(|(d, w)| (d, w.action)).collect(),
             period,
@@ -138,16 +135,7 @@ impl GpuWatch {
         let shares = self.limiter.watched_shares_by(|device| {
             self.actions.get(device).copied().unwrap_or(Action::Report)
         });
-        let mut processes = Vec::new();
-        for uuid in self.limiter.gpu_uuids() {
-            for p in self.backend.compute_processes(&uuid)? {
-                processes.push(ProcessUsage {
-                    gpu_uuid: uuid.clone(),
-                    pid: p.pid,
-                    used_bytes: p.used_bytes,
-                });
-            }
-        }
+        let processes = self.limiter.process_usage()?;
         let verdict = lock(&self.watchdog).evaluate(
             Instant::now(),
             &processes,
@@ -181,6 +169,7 @@ pub fn spawn(engine: Arc<Engine>, watch: GpuWatch) {
                     debug!(
                         shares = report.usage.len(),
                         over = report.over_limit.len(),
+                        unattributed = report.unattributed.len(),
                         took_ms = report.took.as_secs_f64() * 1e3,
                         "GPU watchdog poll"
                     );

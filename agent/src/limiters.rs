@@ -192,31 +192,28 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
                 }),
         };
         let limiter = backend.and_then(|b| {
-            GpuLimiter::new(b.clone(), &configs, cfg.agent.cgroup_root.clone())
-                .map(|l| (Arc::new(l), b))
+            GpuLimiter::new(b, &configs, cfg.agent.cgroup_root.clone())
+                .map(Arc::new)
                 .map_err(|e| {
                     error!(error = %e, "GPU limiter unavailable");
                     e.to_string()
                 })
         });
         let names: Vec<String> = devices.iter().map(|(d, _)| d.name.clone()).collect();
+        let watchdogs: Vec<_> = devices
+            .iter()
+            .map(|(d, g)| (d.name.clone(), g.watchdog.clone()))
+            .collect();
         match limiter {
-            Ok((l, backend)) => {
+            Ok(l) => {
                 for name in &names {
                     out.insert(name.clone(), l.clone() as Arc<dyn Limiter>);
                 }
                 watches.push(GpuWatch::new(
                     l.clone(),
-                    backend,
                     sim_backend,
                     cfg.agent.simulated_gpu_processes.clone(),
-                    cfg.devices
-                        .iter()
-                        .filter(|d| names.contains(&d.name))
-                        .filter_map(|d| {
-                            d.gpu.as_ref().map(|g| (d.name.clone(), g.watchdog.clone()))
-                        })
-                        .collect(),
+                    watchdogs,
                 ));
                 // Capacities the config left to the GPU.
                 for d in cfg.devices.iter_mut().filter(|d| names.contains(&d.name)) {

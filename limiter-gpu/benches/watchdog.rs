@@ -44,11 +44,11 @@ use std::time::{Duration, Instant};
 use shareguard_common::Quantity;
 use shareguard_common::limiter::{LimitSpec, Limiter, Target};
 use shareguard_limiter_gpu::GpuLimiter;
-use shareguard_limiter_gpu::backend::{ComputeProcess, GpuBackend};
+use shareguard_limiter_gpu::backend::ComputeProcess;
 use shareguard_limiter_gpu::cgroup::pod_uid_of_pid;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
-use shareguard_limiter_gpu::watchdog::{Action, ProcessUsage, Watchdog};
+use shareguard_limiter_gpu::watchdog::{Action, Watchdog};
 
 use cgroups::{Fixture, Hierarchy, container_id, pod_uid, systemd_burstable};
 
@@ -201,19 +201,6 @@ fn report(backend: &SimulatedBackend, pids: &[u32], over: Option<usize>) {
     );
 }
 
-fn gpu_processes(backend: &SimulatedBackend) -> Vec<ProcessUsage> {
-    backend
-        .compute_processes(GPU)
-        .unwrap()
-        .into_iter()
-        .map(|p| ProcessUsage {
-            gpu_uuid: GPU.into(),
-            pid: p.pid,
-            used_bytes: p.used_bytes,
-        })
-        .collect()
-}
-
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -244,7 +231,7 @@ struct Cost {
 fn cost(p: &Pods, backend: &SimulatedBackend, l: &GpuLimiter, samples: usize) -> Cost {
     let n = p.pids.len();
     report(backend, &p.pids, None);
-    let procs = gpu_processes(backend);
+    let procs = l.process_usage().unwrap();
     let shares = l.watched_shares(Action::Report);
     let mut wd = Watchdog::new();
     let pod_of = |pid| pod_uid_of_pid(&p.proc_root, pid);
@@ -269,7 +256,7 @@ fn cost(p: &Pods, backend: &SimulatedBackend, l: &GpuLimiter, samples: usize) ->
     }
     for _ in 0..samples {
         let t0 = Instant::now();
-        let procs = gpu_processes(backend);
+        let procs = l.process_usage().unwrap();
         let shares = l.watched_shares(Action::Report);
         let v = wd.evaluate(t0, &procs, pod_of, &shares);
         tick.push(t0.elapsed());
@@ -347,7 +334,7 @@ fn latency(p: &Pods, backend: &Arc<SimulatedBackend>, l: &Arc<GpuLimiter>, runs:
     let (tx, rx) = mpsc::channel::<Event>();
 
     let watchdog = {
-        let (backend, l, ticks, stop) = (backend.clone(), l.clone(), ticks.clone(), stop.clone());
+        let (l, ticks, stop) = (l.clone(), ticks.clone(), stop.clone());
         let proc_root = p.proc_root.clone();
         std::thread::spawn(move || {
             let mut wd = Watchdog::new();
@@ -362,7 +349,7 @@ fn latency(p: &Pods, backend: &Arc<SimulatedBackend>, l: &Arc<GpuLimiter>, runs:
                 }
                 let woke = Instant::now();
                 let late = woke.saturating_duration_since(next);
-                let procs = gpu_processes(&backend);
+                let procs = l.process_usage().unwrap();
                 let shares = l.watched_shares(Action::Report);
                 let v = wd.evaluate(
                     Instant::now(),

@@ -24,7 +24,7 @@ use shareguard_common::{Format, Quantity};
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
 use crate::error::GpuError;
 use crate::mps::enforceable_bytes;
-use crate::watchdog::{Action, WatchedShare};
+use crate::watchdog::{Action, ProcessUsage, WatchedShare};
 
 /// The one capacity a GPU device has.
 pub const MEMORY: &str = "memory";
@@ -196,6 +196,21 @@ impl GpuLimiter {
         v.sort();
         v.dedup();
         v
+    }
+
+    /// Every compute process on this limiter's GPUs, as the watchdog takes them.
+    pub fn process_usage(&self) -> Result<Vec<ProcessUsage>, GpuError> {
+        let mut out = Vec::new();
+        for uuid in self.gpu_uuids() {
+            for p in self.backend.compute_processes(&uuid)? {
+                out.push(ProcessUsage {
+                    gpu_uuid: uuid.clone(),
+                    pid: p.pid,
+                    used_bytes: p.used_bytes,
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, ShareRecord>> {

@@ -27,14 +27,13 @@ use std::time::{Duration, Instant};
 use shareguard_common::Quantity;
 use shareguard_common::limiter::{LimitSpec, Limiter, Target};
 use shareguard_limiter_gpu::GpuLimiter;
-use shareguard_limiter_gpu::backend::{ComputeProcess, GpuBackend, Mechanism};
+use shareguard_limiter_gpu::backend::{ComputeProcess, Mechanism};
 use shareguard_limiter_gpu::cgroup::{pod_uid_of_pid, read_proc_cgroup};
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
 use shareguard_limiter_gpu::sys::PidfdTerminator;
 use shareguard_limiter_gpu::watchdog::{
-    Action, ProcessTerminator, ProcessUsage, TerminateError, Terminated, Verdict, Watchdog,
-    execute_terminations,
+    Action, ProcessTerminator, TerminateError, Terminated, Verdict, Watchdog, execute_terminations,
 };
 
 use cgroups::{
@@ -111,20 +110,10 @@ fn report(backend: &SimulatedBackend, procs: &[(u32, u64)]) {
 
 /// One watchdog tick as the agent will run it: the back end's processes of every GPU,
 /// pid -> pod from the real `/proc`, the limiter's share table.
-fn tick(wd: &mut Watchdog, backend: &SimulatedBackend, l: &GpuLimiter, action: Action) -> Verdict {
-    let mut procs = Vec::new();
-    for g in backend.discover().unwrap() {
-        for p in backend.compute_processes(&g.uuid).unwrap() {
-            procs.push(ProcessUsage {
-                gpu_uuid: g.uuid.clone(),
-                pid: p.pid,
-                used_bytes: p.used_bytes,
-            });
-        }
-    }
+fn tick(wd: &mut Watchdog, l: &GpuLimiter, action: Action) -> Verdict {
     wd.evaluate(
         Instant::now(),
-        &procs,
+        &l.process_usage().unwrap(),
         |pid| pod_uid_of_pid(proc_root(), pid),
         &l.watched_shares(action),
     )
@@ -216,7 +205,7 @@ fn over_limit_scenario(test: &str, tag: u16, h: Hierarchy, over: Layout, action:
     );
 
     let mut wd = Watchdog::new();
-    let v = tick(&mut wd, &backend, &l, action);
+    let v = tick(&mut wd, &l, action);
 
     // Every pid is mapped to its share through its real /proc/PID/cgroup.
     let mut usage: Vec<(String, Vec<u32>, u64)> = v
@@ -292,7 +281,7 @@ fn over_limit_scenario(test: &str, tag: u16, h: Hierarchy, over: Layout, action:
 
     // The driver may list a dead process for a while; reaped, it is in no pod any
     // more, and the share is back under its limit.
-    let v = tick(&mut wd, &backend, &l, action);
+    let v = tick(&mut wd, &l, action);
     assert!(v.over_limit.is_empty(), "{:?}", v.over_limit);
     assert!(v.terminate.is_empty(), "{:?}", v.terminate);
     assert!(v.unattributed.contains(&(GPU.to_string(), big.1)));
@@ -389,7 +378,7 @@ fn v2_process_that_left_the_pod_is_not_signalled() {
     let backend = watchdog_only_gpu();
     let l = limiter(&backend, &[("share-a", &uid_a), ("share-b", &uid_b)], "1Gi");
     report(&backend, &[(a.1, 2 * GIB), (b.1, GIB / 2)]);
-    let v = tick(&mut Watchdog::new(), &backend, &l, KILL_NOW);
+    let v = tick(&mut Watchdog::new(), &l, KILL_NOW);
     assert_eq!(
         v.terminate.iter().map(|d| d.pid).collect::<Vec<_>>(),
         vec![a.1]
@@ -468,7 +457,7 @@ fn hybrid_process_in_two_pods_is_unattributed_and_not_terminated() {
     let backend = watchdog_only_gpu();
     let l = limiter(&backend, &[("share-a", &uid_a), ("share-b", &uid_b)], "1Gi");
     report(&backend, &[(x.1, 10 * GIB)]);
-    let v = tick(&mut Watchdog::new(), &backend, &l, KILL_NOW);
+    let v = tick(&mut Watchdog::new(), &l, KILL_NOW);
     assert_eq!(v.unattributed, vec![(GPU.to_string(), x.1)]);
     assert!(v.over_limit.is_empty(), "{:?}", v.over_limit);
     assert!(v.terminate.is_empty(), "{:?}", v.terminate);
