@@ -1,8 +1,6 @@
 //! The limiter of `generic` devices: accounting only. Its shares are ACCOUNTED, which the
 //! API states as "counted in the ledger, not enforced", never ENFORCED.
 
-use std::collections::BTreeMap;
-
 use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
 
 pub const MECHANISM: &str = "accounting-only";
@@ -22,7 +20,7 @@ impl Limiter for AccountingLimiter {
     fn apply(&self, _spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         Ok(Enforcement {
             mechanism: MECHANISM.to_owned(),
-            enforced: BTreeMap::new(),
+            ..Enforcement::default()
         })
     }
 

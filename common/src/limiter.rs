@@ -32,13 +32,18 @@ pub struct LimitSpec {
 }
 
 /// What a back end read back after applying or verifying a share.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Enforcement {
     /// Mechanism name as reported in `ShareStatus.mechanism`, e.g. "htb" or "nvml-cgroup".
     pub mechanism: String,
     /// Capacity name -> limit read back from the kernel or driver. A capacity missing here
     /// is not enforced.
     pub enforced: BTreeMap<String, Quantity>,
+    /// The mechanism only watches and acts afterwards (the GPU watchdog): it reads no
+    /// limit back by design, which is not the same as a limit that stopped working.
+    pub watch_only: bool,
+    /// Nothing real holds the limit: a simulated device, for tests and demos.
+    pub simulated: bool,
 }
 
 /// Traffic a share's enforcement counted, as the kernel holds it (monotonic while the

@@ -378,6 +378,8 @@ impl GpuLimiter {
         Ok(Enforcement {
             mechanism: self.label(rec.mechanism),
             enforced,
+            watch_only: !rec.mechanism.enforces(),
+            simulated: self.backend.is_simulated(),
         })
     }
 

@@ -246,6 +246,8 @@ fn mechanism_is_chosen_per_gpu_in_order() {
     let e = l.apply(&s).unwrap();
     assert_eq!(e.mechanism, "simulated-watchdog");
     assert!(e.enforced.is_empty());
+    // Said as such, so that the agent reports ACCOUNTED (not DEGRADED) and SIMULATED.
+    assert!(e.watch_only && e.simulated, "{e:?}");
     let watched = l.watched_shares(Action::Report);
     assert!(
         watched

@@ -295,6 +295,7 @@ impl NetLimiter {
         Ok(Enforcement {
             mechanism: i.mechanism.name().to_owned(),
             enforced,
+            ..Enforcement::default()
         })
     }
 }

@@ -302,13 +302,12 @@ fn spec_of(r: &ShareRecord) -> LimitSpec {
 /// limit) reads nothing back by design: such a share is ACCOUNTED, stated as not
 /// enforced up front, rather than DEGRADED as if something had stopped working.
 fn judge(r: &ShareRecord, e: &shareguard_common::limiter::Enforcement) -> (Phase, String) {
-    let simulated = e.mechanism.starts_with("simulated");
-    let note = if simulated {
+    let note = if e.simulated {
         " (SIMULATED GPU: no real driver holds this limit)"
     } else {
         ""
     };
-    if e.enforced.is_empty() && e.mechanism.ends_with("watchdog") {
+    if e.enforced.is_empty() && e.watch_only {
         return (
             Phase::Accounted,
             format!(

@@ -99,6 +99,7 @@ impl Limiter for FakeLimiter {
             Some((l, _)) => Ok(Enforcement {
                 mechanism: "fake".into(),
                 enforced: l.clone(),
+                ..Enforcement::default()
             }),
             None => Err(LimiterError::retryable("no limit installed")),
         }
