@@ -252,11 +252,8 @@ impl RawGpu<'_> {
                 WatchdogConfig { period, action }
             }
         };
-        let capacity = match (&backend, memory_given) {
-            (_, true) => None,
-            (GpuBackendKind::Simulated { .. }, false) => simulated_memory,
-            (GpuBackendKind::Nvml, false) => None,
-        };
+        // Only a simulated GPU has a memory to fill in (an NVML one is discovered).
+        let capacity = if memory_given { None } else { simulated_memory };
         Ok((
             GpuConfig {
                 discover_memory: !memory_given && backend == GpuBackendKind::Nvml,

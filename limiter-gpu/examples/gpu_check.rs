@@ -78,7 +78,7 @@ use shareguard_common::limiter::{LimitSpec, Limiter, MpsDirs, Target};
 use shareguard_limiter_gpu::backend::{
     CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
 };
-use shareguard_limiter_gpu::cgroup::pod_from_proc_cgroup;
+use shareguard_limiter_gpu::cgroup::{pod_from_proc_cgroup, pod_uid_of_pid};
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::mps::{MpsConfig, MpsDaemons, with_shm};
 use shareguard_limiter_gpu::nvml::NvmlBackend;
@@ -1184,8 +1184,7 @@ fn drain(rx: &Receiver<(Stream, String)>, log: &mut AllocatorLog, wait: Duration
 }
 
 fn pod_of(pid: u32) -> Option<String> {
-    let content = read_small(&Path::new("/proc").join(pid.to_string()).join("cgroup")).ok()?;
-    pod_from_proc_cgroup(&content).map(|p| p.uid)
+    pod_uid_of_pid(Path::new("/proc"), pid)
 }
 
 fn run_allocator(

@@ -251,11 +251,6 @@ fn missing_reason(presence: SymbolPresence, driver: &str) -> String {
     )
 }
 
-/// Driver branch ("615.12.03" -> 615); None when the string has no leading number.
-pub fn driver_major(version: &str) -> Option<u32> {
-    version.split('.').next()?.trim().parse().ok()
-}
-
 /// What the driver's read-back means: no limit, or the limit. The documented "no limit"
 /// reading is soft 0 with hard at `NVML_DEVICE_MEMORY_LIMIT_MAX`; since that constant's
 /// value is not known here (see [`crate::sys`]), any hard limit at or above the GPU's
@@ -579,14 +574,6 @@ mod tests {
                 p(12, None, true)
             ]
         );
-    }
-
-    #[test]
-    fn driver_major_parses_branches() {
-        assert_eq!(driver_major("615.12.03"), Some(615));
-        assert_eq!(driver_major("550.54"), Some(550));
-        assert_eq!(driver_major("simulated"), None);
-        assert_eq!(driver_major(""), None);
     }
 
     #[test]

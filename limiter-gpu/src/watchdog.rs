@@ -235,17 +235,16 @@ impl Watchdog {
             // the largest of the rest until what is left fits.
             ep.signalled
                 .retain(|pid| g.procs.iter().any(|(p, _)| p == pid));
-            let mut remaining = g
-                .procs
-                .iter()
-                .filter(|(p, _)| !ep.signalled.contains(p))
-                .fold(0u64, |acc, (_, b)| acc.saturating_add(b.unwrap_or(0)));
             let mut candidates: Vec<(u32, u64)> = g
                 .procs
                 .iter()
                 .filter(|(p, _)| !ep.signalled.contains(p))
                 .filter_map(|(p, b)| b.filter(|b| *b > 0).map(|b| (*p, b)))
                 .collect();
+            // Unknown or zero usage adds nothing, so the candidates hold all of it.
+            let mut remaining = candidates
+                .iter()
+                .fold(0u64, |acc, (_, b)| acc.saturating_add(*b));
             // Largest first; ties by pid so the choice is deterministic.
             candidates.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
             for (pid, bytes) in candidates {
