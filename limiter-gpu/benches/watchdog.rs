@@ -92,23 +92,12 @@ struct Pods {
     _fake: Option<tempfile::TempDir>,
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
 fn pods(n: usize) -> Pods {
     let tag = 0xbe00 + u16::try_from(n).unwrap();
     let uids: Vec<String> = (0..n)
         .map(|i| pod_uid(tag, u32::try_from(i).unwrap()))
         .collect();
-    if is_root()
+    if cgroups::test_root::is_root()
         && let Some(mount) = Hierarchy::V2.mount_point()
     {
         let mut fx = Fixture::new();

@@ -47,29 +47,12 @@ impl Hierarchy {
     }
 }
 
-fn is_root() -> bool {
-    // The effective uid is the second field of the Uid: line.
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
+#[path = "../../src/test_root.rs"]
+pub mod test_root;
 
-/// True when the test can run. Without root it prints why it is skipped, except under
-/// `CI=true`, where skipping would hide that the test never ran: then it panics.
+/// True when the test can run (see [`test_root::require_root_for`]).
 pub fn require_root(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test} needs root (cgroups) and CI=true: CI must run it as root");
-    }
-    eprintln!("SKIPPED {test}: needs root (cgroups)");
-    false
+    test_root::require_root_for(test, "cgroups")
 }
 
 /// The mount point of `h`, or a SKIPPED line and None when this host does not have it
