@@ -914,6 +914,14 @@ valid_range = { min = "1Gi", step = "1Gi" }
             "backend = \"simulated\"\nuuid = \"GPU-1\"\nindex = 1",
         ));
         assert!(e.message.contains("uuid or index, not both"), "{e}");
+        // The simulated back end has a GPU per device, under its uuid: an index named none
+        // and the device silently had no GPU.
+        let e = err_of(&GPU.replace(
+            "backend = \"simulated\"",
+            "backend = \"simulated\"\nindex = 0",
+        ));
+        assert!(e.message.contains("simulated GPU is named by uuid"), "{e}");
+        assert_eq!(e.line, 13, "{e}");
         let e = err_of(&GPU.replace("[device.simulated]\nmemory = \"80Gi\"\n", ""));
         assert!(e.message.contains("needs [device.simulated]"), "{e}");
         let e = err_of(&GPU.replace(

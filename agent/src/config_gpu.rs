@@ -190,6 +190,16 @@ impl RawGpu<'_> {
                 return Err((u.span(), format!("device {name}: uuid is empty")));
             }
             (Some(u), None) => GpuSelector::Uuid(u.get_ref().clone()),
+            // A simulated GPU exists only as its device's, under its uuid: an index would
+            // name no GPU of the simulated back end.
+            (None, Some(i)) if matches!(backend, GpuBackendKind::Simulated { .. }) => {
+                return Err((
+                    i.span(),
+                    format!(
+                        "device {name}: a simulated GPU is named by uuid (or not at all), not index"
+                    ),
+                ));
+            }
             (None, Some(i)) => GpuSelector::Index(*i.get_ref()),
             // A simulated GPU is made for its device, so its uuid can be derived; a real
             // one must be named, or two devices could silently share one GPU.
