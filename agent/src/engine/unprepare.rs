@@ -128,13 +128,6 @@ impl Engine {
             }
         }
 
-        let all: Vec<ShareRecord> = accounting.iter().chain(&enforcing).cloned().collect();
-        if let Err(msg) = self.remove_cdi(uid, &all) {
-            // The shares stay RELEASING: the next Unprepare removes the spec again.
-            return Err(ClaimError::unavailable(format!(
-                "removing the claim's CDI spec failed: {msg}"
-            )));
-        }
         let now = now_ms();
         let released: Vec<ShareRecord> = accounting
             .into_iter()
@@ -149,6 +142,13 @@ impl Engine {
                 r
             })
             .collect();
+        // remove_cdi reads the devices and drivers, which releasing leaves as they were.
+        if let Err(msg) = self.remove_cdi(uid, &released) {
+            // The shares stay RELEASING: the next Unprepare removes the spec again.
+            return Err(ClaimError::unavailable(format!(
+                "removing the claim's CDI spec failed: {msg}"
+            )));
+        }
         self.commit_durable(Batch {
             put_shares: released.clone(),
             ..Default::default()
