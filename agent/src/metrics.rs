@@ -167,8 +167,9 @@ pub struct Metrics {
     enforce_seconds: Family<DeviceLabel, Histogram, fn() -> Histogram>,
 }
 
-fn enforce_histogram() -> Histogram {
-    // 0.1 ms .. ~1.6 s: a map update, a few netlink round trips, tc, or an NVML call.
+/// 0.1 ms .. ~1.6 s: for what talks to the kernel or driver once or a few times (a map
+/// update, netlink round trips, tc, an NVML call, a watchdog poll over /proc).
+fn driver_call_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 15))
 }
 
@@ -237,8 +238,7 @@ impl Metrics {
         let gpu_over_limit = Family::<DeviceLabel, Counter>::default();
         let gpu_terminations = Family::<OutcomeLabel, Counter>::default();
         let gpu_polls = Family::<PollLabel, Counter>::default();
-        // 0.1 ms .. ~1.6 s: one NVML query per GPU plus a /proc read per process.
-        let gpu_poll_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 15));
+        let gpu_poll_seconds = driver_call_histogram();
         registry.register(
             "shareguard_gpu_share_used_bytes",
             "GPU memory used by the processes of the share's pod on its GPU, as the watchdog last saw it",
@@ -292,7 +292,7 @@ impl Metrics {
         let enforced = Family::<ShareCapacityLabels, FloatGauge>::default();
         let enforce_seconds =
             Family::<DeviceLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-                enforce_histogram,
+                driver_call_histogram,
             );
         registry.register(
             "shareguard_share_requested",

@@ -300,12 +300,10 @@ fn agent_container(ds: &Value) -> Value {
         .clone()
 }
 
-fn configmap_config(docs: &[(String, Value)]) -> (String, Config) {
+fn configmap_config(docs: &[(String, Value)]) -> Config {
     let cm = the(docs, "ConfigMap");
-    let text = s(&cm["data"]["agent.toml"]).to_owned();
-    let cfg = Config::parse(&text, "configmap agent.toml")
-        .unwrap_or_else(|e| panic!("the agent refuses the ConfigMap's config: {e}"));
-    (text, cfg)
+    Config::parse(s(&cm["data"]["agent.toml"]), "configmap agent.toml")
+        .unwrap_or_else(|e| panic!("the agent refuses the ConfigMap's config: {e}"))
 }
 
 /// The port metrics_addr listens on, and that it is reachable from outside the pod.
@@ -443,7 +441,7 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
             "/etc/shareguard/agent.toml"
         ]
     );
-    let (_, cfg) = configmap_config(&docs);
+    let cfg = configmap_config(&docs);
     let a = &cfg.agent;
     assert_eq!(a.socket.parent(), Some(Path::new("/run/shareguard")));
     assert_eq!(a.state_dir, Path::new("/var/lib/shareguard"));
@@ -509,7 +507,7 @@ fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespace
 #[test]
 fn configmap_config_is_accepted_by_the_agent_and_has_a_net_and_an_nvml_gpu_device() {
     let docs = manifests();
-    let (_, cfg) = configmap_config(&docs);
+    let cfg = configmap_config(&docs);
     let net = cfg
         .devices
         .iter()
@@ -533,7 +531,7 @@ fn probes_and_scrape_targets_are_what_the_agent_serves() {
     let docs = manifests();
     let ds = the(&docs, "DaemonSet");
     let c = agent_container(&ds);
-    let (_, cfg) = configmap_config(&docs);
+    let cfg = configmap_config(&docs);
     let port = metrics_port(&cfg);
 
     // The named container port is metrics_addr's port.
