@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, claim, net,
-    net::{Direction, Iperf, Pod, TrafficLock},
+    Agent, net,
+    net::{Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one,
 };
 
@@ -50,50 +50,19 @@ fn measure_under_load(server: &net::IperfServer, pod: &Pod) -> (net::Measurement
 const AUTO: &str = "nic-auto";
 const POLICER: &str = "nic-police";
 
-fn net_agent(pins: &str) -> Agent {
+fn net_agent(pins: &PinDir) -> Agent {
     let dev = |name: &str, mechanism: &str| {
-        format!(
-            r#"
-[[device]]
-name = "{name}"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "net"
-mechanism = "{mechanism}"
-allowed_namespaces = ["*"]
-[device.capacity.bandwidth]
-value = "100G"
-default = "10M"
-valid_range = {{ min = "10M", max = "100G", step = "10M" }}
-"#
-        )
+        let lines = format!(
+            "mechanism = \"{mechanism}\"\n{}",
+            net::bandwidth_capacity("100G")
+        );
+        net::net_device(name, &lines)
     };
-    let mut o = Options::new(dev(AUTO, "auto") + &dev(POLICER, "bpf-policer"));
-    o.agent_extra = format!("bpffs_dir = {pins:?}");
-    Agent::start(o)
+    net::start_agent(dev(AUTO, "auto") + &dev(POLICER, "bpf-policer"), pins, "")
 }
 
 fn share(pod: &Pod, device: &str, uid: &str, rate: &str) -> pb::ClaimPrepare {
-    let mut c = claim(
-        uid,
-        "bench",
-        "a1",
-        vec![pb::DeviceAllocation {
-            request: "bw".into(),
-            driver: DRIVER.into(),
-            pool: POOL.into(),
-            device: device.into(),
-            share_id: share_id(),
-            consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
-            ..Default::default()
-        }],
-    );
-    c.target = Some(pb::PodTarget {
-        netns_path: pod.netns_path().display().to_string(),
-        interface: pod.pod_if().to_owned(),
-        ..Default::default()
-    });
-    c
+    net::bw_claim(uid, "bench", device, pod, &share_id(), rate)
 }
 
 fn main() {
@@ -101,7 +70,7 @@ fn main() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let pins = format!("/sys/fs/bpf/sg-bench-{}", std::process::id());
+    let pins = PinDir::new();
     let agent = net_agent(&pins);
     let mut client = rt.block_on(agent.client());
     let pod = Pod::new();
@@ -200,6 +169,7 @@ fn main() {
             net::median(v) / net::median(&high[0])
         );
     }
+    // The agent goes first, then its pins (and with them every link it attached).
     drop(agent);
-    let _ = std::fs::remove_dir_all(&pins);
+    drop(pins);
 }

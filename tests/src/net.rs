@@ -38,7 +38,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Measured seconds of a default [`measure`] (after [`DEFAULT_OMIT`]).
+/// Measured seconds of a default [`Iperf`] run (after [`DEFAULT_OMIT`]).
 pub const DEFAULT_SECONDS: u32 = 5;
 /// Warm-up seconds iperf3 runs first and leaves out of its totals (`-O`). iperf3 runs the
 /// omitted seconds *in addition* to `-t`: `-t 5 -O 1` lasts 6 s and reports the last 5.
@@ -75,6 +75,71 @@ impl Drop for PinDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
+}
+
+/// A `net` device table for the agent's config, with `lines` in it (a mechanism, the
+/// capacities).
+pub fn net_device(name: &str, lines: &str) -> String {
+    let (driver, pool) = (crate::DRIVER, crate::POOL);
+    format!(
+        r#"
+[[device]]
+name = "{name}"
+driver = "{driver}"
+pool = "{pool}"
+kind = "net"
+allowed_namespaces = ["*"]
+{lines}
+"#
+    )
+}
+
+/// A symmetric `bandwidth` capacity of `value`, allocated in 10M steps from 10M.
+pub fn bandwidth_capacity(value: &str) -> String {
+    format!(
+        "[device.capacity.bandwidth]\nvalue = \"{value}\"\ndefault = \"10M\"\n\
+         valid_range = {{ min = \"10M\", max = \"{value}\", step = \"10M\" }}\n"
+    )
+}
+
+/// The agent on `devices`, its pins under `pins`, with `extra` lines for `[agent]`.
+pub fn start_agent(devices: String, pins: &PinDir, extra: &str) -> crate::Agent {
+    let mut o = crate::Options::new(devices);
+    o.agent_extra = format!("bpffs_dir = {:?}\n{extra}", pins.0);
+    crate::Agent::start(o)
+}
+
+/// A claim `uid` in `namespace` for one `bandwidth` share `id` of `rate` on `device`,
+/// aimed at `pod`'s interface.
+pub fn bw_claim(
+    uid: &str,
+    namespace: &str,
+    device: &str,
+    pod: &Pod,
+    id: &str,
+    rate: &str,
+) -> crate::proto::ClaimPrepare {
+    let mut c = crate::claim(
+        uid,
+        namespace,
+        "a1",
+        vec![crate::proto::DeviceAllocation {
+            request: "bw".into(),
+            driver: crate::DRIVER.into(),
+            pool: crate::POOL.into(),
+            device: device.into(),
+            share_id: id.into(),
+            consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
+            ..Default::default()
+        }],
+    );
+    c.target = Some(crate::proto::PodTarget {
+        pod_uid: format!("pod-{uid}"),
+        cgroup_paths: vec![],
+        netns_path: pod.netns_path().display().to_string(),
+        interface: pod.pod_if().to_owned(),
+    });
+    c
 }
 
 fn next_id() -> u32 {

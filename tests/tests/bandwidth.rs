@@ -11,7 +11,7 @@
 use std::fs;
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, claim, device, get_share, metric_sample,
+    Agent, device, get_share, metric_sample,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one,
 };
@@ -19,61 +19,17 @@ use shareguard_tests::{
 const LOW: f64 = 0.90;
 const HIGH: f64 = 1.05;
 
-fn net_device(name: &str, capacity: &str) -> String {
-    net_device_with(name, capacity, "")
-}
-
-/// A net device with `extra` lines in its table (e.g. `mechanism = "bpf-policer"`).
-fn net_device_with(name: &str, capacity: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[device]]
-name = "{name}"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "net"
-allowed_namespaces = ["*"]
-{extra}
-[device.capacity.bandwidth]
-value = "{capacity}"
-default = "10M"
-valid_range = {{ min = "10M", max = "{capacity}", step = "10M" }}
-"#
-    )
-}
-
 fn start(capacity: &str) -> (Agent, PinDir) {
-    start_with(net_device("nic-0", capacity))
+    start_with(net::net_device("nic-0", &net::bandwidth_capacity(capacity)))
 }
 
 fn start_with(devices: String) -> (Agent, PinDir) {
     let pins = PinDir::new();
-    let mut o = Options::new(devices);
-    o.agent_extra = format!("bpffs_dir = {:?}", pins.0);
-    (Agent::start(o), pins)
-}
-
-fn bw_alloc(id: &str, rate: &str) -> pb::DeviceAllocation {
-    pb::DeviceAllocation {
-        request: "bw".into(),
-        driver: DRIVER.into(),
-        pool: POOL.into(),
-        device: "nic-0".into(),
-        share_id: id.into(),
-        consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
-        ..Default::default()
-    }
+    (net::start_agent(devices, &pins, ""), pins)
 }
 
 fn bw_claim(uid: &str, pod: &Pod, id: &str, rate: &str) -> pb::ClaimPrepare {
-    let mut c = claim(uid, "team-a", "a1", vec![bw_alloc(id, rate)]);
-    c.target = Some(pb::PodTarget {
-        pod_uid: format!("pod-{uid}"),
-        cgroup_paths: vec![],
-        netns_path: pod.netns_path().display().to_string(),
-        interface: pod.pod_if().to_owned(),
-    });
-    c
+    net::bw_claim(uid, "team-a", "nic-0", pod, id, rate)
 }
 
 fn rate_bps(rate: &str) -> f64 {
@@ -357,10 +313,12 @@ async fn policer_fallback_limits_both_directions() {
     if !net::privileged("policer_fallback_limits_both_directions") {
         return;
     }
-    let (a, pins) = start_with(net_device_with(
+    let (a, pins) = start_with(net::net_device(
         "nic-0",
-        "10G",
-        r#"mechanism = "bpf-policer""#,
+        &format!(
+            "mechanism = \"bpf-policer\"\n{}",
+            net::bandwidth_capacity("10G")
+        ),
     ));
     let pod = Pod::new();
     let server = pod.iperf_server();

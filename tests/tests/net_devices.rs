@@ -8,29 +8,13 @@ use std::{fs, process::Command};
 
 use shareguard_limiter_net::probe;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, agent_bin, claim, device, net,
-    net::{PinDir, Pod},
+    Agent, agent_bin, device, net,
+    net::{PinDir, Pod, net_device},
     prepare_one, proto as pb, share_id,
 };
 
-fn net_device(name: &str, lines: &str) -> String {
-    format!(
-        r#"
-[[device]]
-name = "{name}"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "net"
-allowed_namespaces = ["*"]
-{lines}
-"#
-    )
-}
-
 fn start(devices: String, pins: &PinDir) -> Agent {
-    let mut o = Options::new(devices);
-    o.agent_extra = format!("bpffs_dir = {:?}", pins.0);
-    Agent::start(o)
+    net::start_agent(devices, pins, "")
 }
 
 const CAPACITY: &str = "[device.capacity.bandwidth]\nvalue = \"10G\"\n";
@@ -75,26 +59,7 @@ async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
             "{edt:?}"
         );
         let pod = Pod::new();
-        let mut cl = claim(
-            "edt-claim",
-            "team-a",
-            "c",
-            vec![pb::DeviceAllocation {
-                request: "bw".into(),
-                driver: DRIVER.into(),
-                pool: POOL.into(),
-                device: "edt".into(),
-                share_id: share_id(),
-                consumed_capacity: [("bandwidth".to_owned(), "50M".to_owned())].into(),
-                ..Default::default()
-            }],
-        );
-        cl.target = Some(pb::PodTarget {
-            pod_uid: "pod-edt".into(),
-            cgroup_paths: vec![],
-            netns_path: pod.netns_path().display().to_string(),
-            interface: pod.pod_if().to_owned(),
-        });
+        let cl = net::bw_claim("edt-claim", "team-a", "edt", &pod, &share_id(), "50M");
         let r = prepare_one(&mut c, 1, cl).await;
         let e = r.error.clone().expect("no mechanism, no enforcement");
         assert!(!e.retryable, "{e:?}");

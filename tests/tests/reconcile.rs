@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, claim, device, metric_sample,
+    Agent, device, metric_sample,
     net::{self, PinDir, Pod},
     prepare_one, proto as pb, share_id,
 };
@@ -22,27 +22,12 @@ use pb::watch_shares_response::Kind;
 const PERIOD: Duration = Duration::from_millis(500);
 
 fn start(pins: &PinDir) -> Agent {
-    let mut o = Options::new(format!(
-        r#"
-[[device]]
-name = "nic-0"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "net"
-mechanism = "htb-ebpf"
-allowed_namespaces = ["*"]
-[device.capacity.bandwidth]
-value = "10G"
-default = "10M"
-valid_range = {{ min = "10M", max = "10G", step = "10M" }}
-"#
-    ));
-    o.agent_extra = format!(
-        "bpffs_dir = {:?}\nreconcile_period = \"{}ms\"",
-        pins.0,
-        PERIOD.as_millis()
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
     );
-    Agent::start(o)
+    let extra = format!("reconcile_period = \"{}ms\"", PERIOD.as_millis());
+    net::start_agent(net::net_device("nic-0", &lines), pins, &extra)
 }
 
 /// The next CHANGED event of share `id`, within `deadline` of now.
@@ -77,26 +62,7 @@ async fn drift_is_found_within_two_periods_and_repaired() {
     let pod = Pod::new();
     let mut c = a.client().await;
     let id = share_id();
-    let mut cl = claim(
-        "rc",
-        "team-a",
-        "a1",
-        vec![pb::DeviceAllocation {
-            request: "bw".into(),
-            driver: DRIVER.into(),
-            pool: POOL.into(),
-            device: "nic-0".into(),
-            share_id: id.clone(),
-            consumed_capacity: [("bandwidth".to_owned(), "100M".to_owned())].into(),
-            ..Default::default()
-        }],
-    );
-    cl.target = Some(pb::PodTarget {
-        pod_uid: "pod-rc".into(),
-        netns_path: pod.netns_path().display().to_string(),
-        interface: pod.pod_if().to_owned(),
-        ..Default::default()
-    });
+    let cl = net::bw_claim("rc", "team-a", "nic-0", &pod, &id, "100M");
     let r = prepare_one(&mut c, 1, cl).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     let ifb = shareguard_limiter_net::state::ifb_name(&id);
