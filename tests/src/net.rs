@@ -142,6 +142,41 @@ pub fn bw_claim(
     c
 }
 
+/// A veth pair `host` <-> `eth0` in namespace `ns`, without IPv6 on the host end (no
+/// router solicitations or MLD reports in the figures).
+fn add_veth(host: &str, ns: &str) {
+    sh(&[
+        "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ]);
+    let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
+}
+
+fn add_host_addr(host: &str, addr: Ipv4Addr) {
+    sh(&["ip", "addr", "add", &format!("{addr}/30"), "dev", host]);
+}
+
+/// Gives the pod end its address, brings both ends up, waits until the host end is up
+/// and returns its ifindex.
+fn bring_up(host: &str, ns: &str, pod_addr: Ipv4Addr) -> u32 {
+    sh(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{pod_addr}/30"),
+        "dev",
+        "eth0",
+    ]);
+    sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+    sh(&["ip", "link", "set", host, "up"]);
+    let oper = format!("/sys/class/net/{host}/operstate");
+    wait_for(&format!("{host} to be up"), READY_TIMEOUT, || {
+        fs::read_to_string(&oper).is_ok_and(|s| s.trim() == "up")
+    });
+    ifindex(host)
+}
+
 fn next_id() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
@@ -527,60 +562,19 @@ impl Pod {
         let netns = Netns::new();
         let n = next_id();
         let host = ifname("sgh", n);
-        sh(&[
-            "ip",
-            "link",
-            "add",
-            &host,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            netns.name(),
-        ]);
+        add_veth(&host, netns.name());
         let link = Link { name: host };
-        // No IPv6 on the host end: no router solicitations or MLD reports in the figures.
-        let _ = fs::write(
-            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", link.name()),
-            "1",
-        );
         let (host_addr, pod_addr) = {
             let _lock = FileLock::acquire(ADDR_LOCK);
             let block =
                 free_block(std::process::id().wrapping_mul(2654435761) ^ n.wrapping_mul(40503));
             let base = BASE + block * 4;
             let host_addr = Ipv4Addr::from(base + 1);
-            sh(&[
-                "ip",
-                "addr",
-                "add",
-                &format!("{host_addr}/30"),
-                "dev",
-                link.name(),
-            ]);
+            add_host_addr(link.name(), host_addr);
             (host_addr, Ipv4Addr::from(base + 2))
         };
-        let ns = netns.name();
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{pod_addr}/30"),
-            "dev",
-            "eth0",
-        ]);
-        sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
-        sh(&["ip", "link", "set", link.name(), "up"]);
-        let oper = format!("/sys/class/net/{}/operstate", link.name());
-        wait_for(&format!("{} to be up", link.name()), READY_TIMEOUT, || {
-            fs::read_to_string(&oper).is_ok_and(|s| s.trim() == "up")
-        });
-        let ifindex = ifindex(link.name());
+        sh(&["ip", "-n", netns.name(), "link", "set", "lo", "up"]);
+        let ifindex = bring_up(link.name(), netns.name(), pod_addr);
         Pod {
             link,
             netns,
@@ -597,35 +591,9 @@ impl Pod {
         let host = self.link.name().to_owned();
         let ns = self.netns.name().to_owned();
         sh(&["ip", "link", "del", &host]);
-        sh(&[
-            "ip", "link", "add", &host, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-        ]);
-        let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{}/30", self.host_addr),
-            "dev",
-            &host,
-        ]);
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/30", self.pod_addr),
-            "dev",
-            "eth0",
-        ]);
-        sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
-        sh(&["ip", "link", "set", &host, "up"]);
-        let oper = format!("/sys/class/net/{host}/operstate");
-        wait_for(&format!("{host} to be up"), READY_TIMEOUT, || {
-            fs::read_to_string(&oper).is_ok_and(|s| s.trim() == "up")
-        });
-        self.ifindex = ifindex(&host);
+        add_veth(&host, &ns);
+        add_host_addr(&host, self.host_addr);
+        self.ifindex = bring_up(&host, &ns, self.pod_addr);
     }
 
     /// The host end of the veth pair, in the root namespace.
