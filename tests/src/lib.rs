@@ -305,17 +305,28 @@ impl Drop for Agent {
 
 /// Minimal HTTP/1.0 GET, enough for /readyz and /metrics without another dependency.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
+    let buf = http_response(addr, path, "")?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
     let body = buf
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     Some((code, body))
+}
+
+/// The whole response (status line, headers, body) to a GET of `path` with
+/// `extra_headers` (each line ending in `\r\n`).
+pub fn http_response(addr: SocketAddr, path: &str, extra_headers: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: localhost\r\n{extra_headers}\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    Some(buf)
 }
 
 /// A fresh lowercase UUIDv4 from the kernel.

@@ -309,14 +309,12 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
 
     // A scraper that asks for OpenMetrics gets it: counter families without `_total` in
     // their metadata, and the `# EOF` terminator.
-    let mut s = std::net::TcpStream::connect(a.metrics.unwrap()).unwrap();
-    std::io::Write::write_all(
-        &mut s,
-        b"GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+    let om = shareguard_tests::http_response(
+        a.metrics.unwrap(),
+        "/metrics",
+        "Accept: application/openmetrics-text; version=1.0.0\r\n",
     )
     .unwrap();
-    let mut om = String::new();
-    std::io::Read::read_to_string(&mut s, &mut om).unwrap();
     assert!(
         om.contains("content-type: application/openmetrics-text"),
         "{om}"
