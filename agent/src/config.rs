@@ -253,26 +253,20 @@ impl Config {
             }
             Some(n) => n.into_inner(),
         };
-        let tombstone_retention = match a.tombstone_retention {
+        let duration = |field: &str, s: &Spanned<String>| {
+            humantime::parse_duration(s.get_ref())
+                .map_err(|e| err(s.span(), format!("agent.{field}: {:?}: {e}", s.get_ref())))
+        };
+        let tombstone_retention = match &a.tombstone_retention {
             None => Duration::from_secs(24 * 3600),
-            Some(s) => humantime::parse_duration(s.get_ref()).map_err(|e| {
-                err(
-                    s.span(),
-                    format!("agent.tombstone_retention: {:?}: {e}", s.get_ref()),
-                )
-            })?,
+            Some(s) => duration("tombstone_retention", s)?,
         };
         let reconcile_period = match a.reconcile_period {
             // Often enough that drift is noticed within a minute's dashboards, rarely
             // enough that re-reading thousands of shares costs nothing noticeable.
             None => Duration::from_secs(10),
             Some(s) => {
-                let d = humantime::parse_duration(s.get_ref()).map_err(|e| {
-                    err(
-                        s.span(),
-                        format!("agent.reconcile_period: {:?}: {e}", s.get_ref()),
-                    )
-                })?;
+                let d = duration("reconcile_period", &s)?;
                 if d < Duration::from_millis(100) {
                     return Err(err(
                         s.span(),
