@@ -47,8 +47,14 @@ pub struct AgentConfig {
     pub bpffs_dir: PathBuf,
     /// Where CDI spec files for GPU claims are written (the runtime scans it).
     pub cdi_dir: PathBuf,
-    /// The cgroup v2 root, under which relative pod cgroup paths are resolved.
-    pub cgroup_root: PathBuf,
+    /// The cgroup v2 mount; None: found in the mount table at start (`/sys/fs/cgroup` on
+    /// most nodes, `/sys/fs/cgroup/unified` on hybrid ones).
+    pub cgroup_root: Option<PathBuf>,
+    /// Kubelet cgroup roots deeper than discovery looks by itself (two levels below the
+    /// mount), absolute or relative to the mount.
+    pub pod_cgroup_roots: Vec<PathBuf>,
+    /// How often every pod is looked for again, besides the kernel's events.
+    pub rescan_period: Duration,
     /// NVIDIA's MPS control program and where the per-share MPS daemons live
     /// (`mps_control`, `mps_dir`).
     pub mps: shareguard_limiter_gpu::mps::MpsConfig,
@@ -143,6 +149,8 @@ struct RawAgent {
     bpffs_dir: Option<PathBuf>,
     cdi_dir: Option<PathBuf>,
     cgroup_root: Option<PathBuf>,
+    pod_cgroup_roots: Option<Vec<PathBuf>>,
+    rescan_period: Option<Spanned<String>>,
     mps_control: Option<PathBuf>,
     mps_dir: Option<Spanned<PathBuf>>,
     mps_launcher: Option<Spanned<Vec<String>>>,
@@ -276,6 +284,21 @@ impl Config {
                 d
             }
         };
+        let rescan_period = match a.rescan_period {
+            // Events find a sandbox within milliseconds; this only bounds what a lost
+            // event costs.
+            None => Duration::from_secs(5),
+            Some(s) => {
+                let d = duration("rescan_period", &s)?;
+                if d < Duration::from_millis(100) {
+                    return Err(err(
+                        s.span(),
+                        "agent.rescan_period: must be at least 100ms".into(),
+                    ));
+                }
+                d
+            }
+        };
         let audit_max_bytes = match a.audit_max_bytes {
             None => crate::audit::DEFAULT_MAX_BYTES,
             Some(b) => {
@@ -357,9 +380,9 @@ impl Config {
                 .bpffs_dir
                 .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/shareguard")),
             cdi_dir: a.cdi_dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi")),
-            cgroup_root: a
-                .cgroup_root
-                .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            cgroup_root: a.cgroup_root,
+            pod_cgroup_roots: a.pod_cgroup_roots.unwrap_or_default(),
+            rescan_period,
             mps,
             simulated_gpu_processes: a.simulated_gpu_processes,
             reconcile_period,

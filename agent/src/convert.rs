@@ -19,6 +19,7 @@ pub fn phase_to_pb(p: Phase) -> pb::Phase {
         Phase::Unknown => pb::Phase::Unknown,
         Phase::Releasing => pb::Phase::Releasing,
         Phase::Released => pb::Phase::Released,
+        Phase::Pending => pb::Phase::Pending,
     }
 }
 
@@ -97,6 +98,14 @@ pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::S
         updated_at: Some(timestamp(r.updated_at_ms)),
         admin_access: r.admin_access,
         reason: r.reason.clone(),
+        pod_uids: r.target.pod_uids.clone(),
+        sandbox: r.sandbox.as_ref().map(|s| pb::Sandbox {
+            pod_uid: s.pod_uid.clone(),
+            cgroup: s.cgroup.clone(),
+            netns_inode: s.netns_inode.unwrap_or(0),
+            host_interface: s.host_ifname.clone().unwrap_or_default(),
+            host_ifindex: s.host_ifindex.unwrap_or(0),
+        }),
     }
 }
 

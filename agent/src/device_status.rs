@@ -21,6 +21,7 @@ fn reason_of(phase: Phase) -> &'static str {
         Phase::Unknown => "Unknown",
         Phase::Releasing => "Releasing",
         Phase::Released => "Released",
+        Phase::Pending => "WaitingForPodSandbox",
     }
 }
 
@@ -116,6 +117,8 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1_795_956_110_233,
             released_at_ms: None,
+            sandbox: None,
+            device_kind: "gpu".into(),
         }
     }
 

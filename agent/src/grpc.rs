@@ -96,10 +96,13 @@ impl NodeAgent for Api {
             .authenticate(&req)
             .map_err(|e| self.refuse("Prepare", None, epoch, e))?;
         let r = req.into_inner();
-        let outcomes = self
-            .engine
-            .prepare(r.epoch, &r.claims, uid)
+        // On a task of its own: a client that goes away (or whose deadline passes, which
+        // makes tonic drop this handler) must not leave the work half done. The task
+        // runs to a consistent end, holding each claim's lock until then.
+        let engine = self.engine.clone();
+        let outcomes = tokio::spawn(async move { engine.prepare(r.epoch, &r.claims, uid).await })
             .await
+            .map_err(|e| Status::internal(format!("prepare task failed: {e}")))?
             .map_err(|e| self.refuse("Prepare", Some(uid), epoch, e))?;
         let claims = outcomes
             .iter()
@@ -117,10 +120,11 @@ impl NodeAgent for Api {
             .authenticate(&req)
             .map_err(|e| self.refuse("Unprepare", None, epoch, e))?;
         let r = req.into_inner();
-        let results = self
-            .engine
-            .unprepare(r.epoch, &r.claims, uid)
+        // As for Prepare: a release that started runs to its end whatever the client does.
+        let engine = self.engine.clone();
+        let results = tokio::spawn(async move { engine.unprepare(r.epoch, &r.claims, uid).await })
             .await
+            .map_err(|e| Status::internal(format!("unprepare task failed: {e}")))?
             .map_err(|e| self.refuse("Unprepare", Some(uid), epoch, e))?;
         let claims = results
             .iter()

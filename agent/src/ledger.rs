@@ -26,9 +26,14 @@ use crate::{
 pub struct State {
     pub records: HashMap<String, ShareRecord>,
     pub claims: HashMap<String, ClaimRecord>,
+    /// Highest epoch accepted (I4), and the highest one known to be durable: a call at
+    /// the accepted epoch is answered only once that is durable too.
     pub epoch: u64,
+    pub epoch_durable: u64,
     /// Device name -> what its records hold.
     sums: HashMap<String, DeviceSums>,
+    /// Pod uid -> namespace -> live records naming the pod, kept like `sums`.
+    pods: HashMap<String, HashMap<String, u32>>,
 }
 
 /// What one device's records hold, by contribution of each record.
@@ -84,19 +89,52 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
     }
 }
 
+/// Adds or removes one record's pods in the pod -> namespace index.
+fn index_pods(pods: &mut HashMap<String, HashMap<String, u32>>, r: &ShareRecord, add: bool) {
+    if !r.phase.holds_capacity() {
+        return;
+    }
+    for pod in &r.target.pod_uids {
+        let by_ns = pods.entry(pod.clone()).or_default();
+        let n = by_ns.entry(r.claim.namespace.clone()).or_default();
+        *n = if add {
+            n.saturating_add(1)
+        } else {
+            n.saturating_sub(1)
+        };
+        if *n == 0 {
+            by_ns.remove(&r.claim.namespace);
+        }
+        if by_ns.is_empty() {
+            pods.remove(pod);
+        }
+    }
+}
+
 impl State {
     pub fn put(&mut self, r: ShareRecord) {
         if let Some(old) = self.records.get(&r.key) {
             contribute(&mut self.sums, old, -1);
+            index_pods(&mut self.pods, old, false);
         }
         contribute(&mut self.sums, &r, 1);
+        index_pods(&mut self.pods, &r, true);
         self.records.insert(r.key.clone(), r);
     }
 
     pub fn remove(&mut self, key: &str) -> Option<ShareRecord> {
         let r = self.records.remove(key)?;
         contribute(&mut self.sums, &r, -1);
+        index_pods(&mut self.pods, &r, false);
         Some(r)
+    }
+
+    /// The namespaces of the live records that name pod `uid`.
+    pub fn pod_namespaces(&self, uid: &str) -> impl Iterator<Item = &str> {
+        self.pods
+            .get(uid)
+            .into_iter()
+            .flat_map(|m| m.keys().map(String::as_str))
     }
 
     pub fn sums(&self, device: &str) -> DeviceSums {

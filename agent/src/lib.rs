@@ -11,6 +11,7 @@ pub mod config;
 pub mod config_gpu;
 pub mod convert;
 pub mod device_status;
+pub mod discovery;
 pub mod engine;
 pub mod error;
 pub mod gpu_watch;

@@ -192,12 +192,10 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
                 }),
         };
         let limiter = backend.and_then(|b| {
-            GpuLimiter::new(b, &configs, cfg.agent.cgroup_root.clone())
-                .map(Arc::new)
-                .map_err(|e| {
-                    error!(error = %e, "GPU limiter unavailable");
-                    e.to_string()
-                })
+            GpuLimiter::new(b, &configs).map(Arc::new).map_err(|e| {
+                error!(error = %e, "GPU limiter unavailable");
+                e.to_string()
+            })
         });
         let names: Vec<String> = devices.iter().map(|(d, _)| d.name.clone()).collect();
         let watchdogs: Vec<_> = devices

@@ -64,6 +64,13 @@ struct PhaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DevicePhaseLabel {
+    device: String,
+    /// The phase the share moved to.
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabel {
     /// "Prepare" or "Unprepare".
     rpc: String,
@@ -165,6 +172,8 @@ pub struct Metrics {
     requested: Family<ShareCapacityLabels, FloatGauge>,
     enforced: Family<ShareCapacityLabels, FloatGauge>,
     enforce_seconds: Family<DeviceLabel, Histogram, fn() -> Histogram>,
+    sandbox_transitions: Family<DevicePhaseLabel, Counter>,
+    overcommitted: Family<DeviceCapacity, Gauge>,
 }
 
 /// 0.1 ms .. ~1.6 s: for what talks to the kernel or driver once or a few times (a map
@@ -309,7 +318,21 @@ impl Metrics {
             "Time the device's limiter took to apply and read back one share",
             enforce_seconds.clone(),
         );
+        let sandbox_transitions = Family::<DevicePhaseLabel, Counter>::default();
+        registry.register(
+            "shareguard_sandbox_transitions",
+            "Shares that followed their pod's sandbox: enforced on one that appeared or changed, or back to PENDING when it went away",
+            sandbox_transitions.clone(),
+        );
+        let overcommitted = Family::<DeviceCapacity, Gauge>::default();
+        registry.register(
+            "shareguard_device_overcommitted",
+            "1 while a device's live shares hold more than its configured capacity (it was shrunk under them); new shares are refused until enough are released",
+            overcommitted.clone(),
+        );
         Self {
+            sandbox_transitions,
+            overcommitted,
             requested,
             enforced,
             enforce_seconds,
@@ -377,6 +400,15 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    pub fn sandbox_transition(&self, device: &str, phase: &str) {
+        self.sandbox_transitions
+            .get_or_create(&DevicePhaseLabel {
+                device: device.to_owned(),
+                phase: phase.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn reconciled(&self, took: Duration) {
         self.reconcile_seconds.observe(took.as_secs_f64());
     }
@@ -426,6 +458,9 @@ impl Metrics {
                 self.allocated.get_or_create(&l).set(as_f64(&used));
                 let free = d.free.get(name).copied().unwrap_or(Quantity::ZERO);
                 self.free.get_or_create(&l).set(as_f64(&free));
+                self.overcommitted
+                    .get_or_create(&l)
+                    .set(i64::from(used > cap.value));
             }
             self.live_shares
                 .get_or_create(&DeviceLabel {

@@ -25,11 +25,14 @@ pub enum Phase {
     Unknown,
     Releasing,
     Released,
+    /// Admitted and durable, waiting for the pod's sandbox (see `TargetRecord`).
+    Pending,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Preparing,
+        Phase::Pending,
         Phase::Enforced,
         Phase::Accounted,
         Phase::Degraded,
@@ -55,6 +58,7 @@ impl Phase {
             Phase::Unknown => "UNKNOWN",
             Phase::Releasing => "RELEASING",
             Phase::Released => "RELEASED",
+            Phase::Pending => "PENDING",
         }
     }
 }
@@ -66,12 +70,76 @@ pub struct ClaimId {
     pub name: String,
 }
 
+/// The pods a share belongs to, and the caller's hints as the agent verified them at
+/// admission. Nothing here is a place to act on: the agent finds each pod's sandbox
+/// itself (`SandboxRecord`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "RawTarget")]
 pub struct TargetRecord {
-    pub pod_uid: String,
+    pub pod_uids: Vec<String>,
+    /// cgroup hints, relative to the cgroup v2 mount, each verified to be a pod's cgroup
+    /// or below it.
     pub cgroup_paths: Vec<String>,
-    pub netns_path: Option<String>,
+    /// A network namespace hint, resolved once at admission and kept by inode (a
+    /// `/proc/<pid>/ns/net` path is never looked up again: pids are reused).
+    pub netns_inode: Option<u64>,
+    /// The pod's interface inside its namespace; `eth0` when unset.
     pub interface: Option<String>,
+}
+
+/// [`TargetRecord`] as any format version stored it: records written before pods were
+/// discovered named one `pod_uid` and a `netns_path`, which is dropped (the sandbox is
+/// found again).
+#[derive(Deserialize)]
+struct RawTarget {
+    #[serde(default)]
+    pod_uids: Vec<String>,
+    #[serde(default)]
+    pod_uid: String,
+    #[serde(default)]
+    cgroup_paths: Vec<String>,
+    #[serde(default)]
+    netns_inode: Option<u64>,
+    #[serde(default)]
+    interface: Option<String>,
+}
+
+impl From<RawTarget> for TargetRecord {
+    fn from(r: RawTarget) -> Self {
+        let mut pod_uids = r.pod_uids;
+        if pod_uids.is_empty() && !r.pod_uid.is_empty() {
+            pod_uids.push(r.pod_uid);
+        }
+        TargetRecord {
+            pod_uids,
+            cgroup_paths: r.cgroup_paths,
+            netns_inode: r.netns_inode,
+            interface: r.interface,
+        }
+    }
+}
+
+/// The pod sandbox a share was last enforced on, as discovery found it. Kept so that a
+/// restarted agent, and every rescan, can tell a sandbox that is still there from one
+/// that went away or was replaced.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub pod_uid: String,
+    /// The pod's cgroup, relative to the cgroup v2 mount.
+    pub cgroup: String,
+    /// Its directory's inode: a pod cgroup removed and made again is another sandbox.
+    pub cgroup_inode: u64,
+    /// The cgroups a cgroup limit is put on (relative to the mount): the pod's, or those
+    /// below it that a verified hint named.
+    #[serde(default)]
+    pub cgroups: Vec<String>,
+    /// The pod's network namespace, when the share needs the network.
+    #[serde(default)]
+    pub netns_inode: Option<u64>,
+    #[serde(default)]
+    pub host_ifindex: Option<u32>,
+    #[serde(default)]
+    pub host_ifname: Option<String>,
 }
 
 /// One allocation result of a claim as the agent holds it.
@@ -102,6 +170,14 @@ pub struct ShareRecord {
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     pub released_at_ms: Option<u64>,
+    /// The sandbox the share is enforced on; None while it waits for one or needs none.
+    #[serde(default)]
+    pub sandbox: Option<SandboxRecord>,
+    /// The device's kind when the share was admitted ("generic", "net", "gpu"), so a
+    /// config that changes it under live shares is caught at start. Empty in records
+    /// written before it was kept.
+    #[serde(default)]
+    pub device_kind: String,
 }
 
 impl ShareRecord {

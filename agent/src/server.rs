@@ -126,6 +126,10 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         }
     });
 
+    // Pod discovery: a pass at once (shares left waiting, or whose sandbox changed while
+    // the agent was away), then on every kernel event and every rescan period.
+    tokio::spawn(engine.clone().discovery_loop(cfg.agent.rescan_period));
+
     let reconciler = engine.clone();
     let period = cfg.agent.reconcile_period;
     tokio::spawn(async move {

@@ -15,9 +15,14 @@ use crate::{
 
 /// A claim has at most this many allocation results (Kubernetes' own limit).
 pub const MAX_ALLOCATIONS_PER_CLAIM: usize = 32;
-const MAX_ID_LEN: usize = 128;
-const MAX_PATH_LEN: usize = 4096;
-const MAX_CGROUP_PATHS: usize = 16;
+pub const MAX_ID_LEN: usize = 128;
+/// Bounds on what a record keeps of a target, so that a record stays far below the size
+/// at which sled writes a value to a file of its own (see `record::MAX_RECORD_BYTES`).
+pub const MAX_PATH_LEN: usize = 1024;
+pub const MAX_CGROUP_PATHS: usize = 8;
+/// Pods one claim may be reserved for (Kubernetes allows 256 consumers; a share used by
+/// more than a few pods on one node cannot be enforced per pod anyway).
+pub const MAX_PODS: usize = 16;
 /// Linux IFNAMSIZ minus the terminating NUL.
 const MAX_IFNAME_LEN: usize = 15;
 
@@ -41,7 +46,10 @@ pub struct ValidClaim {
     pub index: usize,
     pub claim: ClaimId,
     pub allocation_id: String,
+    /// The pods and hints as checked here; the hints are verified against the pods'
+    /// sandboxes at admission, where `netns_path` becomes `target.netns_inode`.
     pub target: TargetRecord,
+    pub netns_path: Option<String>,
     pub allocs: Vec<ValidAlloc>,
 }
 
@@ -140,9 +148,30 @@ fn check_id(field: &str, s: &str) -> Result<(), ClaimError> {
     Ok(())
 }
 
+/// A lowercase UUID, as the API server writes object uids (any version).
+pub fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
+/// A claim uid: an id without '.', since it names the claim's CDI spec file and devices.
+fn check_claim_uid(field: &str, s: &str) -> Result<(), ClaimError> {
+    check_id(field, s)?;
+    if s.contains('.') {
+        return Err(ClaimError::invalid(
+            field,
+            format!("{s:?} may contain only letters, digits, '-' and '_'"),
+        ));
+    }
+    Ok(())
+}
+
 pub fn validate_claim_ref(field: &str, c: Option<&pb::ClaimRef>) -> Result<ClaimId, ClaimError> {
     let c = c.ok_or_else(|| ClaimError::invalid(field, "required"))?;
-    check_id(&format!("{field}.uid"), &c.uid)?;
+    check_claim_uid(&format!("{field}.uid"), &c.uid)?;
     if !is_namespace(&c.namespace) {
         return Err(ClaimError::invalid(
             format!("{field}.namespace"),
@@ -162,7 +191,8 @@ pub fn validate_claim_ref(field: &str, c: Option<&pb::ClaimRef>) -> Result<Claim
     })
 }
 
-/// Unprepare only needs the uid to find the claim.
+/// Unprepare only needs the uid to find the claim. '.' stays allowed here, so that a
+/// claim admitted before it was refused can still be released.
 pub fn validate_claim_uid(field: &str, c: &pb::ClaimRef) -> Result<(), ClaimError> {
     check_id(&format!("{field}.uid"), &c.uid)
 }
@@ -221,12 +251,30 @@ fn check_netns_path(field: &str, p: &str) -> Result<(), ClaimError> {
     }
 }
 
-fn validate_target(field: &str, t: Option<&pb::PodTarget>) -> Result<TargetRecord, ClaimError> {
+fn validate_target(
+    field: &str,
+    t: Option<&pb::PodTarget>,
+) -> Result<(TargetRecord, Option<String>), ClaimError> {
     let Some(t) = t else {
-        return Ok(TargetRecord::default());
+        return Ok((TargetRecord::default(), None));
     };
-    if !t.pod_uid.is_empty() {
-        check_id(&format!("{field}.pod_uid"), &t.pod_uid)?;
+    if t.pod_uids.len() > MAX_PODS {
+        return Err(ClaimError::invalid(
+            format!("{field}.pod_uids"),
+            format!("{} entries, at most {MAX_PODS}", t.pod_uids.len()),
+        ));
+    }
+    for (i, u) in t.pod_uids.iter().enumerate() {
+        let f = format!("{field}.pod_uids[{i}]");
+        if !is_uuid(u) {
+            return Err(ClaimError::invalid(
+                f,
+                format!("{u:?} is not a pod uid (a lowercase UUID)"),
+            ));
+        }
+        if t.pod_uids[..i].contains(u) {
+            return Err(ClaimError::invalid(f, format!("{u} appears twice")));
+        }
     }
     if t.cgroup_paths.len() > MAX_CGROUP_PATHS {
         return Err(ClaimError::invalid(
@@ -260,12 +308,15 @@ fn validate_target(field: &str, t: Option<&pb::PodTarget>) -> Result<TargetRecor
             ));
         }
     }
-    Ok(TargetRecord {
-        pod_uid: t.pod_uid.clone(),
-        cgroup_paths: t.cgroup_paths.clone(),
+    Ok((
+        TargetRecord {
+            pod_uids: t.pod_uids.clone(),
+            cgroup_paths: t.cgroup_paths.clone(),
+            netns_inode: None,
+            interface,
+        },
         netns_path,
-        interface,
-    })
+    ))
 }
 
 fn validate_alloc(
@@ -422,7 +473,7 @@ pub fn validate_claim(
     let field = format!("claims[{index}]");
     let claim = validate_claim_ref(&format!("{field}.claim"), c.claim.as_ref())?;
     check_id(&format!("{field}.allocation_id"), &c.allocation_id)?;
-    let target = validate_target(&format!("{field}.target"), c.target.as_ref())?;
+    let (target, netns_path) = validate_target(&format!("{field}.target"), c.target.as_ref())?;
     if c.allocations.is_empty() {
         return Err(ClaimError::invalid(
             format!("{field}.allocations"),
@@ -456,11 +507,28 @@ pub fn validate_claim(
         }
         allocs.push(v);
     }
+    // An enforced device needs the pod: the agent finds its sandbox by uid.
+    if target.pod_uids.is_empty()
+        && let Some(d) = allocs
+            .iter()
+            .filter_map(|a| cfg.device(&a.device))
+            .find(|d| d.kind != crate::config::DeviceKind::Generic)
+    {
+        return Err(ClaimError::invalid(
+            format!("{field}.target.pod_uids"),
+            format!(
+                "required for device {} (kind {}): the agent finds the pod's sandbox by its uid",
+                d.name,
+                d.kind.as_str()
+            ),
+        ));
+    }
     Ok(ValidClaim {
         index,
         claim,
         allocation_id: c.allocation_id.clone(),
         target,
+        netns_path,
         allocs,
     })
 }
@@ -522,6 +590,21 @@ mod tests {
         assert!(check_share_id("3f1c2a4e8b7d4c1e9a2b0d1e2f3a4b5c").is_err());
         assert!(check_share_id("").is_err());
         assert!(check_share_id("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5g").is_err());
+    }
+
+    #[test]
+    fn pod_and_claim_uids() {
+        assert!(is_uuid("0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88"));
+        assert!(
+            is_uuid("0d6f2b5e-7d4e-1a64-0a1b-3c2d1e0f9a88"),
+            "any version"
+        );
+        assert!(!is_uuid("0D6F2B5E-7D4E-4A64-8A1B-3C2D1E0F9A88"));
+        assert!(!is_uuid("pod-a"));
+        assert!(!is_uuid("0d6f2b5e7d4e4a648a1b3c2d1e0f9a88"));
+        assert!(check_claim_uid("f", "claim-1_a").is_ok());
+        let e = check_claim_uid("f", "claim.1").unwrap_err();
+        assert!(e.message.contains("only letters"), "{e}");
     }
 
     #[test]

@@ -5,17 +5,40 @@
 //! namespaces or call NVML, all of which block or must stay on one OS thread. The agent
 //! runs them on blocking threads, never on an async worker.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::PathBuf};
 
 use crate::quantity::Quantity;
 
-/// Where a share's limit applies: the pod as the kubelet plugin describes it.
+/// Where a share's limit applies: the sandbox of the share's pod as the agent found and
+/// verified it in the kernel (never a place a caller named). Limiters act on nothing
+/// else (DESIGN I9).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Target {
-    pub pod_uid: String,
-    pub cgroup_paths: Vec<String>,
-    pub netns_path: Option<String>,
-    pub interface: Option<String>,
+    /// Every pod the share belongs to.
+    pub pod_uids: Vec<String>,
+    /// The pod's cgroup v2 directories, absolute: the pod's own cgroup, or cgroups below
+    /// it that a verified hint named. Empty when the limiter needs none.
+    pub cgroups: Vec<PathBuf>,
+    /// The host side of the pod's veth, when the limiter needs the pod's network.
+    pub host_iface: Option<HostIface>,
+}
+
+/// The host-side end of a pod's veth pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostIface {
+    pub index: u32,
+    pub name: String,
+}
+
+/// What a share needs from its pod's sandbox before a limiter can enforce it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Needs {
+    /// Nothing of the pod: enforced at Prepare (accounting, MPS daemons, the watchdog).
+    Nothing,
+    /// The pod's cgroup (a per-cgroup GPU memory limit).
+    Cgroup,
+    /// The pod's own network namespace and the host side of its veth (bandwidth).
+    Network,
 }
 
 /// One share to enforce.
@@ -102,6 +125,12 @@ pub trait Limiter: Send + Sync {
     /// True when the back end enforces nothing and only accounts: its shares are ACCOUNTED,
     /// never ENFORCED, and it has no side effects to recover after a crash.
     fn accounting_only(&self) -> bool;
+
+    /// What a share on `device` needs of its pod's sandbox before `apply` can run. The
+    /// agent waits for that (the share is PENDING) and hands it over in `LimitSpec.target`.
+    fn needs(&self, _device: &str) -> Needs {
+        Needs::Nothing
+    }
 
     /// Installs or updates the limit for `spec` and returns what was read back.
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError>;

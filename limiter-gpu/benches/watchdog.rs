@@ -157,7 +157,6 @@ fn setup(p: &Pods) -> (Arc<SimulatedBackend>, GpuLimiter) {
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
         }],
-        "/sys/fs/cgroup",
     )
     .unwrap();
     for (i, uid) in p.uids.iter().enumerate() {
@@ -166,7 +165,7 @@ fn setup(p: &Pods) -> (Arc<SimulatedBackend>, GpuLimiter) {
             device: "gpu0".into(),
             limits: BTreeMap::from([(MEMORY.to_string(), Quantity::parse("1Gi").unwrap())]),
             target: Target {
-                pod_uid: uid.clone(),
+                pod_uids: vec![uid.clone()],
                 ..Target::default()
             },
         })

@@ -477,9 +477,6 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
 
     section("prepare the share");
     let dyn_backend = backend.shared();
-    let cgroup_root = cgroup
-        .as_ref()
-        .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), |c| c.root.clone());
     let limiter = GpuLimiter::new(
         dyn_backend,
         &[GpuDeviceConfig {
@@ -487,7 +484,6 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             gpu: GpuSelector::Uuid(gpu.uuid.clone()),
             memory_bytes: None,
         }],
-        cgroup_root,
     )
     .map_err(|e| format!("GpuLimiter::new: {e}"))?;
     let device = limiter
@@ -514,10 +510,10 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
                 .map_err(|e| format!("share size: {e}"))?,
         )]),
         target: Target {
-            pod_uid: pod_uid.clone(),
-            cgroup_paths: cgroup
+            pod_uids: vec![pod_uid.clone()],
+            cgroups: cgroup
                 .as_ref()
-                .map(|c| vec![c.pod.display().to_string()])
+                .map(|c| vec![c.pod.clone()])
                 .unwrap_or_default(),
             ..Target::default()
         },
@@ -864,9 +860,7 @@ fn read_back_text(r: &Result<Option<CgroupLimit>, GpuError>) -> String {
 
 /// A pod-like cgroup tree, removed when dropped (also while unwinding from a panic).
 struct TestCgroup {
-    /// The cgroup v2 mount.
-    root: PathBuf,
-    /// `<root>/shareguard-gpu-check-<pid>-<rand>`, the tree's top.
+    /// `<cgroup v2 mount>/shareguard-gpu-check-<pid>-<rand>`, the tree's top.
     top: PathBuf,
     /// `<top>/kubepods/pod<uid>`: the share's target, as a pod cgroup.
     pod: PathBuf,
@@ -905,7 +899,6 @@ impl TestCgroup {
         let ctr = pod.join("allocator");
         // The guard exists before the first directory, so an error half way cleans up.
         let mut cg = TestCgroup {
-            root: root.clone(),
             top: top.clone(),
             pod: pod.clone(),
             ctr: ctr.clone(),

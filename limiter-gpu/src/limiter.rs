@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use shareguard_common::limiter::{CdiDevice, Enforcement, LimitSpec, Limiter, LimiterError};
+use shareguard_common::limiter::{CdiDevice, Enforcement, LimitSpec, Limiter, LimiterError, Needs};
 use shareguard_common::{Format, Quantity};
 
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
@@ -62,7 +62,7 @@ struct ShareRecord {
     uuid: String,
     bytes: u64,
     mechanism: Mechanism,
-    pod_uid: String,
+    pod_uids: Vec<String>,
     cgroups: Vec<PathBuf>,
 }
 
@@ -72,7 +72,6 @@ pub type PodLookup = Arc<dyn Fn(u32) -> Option<String> + Send + Sync>;
 pub struct GpuLimiter {
     backend: Arc<dyn GpuBackend>,
     devices: BTreeMap<String, GpuDevice>,
-    cgroup_root: PathBuf,
     shares: Mutex<BTreeMap<String, ShareRecord>>,
     /// For the MPS read-back: a process of the share's pod outside its daemon.
     pod_of: PodLookup,
@@ -83,7 +82,6 @@ impl GpuLimiter {
     pub fn new(
         backend: Arc<dyn GpuBackend>,
         configs: &[GpuDeviceConfig],
-        cgroup_root: impl Into<PathBuf>,
     ) -> Result<Self, GpuError> {
         let gpus = backend.discover()?;
         let mut devices = BTreeMap::new();
@@ -135,7 +133,6 @@ impl GpuLimiter {
         Ok(Self {
             backend,
             devices,
-            cgroup_root: cgroup_root.into(),
             shares: Mutex::new(BTreeMap::new()),
             pod_of: Arc::new(|pid| crate::cgroup::pod_uid_of_pid(Path::new("/proc"), pid)),
         })
@@ -150,7 +147,7 @@ impl GpuLimiter {
     /// A process of the share's pod on its GPU that is not a client of an MPS server:
     /// it allocates outside the daemon's limit.
     fn outside_mps(&self, rec: &ShareRecord) -> Result<Option<u32>, GpuError> {
-        if rec.pod_uid.is_empty() {
+        if rec.pod_uids.is_empty() {
             return Ok(None);
         }
         Ok(self
@@ -158,7 +155,7 @@ impl GpuLimiter {
             .compute_processes(&rec.uuid)?
             .into_iter()
             .filter(|p| !p.via_mps)
-            .find(|p| (self.pod_of)(p.pid).as_deref() == Some(rec.pod_uid.as_str()))
+            .find(|p| (self.pod_of)(p.pid).is_some_and(|pod| rec.pod_uids.contains(&pod)))
             .map(|p| p.pid))
     }
 
@@ -178,14 +175,18 @@ impl GpuLimiter {
 
     /// The share table as the watchdog needs it, each share with its device's action.
     pub fn watched_shares_by(&self, action_of: impl Fn(&str) -> Action) -> Vec<WatchedShare> {
+        // A share of several pods is watched in each of them (the engine reports such a
+        // share as not enforced for them together).
         self.lock()
             .iter()
-            .map(|(k, r)| WatchedShare {
-                share_key: k.clone(),
-                pod_uid: r.pod_uid.clone(),
-                gpu_uuid: r.uuid.clone(),
-                limit_bytes: r.bytes,
-                action: action_of(&r.device),
+            .flat_map(|(k, r)| {
+                r.pod_uids.iter().map(|pod| WatchedShare {
+                    share_key: k.clone(),
+                    pod_uid: pod.clone(),
+                    gpu_uuid: r.uuid.clone(),
+                    limit_bytes: r.bytes,
+                    action: action_of(&r.device),
+                })
             })
             .collect()
     }
@@ -241,16 +242,15 @@ impl GpuLimiter {
             )));
         }
         let cgroups = if dev.mechanism == Mechanism::NvmlCgroup {
-            if spec.target.cgroup_paths.is_empty() {
+            if spec.target.cgroups.is_empty() {
                 return Err(GpuError::InvalidArgument(
-                    "nvml-cgroup needs the pod's cgroup path".into(),
+                    "nvml-cgroup needs the pod's cgroup, and none was given".into(),
                 ));
             }
-            spec.target
-                .cgroup_paths
-                .iter()
-                .map(|p| resolve_cgroup(&self.cgroup_root, p))
-                .collect::<Result<Vec<_>, _>>()?
+            for cg in &spec.target.cgroups {
+                check_cgroup(cg)?;
+            }
+            spec.target.cgroups.clone()
         } else {
             Vec::new()
         };
@@ -259,7 +259,7 @@ impl GpuLimiter {
             uuid: dev.gpu.uuid.clone(),
             bytes,
             mechanism: dev.mechanism,
-            pod_uid: spec.target.pod_uid.clone(),
+            pod_uids: spec.target.pod_uids.clone(),
             cgroups,
         })
     }
@@ -359,7 +359,7 @@ impl GpuLimiter {
                     tracing::warn!(
                         share = key,
                         pid,
-                        pod = %rec.pod_uid,
+                        pods = ?rec.pod_uids,
                         "a process of the share's pod uses the GPU outside its MPS daemon"
                     );
                     None
@@ -449,6 +449,15 @@ impl Limiter for GpuLimiter {
         false
     }
 
+    /// A per-cgroup hard limit needs the pod's cgroup; MPS daemons and the watchdog need
+    /// nothing of the pod and are in place before its containers start.
+    fn needs(&self, device: &str) -> Needs {
+        match self.devices.get(device).map(|d| d.mechanism) {
+            Some(Mechanism::NvmlCgroup) => Needs::Cgroup,
+            _ => Needs::Nothing,
+        }
+    }
+
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         self.apply_inner(spec).map_err(|e| {
             tracing::warn!(share = %spec.share_key, device = %spec.device, error = %e, "GPU apply failed");
@@ -515,23 +524,16 @@ fn whole_bytes(q: &Quantity) -> Result<u64, GpuError> {
         .map_err(|_| GpuError::InvalidArgument(format!("memory {q} is too large")))
 }
 
-/// The cgroup directory for a path from the kubelet plugin: relative paths are taken
-/// under the cgroup v2 root, absolute ones must already be there. `..` is refused so a
-/// target cannot point NVML at a cgroup outside the pod hierarchy.
-fn resolve_cgroup(root: &Path, given: &str) -> Result<PathBuf, GpuError> {
-    let p = Path::new(given);
-    if given.is_empty() || p.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(GpuError::InvalidArgument(format!("cgroup path {given:?}")));
+/// A cgroup the agent found for the share's pod: an absolute path without `..`, so
+/// that NVML is never pointed anywhere the agent did not look.
+fn check_cgroup(p: &Path) -> Result<(), GpuError> {
+    if !p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(GpuError::InvalidArgument(format!(
+            "cgroup {} is not an absolute path without ..",
+            p.display()
+        )));
     }
-    if p.is_absolute() {
-        if p.starts_with(root) {
-            Ok(p.to_path_buf())
-        } else {
-            Ok(root.join(p.strip_prefix("/").unwrap_or(p)))
-        }
-    } else {
-        Ok(root.join(p))
-    }
+    Ok(())
 }
 
 #[cfg(test)]

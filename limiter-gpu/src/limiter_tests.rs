@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use nvml_wrapper::error::NvmlError;
 use shareguard_common::Quantity;
-use shareguard_common::limiter::{LimitSpec, Limiter, Retry, Target};
+use shareguard_common::limiter::{LimitSpec, Limiter, Needs, Retry, Target};
 
 use super::*;
 use crate::backend::MigMode;
@@ -27,12 +27,7 @@ fn cfg(name: &str, gpu: GpuSelector, memory: Option<u64>) -> GpuDeviceConfig {
 }
 
 fn limiter(backend: &Arc<SimulatedBackend>) -> GpuLimiter {
-    GpuLimiter::new(
-        backend.clone(),
-        &[cfg("gpu0", GpuSelector::Index(0), None)],
-        ROOT,
-    )
-    .unwrap()
+    GpuLimiter::new(backend.clone(), &[cfg("gpu0", GpuSelector::Index(0), None)]).unwrap()
 }
 
 fn spec(key: &str, memory: &str, cgroup: &str) -> LimitSpec {
@@ -41,8 +36,8 @@ fn spec(key: &str, memory: &str, cgroup: &str) -> LimitSpec {
         device: "gpu0".into(),
         limits: BTreeMap::from([(MEMORY.to_string(), Quantity::parse(memory).unwrap())]),
         target: Target {
-            pod_uid: format!("pod-of-{key}"),
-            cgroup_paths: vec![cgroup.into()],
+            pod_uids: vec![format!("pod-of-{key}")],
+            cgroups: vec![cg(cgroup)],
             ..Target::default()
         },
     }
@@ -83,7 +78,6 @@ fn oversubscription_is_refused() {
             GpuSelector::Uuid("GPU-a".into()),
             Some(40 * GIB),
         )],
-        ROOT,
     )
     .unwrap();
     l.apply(&spec("s1", "30Gi", POD_A)).unwrap();
@@ -213,7 +207,6 @@ fn mechanism_is_chosen_per_gpu_in_order() {
             cfg("gpu1", GpuSelector::Uuid("GPU-mps".into()), None),
             cfg("gpu2", GpuSelector::Index(2), None),
         ],
-        ROOT,
     )
     .unwrap();
     assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::NvmlCgroup);
@@ -242,7 +235,7 @@ fn mechanism_is_chosen_per_gpu_in_order() {
     // Watchdog only: accepted, reported, and not enforced.
     let mut s = spec("w1", "2Gi", POD_A);
     s.device = "gpu2".into();
-    s.target.cgroup_paths.clear();
+    s.target.cgroups.clear();
     let e = l.apply(&s).unwrap();
     assert_eq!(e.mechanism, "simulated-watchdog");
     assert!(e.enforced.is_empty());
@@ -259,7 +252,7 @@ fn mechanism_is_chosen_per_gpu_in_order() {
 #[test]
 fn device_configs_are_checked() {
     let b = sim(vec![SimulatedGpu::new("GPU-a", 16 * GIB)]);
-    let new = |c: GpuDeviceConfig| GpuLimiter::new(b.clone(), &[c], ROOT);
+    let new = |c: GpuDeviceConfig| GpuLimiter::new(b.clone(), &[c]);
     assert!(matches!(
         new(cfg("x", GpuSelector::Uuid("GPU-zz".into()), None)),
         Err(GpuError::GpuNotFound(_))
@@ -280,7 +273,6 @@ fn device_configs_are_checked() {
             cfg("x", GpuSelector::Index(0), None),
             cfg("x", GpuSelector::Index(0), None),
         ],
-        ROOT,
     );
     assert!(twice.is_err());
     // No driver at all: the limiter cannot be built, and says why.
@@ -304,7 +296,7 @@ fn bad_specs_are_permanent_errors() {
     cases.push(("zero", spec("s", "0", POD_A)));
     cases.push(("dot-dot", spec("s", "1Gi", "kubepods.slice/../../etc")));
     let mut s = spec("s", "1Gi", POD_A);
-    s.target.cgroup_paths.clear();
+    s.target.cgroups.clear();
     cases.push(("no cgroup", s));
     let mut s = spec("s", "1Gi", POD_A);
     s.device = "nope".into();
@@ -317,13 +309,32 @@ fn bad_specs_are_permanent_errors() {
 }
 
 #[test]
-fn cgroup_paths_resolve_under_the_root() {
-    let root = Path::new(ROOT);
-    assert_eq!(resolve_cgroup(root, "a/b").unwrap(), cg("a/b"));
-    assert_eq!(resolve_cgroup(root, "/a/b").unwrap(), cg("a/b"));
-    assert_eq!(resolve_cgroup(root, "/sys/fs/cgroup/a").unwrap(), cg("a"));
-    assert!(resolve_cgroup(root, "").is_err());
-    assert!(resolve_cgroup(root, "/sys/fs/cgroup/../../etc").is_err());
+fn cgroups_must_be_absolute_and_plain() {
+    assert!(check_cgroup(&cg("a/b")).is_ok());
+    assert!(check_cgroup(Path::new("a/b")).is_err());
+    assert!(check_cgroup(Path::new("/sys/fs/cgroup/../../etc")).is_err());
+}
+
+#[test]
+fn only_the_cgroup_mechanism_needs_the_pod() {
+    let b = sim(vec![
+        SimulatedGpu::new("GPU-cg", 16 * GIB),
+        SimulatedGpu {
+            cgroup_limits: false,
+            mps: false,
+            ..SimulatedGpu::new("GPU-w", 16 * GIB)
+        },
+    ]);
+    let l = GpuLimiter::new(
+        b,
+        &[
+            cfg("cg", GpuSelector::Uuid("GPU-cg".into()), None),
+            cfg("w", GpuSelector::Uuid("GPU-w".into()), None),
+        ],
+    )
+    .unwrap();
+    assert_eq!(l.needs("cg"), Needs::Cgroup);
+    assert_eq!(l.needs("w"), Needs::Nothing);
 }
 
 #[test]

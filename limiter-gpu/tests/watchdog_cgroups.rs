@@ -69,7 +69,6 @@ fn limiter(backend: &Arc<SimulatedBackend>, shares: &[(&str, &str)], limit: &str
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
         }],
-        "/sys/fs/cgroup",
     )
     .unwrap();
     assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Watchdog);
@@ -80,7 +79,7 @@ fn limiter(backend: &Arc<SimulatedBackend>, shares: &[(&str, &str)], limit: &str
                 device: "gpu0".into(),
                 limits: BTreeMap::from([(MEMORY.to_string(), Quantity::parse(limit).unwrap())]),
                 target: Target {
-                    pod_uid: (*uid).into(),
+                    pod_uids: vec![(*uid).into()],
                     ..Target::default()
                 },
             })

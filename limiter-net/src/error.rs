@@ -25,14 +25,19 @@ pub enum NetError {
     Bpf(String),
     #[error("limiter state {path}: {reason}")]
     State { path: String, reason: String },
+    /// The state directory cannot be written now (full, over quota, read-only): a retry
+    /// can succeed once an operator made room.
+    #[error("limiter state {path}: {reason}")]
+    StateUnwritable { path: String, reason: String },
 }
 
 impl From<NetError> for LimiterError {
     fn from(e: NetError) -> Self {
         match &e {
-            NetError::NotFound(_) | NetError::Netns { .. } | NetError::Netlink(_) => {
-                LimiterError::retryable(e.to_string())
-            }
+            NetError::NotFound(_)
+            | NetError::Netns { .. }
+            | NetError::Netlink(_)
+            | NetError::StateUnwritable { .. } => LimiterError::retryable(e.to_string()),
             NetError::NotVeth(_)
             | NetError::Command { .. }
             | NetError::Conflict(_)

@@ -16,7 +16,7 @@ use std::{
 
 use shareguard_common::{
     Format, Quantity,
-    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, TrafficCounters},
+    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, Needs, TrafficCounters},
 };
 use shareguard_ebpf_common::IfaceConfig;
 use tracing::info;
@@ -43,9 +43,6 @@ pub const CAPACITIES: [&str; 3] = [BANDWIDTH, EGRESS, INGRESS];
 /// Where the kernel's BPF filesystem is normally mounted.
 const BPFFS: &str = "/sys/fs/bpf";
 
-/// The interface inside the pod's namespace when the target names none.
-const DEFAULT_POD_IFACE: &str = "eth0";
-
 /// What all `net` devices of an agent share: the loaded programs and pinned maps, the
 /// install records and the kernel probe. One lock for the BPF side and the interfaces:
 /// two shares must never interleave their changes to one interface.
@@ -70,13 +67,19 @@ pub fn link_name(share_key: &str, dir: Direction) -> String {
     format!("{}-{d}", short_id(share_key))
 }
 
-/// Counter slot for a host interface: its ifindex, when it fits the counters array.
-fn slot_of(ifindex: u32) -> u32 {
-    if ifindex < shareguard_ebpf_common::MAX_SLOTS {
-        ifindex
-    } else {
-        u32::MAX
-    }
+/// The lowest counter slot no other installed share holds. Slots are allocated, not
+/// taken from the interface index: a busy node's ifindexes pass the array's size within
+/// days, since every pod veth and every ifb takes a new one.
+fn free_slot(others: &[Installed]) -> Result<u32, NetError> {
+    let used: std::collections::BTreeSet<u32> = others.iter().filter_map(Installed::slot).collect();
+    (0..shareguard_ebpf_common::MAX_SLOTS)
+        .find(|s| !used.contains(s))
+        .ok_or_else(|| {
+            NetError::Conflict(format!(
+                "all {} counter slots are held by installed shares",
+                shareguard_ebpf_common::MAX_SLOTS
+            ))
+        })
 }
 
 /// (to the pod, from the pod) in bit/s.
@@ -203,7 +206,7 @@ impl NetLimiter {
             tc::remove_root(&i.host_name)?;
         }
         if let Some(ifb) = &i.ifb {
-            rtnl::delete_link(ifb)?;
+            rtnl::delete_ifb(ifb, &i.share_key)?;
         }
         Ok(())
     }
@@ -309,18 +312,26 @@ impl Limiter for NetLimiter {
         false
     }
 
+    fn needs(&self, _device: &str) -> Needs {
+        Needs::Network
+    }
+
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         let state = &self.backend.state;
         let mut bpf = lock(&self.backend.bpf);
         let (to, from) = rates(&spec.limits)?;
-        let netns = spec.target.netns_path.as_deref();
-        let ifname = spec.target.interface.as_deref();
-        if netns.is_none() && ifname.is_none() {
-            return Err(LimiterError::permanent(
-                "a bandwidth share needs target.netns_path (and interface), or a host interface",
-            ));
+        // The agent found this interface as the host side of the pod's veth; a share is
+        // never put on any other.
+        let host = spec.target.host_iface.clone().ok_or_else(|| {
+            LimiterError::permanent(
+                "a bandwidth share needs the host side of its pod's veth, and none was found",
+            )
+        })?;
+        if rtnl::name_of_index(host.index)?.as_deref() != Some(host.name.as_str()) {
+            return Err(
+                NetError::NotFound(format!("interface {} (#{})", host.name, host.index)).into(),
+            );
         }
-        let host = rtnl::resolve(netns, ifname.unwrap_or(DEFAULT_POD_IFACE))?;
         // One read of the records: other shares on this interface, and this share's own.
         let (mut existing, others): (Vec<Installed>, Vec<Installed>) = state
             .all()?
@@ -333,6 +344,16 @@ impl Limiter for NetLimiter {
             return Err(NetError::Conflict(format!(
                 "interface {} is already limited by share {}",
                 host.name, other.share_key
+            ))
+            .into());
+        }
+        // The ifb and the pinned links are named after twelve hex digits of the key's
+        // hash; two live shares with one short id would share them.
+        let id = short_id(&spec.share_key);
+        if let Some(other) = others.iter().find(|o| short_id(&o.share_key) == id) {
+            return Err(NetError::Conflict(format!(
+                "share keys {} and {} hash to the same short id {id}, which names their ifb and pins",
+                spec.share_key, other.share_key
             ))
             .into());
         }
@@ -366,7 +387,12 @@ impl Limiter for NetLimiter {
             ))
             .into());
         }
-        let plan = self.mechanism.plan(to, from, slot_of(host.index));
+        // A share keeps its slot while it stays installed (its counters continue).
+        let slot = match existing.as_ref().and_then(|e| e.slot) {
+            Some(s) => s,
+            None => free_slot(&others)?,
+        };
+        let plan = self.mechanism.plan(to, from, slot);
         // Traffic from the pod is redirected to an ifb when something has to queue it.
         let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
         // Record first: if anything below fails or the agent dies, remove() still knows
@@ -379,6 +405,7 @@ impl Limiter for NetLimiter {
             to_pod_bps: to,
             from_pod_bps: from,
             ifb: ifb.clone(),
+            slot: Some(slot),
         };
         let fresh = existing.is_none();
         state.put(&installed)?;
@@ -388,11 +415,12 @@ impl Limiter for NetLimiter {
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
-            cfg.redirect_ifindex = rtnl::ensure_ifb(name)?;
+            let recorded = existing.as_ref().and_then(|e| e.ifb.as_ref()) == Some(name);
+            cfg.redirect_ifindex = rtnl::ensure_ifb(name, &spec.share_key, recorded)?;
             let ours = matches!(q, RootQdisc::Htb(_)) && root_is_ours(cfg.redirect_ifindex, "htb")?;
             install_root(name, q, ours)?;
         }
-        if fresh && cfg.slot != u32::MAX {
+        if fresh {
             // Pacing state or counts another share left in this slot would hold or drop
             // this one's packets, or be reported as its traffic.
             bpf.reset_counters(cfg.slot).map_err(bpf_err)?;
@@ -412,9 +440,7 @@ impl Limiter for NetLimiter {
 
     fn counters(&self, share_key: &str) -> Option<TrafficCounters> {
         let i = self.backend.state.get(share_key).ok()??;
-        let (to, from) = lock(&self.backend.bpf)
-            .counters(slot_of(i.host_index))
-            .ok()?;
+        let (to, from) = lock(&self.backend.bpf).counters(i.slot()?).ok()?;
         let kind = i.mechanism.qdisc_kind();
         let qdisc_drops = |ifindex: Option<u32>| {
             ifindex
@@ -493,11 +519,34 @@ mod tests {
         let a = link_name("k", Direction::ToPod);
         assert_ne!(a, link_name("k", Direction::FromPod));
         assert_ne!(a, link_name("j", Direction::ToPod));
-        assert_eq!(slot_of(7), 7);
-        assert_eq!(
-            slot_of(1 << 20),
-            u32::MAX,
-            "beyond the counters array: not counted"
+    }
+
+    #[test]
+    fn slots_are_the_lowest_free_whatever_the_interface_index() {
+        let rec = |k: &str, host_index: u32, slot: Option<u32>| Installed {
+            share_key: k.into(),
+            mechanism: Mechanism::HtbEbpf,
+            host_index,
+            host_name: "v".into(),
+            to_pod_bps: Some(1),
+            from_pod_bps: None,
+            ifb: None,
+            slot,
+        };
+        assert_eq!(free_slot(&[]).unwrap(), 0);
+        // A legacy record holds its interface index; an allocated one its slot.
+        let others = [
+            rec("a", 0, None),
+            rec("b", 20_001, Some(1)),
+            rec("c", 50_000, None),
+        ];
+        assert_eq!(free_slot(&others).unwrap(), 2);
+        let full: Vec<Installed> = (0..shareguard_ebpf_common::MAX_SLOTS)
+            .map(|s| rec("x", 30_000 + s, Some(s)))
+            .collect();
+        assert!(
+            free_slot(&full).is_err(),
+            "every slot held: refused, not wrapped"
         );
     }
 }

@@ -6,31 +6,29 @@
 //! else (a tokio worker, the blocking pool) will run code on afterwards. The thread ends
 //! when the call does, and the namespace with it.
 
-use std::{fs::File, future::Future, path::PathBuf, pin::Pin};
+use std::{fs::File, future::Future, os::fd::AsRawFd, pin::Pin};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use rtnetlink::{
-    Handle, LinkGetRequest, LinkIfb, LinkUnspec,
+    Handle, LinkGetRequest, LinkIfb, LinkUnspec, MulticastGroup,
+    packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload},
     packet_route::{
+        RouteNetlinkMessage,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
+        nsid::{NsidAttribute, NsidMessage},
         tc::{TcAttribute, TcOption},
     },
 };
+pub use shareguard_common::limiter::HostIface;
 
 use crate::error::NetError;
 
-/// The host side of a pod's interface (or a host interface named directly).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostIface {
-    pub index: u32,
-    pub name: String,
-}
-
 type NlFuture<T> = Pin<Box<dyn Future<Output = Result<T, NetError>> + Send>>;
 
-/// Runs `f` with a netlink handle on a new thread, inside the network namespace at
-/// `netns` when one is given.
-fn with_netlink<T, F>(netns: Option<PathBuf>, f: F) -> Result<T, NetError>
+/// Runs `f` with a netlink handle on a new thread, inside the network namespace `netns`
+/// (an open namespace file, so that what was verified is what is entered) when one is
+/// given.
+fn with_netlink<T, F>(netns: Option<File>, f: F) -> Result<T, NetError>
 where
     T: Send + 'static,
     F: FnOnce(Handle) -> NlFuture<T> + Send + 'static,
@@ -38,14 +36,10 @@ where
     let worker = std::thread::Builder::new()
         .name("shareguard-netlink".into())
         .spawn(move || {
-            if let Some(path) = &netns {
-                let ns = File::open(path).map_err(|e| NetError::Netns {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+            if let Some(ns) = &netns {
+                nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
                     NetError::Netns {
-                        path: path.display().to_string(),
+                        path: format!("fd {}", ns.as_raw_fd()),
                         reason: format!("setns: {e}"),
                     }
                 })?;
@@ -133,53 +127,150 @@ fn is_veth(m: &LinkMessage) -> bool {
     })
 }
 
-/// Finds the host-side interface of a pod: the veth peer of `ifname` inside the pod's
-/// network namespace, or, without a namespace, the host interface `ifname` itself.
-pub fn resolve(netns: Option<&str>, ifname: &str) -> Result<HostIface, NetError> {
-    let Some(ns) = netns else {
-        let name = ifname.to_owned();
-        return with_netlink(None, move |h| {
-            Box::pin(async move {
-                let m = link_by_name(&h, &name)
-                    .await?
-                    .ok_or_else(|| NetError::NotFound(format!("host interface {name}")))?;
-                Ok(HostIface {
-                    index: m.header.index,
-                    name,
-                })
-            })
-        });
-    };
-    if !std::path::Path::new(ns).exists() {
-        return Err(NetError::NotFound(format!("network namespace {ns}")));
+fn link_netnsid(m: &LinkMessage) -> Option<i32> {
+    m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkNetNsId(i) => Some(*i),
+        _ => None,
+    })
+}
+
+fn alias_of(m: &LinkMessage) -> Option<&str> {
+    m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfAlias(s) => Some(s.as_str()),
+        _ => None,
+    })
+}
+
+fn kind_is(m: &LinkMessage, kind: &InfoKind) -> bool {
+    m.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos
+            .iter()
+            .any(|i| matches!(i, LinkInfo::Kind(k) if k == kind)),
+        _ => false,
+    })
+}
+
+/// The id the current namespace knows the namespace of `ns` by (RTM_GETNSID), if it has
+/// one. Listing a link whose peer is there assigns one, so ask after such a listing.
+async fn nsid_of(h: &mut Handle, ns: &File) -> Result<Option<i32>, NetError> {
+    let mut msg = NsidMessage::default();
+    // The kernel reads the descriptor while it handles the request, which this call
+    // awaits; `ns` outlives it.
+    msg.attributes = vec![NsidAttribute::Fd(
+        u32::try_from(ns.as_raw_fd()).map_err(|_| NetError::Netlink("bad fd".into()))?,
+    )];
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNsId(msg));
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    let mut answers = h
+        .request(req)
+        .map_err(|e| NetError::Netlink(format!("RTM_GETNSID: {e}")))?;
+    while let Some(m) = answers.next().await {
+        match m.payload {
+            NetlinkPayload::Error(e) if e.code.is_some() => {
+                return Err(NetError::Netlink(format!("RTM_GETNSID: {e}")));
+            }
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(m)) => {
+                return Ok(m.attributes.iter().find_map(|a| match a {
+                    NsidAttribute::Id(id) if *id >= 0 => Some(*id),
+                    _ => None,
+                }));
+            }
+            _ => {}
+        }
     }
+    Ok(None)
+}
+
+/// Finds the host side of a pod's veth: `ifname` inside the pod's network namespace
+/// `netns` must be a veth, and its peer must be a veth in this (the host's) namespace
+/// whose own peer is that interface *in that namespace*. The match is by link index and
+/// namespace id, never by name: names are chosen by CNI plugins and can be anything.
+pub fn pod_host_veth(netns: &File, ifname: &str) -> Result<HostIface, NetError> {
+    let ns = netns
+        .try_clone()
+        .map_err(|e| NetError::Netlink(format!("dup the namespace fd: {e}")))?;
     let name = ifname.to_owned();
-    let ns_owned = ns.to_owned();
-    let peer = with_netlink(Some(PathBuf::from(ns)), move |h| {
+    let (pod_index, peer) = with_netlink(Some(ns), move |h| {
         Box::pin(async move {
             let m = link_by_name(&h, &name)
                 .await?
-                .ok_or_else(|| NetError::NotFound(format!("interface {name} in {ns_owned}")))?;
+                .ok_or_else(|| NetError::NotFound(format!("interface {name} in the pod")))?;
             if !is_veth(&m) {
-                return Err(NetError::NotVeth(format!("{name} in {ns_owned}")));
+                return Err(NetError::NotVeth(format!("{name} in the pod")));
             }
-            peer_of(&m)
-                .ok_or_else(|| NetError::NotVeth(format!("{name} in {ns_owned} has no peer")))
+            let peer = peer_of(&m)
+                .ok_or_else(|| NetError::NotVeth(format!("{name} in the pod has no peer")))?;
+            Ok((m.header.index, peer))
         })
     })?;
-    with_netlink(None, move |h| {
+    let ns = netns
+        .try_clone()
+        .map_err(|e| NetError::Netlink(format!("dup the namespace fd: {e}")))?;
+    with_netlink(None, move |mut h| {
         Box::pin(async move {
-            let m = link_by_index(&h, peer)
-                .await?
-                .ok_or_else(|| NetError::NotFound(format!("host-side peer #{peer}")))?;
+            let m = link_by_index(&h, peer).await?.ok_or_else(|| {
+                NetError::NotFound(format!("the pod veth's peer #{peer} on the host"))
+            })?;
             if !is_veth(&m) {
-                return Err(NetError::NotVeth(format!("host-side peer #{peer}")));
+                return Err(NetError::NotVeth(format!("host link #{peer}")));
             }
             let name =
                 name_of(&m).ok_or_else(|| NetError::NotFound(format!("name of link #{peer}")))?;
+            let nsid = nsid_of(&mut h, &ns).await?;
+            if peer_of(&m) != Some(pod_index) || nsid.is_none() || link_netnsid(&m) != nsid {
+                // Index #peer on the host is some other link: the pod's peer lives in a
+                // third namespace (the pod is not wired to this host's stack directly).
+                return Err(NetError::NotVeth(format!(
+                    "host link {name} (#{peer}) is not the peer of the pod's interface"
+                )));
+            }
             Ok(HostIface { index: peer, name })
         })
     })
+}
+
+/// Calls `on_change` for every link added, changed or removed in the host's network
+/// namespace (RTNLGRP_LINK), from a thread of its own, until the process ends: a pod's
+/// veth appearing is one of the signals pod discovery waits for.
+pub fn watch_links(
+    on_change: impl Fn() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, NetError> {
+    let (tx, rx) = std::sync::mpsc::channel::<Result<(), NetError>>();
+    let h = std::thread::Builder::new()
+        .name("shareguard-linkwatch".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(NetError::Netlink(format!("runtime: {e}"))));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let (conn, _handle, mut events) =
+                    match rtnetlink::new_multicast_connection(&[MulticastGroup::Link]) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = tx.send(Err(NetError::Netlink(format!("link events: {e}"))));
+                            return;
+                        }
+                    };
+                let _ = tx.send(Ok(()));
+                tokio::spawn(conn);
+                while events.next().await.is_some() {
+                    on_change();
+                }
+            });
+        })
+        .map_err(|e| NetError::Netlink(format!("cannot start the link watcher: {e}")))?;
+    match rx.recv() {
+        Ok(Ok(())) => Ok(h),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(NetError::Netlink("the link watcher ended at start".into())),
+    }
 }
 
 /// The current index of the link called `name`, if it exists.
@@ -197,13 +288,42 @@ pub fn name_of_index(index: u32) -> Result<Option<String>, NetError> {
     })
 }
 
-/// Creates the ifb device `name` if it does not exist, sets it up, returns its index.
-pub fn ensure_ifb(name: &str) -> Result<u32, NetError> {
+/// The alias shareguard gives an ifb it creates for `share_key`: an existing link is
+/// only ever adopted as a share's ifb when it carries exactly this.
+pub fn ifb_alias(share_key: &str) -> String {
+    format!("shareguard ifb of share {share_key}")
+}
+
+/// Whether `m` is the ifb shareguard made for the share with alias `alias`: an ifb with
+/// that alias, or (`recorded`: the share's install record names it) an ifb with no alias
+/// at all, since the kernel takes no alias when a link is created and a crash can fall
+/// between creating it and naming it.
+fn is_our_ifb(m: &LinkMessage, alias: &str, recorded: bool) -> bool {
+    kind_is(m, &InfoKind::Ifb)
+        && match alias_of(m) {
+            Some(a) => a == alias,
+            None => recorded,
+        }
+}
+
+/// Creates the ifb device `name` for `share_key` if it does not exist, sets it up,
+/// returns its index. A link of that name that shareguard did not make for this share
+/// (another kind, another alias) is refused, never taken over. `recorded`: the share's
+/// install record already names this ifb.
+pub fn ensure_ifb(name: &str, share_key: &str, recorded: bool) -> Result<u32, NetError> {
     let name = name.to_owned();
+    let alias = ifb_alias(share_key);
     with_netlink(None, move |h| {
         Box::pin(async move {
             let index = match link_by_name(&h, &name).await? {
-                Some(m) => m.header.index,
+                Some(m) => {
+                    if !is_our_ifb(&m, &alias, recorded) {
+                        return Err(NetError::Conflict(format!(
+                            "link {name} exists and is not the ifb shareguard made for this share: it is left alone"
+                        )));
+                    }
+                    m.header.index
+                }
                 None => {
                     h.link()
                         .add(LinkIfb::new(&name).build())
@@ -218,7 +338,7 @@ pub fn ensure_ifb(name: &str) -> Result<u32, NetError> {
                 }
             };
             h.link()
-                .set(LinkUnspec::new_with_index(index).up().build())
+                .set(LinkUnspec::new_with_index(index).up().alias(alias).build())
                 .execute()
                 .await
                 .map_err(|e| nl_err(&format!("set {name} up"), e))?;
@@ -227,12 +347,29 @@ pub fn ensure_ifb(name: &str) -> Result<u32, NetError> {
     })
 }
 
+/// Deletes the ifb `name` shareguard made for `share_key` (see [`ensure_ifb`]);
+/// succeeds if it does not exist, and leaves a link of that name that is not ours alone.
+pub fn delete_ifb(name: &str, share_key: &str) -> Result<(), NetError> {
+    delete_link_if(name, Some(ifb_alias(share_key)))
+}
+
 /// Deletes link `name`; succeeds if it does not exist.
 pub fn delete_link(name: &str) -> Result<(), NetError> {
+    delete_link_if(name, None)
+}
+
+/// Deletes link `name` (only when it is our ifb with `alias`, if one is given).
+fn delete_link_if(name: &str, alias: Option<String>) -> Result<(), NetError> {
     let name = name.to_owned();
     with_netlink(None, move |h| {
         Box::pin(async move {
             if let Some(m) = link_by_name(&h, &name).await? {
+                if let Some(a) = &alias
+                    && !is_our_ifb(&m, a, true)
+                {
+                    tracing::warn!(link = %name, "a link with the share's ifb name is not ours; left alone");
+                    return Ok(());
+                }
                 match h.link().del(m.header.index).execute().await {
                     Ok(()) => {}
                     Err(e) => {

@@ -32,6 +32,21 @@ pub struct Installed {
     /// Traffic from the pod (redirected to `ifb`), bit/s.
     pub from_pod_bps: Option<u64>,
     pub ifb: Option<String>,
+    /// The share's counter slot (index into the programs' counter and pacing arrays),
+    /// allocated among the installed shares. Records from before it was allocated used
+    /// the interface's index, which [`Installed::slot`] still reads them as.
+    #[serde(default)]
+    pub slot: Option<u32>,
+}
+
+impl Installed {
+    /// The counter slot in use: the allocated one, or the interface index of a record
+    /// written before slots were allocated (when that fits the arrays).
+    pub fn slot(&self) -> Option<u32> {
+        self.slot.or_else(|| {
+            (self.host_index < shareguard_ebpf_common::MAX_SLOTS).then_some(self.host_index)
+        })
+    }
 }
 
 fn htb() -> Mechanism {
@@ -58,6 +73,20 @@ pub fn ifb_name(share_key: &str) -> String {
     format!("sgb{}", short_id(share_key))
 }
 
+/// A share key as a file name: letters, digits, `-` and `_` as they are, every other
+/// byte as `%XX`, so that distinct keys get distinct names and none escapes the directory.
+pub fn file_name(share_key: &str) -> String {
+    let mut out = String::with_capacity(share_key.len());
+    for b in share_key.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 pub struct StateDir {
     dir: PathBuf,
 }
@@ -69,37 +98,66 @@ fn serr(path: &Path, e: impl std::fmt::Display) -> NetError {
     }
 }
 
+/// An I/O error on the state directory. A full disk, an exhausted quota or a filesystem
+/// remounted read-only can pass without anyone changing the request, so those are their
+/// own (retryable) kind.
+fn ioerr(path: &Path, e: std::io::Error) -> NetError {
+    const ENOSPC: i32 = 28;
+    const EROFS: i32 = 30;
+    const EDQUOT: i32 = 122;
+    if matches!(e.raw_os_error(), Some(ENOSPC | EROFS | EDQUOT)) {
+        NetError::StateUnwritable {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    } else {
+        serr(path, e)
+    }
+}
+
 impl StateDir {
     pub fn open(dir: &Path) -> Result<StateDir, NetError> {
-        fs::create_dir_all(dir).map_err(|e| serr(dir, e))?;
+        fs::create_dir_all(dir).map_err(|e| ioerr(dir, e))?;
         Ok(StateDir {
             dir: dir.to_owned(),
         })
     }
 
+    /// One file per share, named after the whole share key (escaped), so that two
+    /// shares can never write each other's record.
     fn path(&self, share_key: &str) -> PathBuf {
+        self.dir.join(format!("{}.json", file_name(share_key)))
+    }
+
+    /// Where records were kept before they were named after the whole key: twelve hex
+    /// digits of its hash, which two keys can share.
+    fn legacy_path(&self, share_key: &str) -> PathBuf {
         self.dir.join(format!("{}.json", short_id(share_key)))
     }
 
     pub fn get(&self, share_key: &str) -> Result<Option<Installed>, NetError> {
-        let p = self.path(share_key);
-        match fs::read(&p) {
-            Ok(b) => {
-                let i: Installed = serde_json::from_slice(&b).map_err(|e| serr(&p, e))?;
-                // Twelve hex digits can collide; the file says whose it is.
-                Ok((i.share_key == share_key).then_some(i))
+        for p in [self.path(share_key), self.legacy_path(share_key)] {
+            match fs::read(&p) {
+                Ok(b) => {
+                    let i: Installed = serde_json::from_slice(&b).map_err(|e| serr(&p, e))?;
+                    // A legacy name can belong to another key; the file says whose it is.
+                    if i.share_key == share_key {
+                        return Ok(Some(i));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ioerr(&p, e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(serr(&p, e)),
         }
+        Ok(None)
     }
 
     pub fn all(&self) -> Result<Vec<Installed>, NetError> {
         let mut out = Vec::new();
-        for entry in fs::read_dir(&self.dir).map_err(|e| serr(&self.dir, e))? {
-            let p = entry.map_err(|e| serr(&self.dir, e))?.path();
+        for entry in fs::read_dir(&self.dir).map_err(|e| ioerr(&self.dir, e))? {
+            let p = entry.map_err(|e| ioerr(&self.dir, e))?.path();
             if p.extension().is_some_and(|x| x == "json") {
-                let b = fs::read(&p).map_err(|e| serr(&p, e))?;
+                let b = fs::read(&p).map_err(|e| ioerr(&p, e))?;
                 out.push(serde_json::from_slice(&b).map_err(|e| serr(&p, e))?);
             }
         }
@@ -112,31 +170,61 @@ impl StateDir {
         let p = self.path(&i.share_key);
         let tmp = p.with_extension("json.tmp");
         let body = serde_json::to_vec_pretty(i).map_err(|e| serr(&p, e))?;
-        let mut f = fs::File::create(&tmp).map_err(|e| serr(&tmp, e))?;
+        let mut f = fs::File::create(&tmp).map_err(|e| ioerr(&tmp, e))?;
         f.write_all(&body)
             .and_then(|()| f.sync_all())
-            .map_err(|e| serr(&tmp, e))?;
-        fs::rename(&tmp, &p).map_err(|e| serr(&p, e))?;
+            .map_err(|e| ioerr(&tmp, e))?;
+        fs::rename(&tmp, &p).map_err(|e| ioerr(&p, e))?;
+        self.remove_legacy(&i.share_key)?;
         fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| serr(&self.dir, e))
+            .map_err(|e| ioerr(&self.dir, e))
+    }
+
+    /// Removes the record's legacy file, when it holds this key's record.
+    fn remove_legacy(&self, share_key: &str) -> Result<(), NetError> {
+        let p = self.legacy_path(share_key);
+        let ours = match fs::read(&p) {
+            Ok(b) => {
+                serde_json::from_slice::<Installed>(&b).is_ok_and(|i| i.share_key == share_key)
+            }
+            Err(_) => false,
+        };
+        if ours {
+            fs::remove_file(&p).map_err(|e| ioerr(&p, e))?;
+        }
+        Ok(())
     }
 
     pub fn remove(&self, share_key: &str) -> Result<(), NetError> {
         let p = self.path(share_key);
         match fs::remove_file(&p) {
-            Ok(()) => fs::File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| serr(&self.dir, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(serr(&p, e)),
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ioerr(&p, e)),
         }
+        self.remove_legacy(share_key)?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| ioerr(&self.dir, e))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_or_read_only_disk_is_retryable() {
+        use shareguard_common::limiter::{LimiterError, Retry};
+        let p = Path::new("/x");
+        for errno in [28, 30, 122] {
+            let e: LimiterError = ioerr(p, std::io::Error::from_raw_os_error(errno)).into();
+            assert_eq!(e.retry, Retry::Retryable, "errno {errno}: {e}");
+        }
+        let e: LimiterError = ioerr(p, std::io::Error::from_raw_os_error(13)).into();
+        assert_eq!(e.retry, Retry::Permanent, "EACCES does not pass by itself");
+    }
 
     #[test]
     fn names_are_stable_and_fit_interface_names() {
@@ -160,6 +248,7 @@ mod tests {
             to_pod_bps: Some(50_000_000),
             from_pod_bps: None,
             ifb: None,
+            slot: Some(3),
         };
         assert_eq!(s.get("k").unwrap(), None);
         s.put(&i).unwrap();
@@ -175,5 +264,55 @@ mod tests {
         let old = r#"{"share_key":"k","host_index":7,"host_name":"v","to_pod_bps":8,"from_pod_bps":null,"ifb":null}"#;
         let i: Installed = serde_json::from_str(old).unwrap();
         assert_eq!(i.mechanism, Mechanism::HtbEbpf);
+        assert_eq!(i.slot(), Some(7), "the interface index was the slot then");
+    }
+
+    #[test]
+    fn keys_whose_short_ids_collide_keep_separate_records() {
+        // Two keys with the same 48-bit short id would have shared one file before.
+        let d = tempfile::tempdir().unwrap();
+        let s = StateDir::open(d.path()).unwrap();
+        let rec = |k: &str, idx: u32| Installed {
+            share_key: k.into(),
+            mechanism: Mechanism::HtbEbpf,
+            host_index: idx,
+            host_name: format!("v{idx}"),
+            to_pod_bps: Some(1),
+            from_pod_bps: None,
+            ifb: None,
+            slot: Some(idx),
+        };
+        // Not a real collision of the hash (that would take 2^24 tries), but the file
+        // names no longer depend on it: a key and the same key escaped differently never
+        // meet, and a dedicated key with '/' stays inside the directory.
+        let a = rec("dedicated/claim-1/nic-0", 1);
+        let b = rec("dedicated%2Fclaim-1%2Fnic-0", 2);
+        s.put(&a).unwrap();
+        s.put(&b).unwrap();
+        assert_eq!(s.get(&a.share_key).unwrap(), Some(a.clone()));
+        assert_eq!(s.get(&b.share_key).unwrap(), Some(b.clone()));
+        assert_eq!(s.all().unwrap().len(), 2);
+        assert!(!file_name(&a.share_key).contains('/'));
+        assert_ne!(file_name(&a.share_key), file_name(&b.share_key));
+    }
+
+    #[test]
+    fn a_legacy_record_is_found_and_moved_on_the_next_write() {
+        let d = tempfile::tempdir().unwrap();
+        let s = StateDir::open(d.path()).unwrap();
+        let k = "3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c";
+        let legacy = d.path().join(format!("{}.json", short_id(k)));
+        std::fs::write(
+            &legacy,
+            format!(r#"{{"share_key":"{k}","host_index":7,"host_name":"v","to_pod_bps":8,"from_pod_bps":null,"ifb":null}}"#),
+        )
+        .unwrap();
+        let i = s.get(k).unwrap().expect("found under its legacy name");
+        assert_eq!(i.slot(), Some(7));
+        s.put(&Installed { slot: Some(7), ..i }).unwrap();
+        assert!(!legacy.exists(), "moved to the full-key name");
+        assert_eq!(s.all().unwrap().len(), 1);
+        s.remove(k).unwrap();
+        assert_eq!(s.get(k).unwrap(), None);
     }
 }

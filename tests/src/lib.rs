@@ -22,6 +22,7 @@ use tonic::transport::Channel;
 pub use shareguard_proto::v1 as proto;
 
 pub mod net;
+pub mod pod;
 
 /// How long an agent may take to become ready before the test fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -434,6 +435,31 @@ pub async fn get_share(c: &mut NodeAgentClient<Channel>, id: impl Into<String>) 
     .await
     .unwrap_or_else(|e| panic!("GetShare {share_id}: {e}"))
     .into_inner()
+}
+
+/// How long [`wait_phase`] waits: the agent reacts to a sandbox within milliseconds (its
+/// events), and within its rescan period at worst.
+pub const PHASE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Waits until share `id` is in `phase`, reading it every 10 ms, and returns it; fails
+/// with the share's last status after [`PHASE_TIMEOUT`].
+pub async fn wait_phase(
+    c: &mut NodeAgentClient<Channel>,
+    id: &str,
+    phase: pb::Phase,
+) -> pb::ShareStatus {
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    loop {
+        let s = get_share(c, id).await;
+        if s.phase == phase as i32 {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "share {id} not {phase:?} within {PHASE_TIMEOUT:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The value of the metric series `name` whose labels include every `(key, value)` of

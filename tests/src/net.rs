@@ -133,11 +133,10 @@ pub fn bw_claim(
             ..Default::default()
         }],
     );
+    // The pod's uid is all kubelet's plugin knows: the agent finds the sandbox itself.
     c.target = Some(crate::proto::PodTarget {
-        pod_uid: format!("pod-{uid}"),
-        cgroup_paths: vec![],
-        netns_path: pod.netns_path().display().to_string(),
-        interface: pod.pod_if().to_owned(),
+        pod_uids: vec![pod.uid().to_owned()],
+        ..Default::default()
     });
     c
 }
@@ -177,7 +176,8 @@ fn bring_up(host: &str, ns: &str, pod_addr: Ipv4Addr) -> u32 {
     ifindex(host)
 }
 
-fn next_id() -> u32 {
+/// A number unique in this process, for names.
+pub(crate) fn next_id() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -218,6 +218,7 @@ pub fn sweep_stale_now() {
             quiet(&["ip", "link", "del", &name]);
         }
     }
+    crate::pod::sweep_stale_cgroups(dead);
 }
 
 /// Kills whatever still runs in the namespace, then deletes it.
@@ -549,16 +550,37 @@ pub fn ifindex(name: &str) -> u32 {
 /// so parallel tests in one process and in other processes never pick the same block.
 #[derive(Debug)]
 pub struct Pod {
-    // Field order is drop order: link first, then namespace.
+    // Field order is drop order: the sandbox (its process and cgroups), the link, then
+    // the namespace.
+    sandbox: Option<crate::pod::Sandbox>,
     link: Link,
     netns: Netns,
+    uid: String,
     host_addr: Ipv4Addr,
     pod_addr: Ipv4Addr,
     ifindex: u32,
 }
 
 impl Pod {
+    /// A pod with a fresh uid, its sandbox in the systemd driver's layout.
     pub fn new() -> Pod {
+        Pod::with(&crate::pod::pod_uid(), crate::pod::Layout::Systemd)
+    }
+
+    /// Pod `uid` with its sandbox (cgroup and process in the namespace) in `layout`.
+    pub fn with(uid: &str, layout: crate::pod::Layout) -> Pod {
+        let mut p = Pod::network_only(uid);
+        p.sandbox = Some(crate::pod::Sandbox::start(
+            uid,
+            layout,
+            Some(p.netns.name()),
+        ));
+        p
+    }
+
+    /// Pod `uid`'s network (namespace, veth, addresses) without a sandbox process: what
+    /// CNI has set up before the runtime starts the sandbox.
+    pub fn network_only(uid: &str) -> Pod {
         let netns = Netns::new();
         let n = next_id();
         let host = ifname("sgh", n);
@@ -576,8 +598,10 @@ impl Pod {
         sh(&["ip", "-n", netns.name(), "link", "set", "lo", "up"]);
         let ifindex = bring_up(link.name(), netns.name(), pod_addr);
         Pod {
+            sandbox: None,
             link,
             netns,
+            uid: uid.to_owned(),
             host_addr,
             pod_addr,
             ifindex,
@@ -594,6 +618,25 @@ impl Pod {
         add_veth(&host, &ns);
         add_host_addr(&host, self.host_addr);
         self.ifindex = bring_up(&host, &ns, self.pod_addr);
+    }
+
+    /// The pod's uid.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// The pod's sandbox (cgroup and process), if it has one.
+    pub fn sandbox(&self) -> Option<&crate::pod::Sandbox> {
+        self.sandbox.as_ref()
+    }
+
+    /// Starts the pod's sandbox now (see [`Pod::network_only`]).
+    pub fn start_sandbox(&mut self, layout: crate::pod::Layout) {
+        self.sandbox = Some(crate::pod::Sandbox::start(
+            &self.uid,
+            layout,
+            Some(self.netns.name()),
+        ));
     }
 
     /// The host end of the veth pair, in the root namespace.

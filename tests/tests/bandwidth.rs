@@ -13,7 +13,7 @@ use std::fs;
 use shareguard_tests::{
     Agent, device, get_share, metric_sample,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
-    prepare_one, proto as pb, share_id, unprepare_one,
+    prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
 
 const LOW: f64 = 0.90;
@@ -246,16 +246,22 @@ async fn failures_are_reported_never_enforced() {
     let (mut a, _pins) = start("10G");
     let mut c = a.client().await;
 
-    // A network namespace that does not exist (yet): FAILED, retryable, nothing held.
+    // A network namespace hint that is not the pod's: refused, nothing held or touched.
     let pod = Pod::new();
-    let mut missing = bw_claim("gone-ns", &pod, &share_id(), "50M");
-    missing.target.as_mut().unwrap().netns_path =
-        format!("/run/netns/sg-missing-{}", std::process::id());
-    let r = prepare_one(&mut c, 1, missing).await;
+    let other = Pod::new();
+    let mut wrong = bw_claim("wrong-ns", &pod, &share_id(), "50M");
+    wrong.target.as_mut().unwrap().netns_path = other.netns_path().display().to_string();
+    let before = net::sh(&["tc", "qdisc", "show", "dev", other.host_if()]);
+    let r = prepare_one(&mut c, 1, wrong).await;
     let e = r.error.clone().unwrap();
-    assert!(e.retryable, "{e:?}");
-    assert_eq!(r.shares[0].phase, pb::Phase::Failed as i32);
+    assert_eq!(e.code, "PermissionDenied", "{e:?}");
+    assert_eq!(e.field, "claims[0].target.netns_path", "{e:?}");
+    assert!(r.shares.is_empty());
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
+    assert_eq!(
+        net::sh(&["tc", "qdisc", "show", "dev", other.host_if()]),
+        before
+    );
 
     // A qdisc shareguard did not install: the kernel state is not ours to replace, so
     // the share fails for good and the foreign qdisc stays.
@@ -283,21 +289,24 @@ async fn failures_are_reported_never_enforced() {
     assert!(!e.retryable);
     assert!(net::sh(&["tc", "qdisc", "show", "dev", foreign.host_if()]).contains("tbf 5:"));
 
-    // The interface vanishes while the agent is down: after the restart the share cannot
-    // be verified and is UNKNOWN, holding its capacity until it is released.
+    // The pod goes away while the agent is down: after the restart the share waits for
+    // it again (PENDING), holding its capacity until it is released, and what was
+    // installed for the dead sandbox (its ifb) is gone.
     let vanishing = Pod::new();
     let id = share_id();
     enforced_share(
         &prepare_one(&mut c, 1, bw_claim("vanish", &vanishing, &id, "50M")).await,
         "50M",
     );
+    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    assert!(net::link_exists(&ifb));
     a.kill9();
     drop(vanishing);
     a.restart();
     let mut c = a.client().await;
-    let s = get_share(&mut c, id).await;
-    assert_eq!(s.phase, pb::Phase::Unknown as i32, "{s:?}");
-    assert!(s.reason.contains("does not exist"), "{s:?}");
+    let s = wait_phase(&mut c, &id, pb::Phase::Pending).await;
+    assert!(s.reason.contains("waiting"), "{s:?}");
+    assert!(!net::link_exists(&ifb), "the dead sandbox's ifb is removed");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "50M");
     assert_eq!(unprepare_one(&mut c, 1, "vanish").await.code, "");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");

@@ -266,7 +266,7 @@ fn prepare_json(uid: &str, id: &str, memory: &str) -> String {
         "claims": [{
             "claim": {"uid": uid, "namespace": "team-a", "name": format!("claim-{uid}")},
             "allocationId": "alloc-1",
-            "target": {"podUid": "pod-1", "cgroupPaths": ["/kubepods.slice/pod-1.slice"]},
+            "target": {"podUids": ["0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88"]},
             "allocations": [{
                 "request": "mem",
                 "driver": DRIVER,

@@ -22,7 +22,13 @@ use shareguard::config_gpu::GpuBackendKind;
 use shareguard_tests::{Agent, Options, agent_bin, generic_device};
 
 /// What the agent needs and nothing more; the unit's comments say why for each.
-const CAPABILITIES: [&str; 4] = ["CAP_BPF", "CAP_KILL", "CAP_NET_ADMIN", "CAP_SYS_ADMIN"];
+const CAPABILITIES: [&str; 5] = [
+    "CAP_BPF",
+    "CAP_KILL",
+    "CAP_NET_ADMIN",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_PTRACE",
+];
 
 /// The only paths the unit may make writable.
 const WRITABLE: [&str; 4] = [
@@ -32,10 +38,11 @@ const WRITABLE: [&str; 4] = [
     "/run/cdi",
 ];
 
-/// `systemd-analyze security --offline=yes` gave 3.0 ("OK") for the unit with systemd 252
-/// (Debian 12). The rest of the exposure is what the agent's work needs: root,
+/// `systemd-analyze security --offline=yes` gave 3.3 ("OK") for the unit with systemd 252
+/// (Debian 12): 3.0 before pod discovery added CAP_SYS_PTRACE (reading other uids'
+/// /proc/PID/ns/net). The rest of the exposure is what the agent's work needs: root,
 /// CAP_SYS_ADMIN, CAP_NET_ADMIN, the host's network, devices and /proc.
-const MAX_EXPOSURE: f64 = 3.0;
+const MAX_EXPOSURE: f64 = 3.3;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -448,7 +455,7 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
     assert!(a.audit_log.starts_with("/var/lib/shareguard"));
     assert!(a.bpffs_dir.starts_with("/sys/fs/bpf/"));
     assert_eq!(a.cdi_dir, Path::new("/var/run/cdi"));
-    assert_eq!(a.cgroup_root, Path::new("/sys/fs/cgroup"));
+    assert_eq!(a.cgroup_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
 }
 
 #[test]

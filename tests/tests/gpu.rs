@@ -9,14 +9,15 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, claim, device, get_share, metric_sample, net, prepare_one,
-    proto as pb, share_id, unprepare_one,
+    Agent, DRIVER, Options, POOL, alloc, claim, device, get_share, metric_sample, net,
+    pod::{Layout, Sandbox, pod_uid},
+    prepare_one, proto as pb, share_id, unprepare_one,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
@@ -53,11 +54,11 @@ fn start(dir: &Path, watchdog: &str) -> Agent {
     Agent::start(o)
 }
 
-fn gpu_claim(uid: &str, id: &str, amount: &str, pod_uid: &str, cgroup: &str) -> pb::ClaimPrepare {
+/// A claim of `amount` for pod `pod_uid`: the agent finds the pod's cgroup itself.
+fn gpu_claim(uid: &str, id: &str, amount: &str, pod_uid: &str) -> pb::ClaimPrepare {
     let mut c = claim(uid, "team-a", "a1", vec![alloc("gpu-0", id, amount)]);
     c.target = Some(pb::PodTarget {
-        pod_uid: pod_uid.into(),
-        cgroup_paths: vec![cgroup.into()],
+        pod_uids: vec![pod_uid.into()],
         ..Default::default()
     });
     c
@@ -70,6 +71,9 @@ fn spec_path(dir: &Path, claim_uid: &str) -> PathBuf {
 
 #[tokio::test]
 async fn simulated_gpu_share_end_to_end() {
+    if !net::privileged("simulated_gpu_share_end_to_end") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut a = start(dir.path(), r#"{ period = "1s", action = "report" }"#);
     let mut c = a.client().await;
@@ -84,13 +88,19 @@ async fn simulated_gpu_share_end_to_end() {
     );
 
     let id = share_id();
-    let pod = "0b5c4f6e-1111-4222-8333-944455556666";
-    let cg = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5c4f6e_1111_4222_8333_944455556666.slice";
-    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod, cg)).await;
+    // The pod's cgroup exists (kubelet makes it before the sandbox): the limit goes on it.
+    let sb = Sandbox::cgroup_only(&pod_uid(), Layout::Systemd);
+    let pod = sb.uid();
+    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod)).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
     assert_eq!(s.mechanism, "simulated-cgroup");
+    assert_eq!(
+        s.sandbox.as_ref().map(|x| x.cgroup.as_str()),
+        Some(sb.pod_cgroup().as_str()),
+        "the limit is on the pod's own cgroup"
+    );
     assert_eq!(
         s.limits[0].enforced, "10Gi",
         "read back from the simulated driver"
@@ -110,7 +120,7 @@ async fn simulated_gpu_share_end_to_end() {
     );
 
     // 10Gi + 75Gi > 80Gi: refused, and no spec is written for it.
-    let r = prepare_one(&mut c, 1, gpu_claim("g2", &share_id(), "75Gi", pod, cg)).await;
+    let r = prepare_one(&mut c, 1, gpu_claim("g2", &share_id(), "75Gi", pod)).await;
     assert!(r.error.is_some(), "{r:?}");
     assert!(!spec_path(dir.path(), "g2").exists());
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "10Gi");
@@ -124,7 +134,7 @@ async fn simulated_gpu_share_end_to_end() {
     let mut c = a.client().await;
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
-    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod, cg)).await;
+    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod)).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     assert!(path.exists(), "a repeated Prepare rewrites the CDI spec");
 
@@ -133,79 +143,15 @@ async fn simulated_gpu_share_end_to_end() {
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
 }
 
-/// The cgroup v2 hierarchy: /sys/fs/cgroup itself, or the unified one of a hybrid host.
-fn cgroup2_root() -> PathBuf {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-        .expect("no cgroup v2 hierarchy")
-}
-
-/// A cgroup path (relative to the v2 root) with one `sleep` in it; kills the process
-/// and removes the directories, deepest first, when dropped, also on panic.
-struct PodProcess {
-    root: PathBuf,
-    rel: String,
-    child: Child,
-}
-
-impl PodProcess {
-    fn start(rel: &str) -> PodProcess {
-        let root = cgroup2_root();
-        let dir = root.join(rel);
-        fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("sleep").arg("600").spawn().unwrap();
-        let p = PodProcess {
-            root,
-            rel: rel.to_owned(),
-            child,
-        };
-        fs::write(dir.join("cgroup.procs"), p.child.id().to_string()).unwrap();
-        p
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for PodProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let mut rel = PathBuf::from(&self.rel);
-        loop {
-            // Only directories this test made: the top one is unique to it too.
-            let _ = fs::remove_dir(self.root.join(&rel));
-            if !rel.pop() || rel.as_os_str().is_empty() {
-                break;
-            }
-        }
-    }
-}
-
 #[tokio::test]
 async fn watchdog_terminates_only_the_process_over_its_share() {
     if !net::privileged("watchdog_terminates_only_the_process_over_its_share") {
         return;
     }
-    let n = std::process::id();
-    // Unique pod uids per test process, in both kubelet layouts.
-    let uid_a = format!("{n:08x}-aaaa-4aaa-8aaa-aaaaaaaaaaaa");
-    let uid_b = format!("{n:08x}-bbbb-4bbb-8bbb-bbbbbbbbbbbb");
-    // Under a directory unique to this test process, as kind nests the kubelet's root.
-    let cg_a = format!(
-        "sgtest{n}a.slice/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{n}a.scope",
-        uid_a.replace('-', "_")
-    );
-    let cg_b = format!("sgtest{n}b/kubepods/besteffort/pod{uid_b}/ctr{n}b");
-    let mut pa = PodProcess::start(&cg_a);
-    let mut pb_ = PodProcess::start(&cg_b);
+    // One pod in each kubelet layout, each with its sandbox process.
+    let mut pa = Sandbox::start(&pod_uid(), Layout::Systemd, None);
+    let mut pb_ = Sandbox::start(&pod_uid(), Layout::Cgroupfs, None);
+    let (uid_a, uid_b) = (pa.uid().to_owned(), pb_.uid().to_owned());
 
     let dir = tempfile::tempdir().unwrap();
     let a = start(
@@ -214,9 +160,10 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
     );
     let mut c = a.client().await;
     let (id_a, id_b) = (share_id(), share_id());
-    for (uid, id, pod, cg) in [("wa", &id_a, &uid_a, &cg_a), ("wb", &id_b, &uid_b, &cg_b)] {
-        let r = prepare_one(&mut c, 1, gpu_claim(uid, id, "10Gi", pod, cg)).await;
+    for (uid, id, pod) in [("wa", &id_a, &uid_a), ("wb", &id_b, &uid_b)] {
+        let r = prepare_one(&mut c, 1, gpu_claim(uid, id, "10Gi", pod)).await;
         assert_eq!(r.error, None, "{r:?}");
+        assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     }
     // The simulated GPU reports both processes: A at 12Gi of its 10Gi, B at 5Gi.
     fs::write(
@@ -267,7 +214,7 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
         term["reason"]
             .as_str()
             .unwrap()
-            .contains(&pa.pid().to_string()),
+            .contains(&pa.pid().unwrap().to_string()),
         "{term}"
     );
 
@@ -336,12 +283,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         d.capacity["memory"], "0",
         "nothing discovered, nothing to hand out"
     );
-    let r = prepare_one(
-        &mut c,
-        1,
-        gpu_claim("nv", &share_id(), "1Gi", "pod-nv", "kubepods/pod-nv"),
-    )
-    .await;
+    let r = prepare_one(&mut c, 1, gpu_claim("nv", &share_id(), "1Gi", &pod_uid())).await;
     assert!(r.error.is_some(), "{r:?}");
     assert!(
         a.log_text().contains("NVML unavailable"),
@@ -429,13 +371,9 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     );
 
     let id = share_id();
-    let n = std::process::id();
-    let pod = format!("{n:08x}-cccc-4ccc-8ccc-cccccccccccc");
-    let cg = format!(
-        "sgtest{n}m.slice/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{n}m.scope",
-        pod.replace('-', "_")
-    );
-    let r = prepare_one(&mut c, 1, gpu_claim("m1", &id, "10Gi", &pod, &cg)).await;
+    // MPS needs nothing of the pod: the daemon is there before the pod's containers.
+    let pod = pod_uid();
+    let r = prepare_one(&mut c, 1, gpu_claim("m1", &id, "10Gi", &pod)).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -514,7 +452,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     // share stays ENFORCED through reconcile passes. Reported as running on the GPU
     // directly (its container lost CUDA_MPS_PIPE_DIRECTORY), it is unlimited: DEGRADED,
     // and ENFORCED again once it is a client.
-    let proc = PodProcess::start(&cg);
+    let proc = Sandbox::start(&pod, Layout::Systemd, None);
     let report = |via_mps: bool| {
         fs::write(
             &processes,

@@ -174,6 +174,9 @@ async fn health_and_readiness_endpoints() {
 /// per-share families say what the share asked for and what was read back.
 #[tokio::test]
 async fn metrics_pass_promtool_and_show_requested_and_enforced() {
+    if !shareguard_tests::net::privileged("metrics_pass_promtool_and_show_requested_and_enforced") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let devices = generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[])
         + &format!(
@@ -230,9 +233,13 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         "a1",
         vec![alloc("gpu-0", &gpu_share, "2Gi")],
     );
+    // The GPU limit goes on the pod's cgroup, which the agent finds by the pod's uid.
+    let sb = shareguard_tests::pod::Sandbox::cgroup_only(
+        &shareguard_tests::pod::pod_uid(),
+        shareguard_tests::pod::Layout::Cgroupfs,
+    );
     g.target = Some(shareguard_tests::proto::PodTarget {
-        pod_uid: "pod-m3".into(),
-        cgroup_paths: vec!["kubepods/pod-m3".into()],
+        pod_uids: vec![sb.uid().to_owned()],
         ..Default::default()
     });
     let r = prepare_one(&mut c, 1, g).await;

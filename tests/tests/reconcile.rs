@@ -1,9 +1,10 @@
 //! The reconciler against drift injected by hand on real interfaces: the share's qdisc
 //! deleted, its class rate changed, its ifb removed, its program link unpinned (which
-//! detaches it), the pod's interface recreated. Each is found within two periods
-//! (the share goes DEGRADED, with the reason), repaired (ENFORCED again, the kernel state
-//! as it was), seen by a watcher in that order, and counted in the metrics. A pod that
-//! is gone is reported and keeps its capacity. Root only; skips without it unless
+//! detaches it). Each is found within two periods (the share goes DEGRADED, with the
+//! reason), repaired (ENFORCED again, the kernel state as it was), seen by a watcher in
+//! that order, and counted in the metrics. The pod's interface recreated is followed:
+//! the share waits for the new one (PENDING) and is enforced on it. A pod that is gone
+//! leaves its share waiting, capacity held. Root only; skips without it unless
 //! `CI=true`.
 
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
@@ -155,30 +156,46 @@ async fn drift_is_found_within_two_periods_and_repaired() {
     }
 
     // The pod's network is set up again (same names, a new interface): the old
-    // interface is gone, so the limit is; the repair installs it on the new one.
+    // interface is gone, and its limit with it; the share follows the pod to the new
+    // one, waiting (PENDING) in between at most.
     let old_index = pod.host_ifindex();
     let mut pod = pod;
     pod.recreate_link();
     assert_ne!(pod.host_ifindex(), old_index);
-    let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
-    assert_eq!(s.phase, pb::Phase::Degraded as i32, "recreated: {s:?}");
-    let s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
-    assert_eq!(s.phase, pb::Phase::Enforced as i32, "recreated: {s:?}");
+    let s = until_phase(&mut w, &id, pb::Phase::Enforced, &[pb::Phase::Pending]).await;
+    assert_eq!(
+        s.sandbox.as_ref().map(|x| x.host_ifindex),
+        Some(pod.host_ifindex()),
+        "recreated: enforced on the new interface: {s:?}"
+    );
     assert_eq!(
         class(&host),
         class_before,
         "recreated: the class is on the new interface"
     );
 
-    // The pod goes away without an Unprepare: reported, never released implicitly.
+    // The pod goes away without an Unprepare: waiting again, never released implicitly.
     drop(pod);
-    // Drift first, then the failed repair says what is missing.
-    let mut s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
-    while !s.reason.contains("capacity stays held") {
-        assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
-        s = changed(&mut w, &id, 2 * PERIOD + Duration::from_secs(2)).await;
-    }
-    assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
-    assert!(s.reason.contains("does not exist"), "{}", s.reason);
+    let s = until_phase(&mut w, &id, pb::Phase::Pending, &[]).await;
+    assert!(s.reason.contains("waiting"), "{}", s.reason);
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "100M");
+}
+
+/// Follows share `id`'s changes until it is in `want`, allowing only `via` in between.
+async fn until_phase(
+    w: &mut Streaming<pb::WatchSharesResponse>,
+    id: &str,
+    want: pb::Phase,
+    via: &[pb::Phase],
+) -> pb::ShareStatus {
+    loop {
+        let s = changed(w, id, 2 * PERIOD + Duration::from_secs(2)).await;
+        if s.phase == want as i32 {
+            return s;
+        }
+        assert!(
+            via.iter().any(|p| *p as i32 == s.phase),
+            "on the way to {want:?}: {s:?}"
+        );
+    }
 }

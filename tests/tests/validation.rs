@@ -275,6 +275,45 @@ const CASES: &[Case] = &[
         field: "claims[0].target.netns_path",
         says: "/proc/self/ns/net",
     },
+    Case {
+        what: "pod uid that is not a UUID",
+        edit: |c| target(c).pod_uids = vec!["pod-a".into()],
+        code: "InvalidArgument",
+        field: "claims[0].target.pod_uids[0]",
+        says: "not a pod uid",
+    },
+    Case {
+        what: "pod uid named twice",
+        edit: |c| {
+            target(c).pod_uids = vec![
+                "0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88".into(),
+                "0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88".into(),
+            ]
+        },
+        code: "InvalidArgument",
+        field: "claims[0].target.pod_uids[1]",
+        says: "twice",
+    },
+    Case {
+        what: "claim uid with a dot (it names the claim's CDI spec)",
+        edit: |c| c.claim.as_mut().unwrap().uid = "bad.uid".into(),
+        code: "InvalidArgument",
+        field: "claims[0].claim.uid",
+        says: "only letters",
+    },
+    Case {
+        what: "cgroup hint for a pod with no sandbox on the node",
+        edit: |c| {
+            let t = target(c);
+            t.pod_uids = vec!["0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88".into()];
+            t.cgroup_paths = vec![
+                "/kubepods.slice/kubepods-pod0d6f2b5e_7d4e_4a64_8a1b_3c2d1e0f9a88.slice".into(),
+            ];
+        },
+        code: "PermissionDenied",
+        field: "claims[0].target.cgroup_paths[0]",
+        says: "cannot be verified",
+    },
 ];
 
 #[tokio::test]
@@ -292,6 +331,8 @@ async fn bad_claims_are_refused_naming_the_field_and_change_nothing() {
         );
         (case.edit)(&mut cl);
         let tenant = cl.claim.as_ref().unwrap().namespace.clone();
+        // An edit may change the uid itself.
+        let uid = cl.claim.as_ref().unwrap().uid.clone();
         let r = prepare_one(&mut c, 1, cl).await;
         let what = case.what;
         let e = r

@@ -42,6 +42,9 @@ pub enum Decision {
     OverLimit,
     /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
     Terminate,
+    /// A share followed its pod's sandbox: enforced on a sandbox that appeared or was
+    /// replaced, or waiting again after it went away.
+    Sandbox,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,7 +73,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 8] = [
+    pub const ALL: [Decision; 9] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -79,6 +82,7 @@ impl Decision {
         Decision::Recover,
         Decision::OverLimit,
         Decision::Terminate,
+        Decision::Sandbox,
     ];
 
     /// The name written in the `decision` field.
@@ -92,13 +96,14 @@ impl Decision {
             Decision::Recover => "recover",
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
+            Decision::Sandbox => "sandbox",
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, over_limit, terminate)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, over_limit, terminate, sandbox)"
 )]
 pub struct UnknownDecision(pub String);
 

@@ -8,18 +8,20 @@ mod prepare;
 mod query;
 mod reconcile;
 mod recover;
+mod sandbox;
 #[cfg(test)]
 mod tests;
 mod unprepare;
 
 use std::{
     collections::HashMap,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use shareguard_common::limiter::{LimitSpec, Limiter, Target};
-use tokio::sync::broadcast;
+use shareguard_common::limiter::{HostIface, LimitSpec, Limiter, Target};
+use tokio::sync::{Notify, broadcast};
 
 pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
@@ -27,6 +29,7 @@ pub use query::{DeviceView, ShareFilter};
 use crate::{
     audit::AuditLog,
     config::Config,
+    discovery::{self, Discovery},
     error::RequestError,
     ledger::State,
     metrics::Metrics,
@@ -49,6 +52,12 @@ pub enum OpenError {
     },
     #[error("no limiter for device {0}")]
     NoLimiter(String),
+    #[error("pod discovery: {0}")]
+    Discovery(String),
+    /// The config dropped or changed a device that still has live shares: starting would
+    /// leave their capacity and enforcement unaccounted for.
+    #[error("{0}")]
+    Inventory(String),
 }
 
 pub struct Engine {
@@ -62,6 +71,10 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     /// What the GPU watchdog last saw, by share key (see [`gpu`]).
     gpu_obs: Mutex<HashMap<String, gpu::GpuObservation>>,
+    /// Finds pods' sandboxes (see [`crate::discovery`]).
+    discovery: Arc<Discovery>,
+    /// Wakes the discovery loop: kernel events, and a Prepare that left a share waiting.
+    kick: Arc<Notify>,
 }
 
 pub fn now_ms() -> u64 {
@@ -102,6 +115,7 @@ impl Engine {
                 }
             })?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let discovery = Arc::new(open_discovery(&cfg)?);
         let mut engine = Engine {
             cfg,
             store,
@@ -112,8 +126,10 @@ impl Engine {
             audit,
             metrics,
             gpu_obs: Mutex::new(HashMap::new()),
+            discovery,
+            kick: Arc::new(Notify::new()),
         };
-        let (mut state, batch) = recover::recover(&engine, loaded, boot_id);
+        let (mut state, batch) = recover::recover(&engine, loaded, boot_id)?;
         engine
             .store
             .submit(batch)
@@ -128,6 +144,7 @@ impl Engine {
             let records: Vec<ShareRecord> = state.records.values().cloned().collect();
             let mut fresh = State::default();
             fresh.epoch = state.epoch;
+            fresh.epoch_durable = state.epoch_durable;
             fresh.claims = std::mem::take(&mut state.claims);
             for r in records {
                 fresh.put(r);
@@ -155,7 +172,9 @@ impl Engine {
     }
 
     /// I4: refuses epochs below the highest accepted, and makes a higher one durable
-    /// before anything that carries it is acknowledged.
+    /// before anything that carries it is acknowledged. A call at the accepted epoch
+    /// waits too while that epoch is not durable yet (another call raised it and is
+    /// still flushing).
     async fn fence(&self, epoch: u64) -> Result<(), RequestError> {
         let durable = {
             let mut st = lock(&self.state);
@@ -166,19 +185,42 @@ impl Engine {
                 });
             }
             if epoch == st.epoch {
-                return Ok(());
+                if st.epoch_durable >= epoch {
+                    return Ok(());
+                }
+                None
+            } else {
+                let d = self.commit_locked(
+                    &mut st,
+                    Batch {
+                        epoch: Some(epoch),
+                        ..Default::default()
+                    },
+                )?;
+                st.epoch = epoch;
+                Some(d)
             }
-            let d = self.commit_locked(
-                &mut st,
-                Batch {
-                    epoch: Some(epoch),
-                    ..Default::default()
-                },
-            )?;
-            st.epoch = epoch;
-            d
         };
-        durable.wait().await?;
+        match durable {
+            Some(d) => d.wait().await?,
+            // Everything submitted before, the epoch's own write included, is durable
+            // once a barrier behind it resolves.
+            None => self.barrier().await?,
+        }
+        let mut st = lock(&self.state);
+        st.epoch_durable = st.epoch_durable.max(epoch);
+        Ok(())
+    }
+
+    /// The fence without moving it: for a request none of whose claims is valid.
+    fn check_epoch(&self, epoch: u64) -> Result<(), RequestError> {
+        let st = lock(&self.state);
+        if epoch < st.epoch {
+            return Err(RequestError::StaleEpoch {
+                got: epoch,
+                current: st.epoch,
+            });
+        }
         Ok(())
     }
 
@@ -281,27 +323,102 @@ impl Engine {
     }
 }
 
-fn spec_of(r: &ShareRecord) -> LimitSpec {
-    LimitSpec {
-        share_key: r.key.clone(),
-        device: r.device.clone(),
-        limits: r.consumed.clone(),
-        target: Target {
-            pod_uid: r.target.pod_uid.clone(),
-            cgroup_paths: r.target.cgroup_paths.clone(),
-            netns_path: r.target.netns_path.clone(),
-            interface: r.target.interface.clone(),
-        },
+/// Discovery over the cgroup v2 mount the config names, or the one in the mount table.
+fn open_discovery(cfg: &Config) -> Result<Discovery, OpenError> {
+    let mount = match &cfg.agent.cgroup_root {
+        Some(m) => m.clone(),
+        None => discovery::cgroups::host_cgroup2_mount().ok_or_else(|| {
+            OpenError::Discovery(
+                "no cgroup v2 hierarchy in /proc/self/mountinfo; set [agent] cgroup_root".into(),
+            )
+        })?,
+    };
+    let roots = cfg
+        .agent
+        .pod_cgroup_roots
+        .iter()
+        .map(|r| {
+            if r.is_absolute() {
+                r.clone()
+            } else {
+                mount.join(r)
+            }
+        })
+        .collect();
+    let host_netns = discovery::process::own_netns_inode()
+        .map_err(|e| OpenError::Discovery(format!("own network namespace: {e}")))?;
+    Ok(Discovery::new(
+        mount,
+        roots,
+        PathBuf::from("/proc"),
+        host_netns,
+    ))
+}
+
+impl Engine {
+    /// What the limiter is asked to enforce for `r`: its amounts (a dedicated allocation:
+    /// the device's whole capacity) on the sandbox it was found in.
+    fn spec_of(&self, r: &ShareRecord) -> LimitSpec {
+        let limits = if r.is_dedicated() {
+            self.cfg
+                .device(&r.device)
+                .map(|d| {
+                    d.capacities
+                        .iter()
+                        .map(|(k, c)| (k.clone(), c.value))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            r.consumed.clone()
+        };
+        let sb = r.sandbox.as_ref();
+        LimitSpec {
+            share_key: r.key.clone(),
+            device: r.device.clone(),
+            limits,
+            target: Target {
+                pod_uids: r.target.pod_uids.clone(),
+                cgroups: sb
+                    .map(|s| {
+                        s.cgroups
+                            .iter()
+                            .map(|c| self.discovery.mount().join(c.trim_start_matches('/')))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                host_iface: sb.and_then(|s| {
+                    Some(HostIface {
+                        index: s.host_ifindex?,
+                        name: s.host_ifname.clone()?,
+                    })
+                }),
+            },
+        }
+    }
+
+    /// [`judge`] for `r`: against what it consumes, or for a dedicated allocation the
+    /// device's whole capacity.
+    fn judge(
+        &self,
+        r: &ShareRecord,
+        e: &shareguard_common::limiter::Enforcement,
+    ) -> (Phase, String) {
+        judge(&self.spec_of(r).limits, e)
     }
 }
 
-/// I5: ENFORCED only when every consumed capacity was read back equal to the request.
+/// I5: ENFORCED only when every wanted capacity (what the share consumes; a dedicated
+/// allocation's whole device) was read back equal to the request.
 /// Returns the phase and, when it is not ENFORCED, why.
 ///
 /// A back end that can only watch (the GPU watchdog where the driver offers no hard
 /// limit) reads nothing back by design: such a share is ACCOUNTED, stated as not
 /// enforced up front, rather than DEGRADED as if something had stopped working.
-fn judge(r: &ShareRecord, e: &shareguard_common::limiter::Enforcement) -> (Phase, String) {
+fn judge(
+    wanted: &std::collections::BTreeMap<String, shareguard_common::Quantity>,
+    e: &shareguard_common::limiter::Enforcement,
+) -> (Phase, String) {
     let note = if e.simulated {
         " (SIMULATED GPU: no real driver holds this limit)"
     } else {
@@ -315,7 +432,7 @@ fn judge(r: &ShareRecord, e: &shareguard_common::limiter::Enforcement) -> (Phase
             ),
         );
     }
-    for (name, want) in &r.consumed {
+    for (name, want) in wanted {
         match e.enforced.get(name) {
             None => {
                 return (

@@ -19,7 +19,7 @@ use crate::{
     validate::{ValidClaim, authorize, validate_claim},
 };
 
-use super::{Engine, judge, now_ms, spec_of};
+use super::{Engine, now_ms, sandbox::Step};
 
 /// What happened to one claim of a Prepare.
 #[derive(Clone, Debug)]
@@ -71,9 +71,26 @@ impl Engine {
                 });
             }
         }
-        self.fence(epoch).await?;
+        // Every claim is checked before the fence moves: a request none of whose claims
+        // is valid must not raise the epoch (one malformed call with epoch 2^64-1 would
+        // lock every later caller out).
+        let checked: Vec<Result<ValidClaim, ClaimError>> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                validate_claim(&self.cfg, i, c).and_then(|v| {
+                    authorize(&self.cfg, &v)?;
+                    Ok(v)
+                })
+            })
+            .collect();
+        if checked.iter().any(Result::is_ok) {
+            self.fence(epoch).await?;
+        } else {
+            self.check_epoch(epoch)?;
+        }
         let mut out = Vec::with_capacity(claims.len());
-        for (i, c) in claims.iter().enumerate() {
+        for (c, checked) in claims.iter().zip(checked) {
             let (uid, ns) = c
                 .claim
                 .as_ref()
@@ -81,7 +98,7 @@ impl Engine {
                 .unwrap_or(("", ""));
             let span = info_span!("prepare", claim = %uid, namespace = %ns, epoch);
             out.push(
-                self.prepare_claim(i, c, epoch, caller_uid)
+                self.prepare_claim(c, checked, epoch, caller_uid)
                     .instrument(span)
                     .await,
             );
@@ -91,48 +108,77 @@ impl Engine {
 
     async fn prepare_claim(
         &self,
-        index: usize,
         c: &pb::ClaimPrepare,
+        checked: Result<ValidClaim, ClaimError>,
         epoch: u64,
         caller: u32,
     ) -> PrepareOutcome {
         let started = Instant::now();
-        let checked = validate_claim(&self.cfg, index, c).and_then(|v| {
-            authorize(&self.cfg, &v)?;
-            Ok(v)
-        });
         let out = match checked {
             Err(e) => self.refused(c, e, epoch, caller),
-            Ok(valid) => {
-                let _guard = self.locks.lock(&valid.claim.uid).await;
-                let admission = {
-                    let mut st = lock(&self.state);
-                    self.admit(&mut st, &valid, epoch, caller)
-                };
-                match admission {
-                    Err(e) => self.refused(c, e, epoch, caller),
-                    Ok(Admission::Repeat(records)) => self.repeat(&valid, records, caller).await,
-                    Ok(Admission::New(records, durable)) => {
-                        self.enforce_new(&valid, records, durable, caller).await
+            Ok(mut valid) => match self.verify_hints(&mut valid).await {
+                Err(e) => self.refused(c, e, epoch, caller),
+                Ok(()) => {
+                    let _guard = self.locks.lock(&valid.claim.uid).await;
+                    let admission = {
+                        let mut st = lock(&self.state);
+                        self.admit(&mut st, &valid, epoch)
+                    };
+                    match admission {
+                        Err(e) => self.refused(c, e, epoch, caller),
+                        Ok(Admission::Repeat(records)) => {
+                            self.repeat(&valid, records, caller).await
+                        }
+                        Ok(Admission::New(records, durable)) => {
+                            self.enforce_new(&valid, records, durable, caller).await
+                        }
                     }
                 }
-            }
+            },
         };
         self.metrics
             .observe_prepare(started.elapsed(), out.error.as_ref());
         out
     }
 
+    /// Verifies the caller's netns and cgroup hints against the pods' sandboxes (I9) and
+    /// keeps them in the form they are remembered in.
+    async fn verify_hints(&self, v: &mut ValidClaim) -> Result<(), ClaimError> {
+        if v.netns_path.is_none() && v.target.cgroup_paths.is_empty() {
+            return Ok(());
+        }
+        let d = self.discovery.clone();
+        let field = format!("claims[{}].target", v.index);
+        let (pods, netns, cgroups) = (
+            v.target.pod_uids.clone(),
+            v.netns_path.clone(),
+            v.target.cgroup_paths.clone(),
+        );
+        let (inode, kept) = tokio::task::spawn_blocking(move || {
+            d.verify_hints(&field, &pods, netns.as_deref(), &cgroups)
+        })
+        .await
+        .map_err(|e| ClaimError::internal(format!("hint check failed: {e}")))??;
+        v.target.netns_inode = inode;
+        v.target.cgroup_paths = kept;
+        Ok(())
+    }
+
     /// Decides under the state lock: idempotency (I3), immutability, the ledger (I1).
     /// A new admission is committed to the store before the lock is released, so the
     /// next decision already counts it.
-    fn admit(
-        &self,
-        st: &mut State,
-        v: &ValidClaim,
-        epoch: u64,
-        caller: u32,
-    ) -> Result<Admission, ClaimError> {
+    fn admit(&self, st: &mut State, v: &ValidClaim, epoch: u64) -> Result<Admission, ClaimError> {
+        // The fence again, where it matters: a higher epoch may have been accepted while
+        // this request waited (I4).
+        if epoch < st.epoch {
+            return Err(ClaimError::precondition(
+                "epoch",
+                format!(
+                    "{epoch} is older than the highest accepted epoch {}",
+                    st.epoch
+                ),
+            ));
+        }
         let now = now_ms();
         let wanted: Vec<ShareRecord> = v
             .allocs
@@ -160,6 +206,15 @@ impl Engine {
                 .filter(|r| r.phase.holds_capacity())
                 .collect();
             if !live.is_empty() {
+                if let Some(r) = live.iter().find(|r| r.phase == Phase::Releasing) {
+                    return Err(ClaimError::precondition(
+                        format!("{cfield}.claim.uid"),
+                        format!(
+                            "share {} of this claim is being released; repeat the Unprepare, then Prepare again",
+                            r.key
+                        ),
+                    ));
+                }
                 if cr.allocation_id != v.allocation_id {
                     return Err(ClaimError::precondition(
                         format!("{cfield}.allocation_id"),
@@ -211,6 +266,20 @@ impl Engine {
             }
         }
 
+        // A pod uses claims of its own namespace only: a pod already named by a live claim
+        // of another namespace is not this claim's (it would point limits, and the
+        // watchdog's terminations, at another tenant's pod).
+        for (i, pod) in v.target.pod_uids.iter().enumerate() {
+            if let Some(ns) = st.pod_namespaces(pod).find(|ns| *ns != v.claim.namespace) {
+                return Err(ClaimError::denied(
+                    format!("{cfield}.target.pod_uids[{i}]"),
+                    format!(
+                        "pod {pod} is named by a live claim of namespace {ns}; a pod only uses claims of its own namespace"
+                    ),
+                ));
+            }
+        }
+
         ledger::check_claim(&self.cfg, st, v)?;
 
         let claim_rec = ClaimRecord {
@@ -228,15 +297,6 @@ impl Engine {
                 ..Default::default()
             },
         )?;
-        for r in &wanted {
-            self.audit_share(
-                r,
-                Decision::Admit,
-                "admitted to the ledger",
-                Some(caller),
-                None,
-            );
-        }
         Ok(Admission::New(wanted, durable))
     }
 
@@ -261,6 +321,12 @@ impl Engine {
             policy_version: a.policy_version.clone(),
             admin_access: a.admin_access,
             target: v.target.clone(),
+            sandbox: None,
+            device_kind: self
+                .cfg
+                .device(&a.device)
+                .map(|d| d.kind.as_str().to_owned())
+                .unwrap_or_default(),
             // Accounting has no side effects, so its final phase is written at once; an
             // enforcing limiter first records PREPARING so a crash mid-way is explained.
             phase: if accounting {
@@ -294,7 +360,8 @@ impl Engine {
         durable: Durable,
         caller: u32,
     ) -> PrepareOutcome {
-        // Durable before anything is applied or acknowledged (I6).
+        // Durable before anything is applied or acknowledged (I6), and audited as
+        // admitted only then.
         if let Err(e) = durable.wait().await {
             return self.outcome(
                 v,
@@ -304,6 +371,15 @@ impl Engine {
                 ))),
             );
         }
+        for r in &records {
+            self.audit_share(
+                r,
+                Decision::Admit,
+                "admitted to the ledger",
+                Some(caller),
+                None,
+            );
+        }
         self.publish(&records);
         let mut applied = Vec::new();
         let mut failure = None;
@@ -311,24 +387,22 @@ impl Engine {
             if r.phase != Phase::Preparing {
                 continue;
             }
-            match self.apply_blocking(r).await {
-                Ok(e) => {
+            match self.step(r, true).await {
+                Step::Next(mut n) => {
+                    n.updated_at_ms = now_ms();
+                    *r = n;
                     applied.push(r.key.clone());
-                    let (phase, reason) = judge(r, &e);
-                    r.mechanism = e.mechanism;
-                    r.enforced = e.enforced;
-                    r.phase = phase;
-                    r.reason = reason;
-                    r.updated_at_ms = now_ms();
                 }
-                Err(e) => {
+                Step::Same => applied.push(r.key.clone()),
+                Step::Failed(n, e) => {
+                    *r = n;
                     failure = Some((i, e));
                     break;
                 }
             }
         }
         if let Some((i, e)) = failure {
-            return self.roll_back(v, records, applied, i, e, caller).await;
+            return self.roll_back(v, records, i, e, caller).await;
         }
         if applied.is_empty() {
             // Accounting only: the admission itself was the final, durable write.
@@ -349,7 +423,7 @@ impl Engine {
                 }),
             Err(msg) => {
                 let e = LimiterError::retryable(format!("writing the claim's CDI spec: {msg}"));
-                return self.roll_back(v, records, applied, 0, e, caller).await;
+                return self.roll_back(v, records, 0, e, caller).await;
             }
         };
         let changed: Vec<ShareRecord> = records
@@ -370,6 +444,10 @@ impl Engine {
         for r in records.iter().filter(|r| applied.contains(&r.key)) {
             self.audit_share(r, Decision::Admit, &r.reason, Some(caller), None);
         }
+        if records.iter().any(|r| r.phase == Phase::Pending) {
+            // The sandbox may appear between this look and the next event: look again.
+            self.kick();
+        }
         self.outcome(v, records, None)
     }
 
@@ -377,7 +455,6 @@ impl Engine {
         &self,
         v: &ValidClaim,
         mut records: Vec<ShareRecord>,
-        applied: Vec<String>,
         failed: usize,
         e: LimiterError,
         caller: u32,
@@ -393,13 +470,14 @@ impl Engine {
             Retry::Permanent => ClaimError::precondition(field, e.message.clone()),
         };
         warn!(error = %err, "enforcement failed; rolling the claim back");
-        for key in &applied {
-            if let Some(r) = records.iter().find(|r| &r.key == key)
-                && let Err(re) = self.remove_blocking(r).await
-            {
+        // Every share of the claim, the failed one included: a failed apply can have
+        // installed part of its limit (an install record, a qdisc, an ifb, a GPU table
+        // entry), and a FAILED share holds nothing. Removal is idempotent.
+        for r in records.iter().filter(|r| !self.accounting_only(&r.device)) {
+            if let Err(re) = self.remove_blocking(r).await {
                 // The share is marked FAILED below either way; a limit left behind is
-                // stricter than asked, never looser, and the next Prepare re-applies.
-                warn!(share = %key, error = %re, "could not remove a limit during roll-back");
+                // stricter than asked, never looser, and is named in the log.
+                warn!(share = %r.key, error = %re, "could not remove a limit during roll-back");
             }
         }
         let now = now_ms();
@@ -407,6 +485,8 @@ impl Engine {
             r.phase = Phase::Failed;
             r.error = Some(err.clone());
             r.reason = format!("claim rolled back: {}", err.message);
+            r.sandbox = None;
+            r.enforced.clear();
             r.updated_at_ms = now;
         }
         if let Err(se) = self
@@ -430,8 +510,9 @@ impl Engine {
         self.outcome(v, records, Some(err))
     }
 
-    /// A repeated Prepare: counts nothing again, but re-applies enforcement to the target
-    /// given now (a pod sandbox can come back with a new netns or cgroup).
+    /// A repeated Prepare: counts nothing again, but brings each share in line with its
+    /// pod's sandbox as it is now (kubelet repeats a Prepare when it sets a sandbox up
+    /// again).
     async fn repeat(
         &self,
         v: &ValidClaim,
@@ -441,32 +522,30 @@ impl Engine {
         let mut out = Vec::with_capacity(records.len());
         let mut changed = Vec::new();
         for r in records {
-            if self.accounting_only(&r.device) || r.phase == Phase::Releasing {
+            if self.accounting_only(&r.device) || !super::sandbox::follows_sandbox(r.phase) {
                 out.push(r);
                 continue;
             }
-            let mut n = r.clone();
-            n.target = v.target.clone();
-            match self.apply_blocking(&n).await {
-                Ok(e) => {
-                    let (phase, reason) = judge(&n, &e);
-                    n.mechanism = e.mechanism;
-                    n.enforced = e.enforced;
-                    n.phase = phase;
-                    n.reason = reason;
-                    n.error = None;
-                }
-                Err(e) => {
+            // Forced: a kubelet that repeats a Prepare expects the limit to be in place,
+            // so one that drifted is put back now rather than at the next reconcile.
+            let n = match self.step(&r, true).await {
+                Step::Same => r.clone(),
+                Step::Next(n) => n,
+                Step::Failed(mut n, e) => {
                     n.phase = Phase::Degraded;
                     n.reason = format!("re-applying on a repeated Prepare failed: {e}");
                     n.error = Some(ClaimError::unavailable(e.message));
+                    n
                 }
-            }
+            };
             if n != r {
+                let mut n = n;
                 n.updated_at_ms = now_ms();
                 changed.push(n.clone());
+                out.push(n);
+            } else {
+                out.push(r);
             }
-            out.push(n);
         }
         // The spec may have been removed by hand or lost with a tmpfs /var/run: a repeated
         // Prepare puts it back (same file, same ids).
@@ -658,7 +737,7 @@ impl Engine {
                 r.device
             )));
         };
-        let spec = spec_of(r);
+        let spec = self.spec_of(r);
         let span = info_span!("apply", share = %r.key, claim = %r.claim.uid, device = %r.device);
         let started = Instant::now();
         let res = tokio::task::spawn_blocking(move || span.in_scope(|| l.apply(&spec)))

@@ -4,12 +4,14 @@
 //! re-applies it, and returns it to ENFORCED once the read-back matches again. Every
 //! transition is persisted before it is published, like any other.
 //!
-//! What it never does: free capacity. A share whose target is gone (the pod's network
-//! namespace, its interface) stays DEGRADED, saying so, until an explicit Unprepare.
-//! UNKNOWN shares (not verifiable since a restart or reboot) are read back too, and
-//! become ENFORCED if their enforcement is there after all (a transient failure at
-//! start), but are never re-applied: after a reboot their stored target is stale, and
-//! the pod's repeated Prepare carries the target as it is now.
+//! Each pass first brings every share in line with its pod's sandbox (as the discovery
+//! loop does on events), so a sandbox whose event was lost is still followed: gone, the
+//! share waits again (PENDING); replaced, it is enforced on the new one. PREPARING
+//! shares left by a crash are taken on the same way. UNKNOWN shares (not verifiable
+//! since a restart) are re-applied: their target is the sandbox discovery finds now,
+//! never a stale one.
+//!
+//! What it never does: free capacity. Only an Unprepare does that.
 
 use std::time::Instant;
 
@@ -20,7 +22,7 @@ use crate::{
     sync::lock,
 };
 
-use super::{Engine, judge, now_ms, spec_of};
+use super::{Engine, now_ms};
 
 /// What one pass found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,7 +45,7 @@ impl Engine {
             let st = lock(&self.state);
             st.records
                 .values()
-                .filter(|r| reconciled(r.phase))
+                .filter(|r| super::sandbox::follows_sandbox(r.phase))
                 .filter(|r| !self.accounting_only(&r.device))
                 .cloned()
                 .collect()
@@ -61,6 +63,11 @@ impl Engine {
     }
 
     async fn reconcile_share(&self, key: &str, claim_uid: &str, stats: &mut ReconcileStats) {
+        // A sandbox that appeared, went or changed is all this share's pass does.
+        if self.converge(key, claim_uid).await {
+            stats.checked += 1;
+            return;
+        }
         // The claim's lock: a Prepare or Unprepare of the same claim must not interleave
         // with a re-apply here.
         let _guard = self.locks.lock(claim_uid).await;
@@ -71,11 +78,15 @@ impl Engine {
         if !reconciled(r.phase) {
             return;
         }
+        if r.sandbox.is_none() && self.needs(&r) != shareguard_common::limiter::Needs::Nothing {
+            // Not enforced on any sandbox (host network, several pods): nothing to read back.
+            return;
+        }
         let Some(l) = self.limiter(&r.device).cloned() else {
             return;
         };
         stats.checked += 1;
-        let spec = spec_of(&r);
+        let spec = self.spec_of(&r);
         let verified = tokio::task::spawn_blocking(move || l.verify(&spec))
             .await
             .unwrap_or_else(|e| {
@@ -84,7 +95,7 @@ impl Engine {
                 ))
             });
         let why = match &verified {
-            Ok(e) => match judge(&r, e) {
+            Ok(e) => match self.judge(&r, e) {
                 judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
                     if matches!(r.phase, Phase::Degraded | Phase::Unknown) {
                         // Repaired by someone else (or the kernel came back): say so.
@@ -96,10 +107,6 @@ impl Engine {
             },
             Err(e) => e.to_string(),
         };
-        if r.phase == Phase::Unknown {
-            // Verified only; re-applying is the repeated Prepare's job (see above).
-            return;
-        }
         // Drift: record it before trying to repair, so a crash in between is explained.
         if r.phase == Phase::Enforced {
             stats.drifted += 1;
@@ -109,12 +116,12 @@ impl Engine {
             d.phase = Phase::Degraded;
             d.reason = format!("drift found by the reconciler: {why}; repairing");
             d.updated_at_ms = now_ms();
-            if self.persist(&d).await.is_err() {
+            if !self.persist_one(&d).await {
                 return;
             }
         }
         match self.apply_blocking(&r).await {
-            Ok(e) => match judge(&r, &e) {
+            Ok(e) => match self.judge(&r, &e) {
                 judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
                     self.settle(&r, &e, judged, stats, true).await;
                 }
@@ -144,7 +151,7 @@ impl Engine {
         n.enforced = e.enforced.clone();
         n.error = None;
         n.updated_at_ms = now_ms();
-        if self.persist(&n).await.is_ok() {
+        if self.persist_one(&n).await {
             if repaired {
                 stats.repaired += 1;
                 self.metrics.repaired(&r.device);
@@ -163,16 +170,7 @@ impl Engine {
         let current = lock(&self.state).records.get(&r.key).cloned();
         if current.as_ref().map(|c| (&c.phase, &c.reason)) != Some((&n.phase, &n.reason)) {
             warn!(reason = %why, "repair failed");
-            let _ = self.persist(&n).await;
+            let _ = self.persist_one(&n).await;
         }
-    }
-
-    async fn persist(&self, r: &ShareRecord) -> Result<(), ()> {
-        self.commit_durable(crate::store::Batch {
-            put_shares: vec![r.clone()],
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| warn!(error = %e, "persisting a reconciled share failed"))
     }
 }

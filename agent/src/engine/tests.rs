@@ -10,7 +10,7 @@ use std::{
 use proptest::prelude::*;
 use shareguard_common::{
     Quantity,
-    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, Target},
+    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, Needs, Target},
 };
 use shareguard_proto::v1 as pb;
 
@@ -25,6 +25,7 @@ fn config(dir: &std::path::Path, retention: &str) -> Arc<Config> {
 [agent]
 state_dir = {:?}
 audit_log = {:?}
+cgroup_root = {:?}
 tombstone_retention = "{retention}"
 
 [[device]]
@@ -46,7 +47,8 @@ allowed_namespaces = ["*"]
 value = "10Gi"
 "#,
         dir.join("state"),
-        dir.join("audit.jsonl")
+        dir.join("audit.jsonl"),
+        dir.join("cgroup"),
     );
     Arc::new(Config::parse(&text, "test").unwrap())
 }
@@ -65,6 +67,8 @@ struct FakeKernel {
     /// Enforce this much less than asked, to provoke a read-back mismatch.
     shortfall: Mutex<Option<Quantity>>,
     removes: Mutex<Vec<String>>,
+    /// What the fake needs of the pod (default: nothing).
+    needs: Mutex<Option<Needs>>,
 }
 
 struct FakeLimiter(Arc<FakeKernel>);
@@ -76,9 +80,17 @@ impl Limiter for FakeLimiter {
     fn accounting_only(&self) -> bool {
         false
     }
+    fn needs(&self, _device: &str) -> Needs {
+        lock(&self.0.needs).unwrap_or(Needs::Nothing)
+    }
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         let k = &self.0;
         if lock(&k.fail_apply).contains(&spec.share_key) {
+            // Half of it got in before the failure, as a qdisc before its ifb would.
+            lock(&k.installed).insert(
+                spec.share_key.clone(),
+                (BTreeMap::new(), spec.target.clone()),
+            );
             return Err(if *lock(&k.permanent) {
                 LimiterError::permanent("interface does not exist")
             } else {
@@ -148,6 +160,8 @@ fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engi
     }
 }
 
+const POD: &str = "0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88";
+
 fn share(n: u32) -> String {
     format!("{n:08x}-0000-4000-8000-000000000000")
 }
@@ -173,8 +187,7 @@ fn claim(uid: &str, alloc_id: &str, allocs: Vec<pb::DeviceAllocation>) -> pb::Cl
         }),
         allocation_id: alloc_id.into(),
         target: Some(pb::PodTarget {
-            pod_uid: "pod1".into(),
-            netns_path: "/run/netns/a".into(),
+            pod_uids: vec![POD.into()],
             ..Default::default()
         }),
         allocations: allocs,
@@ -279,10 +292,10 @@ fn enforcement_failure_rolls_the_whole_claim_back() {
     assert_eq!(allocated(&e, "gen-1"), Quantity::ZERO);
     assert_eq!(
         *lock(&k.removes),
-        vec![share(1)],
-        "the applied half is removed"
+        vec![share(1), share(2)],
+        "the applied share is removed, and so is the half of the failed one"
     );
-    assert!(lock(&k.installed).is_empty());
+    assert!(lock(&k.installed).is_empty(), "{:?}", lock(&k.installed));
 
     // Permanent failures say so.
     *lock(&k.permanent) = true;
@@ -321,16 +334,23 @@ fn restart_reverifies_and_never_frees() {
     assert_eq!(allocated(&e, "gen-0"), q("3Gi"));
     drop(e);
 
-    // After a reboot nothing can be trusted, but capacity stays reserved.
+    // After a reboot nothing can be trusted: every share waits for its pod again, its
+    // stale state cleared, and its capacity stays reserved.
+    lock(&k.removes).clear();
     let e = open(&cfg, Some(&k), "boot-b");
     for n in 1..=3 {
         let r = e.get_share(&share(n)).unwrap();
-        assert_eq!(r.phase, Phase::Unknown);
+        assert_eq!(r.phase, Phase::Pending);
         assert!(r.reason.contains("rebooted"), "{}", r.reason);
     }
+    assert_eq!(lock(&k.removes).len(), 3, "pre-reboot state is cleared");
     assert_eq!(allocated(&e, "gen-0"), q("3Gi"));
 
-    // The kubelet repeats the Prepare when the pod comes back: enforcement is re-applied.
+    // The discovery loop enforces them again without any call.
+    let s = rt.block_on(e.discover());
+    assert_eq!(s.changed, 3, "{s:?}");
+    assert_eq!(e.get_share(&share(2)).unwrap().phase, Phase::Enforced);
+    // A repeated Prepare changes nothing and never counts twice.
     let out = rt
         .block_on(e.prepare(
             1,
@@ -346,26 +366,74 @@ fn restart_reverifies_and_never_frees() {
     );
 }
 
+/// The pod's cgroup in the test's cgroup tree (cgroupfs layout, burstable).
+fn pod_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("cgroup/kubepods/burstable")
+        .join(format!("pod{POD}"))
+}
+
 #[test]
-fn repeated_prepare_reapplies_to_the_new_target() {
+fn a_share_follows_its_pods_sandbox() {
     let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cgroup/kubepods/burstable")).unwrap();
     let cfg = config(dir.path(), "1h");
     let k = Arc::new(FakeKernel::default());
+    *lock(&k.needs) = Some(Needs::Cgroup);
     let e = open(&cfg, Some(&k), "boot-a");
     let rt = rt();
-    let mut c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-    rt.block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+    // Prepared before the pod's sandbox exists: admitted, waiting, capacity held.
+    let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    let out = rt
+        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
         .unwrap();
-    c.target.as_mut().unwrap().netns_path = "/run/netns/b".into();
-    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
     assert_eq!(out[0].error, None);
+    assert_eq!(out[0].shares[0].phase, Phase::Pending);
+    assert!(
+        out[0].shares[0].reason.contains(POD),
+        "{}",
+        out[0].shares[0].reason
+    );
+    assert!(lock(&k.installed).is_empty(), "nothing to act on yet");
+    assert_eq!(allocated(&e, "gen-0"), q("1Gi"));
+
+    // The sandbox appears: enforced on the pod's cgroup, no call needed.
+    std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
+    assert_eq!(rt.block_on(e.discover()).changed, 1);
+    let r = e.get_share(&share(1)).unwrap();
+    assert_eq!(r.phase, Phase::Enforced, "{}", r.reason);
     assert_eq!(
-        lock(&k.installed)[&share(1)].1.netns_path.as_deref(),
-        Some("/run/netns/b")
+        lock(&k.installed)[&share(1)].1.cgroups,
+        vec![pod_dir(dir.path())]
     );
     assert_eq!(
-        e.get_share(&share(1)).unwrap().target.netns_path.as_deref(),
-        Some("/run/netns/b")
+        r.sandbox.as_ref().unwrap().cgroup,
+        format!("/kubepods/burstable/pod{POD}")
+    );
+    assert_eq!(rt.block_on(e.discover()).changed, 0, "settled");
+
+    // It goes away before Unprepare: waiting again, its limit removed, capacity held.
+    std::fs::remove_dir(pod_dir(dir.path())).unwrap();
+    assert_eq!(rt.block_on(e.discover()).changed, 1);
+    let r = e.get_share(&share(1)).unwrap();
+    assert_eq!(r.phase, Phase::Pending, "{}", r.reason);
+    assert!(r.sandbox.is_none());
+    assert!(!lock(&k.installed).contains_key(&share(1)));
+    assert_eq!(allocated(&e, "gen-0"), q("1Gi"));
+
+    // It comes back (a new cgroup): enforced again.
+    std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
+    assert_eq!(rt.block_on(e.discover()).changed, 1);
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Enforced);
+    // A restart re-verifies it, and the next pass keeps it.
+    drop(e);
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Enforced);
+    assert_eq!(rt.block_on(e.discover()).changed, 0);
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert_eq!(
+        audit.lines().filter(|l| l.contains("\"sandbox\"")).count(),
+        3,
+        "every transition is audited:\n{audit}"
     );
 }
 

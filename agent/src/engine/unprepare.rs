@@ -35,16 +35,26 @@ impl Engine {
                 });
             }
         }
-        self.fence(epoch).await?;
+        // Checked before the fence moves, as for Prepare.
+        let checked: Vec<Result<(), ClaimError>> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| validate_claim_uid(&format!("claims[{i}]"), c))
+            .collect();
+        if checked.iter().any(Result::is_ok) {
+            self.fence(epoch).await?;
+        } else {
+            self.check_epoch(epoch)?;
+        }
         let mut out = Vec::with_capacity(claims.len());
-        for (i, c) in claims.iter().enumerate() {
+        for (c, checked) in claims.iter().zip(checked) {
             let span = info_span!("unprepare", claim = %c.uid, namespace = %c.namespace, epoch);
             let res = async {
-                if let Err(e) = validate_claim_uid(&format!("claims[{i}]"), c) {
+                if let Err(e) = checked {
                     self.audit_unprepare_refusal(c, &e, epoch, caller_uid);
                     return Err(e);
                 }
-                self.release_claim(&c.uid, caller_uid).await
+                self.release_claim(&c.uid, epoch, caller_uid).await
             }
             .instrument(span)
             .await;
@@ -73,10 +83,20 @@ impl Engine {
         });
     }
 
-    async fn release_claim(&self, uid: &str, caller: u32) -> Result<(), ClaimError> {
+    async fn release_claim(&self, uid: &str, epoch: u64, caller: u32) -> Result<(), ClaimError> {
         let _guard = self.locks.lock(uid).await;
         let live: Vec<ShareRecord> = {
             let st = lock(&self.state);
+            // The fence again, where the release is decided (I4).
+            if epoch < st.epoch {
+                return Err(ClaimError::precondition(
+                    "epoch",
+                    format!(
+                        "{epoch} is older than the highest accepted epoch {}",
+                        st.epoch
+                    ),
+                ));
+            }
             let Some(cr) = st.claims.get(uid) else {
                 info!("claim not known: nothing to release");
                 return Ok(());
@@ -101,6 +121,7 @@ impl Engine {
             let now = now_ms();
             for r in &mut enforcing {
                 r.phase = Phase::Releasing;
+                r.epoch = r.epoch.max(epoch);
                 r.reason = "release in progress".to_owned();
                 r.updated_at_ms = now;
             }
@@ -137,6 +158,7 @@ impl Engine {
                 r.reason = "released".to_owned();
                 r.error = None;
                 r.enforced.clear();
+                r.sandbox = None;
                 r.updated_at_ms = now;
                 r.released_at_ms = Some(now);
                 r

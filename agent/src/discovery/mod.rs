@@ -1,0 +1,357 @@
+//! Pod discovery: the agent finds each share's pod sandbox itself, from the kernel's own
+//! view, because kubelet prepares a claim before the pod's sandbox exists and the kubelet
+//! plugin knows nothing but the pod's uid.
+//!
+//! For a pod uid it looks for the pod's cgroup in kubelet's layouts ([`cgroups`]), the
+//! processes in it and their network namespace ([`process`]), and the host-side veth
+//! whose peer is the pod's interface in that namespace (limiter-net's
+//! `rtnl::pod_host_veth`, matched by link index and namespace id). What a share needs of
+//! it depends on its device's limiter (`Needs`): a GPU cgroup limit needs the pod's
+//! cgroup, bandwidth needs its network. Nothing a caller names is acted on unless it was
+//! verified to belong to the pod ([`Discovery::verify_hints`]).
+//!
+//! [`watch`] turns kernel events (cgroup directories and `cgroup.events`, link changes)
+//! into rescans; a periodic rescan is the safety net.
+
+pub mod cgroups;
+pub mod process;
+pub mod watch;
+
+use std::{
+    collections::BTreeSet,
+    os::unix::fs::MetadataExt,
+    path::{Component, Path, PathBuf},
+    sync::Mutex,
+};
+
+use shareguard_common::limiter::{HostIface, Needs};
+use shareguard_limiter_net::{NetError, rtnl};
+
+use crate::{
+    error::ClaimError,
+    record::{SandboxRecord, TargetRecord},
+    sync::lock,
+};
+
+/// The interface inside a pod's namespace when the claim names none.
+pub const DEFAULT_POD_IFACE: &str = "eth0";
+
+/// A pod sandbox as found, ready to be enforced on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sandbox {
+    pub record: SandboxRecord,
+    /// Absolute cgroup directories a cgroup limit applies to.
+    pub cgroups: Vec<PathBuf>,
+    pub host_iface: Option<HostIface>,
+}
+
+/// What discovery found for a share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// None of the share's pods has what the share needs on this node (yet); in words.
+    Waiting(String),
+    /// Exactly one of the pods has it.
+    One(Sandbox),
+    /// The pod runs in the host's network namespace: there is no pod interface to limit.
+    HostNetwork { pod_uid: String },
+    /// Several of the share's pods have a sandbox: one limit per pod would let them
+    /// together exceed the share.
+    Several(Vec<String>),
+}
+
+pub struct Discovery {
+    /// Mount point of the cgroup v2 hierarchy.
+    mount: PathBuf,
+    /// Kubelet roots from the config (absolute), searched besides the detected ones.
+    configured: Vec<PathBuf>,
+    /// Roots found by the last [`Discovery::refresh_roots`].
+    roots: Mutex<Vec<PathBuf>>,
+    proc_root: PathBuf,
+    /// The agent's own (the host's) network namespace.
+    host_netns: u64,
+}
+
+impl Discovery {
+    pub fn new(
+        mount: PathBuf,
+        configured: Vec<PathBuf>,
+        proc_root: PathBuf,
+        host_netns: u64,
+    ) -> Discovery {
+        let d = Discovery {
+            mount,
+            configured,
+            roots: Mutex::new(Vec::new()),
+            proc_root,
+            host_netns,
+        };
+        d.refresh_roots();
+        d
+    }
+
+    pub fn mount(&self) -> &Path {
+        &self.mount
+    }
+
+    /// Looks for kubelet roots again (kubelet may start after the agent).
+    pub fn refresh_roots(&self) {
+        let mut roots = cgroups::detect_roots(&self.mount);
+        for c in &self.configured {
+            if !roots.contains(c) {
+                roots.push(c.clone());
+            }
+        }
+        *lock(&self.roots) = roots;
+    }
+
+    pub fn roots(&self) -> Vec<PathBuf> {
+        lock(&self.roots).clone()
+    }
+
+    /// The cgroup of pod `uid` and its inode, if kubelet made one under a known root.
+    pub fn pod_cgroup(&self, uid: &str) -> Option<(PathBuf, u64)> {
+        for root in self.roots() {
+            for d in cgroups::pod_dirs(&root, uid) {
+                if let Ok(m) = std::fs::metadata(&d)
+                    && m.is_dir()
+                {
+                    return Some((d, m.ino()));
+                }
+            }
+        }
+        None
+    }
+
+    fn relative(&self, p: &Path) -> String {
+        let rel = p.strip_prefix(&self.mount).unwrap_or(p);
+        format!("/{}", rel.display())
+    }
+
+    /// What share `target` has of `needs` now. `current` is the sandbox it is enforced
+    /// on, if any: while that is still there, it is confirmed without netlink.
+    pub fn find(
+        &self,
+        target: &TargetRecord,
+        needs: Needs,
+        current: Option<&SandboxRecord>,
+    ) -> Found {
+        let mut found = Vec::new();
+        let mut host_network = None;
+        let mut waiting = Vec::new();
+        for uid in &target.pod_uids {
+            match self.find_pod(uid, target, needs, current) {
+                PodState::Ready(sb) => found.push(sb),
+                PodState::HostNetwork => host_network = Some(uid.clone()),
+                PodState::Waiting(why) => waiting.push(why),
+            }
+        }
+        match (found.len(), host_network) {
+            (0, Some(pod_uid)) => Found::HostNetwork { pod_uid },
+            (0, None) => Found::Waiting(if waiting.is_empty() {
+                "no pod named".to_owned()
+            } else {
+                waiting.join("; ")
+            }),
+            (1, None) => Found::One(found.remove(0)),
+            (_, host) => {
+                let mut pods: Vec<String> = found.into_iter().map(|s| s.record.pod_uid).collect();
+                pods.extend(host);
+                Found::Several(pods)
+            }
+        }
+    }
+
+    fn find_pod(
+        &self,
+        uid: &str,
+        target: &TargetRecord,
+        needs: Needs,
+        current: Option<&SandboxRecord>,
+    ) -> PodState {
+        let Some((dir, inode)) = self.pod_cgroup(uid) else {
+            return PodState::Waiting(format!("waiting for pod {uid}'s sandbox on this node"));
+        };
+        let cgroup = self.relative(&dir);
+        let mut record = SandboxRecord {
+            pod_uid: uid.to_owned(),
+            cgroup: cgroup.clone(),
+            cgroup_inode: inode,
+            ..SandboxRecord::default()
+        };
+        // A cgroup hint (verified at admission to be the pod's or below it) narrows the
+        // limit to those cgroups while they exist.
+        let hinted: Vec<PathBuf> = target
+            .cgroup_paths
+            .iter()
+            .map(|p| self.mount.join(p.trim_start_matches('/')))
+            .filter(|p| p.starts_with(&dir) && p.is_dir())
+            .collect();
+        let limit_cgroups = if hinted.is_empty() {
+            vec![dir.clone()]
+        } else {
+            hinted
+        };
+        record.cgroups = limit_cgroups.iter().map(|p| self.relative(p)).collect();
+        if needs != Needs::Network {
+            return PodState::Ready(Sandbox {
+                record,
+                cgroups: limit_cgroups,
+                host_iface: None,
+            });
+        }
+        let pids = process::pids_in(&dir);
+        if pids.is_empty() {
+            return PodState::Waiting(format!(
+                "pod {uid}'s cgroup {cgroup} has no processes yet: waiting for its sandbox"
+            ));
+        }
+        let mut spaces = process::netns_of(&self.proc_root, &pids);
+        spaces.remove(&self.host_netns);
+        if spaces.is_empty() {
+            return PodState::HostNetwork;
+        }
+        let (netns, pid) = match (spaces.len(), target.netns_inode) {
+            (1, _) => spaces.pop_first().unwrap_or_default(),
+            (_, Some(hint)) if spaces.contains_key(&hint) => (hint, spaces[&hint]),
+            (n, _) => {
+                return PodState::Waiting(format!(
+                    "pod {uid}'s processes are in {n} network namespaces; waiting until they agree"
+                ));
+            }
+        };
+        record.netns_inode = Some(netns);
+        let ifname = target.interface.as_deref().unwrap_or(DEFAULT_POD_IFACE);
+        // Still the interface it was enforced on: same namespace, and the host side is
+        // still there under its name and index (no netlink needed for that).
+        if let Some(c) = current
+            && c.netns_inode == Some(netns)
+            && let (Some(index), Some(name)) = (c.host_ifindex, c.host_ifname.as_ref())
+            && host_link_index(name) == Some(index)
+        {
+            record.host_ifindex = Some(index);
+            record.host_ifname = Some(name.clone());
+            return PodState::Ready(Sandbox {
+                record,
+                cgroups: limit_cgroups,
+                host_iface: Some(HostIface {
+                    index,
+                    name: name.clone(),
+                }),
+            });
+        }
+        let ns = match process::open_netns(&self.proc_root, pid, netns) {
+            Ok(f) => f,
+            Err(e) => {
+                return PodState::Waiting(format!(
+                    "pod {uid}'s network namespace could not be opened ({e}); retrying"
+                ));
+            }
+        };
+        match rtnl::pod_host_veth(&ns, ifname) {
+            Ok(h) => {
+                record.host_ifindex = Some(h.index);
+                record.host_ifname = Some(h.name.clone());
+                PodState::Ready(Sandbox {
+                    record,
+                    cgroups: limit_cgroups,
+                    host_iface: Some(h),
+                })
+            }
+            Err(NetError::NotFound(what)) => PodState::Waiting(format!(
+                "pod {uid}'s sandbox has no {what} yet: waiting for its network"
+            )),
+            Err(e) => PodState::Waiting(format!(
+                "pod {uid}'s interface {ifname} has no host-side veth: {e}"
+            )),
+        }
+    }
+
+    /// Checks the caller's hints against the pods' sandboxes as they are now, and turns
+    /// them into what is kept: a netns path becomes its inode, cgroup paths are kept
+    /// relative to the cgroup v2 mount. A hint that does not belong to one of the pods is
+    /// refused (PermissionDenied, naming the field), and so is one that cannot be
+    /// verified because no pod has a sandbox yet.
+    pub fn verify_hints(
+        &self,
+        field: &str,
+        pod_uids: &[String],
+        netns_path: Option<&str>,
+        cgroup_paths: &[String],
+    ) -> Result<(Option<u64>, Vec<String>), ClaimError> {
+        if netns_path.is_none() && cgroup_paths.is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let pods: Vec<(String, PathBuf)> = pod_uids
+            .iter()
+            .filter_map(|u| self.pod_cgroup(u).map(|(d, _)| (u.clone(), d)))
+            .collect();
+        let none = |f: String| {
+            ClaimError::denied(
+                f,
+                "cannot be verified: no pod of the claim has a sandbox on this node yet; send the pod uid alone and the agent finds the sandbox itself",
+            )
+        };
+        let mut netns_inode = None;
+        if let Some(p) = netns_path {
+            let f = format!("{field}.netns_path");
+            if pods.is_empty() {
+                return Err(none(f));
+            }
+            let ino = process::netns_inode_of_path(Path::new(p)).map_err(|e| {
+                ClaimError::denied(&f, format!("{p:?} is not a network namespace: {e}"))
+            })?;
+            let ours: BTreeSet<u64> = pods
+                .iter()
+                .flat_map(|(_, d)| {
+                    process::netns_of(&self.proc_root, &process::pids_in(d)).into_keys()
+                })
+                .collect();
+            if !ours.contains(&ino) || ino == self.host_netns {
+                return Err(ClaimError::denied(
+                    f,
+                    format!("{p:?} is not the network namespace of a process of the claim's pods"),
+                ));
+            }
+            netns_inode = Some(ino);
+        }
+        let mut kept = Vec::new();
+        for (i, p) in cgroup_paths.iter().enumerate() {
+            let f = format!("{field}.cgroup_paths[{i}]");
+            if pods.is_empty() {
+                return Err(none(f));
+            }
+            let rel = Path::new(p.trim_start_matches('/'));
+            if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+                return Err(ClaimError::invalid(f, format!("{p:?} is not a plain path")));
+            }
+            let abs = self.mount.join(rel);
+            if !pods.iter().any(|(_, d)| abs.starts_with(d)) || !abs.is_dir() {
+                return Err(ClaimError::denied(
+                    f,
+                    format!("{p:?} is not the cgroup of one of the claim's pods or below it"),
+                ));
+            }
+            kept.push(self.relative(&abs));
+        }
+        Ok((netns_inode, kept))
+    }
+}
+
+enum PodState {
+    Ready(Sandbox),
+    HostNetwork,
+    Waiting(String),
+}
+
+/// The index of host link `name` now, from sysfs (the agent runs in the host's network
+/// namespace, whose sysfs view this is).
+fn host_link_index(name: &str) -> Option<u32> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}

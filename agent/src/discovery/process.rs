@@ -1,0 +1,137 @@
+//! A pod's processes and their network namespace, read from cgroupfs and `/proc`.
+//!
+//! Namespaces are compared by inode (what `stat` on `/proc/<pid>/ns/net` gives), never
+//! by path or pid: a pid can be reused by another process the moment the first exits,
+//! so a namespace is opened through the pid and then checked to be the one expected.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File},
+    io::Read,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+/// More pids than a pod has; reading stops there, so a hostile tree cannot stall a scan.
+const MAX_PIDS: usize = 4096;
+/// Container cgroups sit one or two levels below the pod's.
+const MAX_DEPTH: usize = 4;
+/// `cgroup.procs` of a busy cgroup stays far below this.
+const MAX_PROCS_BYTES: u64 = 256 * 1024;
+
+/// The pids in `dir` and every cgroup below it (to a bounded depth and count).
+pub fn pids_in(dir: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    walk(dir, 0, &mut out);
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+fn walk(dir: &Path, depth: usize, out: &mut Vec<u32>) {
+    if depth > MAX_DEPTH || out.len() >= MAX_PIDS {
+        return;
+    }
+    let mut text = String::new();
+    if let Ok(f) = File::open(dir.join("cgroup.procs")) {
+        let _ = f.take(MAX_PROCS_BYTES).read_to_string(&mut text);
+    }
+    out.extend(
+        text.lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .take(MAX_PIDS - out.len()),
+    );
+    for sub in super::cgroups::subdirs(dir) {
+        walk(&sub, depth + 1, out);
+    }
+}
+
+/// Inode of `pid`'s network namespace, None when the process is gone.
+pub fn netns_inode(proc_root: &Path, pid: u32) -> Option<u64> {
+    fs::metadata(netns_path(proc_root, pid))
+        .ok()
+        .map(|m| m.ino())
+}
+
+fn netns_path(proc_root: &Path, pid: u32) -> PathBuf {
+    proc_root.join(pid.to_string()).join("ns/net")
+}
+
+/// Inode of the network namespace at `path` (a `/proc/<pid>/ns/net` or a bind mount
+/// under `/run/netns`): what the namespace is, whatever path named it. Anything not on
+/// nsfs is refused, so a plain file cannot pass for a namespace by its inode number.
+pub fn netns_inode_of_path(path: &Path) -> std::io::Result<u64> {
+    use nix::sys::statfs::{NSFS_MAGIC, statfs};
+    let fs_type = statfs(path)
+        .map_err(std::io::Error::from)?
+        .filesystem_type();
+    if fs_type != NSFS_MAGIC {
+        return Err(std::io::Error::other("not a namespace"));
+    }
+    Ok(fs::metadata(path)?.ino())
+}
+
+/// Opens `pid`'s network namespace and checks it is the one with inode `want`: the pid
+/// may have been reused since it was read.
+pub fn open_netns(proc_root: &Path, pid: u32, want: u64) -> std::io::Result<File> {
+    let f = File::open(netns_path(proc_root, pid))?;
+    let got = f.metadata()?.ino();
+    if got != want {
+        return Err(std::io::Error::other(format!(
+            "pid {pid} is now in namespace {got}, not {want}"
+        )));
+    }
+    Ok(f)
+}
+
+/// The network namespaces `pids` are in, by inode, each with one pid that was in it.
+pub fn netns_of(proc_root: &Path, pids: &[u32]) -> BTreeMap<u64, u32> {
+    let mut m = BTreeMap::new();
+    for &pid in pids {
+        if let Some(ino) = netns_inode(proc_root, pid) {
+            m.entry(ino).or_insert(pid);
+        }
+    }
+    m
+}
+
+/// The inode of the agent's own network namespace: the host's, where pods' veths have
+/// their host side.
+pub fn own_netns_inode() -> std::io::Result<u64> {
+    fs::metadata("/proc/self/ns/net").map(|m| m.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pids_come_from_the_cgroup_and_below() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("c1/c2")).unwrap();
+        fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        fs::write(d.path().join("c1/cgroup.procs"), "7\n3\n").unwrap();
+        fs::write(d.path().join("c1/c2/cgroup.procs"), "3\n12\nnot-a-pid\n").unwrap();
+        assert_eq!(pids_in(d.path()), vec![3, 7, 12]);
+        assert!(pids_in(&d.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn our_own_namespace_is_found_by_inode() {
+        let own = own_netns_inode().unwrap();
+        let me = std::process::id();
+        assert_eq!(netns_inode(Path::new("/proc"), me), Some(own));
+        assert_eq!(
+            netns_inode_of_path(Path::new("/proc/self/ns/net")).unwrap(),
+            own
+        );
+        assert!(open_netns(Path::new("/proc"), me, own).is_ok());
+        assert!(open_netns(Path::new("/proc"), me, own + 1).is_err());
+        assert!(
+            netns_inode_of_path(Path::new("/etc/hostname")).is_err(),
+            "a plain file is not a namespace"
+        );
+        let m = netns_of(Path::new("/proc"), &[me, u32::MAX]);
+        assert_eq!(m.keys().copied().collect::<Vec<_>>(), vec![own]);
+    }
+}

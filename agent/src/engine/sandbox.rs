@@ -1,0 +1,288 @@
+//! A share follows its pod's sandbox: enforced once the sandbox is there, back to PENDING
+//! (capacity held, the dead sandbox's objects removed) when it goes away, enforced again
+//! on a new one, all without a call. [`Engine::step`] decides one share's next state from
+//! what discovery finds; Prepare, the discovery loop and the reconciler all go through
+//! it, each holding the claim's lock, and persist what it returns.
+
+use std::time::Duration;
+
+use shareguard_common::limiter::{LimiterError, Needs};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::{
+    audit::Decision,
+    discovery::Found,
+    error::{ClaimError, Code},
+    record::{Phase, ShareRecord},
+    sync::lock,
+};
+
+use super::{Engine, now_ms};
+
+/// What [`Engine::step`] decided for one share.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Nothing to change.
+    Same,
+    /// The share's next record, to persist.
+    Next(ShareRecord),
+    /// Applying the limit failed; the record as attempted (its sandbox set, so that
+    /// whatever was installed is still known) and the error.
+    Failed(ShareRecord, LimiterError),
+}
+
+/// Phases in which a share is brought in line with its pod's sandbox.
+pub(super) fn follows_sandbox(p: Phase) -> bool {
+    matches!(
+        p,
+        Phase::Preparing | Phase::Pending | Phase::Enforced | Phase::Degraded | Phase::Unknown
+    )
+}
+
+/// What the discovery loop did in one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiscoverStats {
+    pub checked: usize,
+    pub changed: usize,
+}
+
+impl Engine {
+    /// What the limiter of `r`'s device needs of the pod.
+    pub(super) fn needs(&self, r: &ShareRecord) -> Needs {
+        self.limiter(&r.device)
+            .map_or(Needs::Nothing, |l| l.needs(&r.device))
+    }
+
+    /// The next state of `r` given what discovery finds now. Applies the limit to a
+    /// sandbox that appeared or changed, and removes what was installed for one that is
+    /// gone; persists nothing. `force`: apply even when the share looks settled (Prepare).
+    pub(super) async fn step(&self, r: &ShareRecord, force: bool) -> Step {
+        let needs = self.needs(r);
+        if needs == Needs::Nothing {
+            if !force && !matches!(r.phase, Phase::Preparing | Phase::Pending | Phase::Unknown) {
+                return Step::Same;
+            }
+            let mut n = r.clone();
+            n.sandbox = None;
+            return self.apply_to(n).await;
+        }
+        let d = self.discovery.clone();
+        let (target, current) = (r.target.clone(), r.sandbox.clone());
+        let found = tokio::task::spawn_blocking(move || d.find(&target, needs, current.as_ref()))
+            .await
+            .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")));
+        match found {
+            Found::One(sb) => {
+                let same = r.sandbox.as_ref() == Some(&sb.record);
+                if same && !force && matches!(r.phase, Phase::Enforced | Phase::Degraded) {
+                    // Settled on this sandbox: drift is the reconciler's to find.
+                    return Step::Same;
+                }
+                if !same && r.sandbox.is_some() {
+                    // A new sandbox (or interface): what the old one had goes first.
+                    if let Err(e) = self.remove_blocking(r).await {
+                        warn!(error = %e, "removing the limit of the pod's previous sandbox failed");
+                    }
+                }
+                let mut n = r.clone();
+                n.sandbox = Some(sb.record);
+                self.apply_to(n).await
+            }
+            Found::Waiting(why) => {
+                let reason = format!("{why}; capacity held");
+                self.without_sandbox(r, Phase::Pending, reason, None).await
+            }
+            Found::HostNetwork { pod_uid } => {
+                let reason = format!(
+                    "pod {pod_uid} runs in the host's network namespace (hostNetwork): its traffic cannot be limited per pod and the host's interfaces are never touched; not enforced, capacity held"
+                );
+                let err = ClaimError::precondition("target.pod_uids", reason.clone());
+                self.without_sandbox(r, Phase::Degraded, reason, Some(err))
+                    .await
+            }
+            Found::Several(pods) => {
+                let reason = format!(
+                    "{} pods of the share have a sandbox on this node ({}): a limit per pod would let them together exceed the share; not enforced, capacity held",
+                    pods.len(),
+                    pods.join(", ")
+                );
+                let err = ClaimError::precondition("target.pod_uids", reason.clone());
+                self.without_sandbox(r, Phase::Degraded, reason, Some(err))
+                    .await
+            }
+        }
+    }
+
+    /// Applies `n` (its sandbox set) and judges the read-back.
+    async fn apply_to(&self, mut n: ShareRecord) -> Step {
+        match self.apply_blocking(&n).await {
+            Ok(e) => {
+                let (phase, reason) = self.judge(&n, &e);
+                n.mechanism = e.mechanism;
+                n.enforced = e.enforced;
+                n.phase = phase;
+                n.reason = reason;
+                n.error = None;
+                Step::Next(n)
+            }
+            Err(e) => Step::Failed(n, e),
+        }
+    }
+
+    /// `r` with no sandbox to enforce on: whatever was installed for one is removed, and
+    /// the share says why it is not enforced.
+    async fn without_sandbox(
+        &self,
+        r: &ShareRecord,
+        phase: Phase,
+        reason: String,
+        error: Option<ClaimError>,
+    ) -> Step {
+        if r.sandbox.is_none() && r.phase == phase && r.reason == reason {
+            return Step::Same;
+        }
+        let mut n = r.clone();
+        if (r.sandbox.is_some()
+            || matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown))
+            && let Err(e) = self.remove_blocking(r).await
+        {
+            // Kept on the record, so the next pass tries the removal again.
+            n.phase = Phase::Degraded;
+            n.reason = format!(
+                "the pod's sandbox is gone, and removing what was installed for it failed: {e}; retrying, capacity held"
+            );
+            n.error = Some(ClaimError::unavailable(e.message));
+            return if n == *r { Step::Same } else { Step::Next(n) };
+        }
+        n.phase = phase;
+        n.reason = reason;
+        n.error = error;
+        n.sandbox = None;
+        n.enforced.clear();
+        Step::Next(n)
+    }
+
+    /// Brings share `key` in line with its pod's sandbox, under its claim's lock, and
+    /// persists and publishes what changed. Returns whether it changed.
+    pub(super) async fn converge(&self, key: &str, claim_uid: &str) -> bool {
+        let _guard = self.locks.lock(claim_uid).await;
+        let Some(r) = lock(&self.state).records.get(key).cloned() else {
+            return false;
+        };
+        if !follows_sandbox(r.phase) || self.accounting_only(&r.device) {
+            return false;
+        }
+        let next = match self.step(&r, false).await {
+            Step::Same => return false,
+            Step::Next(n) => n,
+            Step::Failed(mut n, e) => {
+                n.phase = Phase::Degraded;
+                n.reason = format!(
+                    "enforcing on the pod's sandbox failed: {e}; retried on the next rescan, capacity held"
+                );
+                n.error = Some(ClaimError {
+                    code: Code::Unavailable,
+                    field: String::new(),
+                    message: e.message,
+                    retryable: true,
+                });
+                n
+            }
+        };
+        if next == r {
+            return false;
+        }
+        let mut next = next;
+        next.updated_at_ms = now_ms();
+        info!(
+            from = r.phase.name(),
+            to = next.phase.name(),
+            reason = %next.reason,
+            "share followed its pod's sandbox"
+        );
+        if self.persist_one(&next).await {
+            self.audit_share(
+                &next,
+                Decision::Sandbox,
+                &format!(
+                    "{} -> {}: {}",
+                    r.phase.name(),
+                    next.phase.name(),
+                    next.reason
+                ),
+                None,
+                None,
+            );
+            self.metrics
+                .sandbox_transition(&next.device, next.phase.name());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Persists one record and publishes it; false (logged) when the store refused it.
+    pub(super) async fn persist_one(&self, r: &ShareRecord) -> bool {
+        match self
+            .commit_durable(crate::store::Batch {
+                put_shares: vec![r.clone()],
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(share = %r.key, error = %e, "persisting a share's new state failed");
+                false
+            }
+        }
+    }
+
+    /// One pass of the discovery loop over every share that follows a sandbox.
+    pub async fn discover(&self) -> DiscoverStats {
+        self.discovery.refresh_roots();
+        let candidates: Vec<(String, String)> = {
+            let st = lock(&self.state);
+            st.records
+                .values()
+                .filter(|r| follows_sandbox(r.phase))
+                .filter(|r| !self.accounting_only(&r.device))
+                .map(|r| (r.key.clone(), r.claim.uid.clone()))
+                .collect()
+        };
+        let mut stats = DiscoverStats::default();
+        for (key, claim) in candidates {
+            stats.checked += 1;
+            let span = info_span!("discover", share = %key, claim = %claim);
+            if self.converge(&key, &claim).instrument(span).await {
+                stats.changed += 1;
+            }
+        }
+        stats
+    }
+
+    /// Wakes the discovery loop.
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Runs the discovery loop until the process ends: a pass on every kernel event
+    /// (coalesced while a pass runs) and every `period`.
+    pub async fn discovery_loop(self: std::sync::Arc<Self>, period: Duration) {
+        crate::discovery::watch::spawn(self.discovery.clone(), self.kick.clone());
+        loop {
+            let s = self.discover().await;
+            if s.changed > 0 {
+                info!(
+                    checked = s.checked,
+                    changed = s.changed,
+                    "pod discovery pass"
+                );
+            }
+            tokio::select! {
+                () = self.kick.notified() => {}
+                () = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Pods as kubelet lays them out, for the agent's pod discovery to find: a pod cgroup in
+//! one of kubelet's layouts with a sandbox process in it, optionally inside a network
+//! namespace.
+//!
+//! Each pod's tree hangs from a top directory of its own one level below the cgroup v2
+//! mount (`sgt-<pid>-<n>.slice` or `sgt-<pid>-<n>`), the way kind nests kubelet's tree
+//! under another slice, so tests run in parallel and never touch a real kubelet's
+//! `kubepods`; below the top the paths are exactly kubelet's:
+//!
+//! - systemd driver: `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope`
+//! - cgroupfs driver: `kubepods/burstable/pod<uid>/<id>`
+//!
+//! [`Sandbox`] kills its process and removes its directories, deepest first, when dropped
+//! (also while a test panics); a test process killed before that leaves its tops behind
+//! for [`sweep_stale`] to remove.
+
+use std::{
+    fs,
+    io::ErrorKind,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Which cgroup driver's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Systemd,
+    Cgroupfs,
+}
+
+/// The cgroup v2 mount, from the mount table.
+pub fn cgroup2_mount() -> PathBuf {
+    shareguard::discovery::cgroups::host_cgroup2_mount().expect("no cgroup v2 hierarchy mounted")
+}
+
+/// A fresh pod uid (a lowercase UUIDv4, as the API server makes them).
+pub fn pod_uid() -> String {
+    crate::share_id()
+}
+
+/// A pod's cgroup with a sandbox process (`sleep`) in its container cgroup.
+#[derive(Debug)]
+pub struct Sandbox {
+    uid: String,
+    child: Option<Child>,
+    /// The pod's cgroup.
+    pod_dir: PathBuf,
+    /// Every directory made, parents first.
+    created: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// Pod `uid`'s cgroup in `layout` with a process in it: in network namespace `netns`
+    /// (`ip netns exec`), or in the host's (a hostNetwork pod) when None.
+    pub fn start(uid: &str, layout: Layout, netns: Option<&str>) -> Sandbox {
+        let mut sb = Sandbox::cgroup_only(uid, layout);
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "sleep", "100000"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("sleep");
+                c.arg("100000");
+                c
+            }
+        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the sandbox process");
+        let pid = child.id();
+        sb.child = Some(child);
+        let ctr = sb.container_dir();
+        let procs = ctr.join("cgroup.procs");
+        fs::write(&procs, pid.to_string())
+            .unwrap_or_else(|e| panic!("write {pid} to {}: {e}", procs.display()));
+        sb
+    }
+
+    /// Pod `uid`'s cgroup (and its container cgroup) with no process in it yet: kubelet
+    /// makes the pod cgroup before the runtime starts the sandbox.
+    pub fn cgroup_only(uid: &str, layout: Layout) -> Sandbox {
+        crate::net::sweep_stale();
+        let mount = cgroup2_mount();
+        let n = crate::net::next_id();
+        let cid = format!("{:08x}{n:08x}{}", std::process::id(), "c0ffee".repeat(8));
+        let (top, rel) = match layout {
+            Layout::Systemd => {
+                let us = uid.replace('-', "_");
+                (
+                    format!("sgt-{}-{n}.slice", std::process::id()),
+                    format!(
+                        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{us}.slice/cri-containerd-{cid}.scope"
+                    ),
+                )
+            }
+            Layout::Cgroupfs => (
+                format!("sgt-{}-{n}", std::process::id()),
+                format!("kubepods/burstable/pod{uid}/{cid}"),
+            ),
+        };
+        let top = mount.join(top);
+        let ctr = top.join(rel);
+        let pod_dir = ctr
+            .parent()
+            .expect("the container cgroup has a parent")
+            .to_path_buf();
+        let mut sb = Sandbox {
+            uid: uid.to_owned(),
+            child: None,
+            pod_dir,
+            created: Vec::new(),
+        };
+        let mut missing = Vec::new();
+        let mut p = ctr.as_path();
+        while !p.exists() {
+            missing.push(p.to_path_buf());
+            p = p.parent().expect("below the mount");
+        }
+        for dir in missing.into_iter().rev() {
+            fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            sb.created.push(dir);
+        }
+        sb
+    }
+
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// The pod's cgroup, absolute.
+    pub fn pod_dir(&self) -> &Path {
+        &self.pod_dir
+    }
+
+    /// The pod's cgroup relative to the cgroup v2 mount, as the agent reports it.
+    pub fn pod_cgroup(&self) -> String {
+        let mount = cgroup2_mount();
+        format!(
+            "/{}",
+            self.pod_dir
+                .strip_prefix(&mount)
+                .unwrap_or(&self.pod_dir)
+                .display()
+        )
+    }
+
+    fn container_dir(&self) -> PathBuf {
+        self.created
+            .last()
+            .cloned()
+            .expect("cgroup_only made the container cgroup")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the sandbox process still runs (reaping it if it exited).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        remove_tree(&self.created);
+    }
+}
+
+/// Removes `dirs` (parents first in the list) deepest first. A cgroup can stay busy for
+/// a moment after its last process is reaped, so EBUSY is retried until a deadline;
+/// failures are reported, not raised (this may run while a test panics).
+fn remove_tree(dirs: &[PathBuf]) {
+    for dir in dirs.iter().rev() {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match fs::remove_dir(dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == ErrorKind::NotFound => break,
+                Err(e) if e.raw_os_error() == Some(16) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => {
+                    eprintln!("cleanup: rmdir {}: {e}", dir.display());
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Removes cgroup tops (`sgt-<pid>-<n>[.slice]`) of test processes that no longer exist,
+/// killing what still runs in them first. Called once per process by `net::sweep_stale`.
+pub fn sweep_stale_cgroups(dead: impl Fn(&str) -> bool) {
+    let Some(mount) = shareguard::discovery::cgroups::host_cgroup2_mount() else {
+        return;
+    };
+    for top in shareguard::discovery::cgroups::subdirs(&mount) {
+        let Some(name) = top.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(pid) = name
+            .strip_prefix("sgt-")
+            .and_then(|r| r.split_once('-'))
+            .map(|(pid, _)| pid)
+        else {
+            continue;
+        };
+        if dead(pid) {
+            let mut dirs = Vec::new();
+            collect(&top, &mut dirs);
+            for d in &dirs {
+                if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
+                    for p in procs.split_whitespace() {
+                        let _ = Command::new("kill").args(["-KILL", p]).status();
+                    }
+                }
+            }
+            remove_tree(&dirs);
+        }
+    }
+}
+
+/// `dir` and every directory below it, parents first.
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_path_buf());
+    for d in shareguard::discovery::cgroups::subdirs(dir) {
+        collect(&d, out);
+    }
+}
