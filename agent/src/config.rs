@@ -55,6 +55,11 @@ pub struct AgentConfig {
     pub pod_cgroup_roots: Vec<PathBuf>,
     /// How often every pod is looked for again, besides the kernel's events.
     pub rescan_period: Duration,
+    /// Most WatchShares streams served at once.
+    pub max_watchers: usize,
+    /// How often the per-share traffic counters are read from the kernel for /metrics
+    /// (a scrape reads the last values; it never talks to the kernel itself).
+    pub counters_period: Duration,
     /// NVIDIA's MPS control program and where the per-share MPS daemons live
     /// (`mps_control`, `mps_dir`).
     pub mps: shareguard_limiter_gpu::mps::MpsConfig,
@@ -151,6 +156,8 @@ struct RawAgent {
     cgroup_root: Option<PathBuf>,
     pod_cgroup_roots: Option<Vec<PathBuf>>,
     rescan_period: Option<Spanned<String>>,
+    counters_period: Option<Spanned<String>>,
+    max_watchers: Option<Spanned<usize>>,
     mps_control: Option<PathBuf>,
     mps_dir: Option<Spanned<PathBuf>>,
     mps_launcher: Option<Spanned<Vec<String>>>,
@@ -210,6 +217,10 @@ struct RawRange {
     step: Option<String>,
 }
 
+/// Capacities one device may have: resource.k8s.io allows 32 attributes and capacities
+/// per device together. It also bounds what one share record holds.
+pub const MAX_CAPACITIES: usize = 32;
+
 /// Maximum claims in one Prepare or Unprepare unless the config says otherwise.
 pub const DEFAULT_MAX_CLAIMS: usize = 128;
 
@@ -251,6 +262,17 @@ impl Config {
                 )
             })?,
         };
+        let max_watchers = match a.max_watchers {
+            // Watchers are the kubelet plugin and SREs' `shareguard watch`: a handful.
+            None => 64,
+            Some(n) if *n.get_ref() == 0 => {
+                return Err(err(
+                    n.span(),
+                    "agent.max_watchers: must be at least 1".into(),
+                ));
+            }
+            Some(n) => n.into_inner(),
+        };
         let max_claims_per_request = match a.max_claims_per_request {
             None => DEFAULT_MAX_CLAIMS,
             Some(n) if *n.get_ref() == 0 => {
@@ -269,36 +291,32 @@ impl Config {
             None => Duration::from_secs(24 * 3600),
             Some(s) => duration("tombstone_retention", s)?,
         };
-        let reconcile_period = match a.reconcile_period {
-            // Often enough that drift is noticed within a minute's dashboards, rarely
-            // enough that re-reading thousands of shares costs nothing noticeable.
-            None => Duration::from_secs(10),
-            Some(s) => {
-                let d = duration("reconcile_period", &s)?;
-                if d < Duration::from_millis(100) {
-                    return Err(err(
-                        s.span(),
-                        "agent.reconcile_period: must be at least 100ms".into(),
-                    ));
-                }
-                d
+        // A period of the agent's loops: at least 100 ms, so that a typo cannot make one
+        // spin.
+        let period = |field: &str, s: Option<Spanned<String>>, default: Duration| {
+            let Some(s) = s else {
+                return Ok(default);
+            };
+            let d = duration(field, &s)?;
+            if d < Duration::from_millis(100) {
+                return Err(err(
+                    s.span(),
+                    format!("agent.{field}: must be at least 100ms"),
+                ));
             }
+            Ok(d)
         };
-        let rescan_period = match a.rescan_period {
-            // Events find a sandbox within milliseconds; this only bounds what a lost
-            // event costs.
-            None => Duration::from_secs(5),
-            Some(s) => {
-                let d = duration("rescan_period", &s)?;
-                if d < Duration::from_millis(100) {
-                    return Err(err(
-                        s.span(),
-                        "agent.rescan_period: must be at least 100ms".into(),
-                    ));
-                }
-                d
-            }
-        };
+        // Often enough that drift is noticed within a minute's dashboards, rarely enough
+        // that re-reading thousands of shares costs nothing noticeable.
+        let reconcile_period = period(
+            "reconcile_period",
+            a.reconcile_period,
+            Duration::from_secs(10),
+        )?;
+        // Events find a sandbox within milliseconds; this only bounds what a lost event
+        // costs.
+        let rescan_period = period("rescan_period", a.rescan_period, Duration::from_secs(5))?;
+        let counters_period = period("counters_period", a.counters_period, Duration::from_secs(5))?;
         let audit_max_bytes = match a.audit_max_bytes {
             None => crate::audit::DEFAULT_MAX_BYTES,
             Some(b) => {
@@ -383,12 +401,17 @@ impl Config {
             cgroup_root: a.cgroup_root,
             pod_cgroup_roots: a.pod_cgroup_roots.unwrap_or_default(),
             rescan_period,
+            counters_period,
+            max_watchers,
             mps,
             simulated_gpu_processes: a.simulated_gpu_processes,
             reconcile_period,
         };
 
         let mut devices = Vec::with_capacity(raw.devices.len());
+        // What each device stands for: two devices for one GPU or one NIC would hand out
+        // its capacity twice.
+        let mut hardware: BTreeMap<String, String> = BTreeMap::new();
         let mut names = BTreeSet::new();
         let mut ids = BTreeSet::new();
         for d in raw.devices {
@@ -481,6 +504,15 @@ impl Config {
                     dspan,
                     format!(
                         "device {name}: no [device.capacity.<name>] table: a device needs at least one capacity"
+                    ),
+                ));
+            }
+            if d.capacity.len() > MAX_CAPACITIES {
+                return Err(err(
+                    dspan,
+                    format!(
+                        "device {name}: {} capacities, at most {MAX_CAPACITIES} (resource.k8s.io's limit per device)",
+                        d.capacity.len()
                     ),
                 ));
             }
@@ -595,6 +627,23 @@ impl Config {
                     dspan.clone(),
                     format!(
                         "device {name}: a gpu device's only capacity is {MEMORY}; {other:?} is not it"
+                    ),
+                ));
+            }
+            let stands_for = match (&gpu, &d.interface) {
+                (Some(g), _) => Some((format!("{:?}", g.selector), "GPU")),
+                (None, Some(nic)) if kind == DeviceKind::Net => {
+                    Some((format!("interface {}", nic.get_ref()), "interface"))
+                }
+                _ => None,
+            };
+            if let Some((what, noun)) = stands_for
+                && let Some(other) = hardware.insert(what.clone(), name.clone())
+            {
+                return Err(err(
+                    dspan.clone(),
+                    format!(
+                        "device {name}: names the same {noun} as device {other} ({what}); its capacity would be handed out twice"
                     ),
                 ));
             }
@@ -970,6 +1019,36 @@ mechanism = "bpf-policer"
 [device.capacity.bandwidth]
 value = "10G"
 "#;
+
+    #[test]
+    fn two_devices_for_one_gpu_or_one_nic_are_refused() {
+        let second = |first: &str, extra: &str| {
+            let dup = first
+                .replace("name = \"gpu-0\"", "name = \"gpu-1\"")
+                .replace("name = \"nic-0\"", "name = \"nic-1\"");
+            let body = dup.split_once("[[device]]").unwrap().1;
+            format!("{first}\n[[device]]{}{extra}", body)
+        };
+        let nvml = GPU
+            .replace("backend = \"simulated\"", "backend = \"nvml\"\nindex = 0")
+            .replace("[device.simulated]\nmemory = \"80Gi\"\n", "");
+        let e = err_of(&second(&nvml, ""));
+        assert!(e.message.contains("same GPU as device gpu-0"), "{e}");
+        let by_uuid = GPU.replace(
+            "backend = \"simulated\"",
+            "backend = \"nvml\"\nuuid = \"GPU-1\"",
+        );
+        let e = err_of(&second(
+            &by_uuid.replace("[device.simulated]\nmemory = \"80Gi\"\n", ""),
+            "",
+        ));
+        assert!(e.message.contains("same GPU"), "{e}");
+        let nic = NET.replace("kind = \"net\"", "kind = \"net\"\ninterface = \"eth9\"");
+        let e = err_of(&second(&nic, ""));
+        assert!(e.message.contains("same interface as device nic-0"), "{e}");
+        // Simulated GPUs are one per device, named after it: two devices are two GPUs.
+        assert!(Config::parse(&second(GPU, ""), "t").is_ok());
+    }
 
     #[test]
     fn a_net_device_may_name_its_mechanism() {

@@ -22,14 +22,21 @@ const WATCH_QUEUE: usize = 256;
 pub struct Api {
     engine: Arc<Engine>,
     allowed_uids: Vec<u32>,
+    /// One permit per open WatchShares stream: each holds a queue and a task, so their
+    /// number is bounded (`[agent] max_watchers`).
+    watchers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Api {
     pub fn new(engine: Arc<Engine>) -> Self {
         let allowed_uids = engine.config().agent.allowed_uids.clone();
+        let watchers = Arc::new(tokio::sync::Semaphore::new(
+            engine.config().agent.max_watchers,
+        ));
         Self {
             engine,
             allowed_uids,
+            watchers,
         }
     }
 
@@ -171,9 +178,17 @@ impl NodeAgent for Api {
         self.caller(&req)?;
         let r = req.into_inner();
         let f = filter(&r.device, &r.namespace, 0)?;
+        let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} WatchShares streams are open, the most this agent serves at once (max_watchers)",
+                self.engine.config().agent.max_watchers
+            ))
+        })?;
         let (tx, rx) = mpsc::channel(WATCH_QUEUE);
         let engine = self.engine.clone();
         tokio::spawn(async move {
+            // Held until the stream ends, which includes the client going away.
+            let _permit = permit;
             let send = |kind: pb::watch_shares_response::Kind, share: Option<pb::ShareStatus>| {
                 let tx = tx.clone();
                 async move {
@@ -201,7 +216,13 @@ impl NodeAgent for Api {
                     return;
                 }
                 loop {
-                    match events.recv().await {
+                    // A client that leaves while nothing changes must still free its
+                    // slot: wait for either.
+                    let ev = tokio::select! {
+                        ev = events.recv() => ev,
+                        () = tx.closed() => return,
+                    };
+                    match ev {
                         Ok(r) if f.matches(&r) => {
                             if !send(
                                 pb::watch_shares_response::Kind::Changed,

@@ -246,7 +246,7 @@ pub fn check_claim(cfg: &Config, state: &State, claim: &ValidClaim) -> Result<()
                             "device {device} {name}: {want} requested, {} of {} already allocated ({} free)",
                             u.allocated.get(name).copied().unwrap_or(Quantity::ZERO),
                             cap.value,
-                            cap.value.checked_sub(total).unwrap_or(Quantity::ZERO)
+                            cap.value.remaining_after(total)
                         ),
                     )
                 };

@@ -15,6 +15,30 @@ use crate::error::ClaimError;
 /// meaning; adding an optional field with a serde default needs no bump.
 pub const FORMAT_V1: u8 = 1;
 
+/// The largest encoded value the store accepts. sled 0.34 writes a value larger than a
+/// quarter of a log segment (512 KiB by default, so about 128 KiB) to a blob file of its
+/// own, which its flush does not fsync: a record that large could be acknowledged and
+/// lost. Every field a record keeps is bounded (request validation, the config, and
+/// [`bound_text`] for what limiters say), so a record stays far below this; the store
+/// refuses anything above it rather than write it unsynced.
+pub const MAX_RECORD_BYTES: usize = 48 * 1024;
+
+/// Longest reason or error message a record keeps.
+pub const MAX_TEXT_BYTES: usize = 2048;
+
+/// `s` cut to [`MAX_TEXT_BYTES`] on a character boundary, marked as cut.
+pub fn bound_text(s: &mut String) {
+    if s.len() <= MAX_TEXT_BYTES {
+        return;
+    }
+    let mut end = MAX_TEXT_BYTES - 3;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str("...");
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
     Preparing,
@@ -181,6 +205,15 @@ pub struct ShareRecord {
 }
 
 impl ShareRecord {
+    /// Cuts the free-text fields (reason, error message) to their bound: they carry what
+    /// limiters and the kernel said, which nothing else bounds.
+    pub fn bound(&mut self) {
+        bound_text(&mut self.reason);
+        if let Some(e) = &mut self.error {
+            bound_text(&mut e.message);
+        }
+    }
+
     /// Whether this record counts against its device in the ledger. Admin-access
     /// allocations observe a device without consuming it, as in Kubernetes.
     pub fn counts(&self) -> bool {

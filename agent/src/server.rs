@@ -126,6 +126,18 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         }
     });
 
+    // Traffic counters for /metrics, read off the async workers and off the scrape path.
+    let counting = engine.clone();
+    let period = cfg.agent.counters_period;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            counting.refresh_counters().await;
+        }
+    });
+
     // Pod discovery: a pass at once (shares left waiting, or whose sandbox changed while
     // the agent was away), then on every kernel event and every rescan period.
     tokio::spawn(engine.clone().discovery_loop(cfg.agent.rescan_period));

@@ -23,7 +23,11 @@
 //! write cache and the file size are on stable storage too. One group, one sync: this is
 //! what keeps a durable Prepare close to the cost of one fsync under load. It also keeps
 //! sled's own flush off the async runtime, where concurrent `flush_async` calls can
-//! deadlock sled 0.34's thread pool.
+//! deadlock sled 0.34's thread pool. When one batch of a group fails, the batches after
+//! it are not applied and fail too: they were decided on a state that included it.
+//!
+//! Values stay below [`record::MAX_RECORD_BYTES`]: sled writes larger ones to blob files
+//! that its flush does not fsync, so such a write is refused instead.
 
 use std::{
     fs::File,
@@ -58,6 +62,13 @@ pub enum StoreError {
     Meta(&'static str),
     #[error("sync of the store's log file: {0}")]
     Sync(String),
+    #[error("{tree}/{key}: encoded value of {bytes} bytes is over the store's bound of {max}")]
+    TooLarge {
+        tree: &'static str,
+        key: String,
+        bytes: usize,
+        max: usize,
+    },
     #[error("the store failed earlier and accepts no more writes; restart the agent")]
     Failed,
 }
@@ -74,6 +85,17 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Every value is within [`record::MAX_RECORD_BYTES`] (see the module comment).
+    pub fn check_sizes(&self) -> Result<(), StoreError> {
+        for r in &self.put_shares {
+            bounded("shares", &r.key, record::encode(r))?;
+        }
+        for c in &self.put_claims {
+            bounded("claims", &c.claim.uid, record::encode(c))?;
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.put_shares.is_empty()
             && self.delete_shares.is_empty()
@@ -217,26 +239,38 @@ impl Drop for Store {
     }
 }
 
+/// Applies one group of batches in order. Once one fails, the rest are not applied
+/// and fail too, and so does every later group (`failed`): the engine decided them on a
+/// state that included the failed batch, and only a restart from disk makes the two
+/// agree again.
+fn apply_group(t: &Trees, batches: &[&Batch], failed: &AtomicBool) -> Vec<Result<(), StoreError>> {
+    batches
+        .iter()
+        .map(|b| {
+            if failed.load(Ordering::Acquire) {
+                return Err(StoreError::Failed);
+            }
+            let r = apply(t, b);
+            if r.is_err() {
+                failed.store(true, Ordering::Release);
+            }
+            r
+        })
+        .collect()
+}
+
 /// The writer thread: applies queued batches in order and makes each group durable.
 fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Arc<AtomicBool>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
-        let results: Vec<Result<(), StoreError>> = jobs
-            .iter()
-            .map(|j| {
-                if failed.load(Ordering::Acquire) {
-                    Err(StoreError::Failed)
-                } else {
-                    apply(&t, &j.batch)
-                }
-            })
-            .collect();
+        let batches: Vec<&Batch> = jobs.iter().map(|j| &j.batch).collect();
+        let results = apply_group(&t, &batches, &failed);
         let synced =
             t.db.flush()
                 .map_err(StoreError::from)
                 .and_then(|_| log.sync_data().map_err(|e| StoreError::Sync(e.to_string())));
-        if results.iter().any(Result::is_err) || synced.is_err() {
+        if synced.is_err() {
             failed.store(true, Ordering::Release);
         }
         for (job, r) in jobs.into_iter().zip(results) {
@@ -258,13 +292,15 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
     let shares: Vec<(&[u8], Vec<u8>)> = batch
         .put_shares
         .iter()
-        .map(|r| (r.key.as_bytes(), record::encode(r)))
-        .collect();
+        .map(|r| bounded("shares", &r.key, record::encode(r)).map(|v| (r.key.as_bytes(), v)))
+        .collect::<Result<_, _>>()?;
     let claims: Vec<(&[u8], Vec<u8>)> = batch
         .put_claims
         .iter()
-        .map(|c| (c.claim.uid.as_bytes(), record::encode(c)))
-        .collect();
+        .map(|c| {
+            bounded("claims", &c.claim.uid, record::encode(c)).map(|v| (c.claim.uid.as_bytes(), v))
+        })
+        .collect::<Result<_, _>>()?;
     let result = (&t.shares, &t.claims, &t.meta).transaction(|(s, c, m)| {
         for (k, v) in &shares {
             s.insert(*k, v.as_slice())?;
@@ -294,6 +330,19 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
     }
 }
 
+/// `value`, unless it is over [`record::MAX_RECORD_BYTES`].
+fn bounded(tree: &'static str, key: &str, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+    if value.len() > record::MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge {
+            tree,
+            key: key.to_owned(),
+            bytes: value.len(),
+            max: record::MAX_RECORD_BYTES,
+        });
+    }
+    Ok(value)
+}
+
 fn decode<T: for<'de> serde::Deserialize<'de>>(
     tree: &'static str,
     key: &[u8],
@@ -304,4 +353,159 @@ fn decode<T: for<'de> serde::Deserialize<'de>>(
         key: String::from_utf8_lossy(key).into_owned(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::record::{ClaimId, Phase, SandboxRecord, ShareRecord, TargetRecord};
+
+    fn trees(dir: &Path) -> Trees {
+        let db = sled::Config::new().path(dir).open().unwrap();
+        Trees {
+            shares: db.open_tree("shares").unwrap(),
+            claims: db.open_tree("claims").unwrap(),
+            meta: db.open_tree("meta").unwrap(),
+            db,
+        }
+    }
+
+    fn share(key: &str, reason: String) -> ShareRecord {
+        ShareRecord {
+            key: key.into(),
+            share_id: Some(key.into()),
+            claim: ClaimId::default(),
+            allocation_id: "a".into(),
+            request: "r".into(),
+            driver: "d".into(),
+            pool: "p".into(),
+            device: "gen-0".into(),
+            consumed: BTreeMap::new(),
+            policy_version: String::new(),
+            admin_access: false,
+            target: TargetRecord::default(),
+            phase: Phase::Preparing,
+            mechanism: String::new(),
+            enforced: BTreeMap::new(),
+            reason,
+            error: None,
+            epoch: 1,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            released_at_ms: None,
+            sandbox: None,
+            device_kind: "generic".into(),
+        }
+    }
+
+    fn put(r: ShareRecord) -> Batch {
+        Batch {
+            put_shares: vec![r],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_batch_fails_the_rest_of_its_group_and_every_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = trees(dir.path());
+        let failed = AtomicBool::new(false);
+        // Over the bound: refused, as a write sled would not make durable.
+        let huge = "x".repeat(record::MAX_RECORD_BYTES + 1);
+        let group = [
+            put(share("a", "ok".into())),
+            put(share("b", huge)),
+            put(share("c", "ok".into())),
+        ];
+        let refs: Vec<&Batch> = group.iter().collect();
+        let r = apply_group(&t, &refs, &failed);
+        assert!(r[0].is_ok());
+        assert!(
+            matches!(r[1], Err(StoreError::TooLarge { .. })),
+            "{:?}",
+            r[1]
+        );
+        assert!(matches!(r[2], Err(StoreError::Failed)), "{:?}", r[2]);
+        assert!(t.shares.get("a").unwrap().is_some());
+        assert!(t.shares.get("b").unwrap().is_none());
+        assert!(
+            t.shares.get("c").unwrap().is_none(),
+            "decided on a state with b in it: never written"
+        );
+        let later = [put(share("d", "ok".into()))];
+        let refs: Vec<&Batch> = later.iter().collect();
+        assert!(matches!(
+            apply_group(&t, &refs, &failed)[0],
+            Err(StoreError::Failed)
+        ));
+    }
+
+    /// sled 0.34 writes a value to an unsynced blob file once it is over a quarter of a
+    /// segment minus headers; the bound must stay well below that (checked at compile
+    /// time, with sled's default segment size, which the store does not change).
+    const _: () = {
+        const SEGMENT: usize = 512 * 1024;
+        const BLOB_THRESHOLD: usize = SEGMENT / 4 - 64;
+        assert!(record::MAX_RECORD_BYTES * 2 <= BLOB_THRESHOLD);
+    };
+
+    /// A record with every field at the largest size validation, the config and the
+    /// engine let through encodes below the bound.
+    #[test]
+    fn the_largest_record_the_agent_can_make_fits_the_bound() {
+        use crate::validate::{MAX_CGROUP_PATHS, MAX_ID_LEN, MAX_PATH_LEN, MAX_PODS};
+        use shareguard_common::Quantity;
+        let long = |n: usize| "a".repeat(n);
+        // Capacity names: a DNS subdomain prefix and a 63-character name.
+        let caps: BTreeMap<String, Quantity> = (0..crate::config::MAX_CAPACITIES)
+            .map(|i| {
+                (
+                    format!("{}/{:0>63}", long(253), i),
+                    Quantity::parse("-9223372036854775807").unwrap(),
+                )
+            })
+            .collect();
+        let paths: Vec<String> = (0..MAX_CGROUP_PATHS).map(|_| long(MAX_PATH_LEN)).collect();
+        let mut r = share(&long(MAX_ID_LEN * 2), "é".repeat(10_000));
+        r.claim = ClaimId {
+            uid: long(MAX_ID_LEN),
+            namespace: long(63),
+            name: long(253),
+        };
+        r.allocation_id = long(MAX_ID_LEN);
+        r.request = long(127);
+        r.driver = long(253);
+        r.pool = long(253);
+        r.device = long(63);
+        r.policy_version = long(MAX_ID_LEN);
+        r.consumed = caps.clone();
+        r.enforced = caps;
+        r.mechanism = long(64);
+        r.target = TargetRecord {
+            pod_uids: (0..MAX_PODS).map(|_| long(36)).collect(),
+            cgroup_paths: paths.clone(),
+            netns_inode: Some(u64::MAX),
+            interface: Some(long(15)),
+        };
+        r.sandbox = Some(SandboxRecord {
+            pod_uid: long(36),
+            cgroup: long(MAX_PATH_LEN),
+            cgroup_inode: u64::MAX,
+            cgroups: paths,
+            netns_inode: Some(u64::MAX),
+            host_ifindex: Some(u32::MAX),
+            host_ifname: Some(long(15)),
+        });
+        r.error = Some(crate::error::ClaimError::internal("é".repeat(10_000)));
+        r.bound();
+        let bytes = record::encode(&r).len();
+        eprintln!("largest record: {bytes} bytes");
+        assert!(
+            bytes <= record::MAX_RECORD_BYTES,
+            "{bytes} bytes > {}",
+            record::MAX_RECORD_BYTES
+        );
+    }
 }

@@ -18,7 +18,7 @@ pub const MAX_ALLOCATIONS_PER_CLAIM: usize = 32;
 pub const MAX_ID_LEN: usize = 128;
 /// Bounds on what a record keeps of a target, so that a record stays far below the size
 /// at which sled writes a value to a file of its own (see `record::MAX_RECORD_BYTES`).
-pub const MAX_PATH_LEN: usize = 1024;
+pub const MAX_PATH_LEN: usize = 512;
 pub const MAX_CGROUP_PATHS: usize = 8;
 /// Pods one claim may be reserved for (Kubernetes allows 256 consumers; a share used by
 /// more than a few pods on one node cannot be enforced per pod anyway).

@@ -209,6 +209,15 @@ impl Quantity {
         Self::from_nanos(self.nanos.checked_sub(o.nanos)?, self.format_with(o))
     }
 
+    /// What is left of `self` after `o`: the difference, or zero where `o` is larger (or
+    /// the difference does not fit). For "free" capacity, which is never negative.
+    #[must_use]
+    pub fn remaining_after(&self, o: &Quantity) -> Quantity {
+        self.checked_sub(o)
+            .filter(|d| !d.is_negative())
+            .unwrap_or(Quantity::ZERO)
+    }
+
     #[must_use]
     pub fn checked_mul(&self, n: i128) -> Option<Quantity> {
         Self::from_nanos(self.nanos.checked_mul(n)?, self.format)

@@ -801,3 +801,11 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn remaining_after_never_goes_below_zero() {
+    let q = |s: &str| Quantity::parse(s).unwrap();
+    assert_eq!(q("40Gi").remaining_after(&q("30Gi")), q("10Gi"));
+    assert_eq!(q("25Gi").remaining_after(&q("30Gi")), Quantity::ZERO);
+    assert_eq!(q("1").remaining_after(&q("1")), Quantity::ZERO);
+}

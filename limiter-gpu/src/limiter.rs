@@ -102,6 +102,17 @@ impl GpuLimiter {
                     )));
                 }
             };
+            // One by index and one by uuid can still be the same GPU; only now is that
+            // known. Its memory would be handed out twice.
+            if let Some(other) = devices
+                .values()
+                .find(|d: &&GpuDevice| d.gpu.uuid == gpu.uuid)
+            {
+                return Err(GpuError::InvalidArgument(format!(
+                    "devices {} and {} are the same GPU {}",
+                    other.name, c.name, gpu.uuid
+                )));
+            }
             let (mechanism, not_chosen) = choose_mechanism(backend.as_ref(), &gpu.uuid);
             tracing::info!(
                 device = %c.name,

@@ -275,6 +275,19 @@ fn device_configs_are_checked() {
         ],
     );
     assert!(twice.is_err());
+    // One by index, one by uuid: the same GPU all the same.
+    let same = GpuLimiter::new(
+        b.clone(),
+        &[
+            cfg("x", GpuSelector::Index(0), None),
+            cfg("y", GpuSelector::Uuid("GPU-a".into()), None),
+        ],
+    );
+    assert!(
+        matches!(&same, Err(GpuError::InvalidArgument(m)) if m.contains("same GPU")),
+        "{:?}",
+        same.err()
+    );
     // No driver at all: the limiter cannot be built, and says why.
     b.inject_fault(SimOp::Discover, || NvmlError::DriverNotLoaded, Some(1));
     assert!(matches!(

@@ -21,6 +21,9 @@ use tonic::transport::Channel;
 
 pub use shareguard_proto::v1 as proto;
 
+/// A client of the agent's API.
+pub type Client = NodeAgentClient<Channel>;
+
 pub mod net;
 pub mod pod;
 
@@ -287,6 +290,32 @@ impl Agent {
     /// GET on the metrics server: (status code, body).
     pub fn http(&self, path: &str) -> (u16, String) {
         http_get(self.metrics.unwrap(), path).unwrap()
+    }
+
+    /// Scrapes `/metrics` until series `name` with `labels` satisfies `ok`, and returns
+    /// its value; fails after [`PHASE_TIMEOUT`] with the last body. Counters from the
+    /// kernel are read by the agent on a period, so a scrape right after traffic may
+    /// show the previous reading.
+    pub fn wait_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        ok: impl Fn(f64) -> bool,
+    ) -> f64 {
+        let deadline = Instant::now() + PHASE_TIMEOUT;
+        loop {
+            let (_, body) = self.http("/metrics");
+            if let Some(v) = metric_sample(&body, name, labels)
+                && ok(v)
+            {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{labels:?} not as expected within {PHASE_TIMEOUT:?}:\n{body}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn audit_lines(&self) -> Vec<serde_json::Value> {

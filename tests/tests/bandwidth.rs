@@ -11,7 +11,7 @@
 use std::fs;
 
 use shareguard_tests::{
-    Agent, device, get_share, metric_sample,
+    Agent, device, get_share,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -183,20 +183,17 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     let m = server.measure(&Iperf::new(Direction::ToPod));
     assert_within(&m, 100e6, "agent back");
 
-    // The eBPF counters kept counting through the restart, and are exported per share.
-    let (code, body) = a.http("/metrics");
-    assert_eq!(code, 200);
-    let bytes = |direction: &str| -> f64 {
-        metric_sample(
-            &body,
+    // The eBPF counters kept counting through the restart, and are exported per share:
+    // two to-pod runs of 6 s at about 100 Mbit/s went through the share.
+    let bytes = |direction: &str, least: f64| {
+        a.wait_metric(
             "shareguard_share_traffic_bytes_total",
             &[("share", &id), ("direction", direction)],
+            |v| v > least,
         )
-        .unwrap_or_else(|| panic!("no {direction} byte counter for {id}:\n{body}"))
     };
-    // Two to-pod runs of 6 s at about 100 Mbit/s went through the share.
-    assert!(bytes("to_pod") > 2.0 * 5.0 * 100e6 / 8.0 * 0.9, "{body}");
-    assert!(bytes("from_pod") > 5.0 * 100e6 / 8.0 * 0.9, "{body}");
+    bytes("to_pod", 2.0 * 5.0 * 100e6 / 8.0 * 0.9);
+    bytes("from_pod", 5.0 * 100e6 / 8.0 * 0.9);
 }
 
 #[tokio::test]
@@ -357,10 +354,10 @@ async fn policer_fallback_limits_both_directions() {
                 &format!("policer {rate} {dir}"),
             );
         }
-        let (_, body) = a.http("/metrics");
-        let drops = metric_sample(&body, "shareguard_share_drops_total", &[("share", &id)])
-            .unwrap_or_else(|| panic!("no drops metric for {id}: {body}"));
-        assert!(drops > 0.0, "a policer at its limit drops packets: {drops}");
+        // A policer at its limit drops packets.
+        a.wait_metric("shareguard_share_drops_total", &[("share", &id)], |d| {
+            d > 0.0
+        });
         assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
     }
     let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();

@@ -4,8 +4,8 @@
 use std::fs;
 
 use shareguard_tests::{
-    Agent, Options, alloc, claim, device, generic_device, get_share, prepare_one, proto as pb,
-    share_id, unprepare_one,
+    Agent, Options, alloc, claim, device, generic_device, get_share, metric_sample, prepare_one,
+    proto as pb, share_id, unprepare_one,
 };
 
 #[tokio::test]
@@ -70,5 +70,103 @@ async fn shares_of_a_removed_device_become_unknown_and_keep_their_capacity() {
         (d.allocated["memory"].as_str(), d.live_shares),
         ("0", 0),
         "{d:?}"
+    );
+}
+
+/// A capacity shrunk below what live shares hold: the device is over-committed. The
+/// shares keep their capacity, `free` reads 0 (never negative) in the API, the CLI and
+/// the metrics, a metric and a log line say so, and new shares are refused until enough
+/// are released.
+#[tokio::test]
+async fn a_capacity_shrunk_under_live_shares_is_over_committed_never_negative() {
+    let mut a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "40Gi",
+        "5Gi",
+        &["team-a"],
+        &[],
+    )));
+    let mut c = a.client().await;
+    for (uid, amount) in [("oc-1", "20Gi"), ("oc-2", "10Gi")] {
+        let r = prepare_one(
+            &mut c,
+            1,
+            claim(
+                uid,
+                "team-a",
+                "a1",
+                vec![alloc("gen-0", &share_id(), amount)],
+            ),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+    }
+    let full = fs::read_to_string(&a.config).unwrap();
+    let shrunk = full
+        .replace("value = \"40Gi\"", "value = \"25Gi\"")
+        .replace("max = \"40Gi\"", "max = \"25Gi\"");
+    assert_ne!(shrunk, full, "the harness's config layout changed");
+    fs::write(&a.config, &shrunk).unwrap();
+    a.restart();
+    assert!(
+        a.log_text().contains("over-committed"),
+        "a log line says so:\n{}",
+        a.log_text()
+    );
+    let mut c = a.client().await;
+    let d = device(&mut c, "gen-0").await;
+    assert_eq!(
+        (
+            d.capacity["memory"].as_str(),
+            d.allocated["memory"].as_str(),
+            d.free["memory"].as_str()
+        ),
+        ("25Gi", "30Gi", "0"),
+        "{d:?}"
+    );
+    let (_, body) = a.http("/metrics");
+    let m = |name: &str| metric_sample(&body, name, &[("device", "gen-0"), ("capacity", "memory")]);
+    assert_eq!(m("shareguard_device_overcommitted"), Some(1.0), "{body}");
+    assert_eq!(m("shareguard_device_free"), Some(0.0), "{body}");
+    let cli = a.cli(&["-o", "json", "devices"]);
+    assert!(cli.status.success());
+    let out = String::from_utf8_lossy(&cli.stdout);
+    assert!(!out.contains("\"-"), "no negative amount in the CLI: {out}");
+
+    // Nothing fits while over-committed.
+    let r = prepare_one(
+        &mut c,
+        1,
+        claim(
+            "oc-3",
+            "team-a",
+            "a1",
+            vec![alloc("gen-0", &share_id(), "5Gi")],
+        ),
+    )
+    .await;
+    assert_eq!(r.error.unwrap().code, "ResourceExhausted");
+    // Releasing 10Gi leaves 20Gi of 25Gi: 5Gi fits again, and the metric clears.
+    assert_eq!(unprepare_one(&mut c, 1, "oc-2").await.code, "");
+    let r = prepare_one(
+        &mut c,
+        1,
+        claim(
+            "oc-3",
+            "team-a",
+            "a1",
+            vec![alloc("gen-0", &share_id(), "5Gi")],
+        ),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let (_, body) = a.http("/metrics");
+    assert_eq!(
+        metric_sample(
+            &body,
+            "shareguard_device_overcommitted",
+            &[("device", "gen-0"), ("capacity", "memory")]
+        ),
+        Some(0.0)
     );
 }

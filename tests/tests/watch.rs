@@ -252,3 +252,54 @@ async fn many_watchers_see_every_transition_and_a_stuck_one_blocks_nothing() {
         }
     }
 }
+
+/// Streams are bounded in number: past `max_watchers` a watch is refused with
+/// RESOURCE_EXHAUSTED, and a client that goes away (without any change to wake its
+/// stream) frees its slot.
+#[tokio::test]
+async fn watchers_are_bounded_and_a_closed_one_frees_its_slot() {
+    let mut o = Options::new(generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[]));
+    o.agent_extra = "max_watchers = 2".into();
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+    let open = |mut c: shareguard_tests::Client| async move {
+        c.watch_shares(pb::WatchSharesRequest::default()).await
+    };
+    let mut w1 = open(c.clone()).await.unwrap().into_inner();
+    let w2 = open(c.clone()).await.unwrap().into_inner();
+    snapshot(&mut w1).await;
+    let refused = open(c.clone()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("max_watchers"), "{refused:?}");
+
+    // The second client leaves; nothing changes meanwhile. Its slot comes free.
+    drop(w2);
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    let mut w3 = loop {
+        match open(c.clone()).await {
+            Ok(s) => break s.into_inner(),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a closed watcher never freed its slot"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // Both remaining streams still work.
+    let id = share_id();
+    prepare_one(
+        &mut c,
+        1,
+        claim("w-b", "team-a", "a1", vec![alloc("gen-0", &id, "5Gi")]),
+    )
+    .await;
+    snapshot(&mut w3).await;
+    assert_eq!(changed(&mut w1, &id).await.share_id, id);
+}

@@ -172,6 +172,12 @@ impl Discovery {
             return PodState::Waiting(format!("waiting for pod {uid}'s sandbox on this node"));
         };
         let cgroup = self.relative(&dir);
+        if cgroup.len() > crate::validate::MAX_PATH_LEN {
+            return PodState::Waiting(format!(
+                "pod {uid}'s cgroup path is longer than {} bytes; not used",
+                crate::validate::MAX_PATH_LEN
+            ));
+        }
         let mut record = SandboxRecord {
             pod_uid: uid.to_owned(),
             cgroup: cgroup.clone(),

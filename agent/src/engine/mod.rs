@@ -75,6 +75,8 @@ pub struct Engine {
     discovery: Arc<Discovery>,
     /// Wakes the discovery loop: kernel events, and a Prepare that left a share waiting.
     kick: Arc<Notify>,
+    /// Traffic counters by share key, as the metrics task last read them.
+    traffic: Mutex<HashMap<String, shareguard_common::limiter::TrafficCounters>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -128,6 +130,7 @@ impl Engine {
             gpu_obs: Mutex::new(HashMap::new()),
             discovery,
             kick: Arc::new(Notify::new()),
+            traffic: Mutex::new(HashMap::new()),
         };
         let (mut state, batch) = recover::recover(&engine, loaded, boot_id)?;
         engine
@@ -152,6 +155,21 @@ impl Engine {
             state = fresh;
         }
         engine.state = Mutex::new(state);
+        for d in engine.devices() {
+            for (name, cap) in &d.config.capacities {
+                if let Some(held) = d.usage.allocated.get(name).filter(|h| **h > cap.value) {
+                    // Shrunk under live shares: they keep what they hold (only Unprepare
+                    // frees), new shares are refused until the device fits again.
+                    tracing::warn!(
+                        device = %d.config.name,
+                        capacity = %name,
+                        held = %held,
+                        configured = %cap.value,
+                        "device is over-committed: its live shares hold more than its configured capacity; new shares are refused until enough are released"
+                    );
+                }
+            }
+        }
         Ok(engine)
     }
 
@@ -229,10 +247,16 @@ impl Engine {
     /// handle that resolves once the change is durable; nothing may be acknowledged
     /// before that. Refuses every change once the store has failed, because the memory
     /// could then be ahead of the disk.
-    fn commit_locked(&self, st: &mut State, batch: Batch) -> Result<Durable, StoreError> {
+    fn commit_locked(&self, st: &mut State, mut batch: Batch) -> Result<Durable, StoreError> {
         if self.store.has_failed() {
             return Err(StoreError::Failed);
         }
+        for r in &mut batch.put_shares {
+            r.bound();
+        }
+        // Refused here, before memory changes, rather than by the writer, where a failed
+        // write stops the store for good.
+        batch.check_sizes()?;
         for k in &batch.delete_shares {
             st.remove(k);
         }

@@ -99,10 +99,7 @@ impl Engine {
                     .iter()
                     .map(|(name, cap)| {
                         let used = usage.allocated.get(name).copied().unwrap_or(Quantity::ZERO);
-                        (
-                            name.clone(),
-                            cap.value.checked_sub(&used).unwrap_or(Quantity::ZERO),
-                        )
+                        (name.clone(), cap.value.remaining_after(&used))
                     })
                     .collect();
                 DeviceView {
@@ -118,16 +115,38 @@ impl Engine {
             .collect()
     }
 
-    /// What the kernel counted for each of `shares` whose limiter counts traffic. Call it
-    /// outside the state lock (with [`Engine::live_records`]): counting talks to the kernel.
+    /// Reads what the kernel counted for every live share whose limiter counts traffic,
+    /// on a blocking thread, and keeps it for [`Engine::share_counters`]: a scrape then
+    /// does no kernel or netlink work, however many scrapers there are.
+    pub async fn refresh_counters(self: &std::sync::Arc<Self>) {
+        let e = self.clone();
+        let fresh = tokio::task::spawn_blocking(move || {
+            e.live_records()
+                .into_iter()
+                .filter(|r| !e.accounting_only(&r.device))
+                .filter_map(|r| {
+                    let c = e.limiter(&r.device)?.counters(&r.key)?;
+                    Some((r.key, c))
+                })
+                .collect::<std::collections::HashMap<_, _>>()
+        })
+        .await;
+        match fresh {
+            Ok(m) => *lock(&self.traffic) = m,
+            Err(e) => tracing::warn!(error = %e, "reading traffic counters failed"),
+        }
+    }
+
+    /// What the kernel counted for each of `shares`, as last read by
+    /// [`Engine::refresh_counters`].
     pub fn share_counters<'a>(
         &self,
         shares: &'a [ShareRecord],
     ) -> Vec<(&'a ShareRecord, TrafficCounters)> {
+        let cached = lock(&self.traffic);
         shares
             .iter()
-            .filter(|r| !self.accounting_only(&r.device))
-            .filter_map(|r| Some((r, self.limiter(&r.device)?.counters(&r.key)?)))
+            .filter_map(|r| Some((r, *cached.get(&r.key)?)))
             .collect()
     }
 
