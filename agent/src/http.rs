@@ -62,11 +62,17 @@ async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> impl IntoResponse 
 }
 
 /// Ready once the store is loaded, shares are re-verified and the socket accepts calls;
-/// not ready again if the store failed, since no change can be made durable then.
+/// not ready while the store cannot take writes (a full or read-only disk), saying why,
+/// since no change can be made durable then.
 async fn readyz(State(c): State<Ctx>) -> impl IntoResponse {
-    if c.ready.load(Ordering::Acquire) && c.engine.healthy() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+    if !c.ready.load(Ordering::Acquire) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned());
+    }
+    match c.engine.store_problem() {
+        None => (StatusCode::OK, "ready\n".to_owned()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: state store: {why}; reopening it every second\n"),
+        ),
     }
 }

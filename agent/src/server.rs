@@ -26,6 +26,8 @@ use crate::{
 };
 
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+/// How often a failed store is tried again.
+const STORE_RETRY: Duration = Duration::from_secs(1);
 
 fn boot_id() -> anyhow::Result<String> {
     let id =
@@ -122,6 +124,33 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
                 Ok(0) => {}
                 Ok(n) => info!(removed = n, "expired tombstones removed"),
                 Err(e) => warn!(error = %e, "tombstone sweep failed"),
+            }
+        }
+    });
+
+    // A failed store (full or read-only disk) is reopened once it can be written again;
+    // until then the agent stays up, refuses changes as retryable, and /readyz says why.
+    let storage = engine.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORE_RETRY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = String::new();
+        loop {
+            tick.tick().await;
+            if storage.store_problem().is_none() {
+                continue;
+            }
+            let e = storage.clone();
+            match tokio::task::spawn_blocking(move || e.reopen_store()).await {
+                Ok(Ok(_)) => last.clear(),
+                Ok(Err(err)) => {
+                    let msg = err.to_string();
+                    if msg != last {
+                        warn!(error = %msg, "the state store cannot be reopened yet; retrying");
+                        last = msg;
+                    }
+                }
+                Err(err) => warn!(error = %err, "reopening the state store panicked"),
             }
         }
     });

@@ -120,6 +120,8 @@ pub struct Store {
     writer: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     failed: Arc<AtomicBool>,
+    /// Why the store failed, for /readyz and the logs.
+    problem: Arc<Mutex<Option<String>>>,
 }
 
 #[derive(Clone)]
@@ -139,6 +141,13 @@ struct Job {
 pub struct Durable(oneshot::Receiver<Result<(), StoreError>>);
 
 impl Durable {
+    /// A handle that resolves as failed at once: for a write with no store to go to.
+    pub fn failed() -> Durable {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Err(StoreError::Failed));
+        Durable(rx)
+    }
+
     pub async fn wait(self) -> Result<(), StoreError> {
         self.0.await.unwrap_or(Err(StoreError::Failed))
     }
@@ -164,10 +173,14 @@ impl Store {
             db,
         };
         let failed = Arc::new(AtomicBool::new(false));
+        let problem = Arc::new(Mutex::new(None));
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = {
             let trees = trees.clone();
-            let failed = failed.clone();
+            let failed = Failure {
+                flag: failed.clone(),
+                problem: problem.clone(),
+            };
             std::thread::Builder::new()
                 .name("shareguard-store".into())
                 .spawn(move || writer(trees, log, rx, failed))
@@ -178,7 +191,38 @@ impl Store {
             writer: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             failed,
+            problem,
         })
+    }
+
+    /// [`Store::open`], waiting up to `patience` for the directory's lock: sled releases
+    /// it from its own threads a moment after the last handle of the previous instance
+    /// in this process is dropped.
+    pub fn open_patiently(dir: &Path, patience: std::time::Duration) -> Result<Self, StoreError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Store::open(dir) {
+                Err(StoreError::Sled(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Why the store stopped accepting writes, once it has.
+    pub fn problem(&self) -> Option<String> {
+        if !self.has_failed() {
+            return None;
+        }
+        Some(
+            crate::sync::lock(&self.problem)
+                .clone()
+                .unwrap_or_else(|| "a write failed".to_owned()),
+        )
     }
 
     pub fn load(&self) -> Result<Loaded, StoreError> {
@@ -222,7 +266,10 @@ impl Store {
             .is_some_and(|tx| tx.send(job).is_ok());
         if !sent {
             // The writer is gone (shutdown or a panic): `rx` resolves as failed.
-            self.failed.store(true, Ordering::Release);
+            if !self.failed.swap(true, Ordering::AcqRel) {
+                *crate::sync::lock(&self.problem) =
+                    Some("the store's writer thread is gone".into());
+            }
         }
         Durable(rx)
     }
@@ -239,20 +286,39 @@ impl Drop for Store {
     }
 }
 
+/// The store's failed flag and the reason it was set.
+struct Failure {
+    flag: Arc<AtomicBool>,
+    problem: Arc<Mutex<Option<String>>>,
+}
+
+impl Failure {
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    fn set(&self, why: &StoreError) {
+        if !self.flag.swap(true, Ordering::AcqRel) {
+            *crate::sync::lock(&self.problem) = Some(why.to_string());
+            tracing::error!(error = %why, "the state store failed; no change is accepted until it is reopened");
+        }
+    }
+}
+
 /// Applies one group of batches in order. Once one fails, the rest are not applied
 /// and fail too, and so does every later group (`failed`): the engine decided them on a
-/// state that included the failed batch, and only a restart from disk makes the two
+/// state that included the failed batch, and only a reload from disk makes the two
 /// agree again.
-fn apply_group(t: &Trees, batches: &[&Batch], failed: &AtomicBool) -> Vec<Result<(), StoreError>> {
+fn apply_group(t: &Trees, batches: &[&Batch], failed: &Failure) -> Vec<Result<(), StoreError>> {
     batches
         .iter()
         .map(|b| {
-            if failed.load(Ordering::Acquire) {
+            if failed.is_set() {
                 return Err(StoreError::Failed);
             }
             let r = apply(t, b);
-            if r.is_err() {
-                failed.store(true, Ordering::Release);
+            if let Err(e) = &r {
+                failed.set(e);
             }
             r
         })
@@ -260,7 +326,7 @@ fn apply_group(t: &Trees, batches: &[&Batch], failed: &AtomicBool) -> Vec<Result
 }
 
 /// The writer thread: applies queued batches in order and makes each group durable.
-fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Arc<AtomicBool>) {
+fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Failure) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
@@ -270,8 +336,8 @@ fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Arc<AtomicBool>)
             t.db.flush()
                 .map_err(StoreError::from)
                 .and_then(|_| log.sync_data().map_err(|e| StoreError::Sync(e.to_string())));
-        if synced.is_err() {
-            failed.store(true, Ordering::Release);
+        if let Err(e) = &synced {
+            failed.set(e);
         }
         for (job, r) in jobs.into_iter().zip(results) {
             let r = match (&r, &synced) {
@@ -411,7 +477,10 @@ mod tests {
     fn a_failed_batch_fails_the_rest_of_its_group_and_every_later_one() {
         let dir = tempfile::tempdir().unwrap();
         let t = trees(dir.path());
-        let failed = AtomicBool::new(false);
+        let failed = Failure {
+            flag: Arc::new(AtomicBool::new(false)),
+            problem: Arc::new(Mutex::new(None)),
+        };
         // Over the bound: refused, as a write sled would not make durable.
         let huge = "x".repeat(record::MAX_RECORD_BYTES + 1);
         let group = [

@@ -91,6 +91,8 @@ pub struct Options {
     pub allowed_uids: Vec<u32>,
     /// Extra lines for the `[agent]` table.
     pub agent_extra: String,
+    /// The state directory; a fresh one in the agent's directory when None.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -99,6 +101,7 @@ impl Options {
             devices: devices.into(),
             allowed_uids: vec![0],
             agent_extra: String::new(),
+            state_dir: None,
         }
     }
 }
@@ -120,7 +123,10 @@ impl Agent {
     pub fn start(opts: Options) -> Agent {
         let dir = tempfile::Builder::new().prefix("sg-it-").tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
-        let state_dir = dir.path().join("state");
+        let state_dir = opts
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("state"));
         let audit_log = dir.path().join("audit.jsonl");
         let config = dir.path().join("agent.toml");
         let uids = opts
@@ -471,7 +477,8 @@ pub async fn get_share(c: &mut NodeAgentClient<Channel>, id: impl Into<String>) 
 pub const PHASE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Waits until share `id` is in `phase`, reading it every 10 ms, and returns it; fails
-/// with the share's last status after [`PHASE_TIMEOUT`].
+/// with the share's last status after [`PHASE_TIMEOUT`]. A share not there yet (a call
+/// still admitting it) is waited for too.
 pub async fn wait_phase(
     c: &mut NodeAgentClient<Channel>,
     id: &str,
@@ -479,13 +486,20 @@ pub async fn wait_phase(
 ) -> pb::ShareStatus {
     let deadline = Instant::now() + PHASE_TIMEOUT;
     loop {
-        let s = get_share(c, id).await;
-        if s.phase == phase as i32 {
-            return s;
-        }
+        let got = c
+            .get_share(pb::GetShareRequest {
+                share_id: id.to_owned(),
+            })
+            .await;
+        let last = match got {
+            Ok(s) if s.get_ref().phase == phase as i32 => return s.into_inner(),
+            Ok(s) => format!("{:?}", s.into_inner()),
+            Err(e) if e.code() == tonic::Code::NotFound => "not found".to_owned(),
+            Err(e) => panic!("GetShare {id}: {e}"),
+        };
         assert!(
             Instant::now() < deadline,
-            "share {id} not {phase:?} within {PHASE_TIMEOUT:?}: {s:?}"
+            "share {id} not {phase:?} within {PHASE_TIMEOUT:?}: {last}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

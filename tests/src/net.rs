@@ -150,6 +150,23 @@ fn add_veth(host: &str, ns: &str) {
     let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
 }
 
+/// [`add_veth`] with the host end at ifindex `index` or the first free one above it.
+fn add_veth_at(host: &str, ns: &str, index: u32) {
+    for i in index..index + 1000 {
+        let idx = i.to_string();
+        if try_sh(&[
+            "ip", "link", "add", host, "index", &idx, "type", "veth", "peer", "name", "eth0",
+            "netns", ns,
+        ])
+        .is_ok()
+        {
+            let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
+            return;
+        }
+    }
+    panic!("no free ifindex in {index}..{}", index + 1000);
+}
+
 fn add_host_addr(host: &str, addr: Ipv4Addr) {
     sh(&["ip", "addr", "add", &format!("{addr}/30"), "dev", host]);
 }
@@ -581,10 +598,25 @@ impl Pod {
     /// Pod `uid`'s network (namespace, veth, addresses) without a sandbox process: what
     /// CNI has set up before the runtime starts the sandbox.
     pub fn network_only(uid: &str) -> Pod {
+        Pod::network_at(uid, None)
+    }
+
+    /// Pod `uid` whose host-side veth has an ifindex of at least `index` (a busy node's
+    /// ifindexes grow with every veth and ifb it ever made), with its sandbox.
+    pub fn with_host_index(uid: &str, index: u32, layout: crate::pod::Layout) -> Pod {
+        let mut p = Pod::network_at(uid, Some(index));
+        p.start_sandbox(layout);
+        p
+    }
+
+    fn network_at(uid: &str, index: Option<u32>) -> Pod {
         let netns = Netns::new();
         let n = next_id();
         let host = ifname("sgh", n);
-        add_veth(&host, netns.name());
+        match index {
+            Some(i) => add_veth_at(&host, netns.name(), i),
+            None => add_veth(&host, netns.name()),
+        }
         let link = Link { name: host };
         let (host_addr, pod_addr) = {
             let _lock = FileLock::acquire(ADDR_LOCK);

@@ -9,6 +9,7 @@ mod query;
 mod reconcile;
 mod recover;
 mod sandbox;
+mod storage;
 #[cfg(test)]
 mod tests;
 mod unprepare;
@@ -62,7 +63,11 @@ pub enum OpenError {
 
 pub struct Engine {
     cfg: Arc<Config>,
-    store: Store,
+    /// The store; swapped for a fresh one when a failed store is reopened (see
+    /// [`storage`]). Lock order: `state`, then `store`.
+    store: Mutex<Option<Store>>,
+    /// The kernel's boot id at start, for re-verifying after a reopen.
+    boot_id: String,
     state: Mutex<State>,
     locks: locks::ClaimLocks,
     limiters: HashMap<String, Arc<dyn Limiter>>,
@@ -103,12 +108,10 @@ impl Engine {
             }
         }
         let store_dir = cfg.agent.state_dir.join("store");
-        let store_err = |source| OpenError::Store {
+        let store = Store::open(&store_dir).map_err(|source| OpenError::Store {
             path: store_dir.display().to_string(),
             source,
-        };
-        let store = Store::open(&store_dir).map_err(store_err)?;
-        let loaded = store.load().map_err(store_err)?;
+        })?;
         let audit =
             AuditLog::open(&cfg.agent.audit_log, cfg.agent.audit_bound).map_err(|source| {
                 OpenError::Audit {
@@ -120,7 +123,8 @@ impl Engine {
         let discovery = Arc::new(open_discovery(&cfg)?);
         let mut engine = Engine {
             cfg,
-            store,
+            store: Mutex::new(Some(store)),
+            boot_id: boot_id.to_owned(),
             state: Mutex::new(State::default()),
             locks: locks::ClaimLocks::default(),
             limiters,
@@ -132,28 +136,7 @@ impl Engine {
             kick: Arc::new(Notify::new()),
             traffic: Mutex::new(HashMap::new()),
         };
-        let (mut state, batch) = recover::recover(&engine, loaded, boot_id)?;
-        engine
-            .store
-            .submit(batch)
-            .wait_blocking()
-            .map_err(store_err)?;
-        if !state.sums_consistent() {
-            // Cannot happen while put/remove are the only mutators; if it ever does, the
-            // records are the truth and the view is rebuilt from them.
-            tracing::error!(
-                "ledger sums disagreed with the records at start; rebuilt from the records"
-            );
-            let records: Vec<ShareRecord> = state.records.values().cloned().collect();
-            let mut fresh = State::default();
-            fresh.epoch = state.epoch;
-            fresh.epoch_durable = state.epoch_durable;
-            fresh.claims = std::mem::take(&mut state.claims);
-            for r in records {
-                fresh.put(r);
-            }
-            state = fresh;
-        }
+        let state = engine.load_state()?;
         engine.state = Mutex::new(state);
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
@@ -248,9 +231,10 @@ impl Engine {
     /// before that. Refuses every change once the store has failed, because the memory
     /// could then be ahead of the disk.
     fn commit_locked(&self, st: &mut State, mut batch: Batch) -> Result<Durable, StoreError> {
-        if self.store.has_failed() {
+        let slot = lock(&self.store);
+        let Some(store) = slot.as_ref().filter(|s| !s.has_failed()) else {
             return Err(StoreError::Failed);
-        }
+        };
         for r in &mut batch.put_shares {
             r.bound();
         }
@@ -269,12 +253,7 @@ impl Engine {
         for r in &batch.put_shares {
             st.put(r.clone());
         }
-        Ok(self.store.submit(batch))
-    }
-
-    /// Whether the agent can still accept changes (for /readyz).
-    pub fn healthy(&self) -> bool {
-        !self.store.has_failed()
+        Ok(store.submit(batch))
     }
 
     /// Tells watchers about changed shares. Called only once the change is durable, so a
@@ -300,7 +279,8 @@ impl Engine {
 
     /// Resolves once everything decided so far is durable.
     async fn barrier(&self) -> Result<(), StoreError> {
-        self.store.submit(Batch::default()).wait().await
+        let durable = self.submit(Batch::default());
+        durable.wait().await
     }
 
     /// Removes RELEASED and FAILED records whose retention has passed, and claim records

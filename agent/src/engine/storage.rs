@@ -1,0 +1,108 @@
+//! The store's failure and recovery. A write that fails (a full disk, a file system
+//! remounted read-only) stops the store: the engine's memory may then be ahead of the
+//! disk, so nothing more is accepted, and every call that needs a durable write is
+//! answered with a retryable Unavailable. The agent stays up, says why in /readyz, and
+//! tries to reopen the store on a period: the reopened store is what was durable, which
+//! the engine reloads and re-verifies as at a restart. Nothing acknowledged was ever
+//! only in memory, so nothing acknowledged is lost; a change that failed may or may not
+//! be on disk afterwards, and the caller's retry settles it either way (I3).
+
+use std::time::Duration;
+
+use crate::{
+    ledger::State,
+    record::ShareRecord,
+    store::{Batch, Store, StoreError},
+    sync::lock,
+};
+
+use super::{Engine, OpenError, recover};
+
+/// How long a reopen waits for sled to let go of the old instance's directory lock.
+const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
+
+impl Engine {
+    /// Why the store accepts no changes now, if it does not.
+    pub fn store_problem(&self) -> Option<String> {
+        match lock(&self.store).as_ref() {
+            Some(s) => s.problem(),
+            None => Some("the state store is being reopened".to_owned()),
+        }
+    }
+
+    /// Queues `batch` on the store (see [`Store::submit`]); fails at once without one.
+    pub(super) fn submit(&self, batch: Batch) -> crate::store::Durable {
+        match lock(&self.store).as_ref() {
+            Some(s) => s.submit(batch),
+            None => crate::store::Durable::failed(),
+        }
+    }
+
+    fn store_err(&self, source: StoreError) -> OpenError {
+        OpenError::Store {
+            path: self.cfg.agent.state_dir.join("store").display().to_string(),
+            source,
+        }
+    }
+
+    /// The ledger from what the store holds, re-verified (see [`recover`]), with the
+    /// changes that makes written and durable.
+    pub(super) fn load_state(&self) -> Result<State, OpenError> {
+        let loaded = lock(&self.store)
+            .as_ref()
+            .ok_or(StoreError::Failed)
+            .and_then(Store::load)
+            .map_err(|e| self.store_err(e))?;
+        let (mut state, batch) = recover::recover(self, loaded, &self.boot_id)?;
+        let durable = self.submit(batch);
+        durable.wait_blocking().map_err(|e| self.store_err(e))?;
+        if !state.sums_consistent() {
+            // Cannot happen while put/remove are the only mutators; if it ever does, the
+            // records are the truth and the view is rebuilt from them.
+            tracing::error!("ledger sums disagreed with the records; rebuilt from the records");
+            let records: Vec<ShareRecord> = state.records.values().cloned().collect();
+            let mut fresh = State::default();
+            fresh.epoch = state.epoch;
+            fresh.epoch_durable = state.epoch_durable;
+            fresh.claims = std::mem::take(&mut state.claims);
+            for r in records {
+                fresh.put(r);
+            }
+            state = fresh;
+        }
+        Ok(state)
+    }
+
+    /// Reopens a failed store and reloads the engine from it. Blocking (file I/O, and the
+    /// limiters' read-back): call it from a blocking thread. Holds the state lock
+    /// throughout, so no change is decided meanwhile. Returns whether the store works
+    /// again; Ok(false) when it had not failed.
+    pub fn reopen_store(&self) -> Result<bool, OpenError> {
+        let mut st = lock(&self.state);
+        if self.store_problem().is_none() {
+            return Ok(false);
+        }
+        let dir = self.cfg.agent.state_dir.join("store");
+        {
+            let mut slot = lock(&self.store);
+            // The failed instance goes first: its writer thread ends and sled lets go of
+            // the directory. What it had only in memory is gone with it.
+            drop(slot.take());
+            *slot =
+                Some(Store::open_patiently(&dir, REOPEN_PATIENCE).map_err(|e| self.store_err(e))?);
+        }
+        // A write that must reach the disk before the store counts as working again: a
+        // disk that is still full fails here rather than on the next tenant's Prepare.
+        let probe = self.submit(Batch {
+            epoch: Some(st.epoch_durable),
+            ..Default::default()
+        });
+        probe.wait_blocking().map_err(|e| self.store_err(e))?;
+        *st = self.load_state()?;
+        drop(st);
+        tracing::info!("the state store works again; the engine was reloaded from it");
+        // Shares whose sandbox changed while nothing could be written are followed now.
+        self.kick();
+        Ok(true)
+    }
+}

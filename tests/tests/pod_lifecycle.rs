@@ -1,0 +1,393 @@
+//! A share lives with its pod, through the real binary: Prepare with nothing but the pod's
+//! uid (before the sandbox exists, as kubelet calls it), the pod's sandbox appearing in a
+//! kubelet cgroup layout, traffic limited both ways, the sandbox deleted and made again,
+//! and Unprepare; and what discovery refuses or reports instead of enforcing. Root only;
+//! skips without it unless `CI=true`.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::{fs, time::Duration};
+
+use shareguard_limiter_net::{
+    bpf::Direction as Hook,
+    limiter::link_name,
+    state::{file_name, ifb_name},
+};
+use shareguard_tests::{
+    Agent, Client, device, get_share,
+    net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
+    pod::{Layout, Sandbox, pod_uid},
+    prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
+};
+
+const LOW: f64 = 0.90;
+const HIGH: f64 = 1.05;
+
+fn start(pins: &PinDir) -> Agent {
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
+    );
+    // A long rescan period: what these tests see must come from the kernel's events.
+    net::start_agent(
+        net::net_device("nic-0", &lines),
+        pins,
+        "rescan_period = \"1h\"\nreconcile_period = \"1h\"",
+    )
+}
+
+/// A claim for `rate` of bandwidth for pod `uid`, naming nothing but the pod.
+fn claim_for(claim_uid: &str, ns: &str, pod: &str, id: &str, rate: &str) -> pb::ClaimPrepare {
+    let mut c = shareguard_tests::claim(
+        claim_uid,
+        ns,
+        "a1",
+        vec![pb::DeviceAllocation {
+            request: "bw".into(),
+            driver: shareguard_tests::DRIVER.into(),
+            pool: shareguard_tests::POOL.into(),
+            device: "nic-0".into(),
+            share_id: id.into(),
+            consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
+            ..Default::default()
+        }],
+    );
+    c.target = Some(pb::PodTarget {
+        pod_uids: vec![pod.into()],
+        ..Default::default()
+    });
+    c
+}
+
+/// Nothing the agent installs for share `id` exists: its ifb, its pinned links, its
+/// install record.
+fn nothing_left(a: &Agent, pins: &PinDir, id: &str) {
+    assert!(!net::link_exists(&ifb_name(id)), "ifb of {id} left");
+    for hook in [Hook::ToPod, Hook::FromPod] {
+        let pin = pins.0.join("net/links").join(link_name(id, hook));
+        assert!(!pin.exists(), "{} left", pin.display());
+    }
+    let rec = a
+        .state_dir
+        .join("net")
+        .join(format!("{}.json", file_name(id)));
+    assert!(!rec.exists(), "{} left", rec.display());
+}
+
+fn measure_both(pod: &Pod, rate_bps: f64, what: &str) {
+    let server = pod.iperf_server();
+    let _lock = TrafficLock::acquire();
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        let m = server.measure(&Iperf::new(dir));
+        let ratio = m.bits_per_second / rate_bps;
+        eprintln!("{what} {dir}: {m} -> {ratio:.3} of the limit");
+        assert!(
+            (LOW..=HIGH).contains(&ratio),
+            "{what} {dir}: {ratio:.3} of the limit, outside {LOW}..={HIGH}: {m}"
+        );
+    }
+}
+
+async fn lifecycle(layout: Layout) {
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let uid = pod_uid();
+    let id = share_id();
+
+    // kubelet prepares the claim before the sandbox exists: admitted, waiting, held.
+    let r = prepare_one(&mut c, 1, claim_for("life", "team-a", &uid, &id, "200M")).await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    assert!(s.reason.contains(&uid), "{s:?}");
+    let status: serde_json::Value = serde_json::from_str(&s.device_status_json).unwrap();
+    assert_eq!(status["conditions"][0]["status"], "False");
+    assert_eq!(status["conditions"][0]["reason"], "WaitingForPodSandbox");
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "200M");
+
+    // The pod's sandbox appears: enforced, no call needed, limited both ways.
+    let pod = Pod::with(&uid, layout);
+    let s = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+    let sb = s.sandbox.clone().unwrap();
+    assert_eq!(sb.host_interface, pod.host_if(), "{s:?}");
+    assert_eq!(sb.pod_uid, uid);
+    assert_eq!(
+        sb.cgroup,
+        pod.sandbox().unwrap().pod_cgroup(),
+        "the pod's own cgroup"
+    );
+    assert_eq!(s.limits[0].enforced, "200M", "read back: {s:?}");
+    measure_both(&pod, 200e6, &format!("{layout:?}"));
+
+    // The pod is deleted before Unprepare: waiting again, capacity held, nothing of the
+    // dead sandbox left.
+    drop(pod);
+    let s = wait_phase(&mut c, &id, pb::Phase::Pending).await;
+    assert!(s.sandbox.is_none(), "{s:?}");
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "200M");
+    nothing_left(&a, &pins, &id);
+
+    // It is made again (a new netns, veth and cgroup): enforced again without a call.
+    let pod = Pod::with(&uid, layout);
+    let s = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+    assert_eq!(s.sandbox.unwrap().host_interface, pod.host_if());
+    measure_both(&pod, 200e6, &format!("{layout:?}, new sandbox"));
+
+    // Unprepare: nothing left, the interface as found.
+    assert_eq!(unprepare_one(&mut c, 1, "life").await.code, "");
+    nothing_left(&a, &pins, &id);
+    let qdiscs = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
+    assert!(!qdiscs.contains("htb"), "{qdiscs}");
+    assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
+}
+
+#[tokio::test]
+async fn a_share_lives_with_its_pod_systemd_layout() {
+    if !net::privileged("a_share_lives_with_its_pod_systemd_layout") {
+        return;
+    }
+    lifecycle(Layout::Systemd).await;
+}
+
+#[tokio::test]
+async fn a_share_lives_with_its_pod_cgroupfs_layout() {
+    if !net::privileged("a_share_lives_with_its_pod_cgroupfs_layout") {
+        return;
+    }
+    lifecycle(Layout::Cgroupfs).await;
+}
+
+/// A pod in the host's network namespace cannot be limited per pod: the share says so
+/// (DEGRADED, never ENFORCED) and no host interface is touched.
+#[tokio::test]
+async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
+    if !net::privileged("a_host_network_pod_is_reported_and_no_host_interface_touched") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let qdiscs_before = net::sh(&["tc", "qdisc", "show"]);
+    let sb = Sandbox::start(&pod_uid(), Layout::Systemd, None);
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        1,
+        claim_for("hostnet", "team-a", sb.uid(), &id, "50M"),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
+    assert!(s.reason.contains("hostNetwork"), "{s:?}");
+    assert!(s.limits[0].enforced.is_empty(), "{s:?}");
+    assert_eq!(net::sh(&["tc", "qdisc", "show"]), qdiscs_before);
+    assert!(!net::link_exists(&ifb_name(&id)));
+    assert_eq!(unprepare_one(&mut c, 1, "hostnet").await.code, "");
+}
+
+/// A share used by two pods is not enforced per pod (they could reach twice the share
+/// together): DEGRADED with the reason; once only one of them runs, it is enforced.
+#[tokio::test]
+async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
+    if !net::privileged("a_share_of_two_live_pods_is_not_enforced_per_pod") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let (p1, p2) = (Pod::new(), Pod::new());
+    let id = share_id();
+    let mut cl = claim_for("two", "team-a", p1.uid(), &id, "100M");
+    cl.target
+        .as_mut()
+        .unwrap()
+        .pod_uids
+        .push(p2.uid().to_owned());
+    assert_eq!(prepare_one(&mut c, 1, cl).await.error, None);
+    let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
+    assert!(s.reason.contains("2 pods"), "{s:?}");
+    assert!(
+        !net::sh(&["tc", "qdisc", "show", "dev", p1.host_if()]).contains("htb"),
+        "no per-pod limit that would read as the share's"
+    );
+    drop(p2);
+    let s = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+    assert_eq!(s.sandbox.unwrap().host_interface, p1.host_if());
+    assert_eq!(unprepare_one(&mut c, 1, "two").await.code, "");
+}
+
+/// Targets are verified, never trusted: a pod uid already named by another namespace's
+/// live claim is refused, a cgroup hint outside the pod is refused, and an interface hint
+/// is only ever a name inside the pod's namespace (never a host interface).
+#[tokio::test]
+async fn targets_are_verified_never_trusted() {
+    if !net::privileged("targets_are_verified_never_trusted") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let victim = Pod::new();
+    let attacker = Pod::new();
+    let id = share_id();
+    assert_eq!(
+        prepare_one(
+            &mut c,
+            1,
+            claim_for("v", "team-a", victim.uid(), &id, "100M")
+        )
+        .await
+        .error,
+        None
+    );
+    wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+
+    // Another namespace's claim for the victim's pod.
+    let r = prepare_one(
+        &mut c,
+        1,
+        claim_for("x", "team-b", victim.uid(), &share_id(), "10M"),
+    )
+    .await;
+    let e = r.error.unwrap();
+    assert_eq!(
+        (e.code.as_str(), e.field.as_str()),
+        ("PermissionDenied", "claims[0].target.pod_uids[0]"),
+        "{e:?}"
+    );
+
+    // A cgroup hint that is the other pod's cgroup.
+    let mut cl = claim_for("y", "team-a", attacker.uid(), &share_id(), "10M");
+    cl.target.as_mut().unwrap().cgroup_paths = vec![victim.sandbox().unwrap().pod_cgroup()];
+    let e = prepare_one(&mut c, 1, cl).await.error.unwrap();
+    assert_eq!(
+        (e.code.as_str(), e.field.as_str()),
+        ("PermissionDenied", "claims[0].target.cgroup_paths[0]"),
+        "{e:?}"
+    );
+
+    // An interface hint naming a host interface (the victim's host veth) is looked up
+    // inside the attacker pod's namespace, where there is no such thing.
+    let before = net::sh(&["tc", "qdisc", "show", "dev", victim.host_if()]);
+    let zid = share_id();
+    let mut cl = claim_for("z", "team-a", attacker.uid(), &zid, "10M");
+    cl.target.as_mut().unwrap().interface = victim.host_if().to_owned();
+    assert_eq!(prepare_one(&mut c, 1, cl).await.error, None);
+    let s = get_share(&mut c, zid.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    assert!(s.reason.contains(victim.host_if()), "{s:?}");
+    assert_eq!(
+        net::sh(&["tc", "qdisc", "show", "dev", victim.host_if()]),
+        before
+    );
+    let v = get_share(&mut c, id.clone()).await;
+    assert_eq!(
+        v.limits[0].enforced, "100M",
+        "the victim's share is untouched"
+    );
+}
+
+/// A pod veth at an ifindex far past the counters' array: enforced and counted (the
+/// counter slot is allocated, not the ifindex).
+#[tokio::test]
+async fn a_veth_at_a_high_ifindex_is_enforced_and_counted() {
+    if !net::privileged("a_veth_at_a_high_ifindex_is_enforced_and_counted") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let uid = pod_uid();
+    let pod = Pod::with_host_index(&uid, 20_000 + std::process::id() % 5_000, Layout::Systemd);
+    assert!(pod.host_ifindex() >= 20_000);
+    let id = share_id();
+    let r = prepare_one(&mut c, 1, claim_for("hi", "team-a", &uid, &id, "100M")).await;
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    {
+        let server = pod.iperf_server();
+        let _lock = TrafficLock::acquire();
+        server.measure(&Iperf::new(Direction::ToPod));
+    }
+    a.wait_metric(
+        "shareguard_share_traffic_bytes_total",
+        &[("share", &id), ("direction", "to_pod")],
+        |b| b > 1e6,
+    );
+    assert_eq!(unprepare_one(&mut c, 1, "hi").await.code, "");
+    nothing_left(&a, &pins, &id);
+}
+
+/// A client that gives up in the middle of a Prepare (its deadline passes, so tonic drops
+/// the handler): the work it started still runs to a consistent end. Every share of the
+/// request ends ENFORCED without another call; the repeat changes nothing; Unprepare
+/// leaves no qdisc, ifb or pin.
+#[tokio::test]
+async fn a_cancelled_prepare_runs_to_a_consistent_end() {
+    if !net::privileged("a_cancelled_prepare_runs_to_a_consistent_end") {
+        return;
+    }
+    const N: usize = 6;
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let pods: Vec<Pod> = (0..N).map(|_| Pod::new()).collect();
+    let ids: Vec<String> = (0..N).map(|_| share_id()).collect();
+    let claims: Vec<pb::ClaimPrepare> = pods
+        .iter()
+        .zip(&ids)
+        .enumerate()
+        .map(|(i, (p, id))| claim_for(&format!("cx-{i}"), "team-a", p.uid(), id, "50M"))
+        .collect();
+    let mut c = a.client().await;
+    let mut req = tonic::Request::new(pb::PrepareRequest {
+        epoch: 1,
+        claims: claims.clone(),
+    });
+    // Enforcing six shares takes several times this (tc, netlink, BPF per share).
+    req.set_timeout(Duration::from_millis(60));
+    let r = c.prepare(req).await;
+    let code = r.err().map(|e| e.code());
+    assert!(
+        matches!(
+            code,
+            Some(tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+        ),
+        "the call must be cut short for this test to mean anything: {code:?}"
+    );
+    let mut c: Client = a.client().await;
+    for id in &ids {
+        wait_phase(&mut c, id, pb::Phase::Enforced).await;
+    }
+    let r = c
+        .prepare(pb::PrepareRequest { epoch: 1, claims })
+        .await
+        .unwrap()
+        .into_inner();
+    for (i, id) in ids.iter().enumerate() {
+        let cr = &r.claims[&format!("cx-{i}")];
+        assert_eq!(cr.error, None, "{cr:?}");
+        assert_eq!(cr.shares[0].share_id, *id);
+        assert_eq!(cr.shares[0].phase, pb::Phase::Enforced as i32);
+    }
+    let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
+    assert_eq!(
+        links,
+        2 * N,
+        "one pinned link per share and direction, never two"
+    );
+    for i in 0..N {
+        assert_eq!(unprepare_one(&mut c, 1, &format!("cx-{i}")).await.code, "");
+    }
+    for (p, id) in pods.iter().zip(&ids) {
+        nothing_left(&a, &pins, id);
+        let q = net::sh(&["tc", "qdisc", "show", "dev", p.host_if()]);
+        assert!(!q.contains("htb"), "{q}");
+    }
+    assert!(
+        fs::read_dir(pins.0.join("net/links"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+}
