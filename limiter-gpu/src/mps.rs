@@ -336,23 +336,37 @@ impl MpsDaemons {
     /// Mounts the share's capped tmpfs on `shm` unless it is there already, in which case
     /// only a changed size is applied.
     fn ensure_shm(&self, shm: &Path) -> Result<(), GpuError> {
-        let bytes = self.cfg.shm_bytes;
         // mountinfo shows mount points with every symlink resolved.
         let real = fs::canonicalize(shm).map_err(|e| io_err("resolving", shm, &e))?;
+        let was_mounted = !mounts_at(&real)?.is_empty();
+        let mounted = self.mount_shm(&real);
+        if mounted.is_err() && !was_mounted {
+            // Fail closed: a CDI spec may already name this directory, and a runtime
+            // that finds no directory fails the container, where one that finds the
+            // bare directory (or one the host sees bare) would give it an uncapped
+            // /dev/shm. A tmpfs the containers already hold stays.
+            let _ = unmount_shm(&real);
+            let _ = fs::remove_dir(&real);
+        }
+        mounted
+    }
+
+    fn mount_shm(&self, real: &Path) -> Result<(), GpuError> {
+        let bytes = self.cfg.shm_bytes;
         let size = format!("size={bytes}");
-        match mounts_at(&real)?.last() {
+        match mounts_at(real)?.last() {
             None => {
-                // Nobody but the agent may use the bare directory: a container given it
-                // as /dev/shm would have no cap. The tmpfs's root gets /dev/shm's mode.
-                set_mode(&real, 0o700)?;
+                // Nobody but the agent uses the bare directory; the tmpfs's root gets
+                // /dev/shm's mode.
+                set_mode(real, 0o700)?;
                 nix::mount::mount(
                     Some("tmpfs"),
-                    real.as_path(),
+                    real,
                     Some("tmpfs"),
                     SHM_FLAGS,
                     Some(format!("{size},mode=1777").as_str()),
                 )
-                .map_err(|e| mount_err("mounting a tmpfs on", &real, e))?;
+                .map_err(|e| mount_err("mounting a tmpfs on", real, e))?;
             }
             Some(m) if m.fstype != "tmpfs" => {
                 return Err(GpuError::Internal(format!(
@@ -362,24 +376,22 @@ impl MpsDaemons {
                 )));
             }
             Some(_) => {
-                if shm_size(&real)? != bytes {
+                if shm_size(real)? != bytes {
                     // A changed shm_bytes. tmpfs resizes in place (and refuses to go below
                     // what is in use), so the containers that hold it keep the same one.
                     nix::mount::mount(
                         None::<&str>,
-                        real.as_path(),
+                        real,
                         None::<&str>,
                         SHM_FLAGS | MsFlags::MS_REMOUNT,
                         Some(size.as_str()),
                     )
-                    .map_err(|e| mount_err("resizing the tmpfs on", &real, e))?;
+                    .map_err(|e| mount_err("resizing the tmpfs on", real, e))?;
                 }
             }
         }
-        let is_tmpfs = mounts_at(&real)?
-            .last()
-            .is_some_and(|m| m.fstype == "tmpfs");
-        let got = shm_size(&real)?;
+        let is_tmpfs = mounts_at(real)?.last().is_some_and(|m| m.fstype == "tmpfs");
+        let got = shm_size(real)?;
         if !is_tmpfs || got != bytes {
             return Err(GpuError::Internal(format!(
                 "{} reads back as {} of {got} bytes, not a tmpfs of {bytes}",
@@ -387,7 +399,7 @@ impl MpsDaemons {
                 if is_tmpfs { "a tmpfs" } else { "no tmpfs" }
             )));
         }
-        host_sees(&real)
+        host_sees(real)
     }
 
     fn start(&self, uuid: &str, dir: &Path) -> Result<(), GpuError> {
