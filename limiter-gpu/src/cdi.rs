@@ -2,12 +2,13 @@
 //!
 //! Each share of a claim becomes one CDI device whose name includes the shareID; its
 //! edits set `CUDA_VISIBLE_DEVICES=<GPU uuid>` and, where the share runs through MPS,
-//! `CUDA_MPS_PIPE_DIRECTORY` plus a bind mount of that directory. The file is named as
-//! the CDI library names transient specs (`<vendor>-<class>_<claim uid>.json`) and
-//! written atomically, so a runtime scanning the directory never reads half a file
-//! (runtimes only load `*.json` and `*.yaml`, so the dot-prefixed `.tmp` file is never
-//! picked up). The spec carries no device nodes: those come from the GPU vendor's own
-//! CDI spec or container toolkit.
+//! `CUDA_MPS_PIPE_DIRECTORY` plus a read-only bind mount of that directory and a bind
+//! mount of the share's capped /dev/shm tmpfs. The file is named as the CDI library
+//! names transient specs (`<vendor>-<class>_<claim uid>.json`) and written atomically,
+//! so a runtime scanning the directory never reads half a file (runtimes only load
+//! `*.json` and `*.yaml`, so the dot-prefixed `.tmp` file is never picked up). The spec
+//! carries no device nodes: those come from the GPU vendor's own CDI spec or container
+//! toolkit.
 //!
 //! [`validate_spec`] checks a spec against the rules of the CDI specification
 //! (github.com/cncf-tags/container-device-interface, SPEC.md and pkg/parser), the way
@@ -97,6 +98,13 @@ struct Mount {
     options: Vec<&'static str>,
 }
 
+/// The options of an MPS share's pipe directory mount, as the OCI runtime takes them:
+/// a plain bind (the directory has no mounts below it), read-only, and nothing in it to
+/// run or to open as a device.
+pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["bind", "ro", "nosuid", "nodev", "noexec"];
+/// The options of an MPS share's /dev/shm mount: what a runtime gives its own /dev/shm.
+pub const SHM_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
+
 /// Known spec versions, oldest first (specs-go/version.go).
 const KNOWN_VERSIONS: [&str; 10] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
@@ -182,17 +190,20 @@ impl CdiWriter {
                 };
                 let pipe = abs(&m.pipe, "pipe dir")?;
                 env.push(format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"));
+                // Read-only: the agent trusts the daemon's pid file and control socket
+                // there, which a tenant must not replace. Connecting to a socket needs
+                // no write access to the mount (see the mps module).
                 mounts.push(Mount {
                     host_path: pipe.clone(),
                     container_path: pipe,
-                    options: vec!["rbind", "rw", "nosuid", "nodev"],
+                    options: PIPE_MOUNT_OPTIONS.to_vec(),
                 });
                 // The server and its clients also meet in /dev/shm: the container's is
-                // the share daemon's, not the runtime's own tmpfs.
+                // the share daemon's capped tmpfs, not the runtime's own.
                 mounts.push(Mount {
                     host_path: abs(&m.shm, "shm dir")?,
                     container_path: "/dev/shm".into(),
-                    options: vec!["rbind", "rw", "nosuid", "nodev"],
+                    options: SHM_MOUNT_OPTIONS.to_vec(),
                 });
             }
             ids.push(format!("{}={name}", self.kind()));

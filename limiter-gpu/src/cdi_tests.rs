@@ -92,6 +92,43 @@ fn mps_share_gets_pipe_env_and_mount() {
 }
 
 #[test]
+fn mps_pipe_is_mounted_read_only_and_shm_like_a_runtimes_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    w.write_claim(CLAIM, &[share("gpu-0", SHARE, Some("/run/nvidia/mps"))])
+        .unwrap();
+    let spec = read(&w.spec_path(CLAIM).unwrap());
+    let mounts = &spec["devices"][0]["containerEdits"]["mounts"];
+    let options = |i: usize| -> Vec<&str> {
+        mounts[i]["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect()
+    };
+    // A tenant must not replace the daemon's pid file or sockets the agent trusts.
+    let pipe = options(0);
+    assert_eq!(mounts[0]["hostPath"], "/run/nvidia/mps/pipe");
+    assert!(pipe.contains(&"ro") && !pipe.contains(&"rw"), "{pipe:?}");
+    for o in ["bind", "nosuid", "nodev", "noexec"] {
+        assert!(pipe.contains(&o), "{o} missing in {pipe:?}");
+    }
+    // Clients write their segments to /dev/shm: writable, but nothing to run or open
+    // as a device there, as a runtime's own /dev/shm.
+    let shm = options(1);
+    assert!(shm.contains(&"rw") && !shm.contains(&"ro"), "{shm:?}");
+    for o in ["bind", "nosuid", "nodev", "noexec"] {
+        assert!(shm.contains(&o), "{o} missing in {shm:?}");
+    }
+    // Only the two shared directories reach the container, never the share directory
+    // above them, where the agent keeps its own record of the daemon.
+    for m in mounts.as_array().unwrap() {
+        assert_ne!(m["hostPath"], "/run/nvidia/mps");
+    }
+}
+
+#[test]
 fn mps_directories_must_be_absolute() {
     let dir = tempfile::tempdir().unwrap();
     let w = writer(dir.path());

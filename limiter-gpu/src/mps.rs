@@ -13,17 +13,61 @@
 //! Layout, all under [`MpsConfig::dir`] (default `/run/shareguard/mps`):
 //!
 //! ```text
+//! <dir>/<name>/        0711: only the agent lists or writes it; MPS servers, which run
+//!                      as their client's uid, can still pass through to pipe/
 //! <dir>/<name>/key     the full share key (a guard against two keys on one name)
 //! <dir>/<name>/gpu     the GPU uuid the daemon was started for
-//! <dir>/<name>/pipe/   CUDA_MPS_PIPE_DIRECTORY: sockets, nvidia-cuda-mps-control.pid
-//! <dir>/<name>/shm/    the daemon's and the containers' /dev/shm (bind mounts)
-//! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY
+//! <dir>/<name>/daemon  the agent's record of the daemon it started: pid, start time, boot
+//! <dir>/<name>/pipe/   CUDA_MPS_PIPE_DIRECTORY: sockets, nvidia-cuda-mps-control.pid;
+//!                      0755, and read-only in the share's containers
+//! <dir>/<name>/shm/    a tmpfs of MpsConfig::shm_bytes: the daemon's and the
+//!                      containers' /dev/shm (bind mounts)
+//! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY, 0700
 //! ```
 //!
 //! The daemon runs in a mount namespace of its own (util-linux `unshare`, which needs
 //! CAP_SYS_ADMIN and a mount() the agent's systemd sandbox forbids: there, use the
 //! launcher) so that its `/dev/shm` is the share's `shm/`, as NVIDIA's device plugin
 //! gives its MPS daemon and clients a tmpfs of their own.
+//!
+//! `shm/` is a tmpfs of its own, capped at [`MpsConfig::shm_bytes`], because the share's
+//! containers write to it: as a plain directory it would let a tenant fill the file
+//! system under `<dir>` (the host's `/run`, in memory). It is mounted (nosuid, nodev,
+//! noexec, mode 1777 as /dev/shm is) in the agent's mount namespace when the share is
+//! prepared, kept while the share lives (also across a daemon restart: the containers
+//! that hold it must keep meeting the new daemon there), and detached before the
+//! share's directory is removed. The container runtime resolves the CDI spec's host
+//! paths in the host's mount namespace, so the agent must run in it, or `<dir>` must
+//! propagate to it (a DaemonSet needs `mountPropagation: Bidirectional` there, as
+//! NVIDIA's device plugin has for its `/run/nvidia/mps`); where pid 1's namespace is
+//! another one and does not show the tmpfs, the share fails with that reason rather
+//! than hand its containers the bare directory.
+//!
+//! What the agent trusts, given that tenants share `pipe/` and `shm/` with the daemon:
+//!
+//! - `pipe/` is mounted read-only into the containers (CDI `ro`): a tenant can connect
+//!   to the daemon's sockets but can neither replace them nor the pid file. connect(2)
+//!   works through a read-only bind mount: unix_find_bsd() asks path_permission() for
+//!   MAY_WRITE on the socket's inode, and the only read-only test on that path
+//!   (sb_permission(), for a read-only file system) spares all but regular files,
+//!   directories and symlinks; a mount's own read-only flag is enforced only where a
+//!   write access to the mount is taken (mnt_want_write(): creating, unlinking,
+//!   renaming, opening a file for writing), which connect() never does. On the host
+//!   `pipe/` is the agent's and writable by it alone, which is checked before every
+//!   command sent through it.
+//! - The pid file is read once, right after the agent started the daemon, and its pid
+//!   is taken only if it names a live control program whose environment has this very
+//!   pipe directory. From then on the agent goes by its own record (`daemon`, in the
+//!   share's directory, which is mounted nowhere): the pid, its start time (field 22 of
+//!   /proc/PID/stat) and the boot id. A process is the share's daemon while all three
+//!   match and its argv[0] is the control program, so a recycled pid or a pid file
+//!   written later is never taken for it. The agent never signals the daemon: it
+//!   sends `quit` through the socket and waits for the recorded process to end.
+//! - Nothing in `shm/` is read by the agent; `log/` is the agent's and the daemon's.
+//! - `key`, `gpu` and `daemon` are written atomically (a temp file in the same
+//!   directory, fsync, rename over, fsync of the directory), so a crash leaves the old
+//!   file or the new one, and a temp file that a dead agent process left is removed
+//!   the next time the share is prepared.
 //!
 //! `<name>` is the share key when it is short and plain (share ids are UUIDs), else a
 //! stable hash of it, because the daemon's socket paths must fit a unix socket's 108
@@ -43,12 +87,18 @@
 //! `tests/fixtures/simulated-nvidia-cuda-mps-control`, a simulation of it, and
 //! `tests/gpu/run-on-gpu.sh` is the check for a machine with a GPU.
 
-use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
 
 use crate::backend::{MpsLimit, Support};
 use crate::error::GpuError;
@@ -57,6 +107,8 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The pid file NVIDIA's control daemon writes into its pipe directory.
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The agent's own record of the daemon it started, in the share's directory.
+const RECORD: &str = "daemon";
 /// The longest `dir` accepted: with a 36-byte name, `/pipe/` and the daemon's longest
 /// socket name (about 20 bytes) the path stays under the 108 bytes of `sun_path`.
 pub const MAX_DIR_LEN: usize = 40;
@@ -64,6 +116,12 @@ pub const MAX_DIR_LEN: usize = 40;
 const MAX_PLAIN_NAME: usize = 36;
 /// How often a wait for the daemon re-checks its condition.
 const POLL: Duration = Duration::from_millis(5);
+/// See [`MpsConfig::shm_bytes`].
+pub const DEFAULT_SHM_BYTES: u64 = 64 * MIB;
+/// A tenant's /dev/shm holds data, never programs or devices.
+const SHM_FLAGS: MsFlags = MsFlags::MS_NOSUID
+    .union(MsFlags::MS_NODEV)
+    .union(MsFlags::MS_NOEXEC);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MpsConfig {
@@ -76,6 +134,13 @@ pub struct MpsConfig {
     /// A command the daemon is started under, in the foreground; `{name}` in an
     /// argument becomes the share's directory name. Empty: started directly with `-d`.
     pub launcher: Vec<String>,
+    /// The size cap of each share's `/dev/shm`, the tmpfs its daemon and containers
+    /// share, in bytes: a whole number of MiB (so it is a whole number of pages on every
+    /// page size, and what is read back is what was set), at least one, since tmpfs
+    /// takes `size=0` for no cap at all. The cap is what keeps a tenant from filling the
+    /// node's memory through it. The default, 64 MiB, is what Docker and containerd give
+    /// a container's /dev/shm, so a container has what it would have had without MPS.
+    pub shm_bytes: u64,
 }
 
 impl Default for MpsConfig {
@@ -85,6 +150,7 @@ impl Default for MpsConfig {
             dir: PathBuf::from("/run/shareguard/mps"),
             timeout: Duration::from_secs(10),
             launcher: Vec::new(),
+            shm_bytes: DEFAULT_SHM_BYTES,
         }
     }
 }
@@ -103,6 +169,13 @@ impl MpsDaemons {
                 "MPS directory {} must be an absolute path of at most {MAX_DIR_LEN} bytes \
                  (the daemon's sockets live below it), not {len}",
                 cfg.dir.display()
+            )));
+        }
+        if cfg.shm_bytes == 0 || !cfg.shm_bytes.is_multiple_of(MIB) {
+            return Err(GpuError::InvalidArgument(format!(
+                "MPS shm size {} bytes must be a whole number of MiB, at least 1 MiB \
+                 (tmpfs takes 0 for no cap at all)",
+                cfg.shm_bytes
             )));
         }
         Ok(Self { cfg })
@@ -152,16 +225,16 @@ impl MpsDaemons {
         self.prepare_dir(&dir, share_key)?;
         let pipe = dir.join("pipe");
         let recorded_gpu = fs::read_to_string(dir.join("gpu")).ok();
-        let mut running = daemon_pid(&pipe, &self.cfg.control);
-        if let Some(pid) = running
+        let mut running = self.recorded_daemon(&dir);
+        if let Some(daemon) = running
             && recorded_gpu.as_deref() != Some(uuid)
         {
             // Started for another GPU (a recycled name, or a config change): its device 0
             // is the wrong GPU, so it must go before a new one starts.
-            self.quit(&pipe, pid)?;
+            self.quit(&dir, daemon)?;
             running = None;
         }
-        write_file(&dir.join("gpu"), uuid)?;
+        write_atomic(&dir.join("gpu"), uuid)?;
         if running.is_none() {
             self.start(uuid, &dir)?;
         }
@@ -184,10 +257,15 @@ impl MpsDaemons {
     /// running server holds another limit than the default, that one is returned, since
     /// it is what the share's processes get.
     pub fn limit(&self, share_key: &str) -> Result<Option<MpsLimit>, GpuError> {
-        let pipe = self.pipe_dir(share_key);
-        if daemon_pid(&pipe, &self.cfg.control).is_none() {
+        let dir = self.share_dir(share_key);
+        if !exists(&dir)? {
             return Ok(None);
         }
+        check_private_dir(&dir)?;
+        if self.recorded_daemon(&dir).is_none() {
+            return Ok(None);
+        }
+        let pipe = dir.join("pipe");
         let default = parse_shown(&self.command(&pipe, "get_default_device_pinned_mem_limit 0")?)?;
         for pid in self.servers(&pipe)? {
             let shown = parse_shown(
@@ -200,17 +278,22 @@ impl MpsDaemons {
         Ok(Some(default))
     }
 
-    /// Ends the share's daemon and removes its directory; nothing left is success.
+    /// Ends the share's daemon, detaches its /dev/shm and removes its directory;
+    /// nothing left is success.
     pub fn stop(&self, share_key: &str) -> Result<(), GpuError> {
         let dir = self.share_dir(share_key);
-        if !dir.exists() {
+        if !exists(&dir)? {
             return Ok(());
         }
         check_owner(&dir, share_key)?;
-        let pipe = dir.join("pipe");
-        if let Some(pid) = daemon_pid(&pipe, &self.cfg.control) {
-            self.quit(&pipe, pid)?;
+        check_private_dir(&dir)?;
+        match self.recorded_daemon(&dir) {
+            Some(daemon) => self.quit(&dir, daemon)?,
+            None => self.quit_unrecorded(&dir.join("pipe")),
         }
+        // Before the removal, which would otherwise empty the tmpfs the share's
+        // containers may still hold and then fail on its mount point.
+        unmount_shm(&dir.join("shm"))?;
         fs::remove_dir_all(&dir).map_err(|e| io_err("removing", &dir, &e))
     }
 
@@ -219,23 +302,110 @@ impl MpsDaemons {
     }
 
     fn prepare_dir(&self, dir: &Path, share_key: &str) -> Result<(), GpuError> {
-        for d in [dir.join("pipe"), dir.join("log"), dir.join("shm")] {
-            fs::create_dir_all(&d).map_err(|e| io_err("creating", &d, &e))?;
+        let base = &self.cfg.dir;
+        if !exists(base)? {
+            // Search, not read, for others: an MPS server (its client's uid) must reach
+            // its pipe directory, and nobody but the agent needs to list the shares.
+            create_dir(base, 0o711, true)?;
+            // Whatever the agent's umask (the systemd unit's is 0077).
+            set_mode(base, 0o711)?;
         }
-        // Containers of any uid connect through the pipe directory and create their
-        // segments in the shared /dev/shm (sticky, as /dev/shm is); the log is the agent's.
-        set_mode(&dir.join("pipe"), 0o755)?;
-        set_mode(&dir.join("shm"), 0o1777)?;
-        set_mode(&dir.join("log"), 0o700)?;
-        if check_owner(dir, share_key)? {
-            Ok(())
-        } else {
-            write_file(&dir.join("key"), share_key)
+        check_private_dir(base)?;
+        create_dir(dir, 0o711, false)?;
+        // Another share's directory is left exactly as it is.
+        let known = check_owner(dir, share_key)?;
+        set_mode(dir, 0o711)?;
+        check_private_dir(dir)?;
+        if !known {
+            write_atomic(&dir.join("key"), share_key)?;
         }
+        remove_stale_temps(dir)?;
+        // Containers of any uid connect through the pipe directory (read-only, through
+        // the CDI spec's mount); the log is the agent's and the daemon's.
+        for (sub, mode) in [("pipe", 0o755), ("log", 0o700)] {
+            let d = dir.join(sub);
+            create_dir(&d, mode, false)?;
+            set_mode(&d, mode)?;
+            check_private_dir(&d)?;
+        }
+        let shm = dir.join("shm");
+        create_dir(&shm, 0o700, false)?;
+        self.ensure_shm(&shm)
+    }
+
+    /// Mounts the share's capped tmpfs on `shm` unless it is there already, in which case
+    /// only a changed size is applied.
+    fn ensure_shm(&self, shm: &Path) -> Result<(), GpuError> {
+        // mountinfo shows mount points with every symlink resolved.
+        let real = fs::canonicalize(shm).map_err(|e| io_err("resolving", shm, &e))?;
+        let was_mounted = !mounts_at(&real)?.is_empty();
+        let mounted = self.mount_shm(&real);
+        if mounted.is_err() && !was_mounted {
+            // Fail closed: a CDI spec may already name this directory, and a runtime
+            // that finds no directory fails the container, where one that finds the
+            // bare directory (or one the host sees bare) would give it an uncapped
+            // /dev/shm. A tmpfs the containers already hold stays.
+            let _ = unmount_shm(&real);
+            let _ = fs::remove_dir(&real);
+        }
+        mounted
+    }
+
+    fn mount_shm(&self, real: &Path) -> Result<(), GpuError> {
+        let bytes = self.cfg.shm_bytes;
+        let size = format!("size={bytes}");
+        match mounts_at(real)?.last() {
+            None => {
+                // Nobody but the agent uses the bare directory; the tmpfs's root gets
+                // /dev/shm's mode.
+                set_mode(real, 0o700)?;
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    real,
+                    Some("tmpfs"),
+                    SHM_FLAGS,
+                    Some(format!("{size},mode=1777").as_str()),
+                )
+                .map_err(|e| mount_err("mounting a tmpfs on", real, e))?;
+            }
+            Some(m) if m.fstype != "tmpfs" => {
+                return Err(GpuError::Internal(format!(
+                    "{} is a {} mount, not the share's tmpfs",
+                    real.display(),
+                    m.fstype
+                )));
+            }
+            Some(_) => {
+                if shm_size(real)? != bytes {
+                    // A changed shm_bytes. tmpfs resizes in place (and refuses to go below
+                    // what is in use), so the containers that hold it keep the same one.
+                    nix::mount::mount(
+                        None::<&str>,
+                        real,
+                        None::<&str>,
+                        SHM_FLAGS | MsFlags::MS_REMOUNT,
+                        Some(size.as_str()),
+                    )
+                    .map_err(|e| mount_err("resizing the tmpfs on", real, e))?;
+                }
+            }
+        }
+        let is_tmpfs = mounts_at(real)?.last().is_some_and(|m| m.fstype == "tmpfs");
+        let got = shm_size(real)?;
+        if !is_tmpfs || got != bytes {
+            return Err(GpuError::Internal(format!(
+                "{} reads back as {} of {got} bytes, not a tmpfs of {bytes}",
+                real.display(),
+                if is_tmpfs { "a tmpfs" } else { "no tmpfs" }
+            )));
+        }
+        host_sees(real)
     }
 
     fn start(&self, uuid: &str, dir: &Path) -> Result<(), GpuError> {
         let pipe = dir.join("pipe");
+        check_private_dir(&pipe)?;
+        self.quit_unrecorded(&pipe);
         // What a dead daemon left (its pid file, sockets a new one could not bind over)
         // goes first; its log stays for whoever looks into why it died.
         for e in fs::read_dir(&pipe).map_err(|e| io_err("reading", &pipe, &e))? {
@@ -247,6 +417,7 @@ impl MpsDaemons {
             };
             removed.map_err(|e| io_err("removing", &path, &e))?;
         }
+        remove_file(&dir.join(RECORD))?;
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -267,8 +438,8 @@ impl MpsDaemons {
         };
         // MPS clients and their server meet in /dev/shm as well as in the pipe
         // directory, so the daemon (and the servers it starts) gets the share's own shm
-        // directory as /dev/shm, in a mount namespace of its own; the CDI spec mounts the
-        // same directory at the containers' /dev/shm. Nothing of the host's /dev/shm is
+        // tmpfs as /dev/shm, in a mount namespace of its own; the CDI spec mounts the
+        // same tmpfs at the containers' /dev/shm. Nothing of the host's /dev/shm is
         // shared with a pod, nor one share's with another's.
         argv.extend(with_shm(&dir.join("shm")));
         argv.push(self.cfg.control.to_string_lossy().into_owned());
@@ -293,8 +464,13 @@ impl MpsDaemons {
                 out.describe()
             )));
         }
-        if self.wait_until(|| daemon_pid(&pipe, &self.cfg.control).is_some()) {
-            return Ok(());
+        let mut started = None;
+        if self.wait_until(|| {
+            started = started_daemon(&pipe, &self.cfg.control);
+            started.is_some()
+        }) && let Some(daemon) = started
+        {
+            return write_atomic(&dir.join(RECORD), &daemon.record());
         }
         Err(GpuError::Transient(format!(
             "the MPS control daemon in {} did not come up within {:?}; see its log in {}",
@@ -304,21 +480,66 @@ impl MpsDaemons {
         )))
     }
 
-    /// Asks the running daemon `pid` to quit and waits until its process is gone.
-    fn quit(&self, pipe: &Path, pid: u32) -> Result<(), GpuError> {
-        self.command(pipe, "quit")?;
-        if self.wait_until(|| !process_alive(pid)) {
-            return Ok(());
+    /// The share's daemon as the agent recorded it when it started it, while that very
+    /// process still runs the control program. The pipe directory's pid file plays no
+    /// part: one naming another process is only worth a warning.
+    fn recorded_daemon(&self, dir: &Path) -> Option<Daemon> {
+        let daemon = Daemon::parse(&fs::read_to_string(dir.join(RECORD)).ok()?)?;
+        // The start time again after the command line: the pid cannot have been
+        // recycled in between and the command line read from another process.
+        if !(daemon.runs() && is_control(daemon.pid, &self.cfg.control) && daemon.runs()) {
+            return None;
+        }
+        let named = fs::read_to_string(dir.join("pipe").join(PID_FILE)).ok();
+        if let Some(named) = named
+            && named.trim() != daemon.pid.to_string()
+        {
+            tracing::warn!(
+                dir = %dir.display(),
+                recorded = daemon.pid,
+                pid_file = named.trim(),
+                "the MPS pid file names another process than the daemon the agent started; \
+                 it is ignored"
+            );
+        }
+        Some(daemon)
+    }
+
+    /// Asks the recorded daemon to quit and waits until that process is gone.
+    fn quit(&self, dir: &Path, daemon: Daemon) -> Result<(), GpuError> {
+        let pipe = dir.join("pipe");
+        self.command(&pipe, "quit")?;
+        if self.wait_until(|| !daemon.runs()) {
+            return remove_file(&dir.join(RECORD));
         }
         Err(GpuError::Transient(format!(
-            "the MPS control daemon {pid} in {} did not quit within {:?}",
+            "the MPS control daemon {} in {} did not quit within {:?}",
+            daemon.pid,
             pipe.display(),
             self.cfg.timeout
         )))
     }
 
+    /// Asks a daemon the agent has no record of (one an earlier build started, or whose
+    /// record was lost) to quit before its directory is cleared, so that it does not
+    /// run on unseen. Best effort and not waited for: its pid is not known, and only the
+    /// daemon behind the agent's own (checked) pipe directory can get the message.
+    fn quit_unrecorded(&self, pipe: &Path) {
+        if !pipe.join(PID_FILE).exists() {
+            return;
+        }
+        match self.run(pipe, "quit") {
+            Ok(out) if out.success => tracing::info!(
+                pipe = %pipe.display(),
+                "asked an MPS control daemon the agent has no record of to quit"
+            ),
+            // Most often a daemon that died: nothing to quit.
+            Ok(_) | Err(_) => {}
+        }
+    }
+
     /// Waits up to the configured timeout for `done`; false when it never was.
-    fn wait_until(&self, done: impl Fn() -> bool) -> bool {
+    fn wait_until(&self, mut done: impl FnMut() -> bool) -> bool {
         let deadline = Instant::now() + self.cfg.timeout;
         loop {
             if done() {
@@ -356,9 +577,10 @@ impl MpsDaemons {
     }
 
     fn run(&self, pipe: &Path, input: &str) -> Result<Output, GpuError> {
+        // The answer is only as good as the socket it came through.
+        check_private_dir(pipe)?;
         self.spawn(&self.cfg.control, pipe, None, &[], Some(input))
     }
-
     fn spawn(
         &self,
         program: &Path,
@@ -531,40 +753,126 @@ pub fn parse_shown(text: &str) -> Result<MpsLimit, GpuError> {
     })
 }
 
-/// The PID in the pipe directory's pid file, if that process is alive and is the
-/// control program (not a PID reused after the daemon died).
-fn daemon_pid(pipe: &Path, control: &Path) -> Option<u32> {
+/// A process as the agent recorded it: a pid alone may be recycled, a pid with its
+/// start time (clock ticks since boot) names one process for the whole boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Daemon {
+    pid: u32,
+    start: u64,
+}
+
+impl Daemon {
+    /// The record's text: pid, start time and the boot they belong to.
+    fn record(&self) -> String {
+        format!("{} {} {}\n", self.pid, self.start, boot_id())
+    }
+
+    /// The record written by [`Daemon::record`], if it is of this boot.
+    fn parse(text: &str) -> Option<Self> {
+        let mut f = text.split_whitespace();
+        let pid = f.next()?.parse().ok()?;
+        let start = f.next()?.parse().ok()?;
+        (f.next()? == boot_id() && f.next().is_none()).then_some(Self { pid, start })
+    }
+
+    /// Whether this very process still exists and is not a zombie.
+    fn runs(&self) -> bool {
+        proc_stat(self.pid).is_some_and(|s| s.alive && s.start == self.start)
+    }
+}
+
+struct ProcStat {
+    alive: bool,
+    start: u64,
+}
+
+/// State and start time from `/proc/PID/stat`.
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces and parentheses: the fields
+    // after it follow the last ')'. The state is field 3, the start time field 22.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat {
+        alive: state != "Z" && state != "X",
+        start,
+    })
+}
+
+/// True while the process exists and is not a zombie.
+#[cfg(test)]
+fn process_alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|s| s.alive)
+}
+
+/// Whether the process runs the control program: its argv[0], or argv[1] where an
+/// interpreter runs it.
+fn is_control(pid: u32, control: &Path) -> bool {
+    let Some(name) = control.file_name() else {
+        return false;
+    };
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    cmdline
+        .split(|b| *b == 0)
+        .take(2)
+        .any(|arg| Path::new(std::ffi::OsStr::from_bytes(arg)).file_name() == Some(name))
+}
+
+/// Whether the process was started for `pipe`: a daemon of another share has another
+/// `CUDA_MPS_PIPE_DIRECTORY`.
+fn serves(pid: u32, pipe: &Path) -> bool {
+    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let want = [b"CUDA_MPS_PIPE_DIRECTORY=", pipe.as_os_str().as_bytes()].concat();
+    environ.split(|b| *b == 0).any(|var| var == want.as_slice())
+}
+
+/// The daemon the agent has just started, named by the pid file in its pipe directory:
+/// trusted this once, since only the agent and the daemon can write there (the
+/// containers have it read-only), and only for a live control program of this pipe.
+fn started_daemon(pipe: &Path, control: &Path) -> Option<Daemon> {
     let pid: u32 = fs::read_to_string(pipe.join(PID_FILE))
         .ok()?
         .trim()
         .parse()
         .ok()?;
-    if !process_alive(pid) {
-        return None;
-    }
-    let name = control.file_name()?.to_string_lossy().into_owned();
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    // argv[0] for the program itself; argv[1] where an interpreter runs it.
-    let is_control = cmdline.split(|b| *b == 0).take(2).any(|arg| {
-        Path::new(&*String::from_utf8_lossy(arg))
-            .file_name()
-            .is_some_and(|f| f.to_string_lossy() == name)
-    });
-    is_control.then_some(pid)
+    let before = proc_stat(pid).filter(|s| s.alive)?;
+    let daemon = Daemon {
+        pid,
+        start: before.start,
+    };
+    (is_control(pid, control) && serves(pid, pipe) && daemon.runs()).then_some(daemon)
 }
 
-/// True while the process exists and is not a zombie.
-fn process_alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses, which may hold spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+/// This boot's id: a record of an earlier boot names no process of this one, even where
+/// `<dir>` is not on a tmpfs.
+fn boot_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    })
 }
 
+/// This agent process among all that ever wrote into the share directories: pid and
+/// start time, so that one that follows with the same pid (pid 1 in a container) still
+/// differs.
+fn own_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let pid = std::process::id();
+        match proc_stat(pid) {
+            Some(s) => format!("{pid}-{}", s.start),
+            None => format!("{pid}-0"),
+        }
+    })
+}
 /// Whether `dir` is recorded as `share_key`'s (false: no record yet); an error when it
 /// belongs to another share, whose daemon must never be touched for this one.
 fn check_owner(dir: &Path, share_key: &str) -> Result<bool, GpuError> {
@@ -578,8 +886,262 @@ fn check_owner(dir: &Path, share_key: &str) -> Result<bool, GpuError> {
     }
 }
 
-fn write_file(path: &Path, text: &str) -> Result<(), GpuError> {
-    fs::write(path, text).map_err(|e| io_err("writing", path, &e))
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Temp file in the same directory, fsync, rename over the target, fsync the directory:
+/// a crash leaves the old file or the new one, never a torn one, and a reader never sees
+/// one half written. Mode 0600: these files are the agent's alone.
+fn write_atomic(path: &Path, text: &str) -> Result<(), GpuError> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(GpuError::Internal(format!(
+            "{} has no directory and file name",
+            path.display()
+        )));
+    };
+    let name = name.to_string_lossy();
+    let mut attempts = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}.tmp",
+            own_tag(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            // Only an earlier process with this process's tag (same pid, same start
+            // time, another boot) can have left this name; the next number is free.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempts < 16 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(io_err("creating", &tmp, &e)),
+        }
+    };
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            drop(file);
+            fs::rename(&tmp, path)
+        })
+        .and_then(|()| File::open(dir)?.sync_all());
+    if written.is_err() {
+        // Best effort: a leftover is ignored, and removed by the next prepare.
+        let _ = fs::remove_file(&tmp);
+    }
+    written.map_err(|e| io_err("writing", path, &e))
+}
+
+/// Removes the temp files of [`write_atomic`] that a writer which died before its rename
+/// left in `dir`: those of any other process. This process's own are in flight.
+fn remove_stale_temps(dir: &Path) -> Result<(), GpuError> {
+    let ours = format!(".{}.", own_tag());
+    for e in fs::read_dir(dir).map_err(|e| io_err("reading", dir, &e))? {
+        let e = e.map_err(|e| io_err("reading", dir, &e))?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") && !name.contains(&ours) {
+            remove_file(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a file; one already gone is fine.
+fn remove_file(path: &Path) -> Result<(), GpuError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("removing", path, &e)),
+        _ => Ok(()),
+    }
+}
+
+fn create_dir(path: &Path, mode: u32, recursive: bool) -> Result<(), GpuError> {
+    match fs::DirBuilder::new()
+        .mode(mode)
+        .recursive(recursive)
+        .create(path)
+    {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(io_err("creating", path, &e)),
+        _ => Ok(()),
+    }
+}
+
+/// Whether anything is at `path` (a dangling symlink counts).
+fn exists(path: &Path) -> Result<bool, GpuError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("reading", path, &e)),
+    }
+}
+
+/// Refuses anything but a directory (not a symlink to one) of this process's user that
+/// no one else can write: whoever could write it could plant what the agent reads or
+/// talks to there. Not retryable: someone changed what only the agent creates.
+fn check_private_dir(path: &Path) -> Result<(), GpuError> {
+    let m = fs::symlink_metadata(path).map_err(|e| io_err("reading", path, &e))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if m.file_type().is_dir() && m.uid() == euid && m.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    Err(GpuError::Internal(format!(
+        "{} is not a directory of uid {euid} that only it can write (uid {}, mode {:o}); \
+         refusing to trust what is in it",
+        path.display(),
+        m.uid(),
+        m.mode() & 0o7777
+    )))
+}
+
+/// One mount as `/proc/<pid>/mountinfo` shows it.
+#[derive(Debug, PartialEq, Eq)]
+struct Mounted {
+    fstype: String,
+    /// The per-mount options (`rw,nosuid,nodev,noexec,relatime`).
+    options: String,
+}
+
+/// The mounts of this process's namespace at `path` (resolved), bottom first.
+fn mounts_at(path: &Path) -> Result<Vec<Mounted>, GpuError> {
+    let info = Path::new("/proc/self/mountinfo");
+    let text = fs::read_to_string(info).map_err(|e| io_err("reading", info, &e))?;
+    Ok(mounts_in(&text, path))
+}
+
+/// The mounts at `path` in a mountinfo text (proc(5)): mount point in field 5, options
+/// in 6, the file system type after the optional fields' ` - ` separator.
+fn mounts_in(mountinfo: &str, path: &Path) -> Vec<Mounted> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            let sep = 6 + f.get(6..)?.iter().position(|x| *x == "-")?;
+            let point = unescape_mountinfo(f.get(4)?);
+            (Path::new(std::ffi::OsStr::from_bytes(&point)) == path).then(|| Mounted {
+                fstype: f.get(sep + 1).copied().unwrap_or_default().to_string(),
+                options: f.get(5).copied().unwrap_or_default().to_string(),
+            })
+        })
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash in paths as `\ooo`.
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match octal {
+            Some(c) => {
+                out.push(c);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The size of the file system at `path`, as tmpfs reports its cap.
+fn shm_size(path: &Path) -> Result<u64, GpuError> {
+    let st = nix::sys::statvfs::statvfs(path)
+        .map_err(|e| GpuError::Transient(format!("statvfs {}: {e}", path.display())))?;
+    // Both are u64 here and u32 on 32-bit targets; widening never loses anything.
+    let (blocks, frsize) = (st.blocks() as u64, st.fragment_size() as u64);
+    blocks.checked_mul(frsize).ok_or_else(|| {
+        GpuError::Internal(format!(
+            "{}: {blocks} blocks of {frsize} bytes",
+            path.display()
+        ))
+    })
+}
+
+/// Detaches every mount on `shm`; none there (or no `shm`) is success.
+fn unmount_shm(shm: &Path) -> Result<(), GpuError> {
+    let real = match fs::canonicalize(shm) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("resolving", shm, &e)),
+    };
+    // Detached, not unmounted: a host process with a file open in it (EBUSY) must not
+    // keep the share's directory from going. The tmpfs itself lives on in containers
+    // that still hold it and is freed with the last of them.
+    for _ in mounts_at(&real)? {
+        match nix::mount::umount2(
+            real.as_path(),
+            MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW,
+        ) {
+            Ok(()) | Err(Errno::EINVAL) => {}
+            Err(e) => return Err(mount_err("detaching the tmpfs on", &real, e)),
+        }
+    }
+    if mounts_at(&real)?.is_empty() {
+        Ok(())
+    } else {
+        Err(GpuError::Transient(format!(
+            "{} is still mounted after detaching it",
+            real.display()
+        )))
+    }
+}
+
+/// Whether the host sees the tmpfs mounted at `real`: the container runtime resolves the
+/// CDI spec's host paths there, so a mount that stayed in the agent's own namespace (a
+/// container without Bidirectional propagation, a systemd unit with PrivateMounts=)
+/// would hand the containers the bare directory, uncapped and not the daemon's. pid 1
+/// stands for the host: the agent runs with the host's pids for NVML anyway.
+fn host_sees(real: &Path) -> Result<(), GpuError> {
+    host_sees_in(real, Path::new("/proc/1"))
+}
+
+fn host_sees_in(real: &Path, init: &Path) -> Result<(), GpuError> {
+    let ours = fs::read_link("/proc/self/ns/mnt");
+    let theirs = fs::read_link(init.join("ns/mnt"));
+    let (Ok(ours), Ok(theirs)) = (ours, theirs) else {
+        // pid 1 is out of sight (no hostPID, no ptrace access): nothing to compare with.
+        return Ok(());
+    };
+    if ours == theirs {
+        return Ok(());
+    }
+    let info = init.join("mountinfo");
+    let text = fs::read_to_string(&info).map_err(|e| io_err("reading", &info, &e))?;
+    if mounts_in(&text, real)
+        .last()
+        .is_some_and(|m| m.fstype == "tmpfs")
+    {
+        return Ok(());
+    }
+    Err(GpuError::Unavailable(format!(
+        "the share's /dev/shm tmpfs on {} is mounted in the agent's mount namespace only; \
+         the container runtime, in the host's, would give containers the bare directory: \
+         run the agent in the host's mount namespace or let the MPS directory propagate \
+         to it (mountPropagation: Bidirectional)",
+        real.display()
+    )))
+}
+
+fn mount_err(what: &str, path: &Path, e: Errno) -> GpuError {
+    let msg = format!("{what} {}: {e}", path.display());
+    match e {
+        // The node as set up cannot do it: no CAP_SYS_ADMIN, or a sandbox without mount().
+        Errno::EPERM | Errno::EACCES => GpuError::Unavailable(format!(
+            "{msg}: the mps mechanism needs CAP_SYS_ADMIN and mount(2) for each share's \
+             /dev/shm"
+        )),
+        _ => GpuError::Transient(msg),
+    }
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), GpuError> {

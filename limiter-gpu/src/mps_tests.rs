@@ -17,8 +17,9 @@ fn simulated_control() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/simulated-nvidia-cuda-mps-control")
 }
 
-/// A root for the share directories that kills every daemon found below it on drop, so
-/// a failing test leaves no process behind.
+/// A root for the share directories that, on drop, kills every simulated daemon found
+/// below it and detaches every share's tmpfs, so a failing test leaves no process and no
+/// mount behind.
 pub(crate) struct Root {
     pub(crate) dir: TempDir,
 }
@@ -39,13 +40,16 @@ impl Root {
     }
 
     fn daemons_with(&self, control: PathBuf, timeout: Duration) -> MpsDaemons {
-        MpsDaemons::new(MpsConfig {
+        MpsDaemons::new(self.config(control, timeout)).expect("a short absolute dir")
+    }
+
+    fn config(&self, control: PathBuf, timeout: Duration) -> MpsConfig {
+        MpsConfig {
             control,
             dir: self.dir.path().to_path_buf(),
             timeout,
-            launcher: Vec::new(),
-        })
-        .expect("a short absolute dir")
+            ..MpsConfig::default()
+        }
     }
 }
 
@@ -55,11 +59,92 @@ impl Drop for Root {
             return;
         };
         for e in entries.flatten() {
-            if let Ok(pid) = fs::read_to_string(e.path().join("pipe").join(PID_FILE)) {
-                let _ = Command::new("kill").arg(pid.trim()).status();
+            let dir = e.path();
+            // Wherever a pid is written down, and only if it is the simulation.
+            for file in [
+                dir.join(RECORD),
+                dir.join("pipe").join(PID_FILE),
+                dir.join("pipe/fake-daemon-pid"),
+            ] {
+                let pid = fs::read_to_string(file).ok().and_then(|t| {
+                    t.split_whitespace()
+                        .next()
+                        .and_then(|p| p.parse::<u32>().ok())
+                });
+                if let Some(pid) = pid
+                    && is_control(pid, &simulated_control())
+                {
+                    let _ = Command::new("kill").arg(pid.to_string()).status();
+                }
             }
+            let _ = unmount_shm(&dir.join("shm"));
         }
     }
+}
+
+/// A process that looks like the share's daemon to anyone who goes by a pid: argv[0] is
+/// the control program and its environment names the share's pipe directory. Killed on
+/// drop.
+struct Decoy(std::process::Child);
+
+impl Decoy {
+    fn start(pipe: &Path) -> Self {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new("sleep")
+            .arg0(simulated_control())
+            .arg("600")
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let d = Self(child);
+        // exec has happened once the command line is the one asked for.
+        wait_for(
+            || is_control(pid, &simulated_control()),
+            "the decoy to exec",
+        );
+        d
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Still running: never signalled by anyone.
+    fn untouched(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Decoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `done` until it holds; panics after 10 s.
+fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 10s for {what}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+fn kill9(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .arg("-9")
+            .arg(pid.to_string())
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for(|| !process_alive(pid), "kill -9 to end the process");
 }
 
 fn pid_of(d: &MpsDaemons, key: &str) -> u32 {
@@ -68,6 +153,16 @@ fn pid_of(d: &MpsDaemons, key: &str) -> u32 {
         .trim()
         .parse()
         .expect("a pid")
+}
+
+/// The tmpfs mounts at `path` in this mount namespace.
+fn tmpfs_mounts(path: &Path) -> usize {
+    let real = fs::canonicalize(path).unwrap();
+    mounts_at(&real)
+        .unwrap()
+        .iter()
+        .filter(|m| m.fstype == "tmpfs")
+        .count()
 }
 
 #[test]
@@ -255,22 +350,7 @@ fn a_dead_daemon_reads_as_no_limit_and_is_started_again() {
     let d = root.daemons();
     d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
     let pid = pid_of(&d, SHARE);
-    assert!(
-        Command::new("kill")
-            .arg("-9")
-            .arg(pid.to_string())
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while process_alive(pid) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "kill -9 did not end {pid}"
-        );
-        std::thread::sleep(POLL);
-    }
+    kill9(pid);
     assert_eq!(d.limit(SHARE).unwrap(), None);
     let leftover = d.pipe_dir(SHARE).join("control");
     fs::write(&leftover, "").unwrap();
@@ -413,3 +493,364 @@ fn a_launcher_runs_the_daemon_in_the_foreground_under_it() {
     d.stop(SHARE).unwrap();
     assert!(!process_alive(pid));
 }
+
+#[test]
+fn the_shm_size_is_whole_mib_and_never_zero() {
+    for bad in [0, 1, MIB - 1, MIB + 4096] {
+        let r = MpsDaemons::new(MpsConfig {
+            shm_bytes: bad,
+            ..MpsConfig::default()
+        });
+        // tmpfs would take size=0 for no cap at all.
+        assert!(matches!(r, Err(GpuError::InvalidArgument(_))), "{bad}");
+    }
+    assert_eq!(MpsConfig::default().shm_bytes, 64 << 20);
+    assert!(
+        MpsDaemons::new(MpsConfig {
+            shm_bytes: 3 << 20,
+            ..MpsConfig::default()
+        })
+        .is_ok()
+    );
+}
+
+#[test]
+fn the_shm_is_a_capped_tmpfs_kept_across_restarts_and_gone_with_the_share() {
+    if !crate::test_root::require_root(
+        "the_shm_is_a_capped_tmpfs_kept_across_restarts_and_gone_with_the_share",
+    ) {
+        return;
+    }
+    let root = Root::new();
+    let mut cfg = root.config(simulated_control(), Duration::from_secs(10));
+    cfg.shm_bytes = 4 << 20;
+    let d = MpsDaemons::new(cfg.clone()).unwrap();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let shm = d.shm_dir(SHARE);
+    assert_eq!(tmpfs_mounts(&shm), 1, "a tmpfs of its own");
+    assert_eq!(shm_size(&shm).unwrap(), 4 << 20);
+    let real = fs::canonicalize(&shm).unwrap();
+    let opts = mounts_at(&real).unwrap().pop().unwrap().options;
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(opts.split(',').any(|x| x == o), "{o} missing in {opts}");
+    }
+    assert_eq!(
+        fs::metadata(&shm).unwrap().permissions().mode() & 0o7777,
+        0o1777
+    );
+    // The daemon's /dev/shm is this tmpfs.
+    assert!(shm.join("simulated-mps-daemon").exists());
+    // The cap holds: 5 MiB do not fit in 4.
+    let err = fs::write(shm.join("big"), vec![0u8; 5 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(28), "ENOSPC: {err}");
+    fs::remove_file(shm.join("big")).unwrap();
+
+    // Again: the same mount, not a second one on top.
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    assert_eq!(tmpfs_mounts(&shm), 1);
+    // A new size is applied to the mounted tmpfs in place.
+    cfg.shm_bytes = 8 << 20;
+    let d = MpsDaemons::new(cfg).unwrap();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    assert_eq!(tmpfs_mounts(&shm), 1);
+    assert_eq!(shm_size(&shm).unwrap(), 8 << 20);
+
+    // A dead daemon is replaced over the same tmpfs, which the share's containers hold:
+    // what they wrote is still there.
+    fs::write(shm.join("tenant-segment"), "x").unwrap();
+    kill9(pid_of(&d, SHARE));
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    assert_eq!(tmpfs_mounts(&shm), 1);
+    assert!(shm.join("tenant-segment").exists(), "the same tmpfs");
+
+    // Dead again, then released: the tmpfs goes with its directory.
+    kill9(pid_of(&d, SHARE));
+    d.stop(SHARE).unwrap();
+    assert!(!root.dir.path().join(SHARE).exists());
+    assert!(
+        mounts_at(&real).unwrap().is_empty(),
+        "nothing mounted at {}",
+        real.display()
+    );
+}
+
+#[test]
+fn a_forged_pid_file_is_never_trusted_and_its_process_never_signalled() {
+    if !crate::test_root::require_root(
+        "a_forged_pid_file_is_never_trusted_and_its_process_never_signalled",
+    ) {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let pipe = d.pipe_dir(SHARE);
+    let real = pid_of(&d, SHARE);
+    let mut decoy = Decoy::start(&pipe);
+
+    // The daemon runs and the pid file names the decoy: the agent keeps to its daemon.
+    fs::write(pipe.join(PID_FILE), format!("{}\n", decoy.pid())).unwrap();
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
+    d.ensure_limit(UUID, SHARE, 2 << 30).unwrap();
+    assert!(process_alive(real), "not restarted");
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(2 << 30));
+
+    // The daemon dies and the pid file names the decoy, which passes every check of
+    // the pid alone (alive, argv[0], environment): no daemon, no limit read back.
+    kill9(real);
+    fs::write(pipe.join(PID_FILE), format!("{}\n", decoy.pid())).unwrap();
+    assert_eq!(d.limit(SHARE).unwrap(), None);
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let new = pid_of(&d, SHARE);
+    assert!(new != decoy.pid() && new != real && process_alive(new));
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
+
+    // A recycled pid: the record's pid with another start time is not the daemon.
+    let record = fs::read_to_string(root.dir.path().join(SHARE).join(RECORD)).unwrap();
+    let daemon = Daemon::parse(&record).unwrap();
+    assert_eq!(daemon.pid, new);
+    let recycled = Daemon {
+        pid: decoy.pid(),
+        start: proc_stat(decoy.pid()).unwrap().start + 1,
+    };
+    assert!(!recycled.runs());
+    assert!(
+        Daemon {
+            pid: decoy.pid(),
+            start: proc_stat(decoy.pid()).unwrap().start
+        }
+        .runs()
+    );
+
+    fs::write(pipe.join(PID_FILE), format!("{}\n", decoy.pid())).unwrap();
+    d.stop(SHARE).unwrap();
+    assert!(!process_alive(new), "the agent's daemon quit");
+    assert!(decoy.untouched(), "the decoy was never signalled");
+}
+
+#[test]
+fn the_agents_record_is_where_no_container_reaches() {
+    if !crate::test_root::require_root("the_agents_record_is_where_no_container_reaches") {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let dir = root.dir.path().join(SHARE);
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    // Others may pass through to pipe/ (MPS servers run as their client's uid), never
+    // list or write; the agent's files are its own.
+    assert_eq!(mode(&dir), 0o711);
+    for f in ["key", "gpu", RECORD] {
+        assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+    }
+    assert_eq!(mode(&dir.join("pipe")), 0o755);
+    assert_eq!(mode(&dir.join("log")), 0o700);
+    // What the containers get is pipe/ and shm/, neither of which holds the record.
+    let dirs = d.dirs(SHARE);
+    for shared in [&dirs.pipe, &dirs.shm] {
+        assert!(!dir.join(RECORD).starts_with(shared));
+        assert!(!dir.starts_with(shared));
+    }
+    let record = Daemon::parse(&fs::read_to_string(dir.join(RECORD)).unwrap()).unwrap();
+    assert_eq!(record.pid, pid_of(&d, SHARE));
+    assert!(record.runs());
+    d.stop(SHARE).unwrap();
+}
+
+#[test]
+fn a_pipe_directory_someone_else_can_write_is_not_trusted() {
+    if !crate::test_root::require_root("a_pipe_directory_someone_else_can_write_is_not_trusted") {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let pipe = d.pipe_dir(SHARE);
+    fs::set_permissions(&pipe, fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(d.limit(SHARE), Err(GpuError::Internal(_))));
+    fs::set_permissions(&pipe, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&pipe, Some(65534), None).unwrap();
+    assert!(matches!(d.limit(SHARE), Err(GpuError::Internal(_))));
+    // Nor does a prepare take it over: the mode is the agent's to set, the owner not.
+    assert!(matches!(
+        d.ensure_limit(UUID, SHARE, 1 << 30),
+        Err(GpuError::Internal(_))
+    ));
+    std::os::unix::fs::chown(&pipe, Some(0), None).unwrap();
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
+    d.stop(SHARE).unwrap();
+}
+
+#[test]
+fn files_are_replaced_whole_never_rewritten_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = dir.path().join("gpu");
+    write_atomic(&gpu, "GPU-old-0000").unwrap();
+    let mut before = fs::File::open(&gpu).unwrap();
+    write_atomic(&gpu, "GPU-new").unwrap();
+    // The file open before holds the old text, whole: the new one is another inode,
+    // renamed over the name, so nobody ever read a truncated or half-written file.
+    let mut old = String::new();
+    before.read_to_string(&mut old).unwrap();
+    assert_eq!(old, "GPU-old-0000");
+    assert_eq!(fs::read_to_string(&gpu).unwrap(), "GPU-new");
+    assert_eq!(
+        fs::metadata(&gpu).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["gpu"], "no temp file left");
+}
+
+#[test]
+fn a_dead_writers_temp_file_is_ignored_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("gpu"), "GPU-a").unwrap();
+    // A writer of an earlier agent process died between its write and its rename.
+    let stale = dir.path().join(".gpu.4242-17.0.tmp");
+    fs::write(&stale, "GPU-b-half").unwrap();
+    // One of this process is a write in flight (another thread's).
+    let ours = dir.path().join(format!(".key.{}.999.tmp", own_tag()));
+    fs::write(&ours, "").unwrap();
+    assert_eq!(fs::read_to_string(dir.path().join("gpu")).unwrap(), "GPU-a");
+    remove_stale_temps(dir.path()).unwrap();
+    assert!(!stale.exists());
+    assert!(ours.exists());
+    assert_eq!(fs::read_to_string(dir.path().join("gpu")).unwrap(), "GPU-a");
+}
+
+#[test]
+fn a_prepare_removes_what_a_dead_writer_left() {
+    if !crate::test_root::require_root("a_prepare_removes_what_a_dead_writer_left") {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    let dir = root.dir.path().join(SHARE);
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("key"), SHARE).unwrap();
+    let stale = dir.join(".gpu.4242-17.3.tmp");
+    fs::write(&stale, "GPU-half").unwrap();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    assert!(!stale.exists());
+    assert_eq!(fs::read_to_string(dir.join("gpu")).unwrap(), UUID);
+    d.stop(SHARE).unwrap();
+}
+
+#[test]
+fn mountinfo_is_read_with_its_escapes() {
+    let info = "\
+36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - ext3 /dev/root rw
+37 35 0:40 / /run/x/shm rw,nosuid,nodev,noexec,relatime shared:7 - tmpfs tmpfs rw,size=4096k
+38 37 0:41 / /run/x/shm rw,relatime - tmpfs tmpfs rw
+";
+    assert_eq!(
+        mounts_in(info, Path::new("/mnt/a b")),
+        [Mounted {
+            fstype: "ext3".into(),
+            options: "rw,noatime".into()
+        }]
+    );
+    let shm = mounts_in(info, Path::new("/run/x/shm"));
+    assert_eq!(shm.len(), 2, "stacked, bottom first");
+    assert_eq!(shm[0].options, "rw,nosuid,nodev,noexec,relatime");
+    assert!(mounts_in(info, Path::new("/run/x")).is_empty());
+}
+
+#[test]
+fn a_tmpfs_the_hosts_namespace_does_not_show_is_refused() {
+    // A stand-in for /proc/1 in another mount namespace than this process's.
+    let init = tempfile::tempdir().unwrap();
+    fs::create_dir(init.path().join("ns")).unwrap();
+    std::os::unix::fs::symlink("mnt:[1]", init.path().join("ns/mnt")).unwrap();
+    let shm = Path::new("/run/shareguard/mps/s/shm");
+    fs::write(
+        init.path().join("mountinfo"),
+        "27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        host_sees_in(shm, init.path()),
+        Err(GpuError::Unavailable(_))
+    ));
+    fs::write(
+        init.path().join("mountinfo"),
+        "27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
+         90 27 0:50 / /run/shareguard/mps/s/shm rw,nosuid shared:9 - tmpfs tmpfs rw,size=65536k\n",
+    )
+    .unwrap();
+    host_sees_in(shm, init.path()).unwrap();
+    // The same namespace as this process: nothing to compare.
+    let same = tempfile::tempdir().unwrap();
+    fs::create_dir(same.path().join("ns")).unwrap();
+    std::os::unix::fs::symlink(
+        fs::read_link("/proc/self/ns/mnt").unwrap(),
+        same.path().join("ns/mnt"),
+    )
+    .unwrap();
+    host_sees_in(shm, same.path()).unwrap();
+}
+
+/// A bind mount that is detached on drop.
+struct BindMount(PathBuf);
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.0.as_path(), MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_unix_socket_connects_through_a_read_only_bind_mount() {
+    if !crate::test_root::require_root_for(
+        "a_unix_socket_connects_through_a_read_only_bind_mount",
+        "a bind mount",
+    ) {
+        return;
+    }
+    use std::os::unix::net::{UnixListener, UnixStream};
+    // What the CDI spec gives a container: the pipe directory, bound read-only.
+    let dir = tempfile::Builder::new().prefix("sg-ro").tempdir().unwrap();
+    let pipe = dir.path().join("pipe");
+    let seen = dir.path().join("seen");
+    fs::create_dir(&pipe).unwrap();
+    fs::create_dir(&seen).unwrap();
+    let listener = UnixListener::bind(pipe.join("control")).unwrap();
+    nix::mount::mount(
+        Some(pipe.as_path()),
+        seen.as_path(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    let _bound = BindMount(seen.clone());
+    nix::mount::mount(
+        None::<&str>,
+        seen.as_path(),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | PIPE_FLAGS,
+        None::<&str>,
+    )
+    .unwrap();
+
+    let mut client = UnixStream::connect(seen.join("control")).expect("connect through ro");
+    let (mut server, _) = listener.accept().unwrap();
+    client.write_all(b"get_server_list\n").unwrap();
+    let mut got = [0u8; 16];
+    assert_eq!(server.read(&mut got).unwrap(), 16);
+    // Nothing there can be replaced: not the socket, not the pid file.
+    let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error() == Some(30);
+    assert!(erofs(fs::remove_file(seen.join("control"))));
+    assert!(erofs(fs::write(seen.join(PID_FILE), "1")));
+    assert!(erofs(UnixListener::bind(seen.join("forged")).map(drop)));
+}
+
+/// The flags the CDI pipe mount options besides `bind` and `ro` stand for.
+const PIPE_FLAGS: MsFlags = MsFlags::MS_NOSUID
+    .union(MsFlags::MS_NODEV)
+    .union(MsFlags::MS_NOEXEC);

@@ -80,6 +80,13 @@ cleanup() {
         echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 10 nvidia-cuda-mps-control \
             || say "cleanup: could not quit the daemon in $pipe"
     done
+    # Each share's /dev/shm is a tmpfs of its own: detached first, or rm -rf would fail
+    # on its mount point.
+    local shm
+    for shm in /run/sg-gpu-check-mps/*/shm; do
+        mountpoint -q "$shm" 2>/dev/null || continue
+        umount --lazy "$shm" || say "cleanup: could not detach $shm"
+    done
     rm -rf /run/sg-gpu-check-mps
 }
 trap cleanup EXIT

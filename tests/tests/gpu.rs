@@ -305,8 +305,9 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     assert_eq!(r.shares[0].phase, pb::Phase::Accounted as i32);
 }
 
-/// Where the per-share MPS daemons of one test live; kills any still running when
-/// dropped, so a failed assertion leaves no process behind.
+/// Where the per-share MPS daemons of one test live; kills any still running and
+/// detaches each share's /dev/shm tmpfs when dropped, so a failed assertion leaves no
+/// process and no mount behind.
 struct MpsDir(PathBuf);
 
 impl MpsDir {
@@ -325,6 +326,12 @@ impl Drop for MpsDir {
             if let Ok(pid) = fs::read_to_string(e.path().join("pipe/nvidia-cuda-mps-control.pid")) {
                 let _ = Command::new("kill").arg(pid.trim()).status();
             }
+            // Fails harmlessly where the share was released (nothing mounted there).
+            let _ = Command::new("umount")
+                .arg("--lazy")
+                .arg(e.path().join("shm"))
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }
