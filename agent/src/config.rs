@@ -161,6 +161,8 @@ struct RawAgent {
     mps_control: Option<PathBuf>,
     mps_dir: Option<Spanned<PathBuf>>,
     mps_launcher: Option<Spanned<Vec<String>>>,
+    /// A quantity: the cap of each MPS share's /dev/shm tmpfs.
+    mps_shm_size: Option<Spanned<String>>,
     simulated_gpu_processes: Option<PathBuf>,
     reconcile_period: Option<Spanned<String>>,
 }
@@ -369,6 +371,24 @@ impl Config {
                 ));
             }
             mps.launcher = l;
+        }
+        if let Some(q) = a.mps_shm_size {
+            let span = q.span();
+            mps.shm_bytes = Quantity::parse(q.get_ref())
+                .ok()
+                .and_then(|v| v.ceil_units())
+                .and_then(|v| u64::try_from(v).ok())
+                .ok_or_else(|| {
+                    err(
+                        span.clone(),
+                        format!(
+                            "agent.mps_shm_size: {:?} is not a quantity of bytes",
+                            q.get_ref()
+                        ),
+                    )
+                })?;
+            shareguard_limiter_gpu::mps::MpsDaemons::new(mps.clone())
+                .map_err(|e| err(span, format!("agent.mps_shm_size: {e}")))?;
         }
         if let Some(d) = a.mps_dir {
             let span = d.span();
@@ -923,6 +943,22 @@ valid_range = { min = "1Gi", step = "1Gi" }
             l.agent.mps.launcher,
             ["systemd-run", "--unit=sg-{name}", "--"]
         );
+        let sized = Config::parse(
+            &GPU.replace(
+                "cdi_dir = \"/tmp/cdi\"",
+                "cdi_dir = \"/tmp/cdi\"\nmps_shm_size = \"128Mi\"",
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(sized.agent.mps.shm_bytes, 128 << 20);
+        for bad in ["0", "1500Ki", "lots"] {
+            let e = err_of(&GPU.replace(
+                "cdi_dir = \"/tmp/cdi\"",
+                &format!("cdi_dir = \"/tmp/cdi\"\nmps_shm_size = \"{bad}\""),
+            ));
+            assert!(e.message.contains("agent.mps_shm_size"), "{bad}: {e}");
+        }
         let e = err_of(&GPU.replace(
             "cdi_dir = \"/tmp/cdi\"",
             "cdi_dir = \"/tmp/cdi\"\nmps_launcher = [\"\"]",
