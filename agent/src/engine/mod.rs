@@ -108,10 +108,15 @@ impl Engine {
             }
         }
         let store_dir = cfg.agent.state_dir.join("store");
-        let store = Store::open(&store_dir).map_err(|source| OpenError::Store {
-            path: store_dir.display().to_string(),
-            source,
-        })?;
+        // A store closed a moment ago in this process (a test, or a reopen) may still
+        // hold sled's lock for an instant; a running second agent holds it for good.
+        let store =
+            Store::open_patiently(&store_dir, storage::REOPEN_PATIENCE).map_err(|source| {
+                OpenError::Store {
+                    path: store_dir.display().to_string(),
+                    source,
+                }
+            })?;
         let audit =
             AuditLog::open(&cfg.agent.audit_log, cfg.agent.audit_bound).map_err(|source| {
                 OpenError::Audit {

@@ -19,7 +19,7 @@ use crate::{
 use super::{Engine, OpenError, recover};
 
 /// How long a reopen waits for sled to let go of the old instance's directory lock.
-const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
+pub(super) const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Engine {
     /// Why the store accepts no changes now, if it does not.

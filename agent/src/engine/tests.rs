@@ -137,27 +137,8 @@ fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engi
             );
         }
     }
-    // sled releases its directory lock from its own I/O threads shortly after the last
-    // handle is dropped, so reopening in the same process can find it still held (seen
-    // on a loaded 2-core machine). Wait for that, with a deadline; any other error fails.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match Engine::open(
-            cfg.clone(),
-            limiters.clone(),
-            boot,
-            Arc::new(Metrics::new()),
-        ) {
-            Ok(e) => return e,
-            Err(e)
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(e) => panic!("opening the engine: {e}"),
-        }
-    }
+    Engine::open(cfg.clone(), limiters, boot, Arc::new(Metrics::new()))
+        .unwrap_or_else(|e| panic!("opening the engine: {e}"))
 }
 
 const POD: &str = "0d6f2b5e-7d4e-4a64-8a1b-3c2d1e0f9a88";
@@ -697,4 +678,102 @@ fn reconcile_repairs_drift_verifies_unknown_and_never_frees() {
     // Another pass changes nothing that is settled.
     let stats = rt.block_on(e.reconcile());
     assert_eq!((stats.drifted, stats.repaired), (0, 0), "{stats:?}");
+}
+
+/// A GPU share whose release was interrupted (RELEASING) is re-learnt by the GPU limiter
+/// at start, whose share table lives in memory: the repeated Unprepare then clears the
+/// limit in the driver instead of finding nothing to do.
+#[test]
+fn a_releasing_gpu_share_is_relearnt_at_start_and_its_limit_cleared() {
+    use nvml_wrapper::error::NvmlError;
+    use shareguard_limiter_gpu::{
+        GpuLimiter,
+        limiter::{GpuDeviceConfig, GpuSelector},
+        simulated::{SimOp, SimulatedBackend, SimulatedGpu},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
+    let text = format!(
+        r#"
+[agent]
+state_dir = {:?}
+audit_log = {:?}
+cgroup_root = {:?}
+cdi_dir = {:?}
+
+[[device]]
+name = "gpu-0"
+driver = "{DRIVER}"
+pool = "p"
+kind = "gpu"
+backend = "simulated"
+uuid = "GPU-shared"
+allowed_namespaces = ["*"]
+[device.simulated]
+memory = "16Gi"
+[device.capacity.memory]
+"#,
+        dir.path().join("state"),
+        dir.path().join("audit.jsonl"),
+        dir.path().join("cgroup"),
+        dir.path().join("cdi"),
+    );
+    let cfg = Arc::new(Config::parse(&text, "test").unwrap());
+    // The simulated driver outlives the agent (as a real one does); each agent life
+    // gets a fresh limiter over it, with an empty share table.
+    let gpu = Arc::new(SimulatedBackend::new(vec![SimulatedGpu::new(
+        "GPU-shared",
+        16 << 30,
+    )]));
+    let life = || {
+        let l = GpuLimiter::new(
+            gpu.clone(),
+            &[GpuDeviceConfig {
+                name: "gpu-0".into(),
+                gpu: GpuSelector::Uuid("GPU-shared".into()),
+                memory_bytes: None,
+            }],
+        )
+        .unwrap();
+        let limiters: HashMap<String, Arc<dyn Limiter>> =
+            HashMap::from([("gpu-0".to_owned(), Arc::new(l) as Arc<dyn Limiter>)]);
+        Engine::open(cfg.clone(), limiters, "boot-a", Arc::new(Metrics::new())).unwrap()
+    };
+    let rt = rt();
+    let e = life();
+    let mut c = claim("g1", "a1", vec![alloc("gpu-0", &share(1), "2Gi")]);
+    c.allocations[0].device = "gpu-0".into();
+    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
+    assert_eq!(out[0].error, None, "{:?}", out[0]);
+    assert_eq!(
+        out[0].shares[0].phase,
+        Phase::Enforced,
+        "{:?}",
+        out[0].shares[0]
+    );
+    assert_eq!(gpu.cgroup_limits().len(), 1);
+
+    // The release is cut short by the driver: RELEASING, limit still in place.
+    gpu.inject_fault(SimOp::ClearCgroupLimit, || NvmlError::Unknown, Some(1));
+    let refs = [pb::ClaimRef {
+        uid: "g1".into(),
+        ..Default::default()
+    }];
+    assert!(
+        rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0]
+            .1
+            .is_some()
+    );
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    drop(e);
+
+    let e = life();
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    assert_eq!(rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0].1, None);
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
+    assert!(
+        gpu.cgroup_limits().is_empty(),
+        "the limit is cleared in the driver: {:?}",
+        gpu.cgroup_limits()
+    );
 }
