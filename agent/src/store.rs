@@ -122,6 +122,9 @@ pub struct Store {
     failed: Arc<AtomicBool>,
     /// Why the store failed, for /readyz and the logs.
     problem: Arc<Mutex<Option<String>>>,
+    /// Tests close it to hold writes back and see what waits for durability.
+    #[cfg(test)]
+    gate: Arc<Gate>,
 }
 
 #[derive(Clone)]
@@ -174,6 +177,7 @@ impl Store {
         };
         let failed = Arc::new(AtomicBool::new(false));
         let problem = Arc::new(Mutex::new(None));
+        let gate = Arc::new(Gate::default());
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = {
             let trees = trees.clone();
@@ -181,9 +185,10 @@ impl Store {
                 flag: failed.clone(),
                 problem: problem.clone(),
             };
+            let gate = gate.clone();
             std::thread::Builder::new()
                 .name("shareguard-store".into())
-                .spawn(move || writer(trees, log, rx, failed))
+                .spawn(move || writer(trees, log, rx, failed, &gate))
                 .map_err(|e| StoreError::Sync(format!("cannot start the writer thread: {e}")))?
         };
         Ok(Self {
@@ -192,7 +197,16 @@ impl Store {
             thread: Mutex::new(Some(thread)),
             failed,
             problem,
+            #[cfg(test)]
+            gate,
         })
+    }
+
+    /// Holds every write back (queued, not applied, not durable) until the guard drops.
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> Held {
+        *crate::sync::lock(&self.gate.closed) = true;
+        Held(self.gate.clone())
     }
 
     /// [`Store::open`], waiting up to `patience` for the directory's lock: sled releases
@@ -326,8 +340,40 @@ fn apply_group(t: &Trees, batches: &[&Batch], failed: &Failure) -> Vec<Result<()
 }
 
 /// The writer thread: applies queued batches in order and makes each group durable.
-fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Failure) {
+/// Lets writes through unless a test closed it.
+#[derive(Default)]
+pub(crate) struct Gate {
+    closed: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut closed = crate::sync::lock(&self.closed);
+        while *closed {
+            closed = self
+                .opened
+                .wait(closed)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Writes are held back while this lives (see [`Store::hold`]).
+#[cfg(test)]
+pub(crate) struct Held(Arc<Gate>);
+
+#[cfg(test)]
+impl Drop for Held {
+    fn drop(&mut self) {
+        *crate::sync::lock(&self.0.closed) = false;
+        self.0.opened.notify_all();
+    }
+}
+
+fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Failure, gate: &Gate) {
     while let Ok(first) = rx.recv() {
+        gate.pass();
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
         let batches: Vec<&Batch> = jobs.iter().map(|j| &j.batch).collect();

@@ -777,3 +777,112 @@ memory = "16Gi"
         gpu.cgroup_limits()
     );
 }
+
+/// Polls `cond` between yields of the current-thread runtime, so that spawned tasks run
+/// until they block; fails if it never holds within `tries` yields.
+async fn yield_until(what: &str, tries: u32, cond: impl Fn() -> bool) {
+    for _ in 0..tries {
+        if cond() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{what}: not after {tries} yields");
+}
+
+/// I4 where it matters: a request that passed the fence at epoch 2 but reaches its
+/// claim's admission after epoch 3 was accepted is refused there, not admitted.
+#[test]
+fn the_fence_is_checked_again_at_admission() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let e = Arc::new(open(&cfg, None, "boot-a"));
+    let rt = rt();
+    rt.block_on(async {
+        // Someone holds claim c1 (a retry of it in flight).
+        let held = e.locks.lock("c1").await;
+        let late = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+                e.prepare(2, &[c], 0).await
+            })
+        };
+        yield_until("epoch 2 durable", 100_000, || {
+            lock(&e.state).epoch_durable == 2
+        })
+        .await;
+        // A newer control plane moves the fence while c1's Prepare waits for its lock.
+        let c = claim("c2", "a1", vec![alloc("gen-0", &share(2), "1Gi")]);
+        assert_eq!(e.prepare(3, &[c], 0).await.unwrap()[0].error, None);
+        drop(held);
+        let out = late.await.unwrap().unwrap();
+        let err = out[0].error.clone().expect("a stale admission must be refused");
+        assert_eq!((err.code, err.field.as_str()), (Code::FailedPrecondition, "epoch"));
+        assert!(e.get_share(&share(1)).is_none(), "nothing admitted");
+    });
+}
+
+/// A call at the epoch another call just raised, and whose own claims need no write (a
+/// refusal), is answered only once that epoch is durable.
+#[test]
+fn a_same_epoch_answer_waits_until_the_epoch_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let e = Arc::new(open(&cfg, None, "boot-a"));
+    let rt = rt();
+    rt.block_on(async {
+        let hold = lock(&e.store).as_ref().unwrap().hold();
+        let raiser = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+                e.prepare(5, &[c], 0).await
+            })
+        };
+        yield_until("epoch 5 accepted", 100_000, || lock(&e.state).epoch == 5).await;
+        // Refused by the ledger, so nothing of its own is written.
+        let same = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let c = claim("c2", "a1", vec![alloc("gen-0", &share(2), "99Gi")]);
+                e.prepare(5, &[c], 0).await
+            })
+        };
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !same.is_finished(),
+            "answered at epoch 5 while epoch 5 was not durable"
+        );
+        drop(hold);
+        let out = same.await.unwrap().unwrap();
+        assert_eq!(out[0].error.as_ref().unwrap().code, Code::ResourceExhausted);
+        assert_eq!(raiser.await.unwrap().unwrap()[0].error, None);
+    });
+}
+
+/// Requests are checked before the fence moves: a request none of whose claims is
+/// valid, with epoch 2^64-1, does not lock every later caller out.
+#[test]
+fn an_invalid_request_does_not_move_the_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let e = open(&cfg, None, "boot-a");
+    let rt = rt();
+    let mut bad = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    bad.claim.as_mut().unwrap().namespace = "NOT A NAMESPACE".into();
+    let out = rt.block_on(e.prepare(u64::MAX, &[bad], 0)).unwrap();
+    assert_eq!(out[0].error.as_ref().unwrap().code, Code::InvalidArgument);
+    let bad_release = pb::ClaimRef {
+        uid: String::new(),
+        ..Default::default()
+    };
+    let out = rt.block_on(e.unprepare(u64::MAX, &[bad_release], 0)).unwrap();
+    assert!(out[0].1.is_some());
+    assert_eq!(e.epoch(), 0, "the fence did not move");
+    let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    assert_eq!(rt.block_on(e.prepare(1, &[ok], 0)).unwrap()[0].error, None);
+    assert_eq!(e.epoch(), 1);
+}
