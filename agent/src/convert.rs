@@ -71,12 +71,19 @@ pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::S
         request: r.request.clone(),
         phase: phase_to_pb(r.phase) as i32,
         mechanism: r.mechanism.clone(),
+        // What was asked for, and what is enforced; a dedicated allocation asks for no
+        // amount but is enforced at the device's capacity, which shows here too.
         limits: r
             .consumed
-            .iter()
-            .map(|(name, q)| pb::CapacityLimit {
+            .keys()
+            .chain(r.enforced.keys().filter(|k| !r.consumed.contains_key(*k)))
+            .map(|name| pb::CapacityLimit {
                 name: name.clone(),
-                requested: q.to_string(),
+                requested: r
+                    .consumed
+                    .get(name)
+                    .map(|q| q.to_string())
+                    .unwrap_or_default(),
                 enforced: r
                     .enforced
                     .get(name)

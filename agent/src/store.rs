@@ -351,10 +351,7 @@ impl Gate {
     fn pass(&self) {
         let mut closed = crate::sync::lock(&self.closed);
         while *closed {
-            closed = self
-                .opened
-                .wait(closed)
-                .unwrap_or_else(|p| p.into_inner());
+            closed = self.opened.wait(closed).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

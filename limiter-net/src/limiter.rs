@@ -415,8 +415,7 @@ impl Limiter for NetLimiter {
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
-            let recorded = existing.as_ref().and_then(|e| e.ifb.as_ref()) == Some(name);
-            cfg.redirect_ifindex = rtnl::ensure_ifb(name, &spec.share_key, recorded)?;
+            cfg.redirect_ifindex = rtnl::ensure_ifb(name, &spec.share_key)?;
             let ours = matches!(q, RootQdisc::Htb(_)) && root_is_ours(cfg.redirect_ifindex, "htb")?;
             install_root(name, q, ours)?;
         }

@@ -41,7 +41,7 @@ fn qdisc_works(dev: &str, kind: &str) -> bool {
 
 pub fn probe() -> Result<Probe, NetError> {
     let dev = format!("sgprobe{}", std::process::id() % 100_000);
-    let ifb = rtnl::ensure_ifb(&dev, "probe", true).is_ok();
+    let ifb = rtnl::ensure_ifb(&dev, "probe").is_ok();
     let mut p = Probe {
         ifb,
         ..Probe::default()

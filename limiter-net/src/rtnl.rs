@@ -294,30 +294,38 @@ pub fn ifb_alias(share_key: &str) -> String {
     format!("shareguard ifb of share {share_key}")
 }
 
-/// Whether `m` is the ifb shareguard made for the share with alias `alias`: an ifb with
-/// that alias, or (`recorded`: the share's install record names it) an ifb with no alias
-/// at all, since the kernel takes no alias when a link is created and a crash can fall
-/// between creating it and naming it.
-fn is_our_ifb(m: &LinkMessage, alias: &str, recorded: bool) -> bool {
+/// The device group shareguard creates its ifbs in. A group is set in the same message
+/// that creates the link (an alias is not: the kernel takes it only afterwards), so a
+/// link in this group was made by shareguard even when a crash fell between creating it
+/// and naming it.
+pub const IFB_GROUP: u32 = 0x5347;
+
+fn group_of(m: &LinkMessage) -> Option<u32> {
+    m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Group(g) => Some(*g),
+        _ => None,
+    })
+}
+
+/// Whether `m` is the ifb shareguard made for the share with alias `alias`: an ifb in
+/// shareguard's group whose alias is that one, or none yet.
+fn is_our_ifb(m: &LinkMessage, alias: &str) -> bool {
     kind_is(m, &InfoKind::Ifb)
-        && match alias_of(m) {
-            Some(a) => a == alias,
-            None => recorded,
-        }
+        && group_of(m) == Some(IFB_GROUP)
+        && alias_of(m).is_none_or(|a| a == alias)
 }
 
 /// Creates the ifb device `name` for `share_key` if it does not exist, sets it up,
 /// returns its index. A link of that name that shareguard did not make for this share
-/// (another kind, another alias) is refused, never taken over. `recorded`: the share's
-/// install record already names this ifb.
-pub fn ensure_ifb(name: &str, share_key: &str, recorded: bool) -> Result<u32, NetError> {
+/// (another kind, another group or alias) is refused, never taken over.
+pub fn ensure_ifb(name: &str, share_key: &str) -> Result<u32, NetError> {
     let name = name.to_owned();
     let alias = ifb_alias(share_key);
     with_netlink(None, move |h| {
         Box::pin(async move {
             let index = match link_by_name(&h, &name).await? {
                 Some(m) => {
-                    if !is_our_ifb(&m, &alias, recorded) {
+                    if !is_our_ifb(&m, &alias) {
                         return Err(NetError::Conflict(format!(
                             "link {name} exists and is not the ifb shareguard made for this share: it is left alone"
                         )));
@@ -326,7 +334,7 @@ pub fn ensure_ifb(name: &str, share_key: &str, recorded: bool) -> Result<u32, Ne
                 }
                 None => {
                     h.link()
-                        .add(LinkIfb::new(&name).build())
+                        .add(LinkIfb::new(&name).link_group(IFB_GROUP).build())
                         .execute()
                         .await
                         .map_err(|e| nl_err(&format!("create ifb {name}"), e))?;
@@ -365,7 +373,7 @@ fn delete_link_if(name: &str, alias: Option<String>) -> Result<(), NetError> {
         Box::pin(async move {
             if let Some(m) = link_by_name(&h, &name).await? {
                 if let Some(a) = &alias
-                    && !is_our_ifb(&m, a, true)
+                    && !is_our_ifb(&m, a)
                 {
                     tracing::warn!(link = %name, "a link with the share's ifb name is not ours; left alone");
                     return Ok(());

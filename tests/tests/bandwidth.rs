@@ -260,6 +260,22 @@ async fn failures_are_reported_never_enforced() {
         before
     );
 
+    // A link with the share's ifb name that shareguard did not make: never taken over
+    // (or deleted by the roll-back), the share fails for good.
+    let squatted = share_id();
+    let name = shareguard_limiter_net::state::ifb_name(&squatted);
+    let _squatter = LinkGuard::add(&name);
+    let p = Pod::new();
+    let r = prepare_one(&mut c, 1, bw_claim("squat", &p, &squatted, "50M")).await;
+    let e = r.error.clone().unwrap();
+    assert_eq!(e.code, "FailedPrecondition", "{e:?}");
+    assert!(e.message.contains("not the ifb shareguard made"), "{e:?}");
+    assert!(net::link_exists(&name), "the foreign link stays");
+    assert!(
+        !net::sh(&["tc", "qdisc", "show", "dev", p.host_if()]).contains("htb"),
+        "the roll-back removed what the share had installed"
+    );
+
     // A qdisc shareguard did not install: the kernel state is not ours to replace, so
     // the share fails for good and the foreign qdisc stays.
     let foreign = Pod::new();
@@ -307,6 +323,52 @@ async fn failures_are_reported_never_enforced() {
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "50M");
     assert_eq!(unprepare_one(&mut c, 1, "vanish").await.code, "");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
+}
+
+/// An ifb of someone else's, deleted when dropped.
+struct LinkGuard(String);
+
+impl LinkGuard {
+    fn add(name: &str) -> LinkGuard {
+        net::sh(&["ip", "link", "add", "name", name, "type", "ifb"]);
+        LinkGuard(name.to_owned())
+    }
+}
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.0])
+            .status();
+    }
+}
+
+/// A dedicated allocation of a net device (no shareID, no amounts) is the whole device:
+/// limited at its capacity and read back, not ENFORCED with nothing limited.
+#[tokio::test]
+async fn a_dedicated_net_allocation_is_limited_at_the_devices_capacity() {
+    if !net::privileged("a_dedicated_net_allocation_is_limited_at_the_devices_capacity") {
+        return;
+    }
+    let (a, _pins) = start("300M");
+    let pod = Pod::new();
+    let mut c = a.client().await;
+    let mut cl = bw_claim("whole", &pod, "", "0");
+    cl.allocations[0].consumed_capacity.clear();
+    let r = prepare_one(&mut c, 1, cl).await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.limits.len(), 1, "{s:?}");
+    assert_eq!(
+        (s.limits[0].name.as_str(), s.limits[0].enforced.as_str()),
+        ("bandwidth", "300M"),
+        "{s:?}"
+    );
+    let server = pod.iperf_server();
+    let _lock = TrafficLock::acquire();
+    let m = server.measure(&Iperf::new(Direction::ToPod));
+    assert_within(&m, 300e6, "dedicated");
 }
 
 /// Where nothing can queue, the programs police: packets over the token bucket are

@@ -1,5 +1,10 @@
-//! A device that leaves the inventory across a restart: its shares become UNKNOWN and
-//! keep their capacity until an explicit Unprepare. Capacity is never freed implicitly.
+//! The inventory changing under live shares across a restart. An accounting device that
+//! leaves: its shares become UNKNOWN and keep their capacity until an explicit Unprepare
+//! (capacity is never freed implicitly). An enforced device that leaves, or a device
+//! whose kind changes: the agent refuses to start. A capacity shrunk below what is held:
+//! over-committed, never negative.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
 
 use std::fs;
 
@@ -168,5 +173,107 @@ async fn a_capacity_shrunk_under_live_shares_is_over_committed_never_negative() 
             &[("device", "gen-0"), ("capacity", "memory")]
         ),
         Some(0.0)
+    );
+}
+
+/// Runs the agent on `config` and expects it to refuse to start: returns its stderr.
+/// Fails (killing it) if it is still running after 30 s.
+fn refused_start(config: &std::path::Path) -> String {
+    let mut child = std::process::Command::new(shareguard_tests::agent_bin())
+        .args(["agent", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success(), "the agent must refuse to start");
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            return err;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the agent started on a config that drops a device with live shares");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A device with live enforced shares dropped from the config, or a device whose kind
+/// changed under live shares: the agent refuses to start and names the device and each
+/// share, so nothing it enforced is left without an owner; put back, it starts.
+#[tokio::test]
+async fn dropping_an_enforced_device_or_changing_a_kind_under_live_shares_stops_the_start() {
+    let gpu = format!(
+        r#"
+[[device]]
+name = "gpu-0"
+driver = "{}"
+pool = "{}"
+kind = "gpu"
+backend = "simulated"
+allowed_namespaces = ["*"]
+[device.simulated]
+memory = "16Gi"
+cgroup_limits = false
+mps = false
+[device.capacity.memory]
+default = "1Gi"
+valid_range = {{ min = "1Gi", step = "1Gi" }}
+"#,
+        shareguard_tests::DRIVER,
+        shareguard_tests::POOL
+    );
+    let gen0 = generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[]);
+    let mut a = Agent::start(Options::new(format!("{gen0}{gpu}")));
+    let mut c = a.client().await;
+    let gid = share_id();
+    let mut g = claim("g", "team-a", "a1", vec![alloc("gpu-0", &gid, "2Gi")]);
+    g.target = Some(pb::PodTarget {
+        pod_uids: vec![shareguard_tests::pod::pod_uid()],
+        ..Default::default()
+    });
+    assert_eq!(prepare_one(&mut c, 1, g).await.error, None);
+    let nid = share_id();
+    assert_eq!(
+        prepare_one(
+            &mut c,
+            1,
+            claim("n", "team-a", "a1", vec![alloc("gen-0", &nid, "5Gi")])
+        )
+        .await
+        .error,
+        None
+    );
+    a.kill9();
+    let full = fs::read_to_string(&a.config).unwrap();
+
+    fs::write(&a.config, full.replace(&gpu, "")).unwrap();
+    let err = refused_start(&a.config);
+    assert!(err.contains("device gpu-0 is gone"), "{err}");
+    assert!(err.contains(&gid), "names the share: {err}");
+
+    // gen-0 again, as a (simulated) GPU of the same size.
+    let as_gpu = gpu
+        .replace("gpu-0", "gen-0")
+        .replace("\"16Gi\"", "\"40Gi\"");
+    fs::write(&a.config, full.replace(&gen0, &as_gpu)).unwrap();
+    let err = refused_start(&a.config);
+    assert!(
+        err.contains("device gen-0 changed kind from generic to gpu"),
+        "{err}"
+    );
+    assert!(err.contains(&nid), "names the share: {err}");
+
+    fs::write(&a.config, &full).unwrap();
+    a.restart();
+    let mut c = a.client().await;
+    assert_eq!(
+        get_share(&mut c, gid).await.phase,
+        pb::Phase::Accounted as i32
     );
 }

@@ -817,8 +817,14 @@ fn the_fence_is_checked_again_at_admission() {
         assert_eq!(e.prepare(3, &[c], 0).await.unwrap()[0].error, None);
         drop(held);
         let out = late.await.unwrap().unwrap();
-        let err = out[0].error.clone().expect("a stale admission must be refused");
-        assert_eq!((err.code, err.field.as_str()), (Code::FailedPrecondition, "epoch"));
+        let err = out[0]
+            .error
+            .clone()
+            .expect("a stale admission must be refused");
+        assert_eq!(
+            (err.code, err.field.as_str()),
+            (Code::FailedPrecondition, "epoch")
+        );
         assert!(e.get_share(&share(1)).is_none(), "nothing admitted");
     });
 }
@@ -879,10 +885,86 @@ fn an_invalid_request_does_not_move_the_fence() {
         uid: String::new(),
         ..Default::default()
     };
-    let out = rt.block_on(e.unprepare(u64::MAX, &[bad_release], 0)).unwrap();
+    let out = rt
+        .block_on(e.unprepare(u64::MAX, &[bad_release], 0))
+        .unwrap();
     assert!(out[0].1.is_some());
     assert_eq!(e.epoch(), 0, "the fence did not move");
     let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
     assert_eq!(rt.block_on(e.prepare(1, &[ok], 0)).unwrap()[0].error, None);
     assert_eq!(e.epoch(), 1);
+}
+
+/// An admission is audited as such only once it is durable: a crash before that loses
+/// it, and the audit log must not say otherwise.
+#[test]
+fn admit_is_audited_only_once_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let e = Arc::new(open(&cfg, None, "boot-a"));
+    let audit = || std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap_or_default();
+    let rt = rt();
+    rt.block_on(async {
+        // The epoch is durable already, so only the admission waits below.
+        let c0 = claim("c0", "a1", vec![alloc("gen-1", &share(9), "1Gi")]);
+        assert_eq!(e.prepare(1, &[c0], 0).await.unwrap()[0].error, None);
+        let hold = lock(&e.store).as_ref().unwrap().hold();
+        let p = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+                e.prepare(1, &[c], 0).await
+            })
+        };
+        yield_until("admitted in memory", 100_000, || {
+            e.get_share(&share(1)).is_some()
+        })
+        .await;
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        let admitted = || {
+            audit()
+                .lines()
+                .any(|l| l.contains("\"admit\"") && l.contains("\"c1\""))
+        };
+        assert!(!admitted(), "audited before durable:\n{}", audit());
+        drop(hold);
+        assert_eq!(p.await.unwrap().unwrap()[0].error, None);
+        assert!(admitted(), "{}", audit());
+    });
+}
+
+/// A repeated Prepare of a claim whose release is in progress (RELEASING) is refused:
+/// the release must finish (or be repeated) first.
+#[test]
+fn a_repeated_prepare_of_a_releasing_claim_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let e = open(&cfg, Some(&k), "boot-a");
+    let rt = rt();
+    let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    assert_eq!(
+        rt.block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+            .unwrap()[0]
+            .error,
+        None
+    );
+    lock(&k.fail_remove).insert(share(1));
+    let refs = [pb::ClaimRef {
+        uid: "c1".into(),
+        ..Default::default()
+    }];
+    assert!(
+        rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0]
+            .1
+            .is_some()
+    );
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
+    let err = out[0].error.clone().unwrap();
+    assert_eq!(err.code, Code::FailedPrecondition, "{err:?}");
+    assert!(err.message.contains("being released"), "{err:?}");
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
 }
