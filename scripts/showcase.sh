@@ -3,8 +3,11 @@
 # starts it on an embedded config with a temporary store, prepares shares for two
 # namespaces, shows the ledger, shows an oversubscription and a policy violation refused,
 # kills the agent with SIGKILL, restarts it and shows that nothing was lost; then two pods
-# share a NIC with bandwidth measured by iperf3, and a GPU share is limited, watched and
-# its over-limit process terminated (on the SIMULATED GPU back end: no GPU here).
+# get bandwidth shares before their sandboxes exist (as kubelet prepares claims), the
+# agent finds each sandbox itself and enforces it, iperf3 measures both, one pod goes
+# away and its share waits again; and a GPU share is limited, watched and its over-limit
+# process terminated (on the SIMULATED GPU back end: no GPU here). It ends by checking
+# that it left nothing behind on the host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -13,6 +16,7 @@ ensure_build_deps
 echo "==> building shareguard (release)"
 cargo build --release --locked -p shareguard
 SG="$PWD/target/release/shareguard"
+host_before=$(scripts/host-state.sh | sort)
 
 work=$(mktemp -d /tmp/shareguard-showcase.XXXXXX)
 agent_pid=""
@@ -25,11 +29,32 @@ cg2=/sys/fs/cgroup; [ -e "$cg2/cgroup.controllers" ] || cg2=/sys/fs/cgroup/unifi
 gpu_pod_uid="5e0c1a2b-0000-4000-8000-$(printf '%012d' $$)"
 gpu_cg_top="shareguard-showcase-$$.slice"
 gpu_cg="$gpu_cg_top/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${gpu_pod_uid//-/_}.slice/cri-containerd-showcase.scope"
+# Cgroup directories made here, parents first, and the pods' sandbox processes.
+cgroups_made=()
+sandboxes=()
+rm_cgroups() { # removes the directories made here under $1 (or all), deepest first
+  local i
+  for (( i=${#cgroups_made[@]}-1; i>=0; i-- )); do
+    case "${cgroups_made[$i]}" in "$cg2/${1:-}"*) rmdir "${cgroups_made[$i]}" 2>/dev/null || true ;; esac
+  done
+}
 cleanup() {
+  # Release what the agent still enforces, so its ifbs go; if it is gone, its install
+  # records name them.
+  if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
+    sg release bw-a bw-b gpu-a >/dev/null 2>&1 || true
+  fi
   if [ -n "$agent_pid" ]; then { kill -9 "$agent_pid" && wait "$agent_pid"; } 2>/dev/null || true; fi
+  agent_pid=""
+  for f in "$work"/state/net/*.json; do
+    [ -e "$f" ] || continue
+    ifb=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("ifb") or "")' "$f")
+    [ -n "$ifb" ] && ip link del "$ifb" 2>/dev/null || true
+  done
   if [ -n "$gpu_pid" ]; then kill -9 "$gpu_pid" 2>/dev/null || true; fi
-  # Deepest first; only the directories made here.
-  d="$gpu_cg"; while [ -n "$d" ] && [ "$d" != . ]; do rmdir "$cg2/$d" 2>/dev/null || true; d=$(dirname "$d"); done
+  for p in "${sandboxes[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm_cgroups
   pkill -f "iperf3 -s -B 198.19.0" 2>/dev/null || true
   for p in a b; do
     ip link del "${tag}$p" 2>/dev/null || true
@@ -38,6 +63,14 @@ cleanup() {
   rm -rf "$pins" "$work"
 }
 trap cleanup EXIT
+mkcg() { # makes $cg2/$1 and what is missing above it, remembering each directory
+  local d="$cg2" part
+  local IFS=/
+  for part in $1; do
+    d="$d/$part"
+    if [ ! -d "$d" ]; then mkdir "$d"; cgroups_made+=("$d"); fi
+  done
+}
 
 cat >"$work/agent.toml" <<TOML
 [agent]
@@ -121,7 +154,6 @@ prepare() {
 {"epoch": "1", "claims": [{
   "claim": {"uid": "$2", "namespace": "$1", "name": "$2"},
   "allocationId": "alloc-$2",
-  "target": {"podUid": "pod-$2"},
   "allocations": [{"request": "mem", "driver": "shareguard.example.com", "pool": "showcase-node",
     "device": "gen-0", "shareId": "$3", "consumedCapacity": {"memory": "$4"}, "policyVersion": "rv-1"}]}]}
 JSON
@@ -168,11 +200,28 @@ sg release claim-a1
 sg release claim-a1
 sg devices
 
-step "bandwidth: two pods (network namespaces) share nic-0 (1G)"
-# Each pod is a network namespace with a veth pair; addresses from 198.19.0.0/24, part
-# of the 198.18.0.0/15 benchmarking range, so nothing leaves this machine.
-mkpod() { # NAME INDEX
-  local ns="${tag}-$1" host="${tag}$1"
+step "bandwidth: two pods share nic-0 (1G); kubelet prepares a claim before the pod's sandbox exists"
+pod_a=$(uuid); pod_b=$(uuid)
+bw_prepare() { # NAMESPACE CLAIM POD_UID RATE: the pod's uid is all kubelet's plugin knows
+  sg prepare -f - <<JSON
+{"epoch": "1", "claims": [{
+  "claim": {"uid": "$2", "namespace": "$1", "name": "$2"},
+  "allocationId": "alloc-$2",
+  "target": {"podUids": ["$3"]},
+  "allocations": [{"request": "net", "driver": "shareguard.example.com", "pool": "showcase-node",
+    "device": "nic-0", "shareId": "$(uuid)", "consumedCapacity": {"bandwidth": "$4"}, "policyVersion": "rv-1"}]}]}
+JSON
+}
+bw_prepare team-a bw-a "$pod_a" 200M >/dev/null
+bw_prepare team-b bw-b "$pod_b" 100M >/dev/null
+echo "admitted, capacity held, waiting for the pods' sandboxes:"
+sg shares --device nic-0
+# A pod: a network namespace with a veth pair (addresses from 198.19.0.0/24, part of the
+# 198.18.0.0/15 benchmarking range, so nothing leaves this machine), a pod cgroup laid
+# out as kubelet lays it out (pod a: systemd driver, pod b: cgroupfs driver, each under a
+# directory of our own, as kind nests kubelet's tree) and a sandbox process in both.
+mkpod() { # NAME INDEX POD_UID
+  local ns="${tag}-$1" host="${tag}$1" rel
   ip netns add "$ns"
   ip link add "$host" type veth peer name "${tag}p$1"
   ip link set "${tag}p$1" netns "$ns"
@@ -183,21 +232,30 @@ mkpod() { # NAME INDEX
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
   ip netns exec "$ns" iperf3 -s -B "198.19.0.$(( $2 * 4 + 2 ))" -p 5201 -D
+  if [ "$1" = a ]; then
+    rel="sgs-$$-$1.slice/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${3//-/_}.slice/cri-containerd-sandbox$1.scope"
+  else
+    rel="sgs-$$-$1/kubepods/burstable/pod$3/sandbox$1"
+  fi
+  mkcg "$rel"
+  ip netns exec "$ns" sleep 100000 &
+  sandboxes+=("$!")
+  echo "$!" >"$cg2/$rel/cgroup.procs"
+  echo "pod $1 ($3): sandbox process $! in $rel, host veth $host"
 }
-mkpod a 0
-mkpod b 1
-bw_prepare() { # NAMESPACE CLAIM POD RATE
-  sg prepare -f - <<JSON
-{"epoch": "1", "claims": [{
-  "claim": {"uid": "$2", "namespace": "$1", "name": "$2"},
-  "allocationId": "alloc-$2",
-  "target": {"podUid": "pod-$3", "netnsPath": "/run/netns/${tag}-$3", "interface": "eth0"},
-  "allocations": [{"request": "net", "driver": "shareguard.example.com", "pool": "showcase-node",
-    "device": "nic-0", "shareId": "$(uuid)", "consumedCapacity": {"bandwidth": "$4"}, "policyVersion": "rv-1"}]}]}
-JSON
+wait_phase() { # NAMESPACE PHASE: until the namespace's nic-0 share is in PHASE
+  for _ in $(seq 1 300); do
+    [ "$(sg -o json shares --device nic-0 --namespace "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["shares"][0]["phase"])')" = "$2" ] && return 0
+    sleep 0.05
+  done
+  echo "the $1 share is not $2 after 15 s" >&2; sg shares --device nic-0; exit 1
 }
-bw_prepare team-a bw-a a 200M
-bw_prepare team-b bw-b b 100M
+mkpod a 0 "$pod_a"
+mkpod b 1 "$pod_b"
+wait_phase team-a PHASE_ENFORCED
+wait_phase team-b PHASE_ENFORCED
+echo "both sandboxes found and enforced, with no further call:"
+sg shares --device nic-0
 measure() { # ADDR [-R]
   for _ in $(seq 1 100); do iperf3 -c "$1" -p 5201 -t 1 -O 0 >/dev/null 2>&1 && break; sleep 0.1; done
   iperf3 -c "$1" -p 5201 -t 5 -O 1 ${2:-} -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6, 1))'
@@ -211,10 +269,19 @@ for p in a b; do
   printf '%-6s %-8s %-14s %-16s %-16s\n' "$p" ${share} "$to" "$from"
 done
 echo "(TCP goodput tops out at 1448/1514 = 0.956 of an Ethernet-level limit)"
+
+step "pod b is deleted before its Unprepare: its share waits again, capacity held, its ifb gone"
+kill -9 "${sandboxes[1]}"; wait "${sandboxes[1]}" 2>/dev/null || true
+rm_cgroups "sgs-$$-b"
+ip link del "${tag}b"; ip netns del "${tag}-b"
+wait_phase team-b PHASE_PENDING
 sg shares --device nic-0
+sg devices | grep -E 'NAME|nic-0'
+sg release bw-a bw-b
+echo "released: $(ip -o link show type ifb | grep -c sgb || true) shareguard ifb devices left"
 
 step "GPU: a share of gpu-0 (SIMULATED back end: no NVIDIA GPU on this machine)"
-mkdir -p "$cg2/$gpu_cg"
+mkcg "$gpu_cg"
 sleep 600 & gpu_pid=$!
 echo "$gpu_pid" >"$cg2/$gpu_cg/cgroup.procs"
 echo "pod $gpu_pod_uid: process $gpu_pid in cgroup $gpu_cg"
@@ -223,7 +290,7 @@ sg prepare -f - <<JSON
 {"epoch": "1", "claims": [{
   "claim": {"uid": "gpu-a", "namespace": "team-a", "name": "gpu-a"},
   "allocationId": "alloc-gpu-a",
-  "target": {"podUid": "$gpu_pod_uid", "cgroupPaths": ["$gpu_cg"]},
+  "target": {"podUids": ["$gpu_pod_uid"]},
   "allocations": [{"request": "gpu", "driver": "shareguard.example.com", "pool": "showcase-node",
     "device": "gpu-0", "shareId": "$gpu_share", "consumedCapacity": {"memory": "8Gi"}, "policyVersion": "rv-1"}]}]}
 JSON
@@ -250,6 +317,17 @@ cat "$work/audit.jsonl"
 
 step "metrics (excerpt)"
 curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusals|share_|gpu_)' || true
+
+step "the host as found"
+cleanup
+trap - EXIT
+host_after=$(scripts/host-state.sh | sort)
+if [ "$host_before" != "$host_after" ]; then
+  echo "the showcase left this behind (< before, > after):" >&2
+  diff <(echo "$host_before") <(echo "$host_after") >&2 || true
+  exit 1
+fi
+echo "no ifb, qdisc, pin, network namespace, cgroup or mount left behind"
 
 echo
 echo "showcase complete"

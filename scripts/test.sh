@@ -24,6 +24,9 @@ if [ -n "$avail_mb" ] && [ "$avail_mb" -lt 3000 ]; then
   echo "warning: only ${avail_mb} MB free here; a build from scratch needs about 2.5 GB" >&2
 fi
 
+# What the tests could leave on the host, to compare with what is there at the end.
+host_before=$(scripts/host-state.sh | sort)
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 # ebpf/ is its own workspace (built for bpfel by limiter-net's build script), out of
@@ -35,6 +38,14 @@ echo "==> cargo build (the integration tests run this binary)"
 cargo build --workspace --all-targets --locked
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
+echo "==> the host as found"
+host_after=$(scripts/host-state.sh | sort)
+if [ "$host_before" != "$host_after" ]; then
+  echo "the tests left this behind (< before, > after):" >&2
+  diff <(echo "$host_before") <(echo "$host_after") >&2 || true
+  exit 1
+fi
+echo "no ifb, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
 echo "==> all tests passed"
 # What the run took on disk, so that a machine short of space shows in the log.
 du -sh target 2>/dev/null || true

@@ -336,6 +336,29 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
+        // An agent killed with shares still installed leaves their ifb devices, which
+        // outlive it by design (I8); the test made them, so the test removes them. Its
+        // install records name each one.
+        for ifb in self.installed_ifbs() {
+            let _ = Command::new("ip")
+                .args(["link", "del", &ifb])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Agent {
+    /// The ifb devices the bandwidth limiter's install records name.
+    pub fn installed_ifbs(&self) -> Vec<String> {
+        fs::read_dir(self.state_dir.join("net"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter_map(|v| v["ifb"].as_str().map(str::to_owned))
+            .collect()
     }
 }
 

@@ -431,8 +431,9 @@ impl FileLock {
     }
 }
 
-/// Held around every throughput measurement: throughput tests in this process and in
-/// other test processes never run at the same time and compete for the CPUs.
+/// Held around every throughput or timing measurement: such tests in this process and in
+/// other test processes never run at the same time and compete for the CPUs (two iperf3
+/// runs side by side on two cores each measure less than their limit).
 #[derive(Debug)]
 pub struct TrafficLock {
     _lock: FileLock,

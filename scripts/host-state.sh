@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prints what shareguard's tests and showcase could leave on this host, one line per
+# object, sorted: ifb and veth links, network namespaces, bpffs entries, top-level cgroup
+# v2 directories, mounts, MPS directories. `make test` and `make showcase` take it before
+# and after and fail on any difference: both must leave the host as they found it.
+set -uo pipefail
+# ifb0 and ifb1 come with the ifb module, which the first ifb anyone makes loads.
+ip -o link show type ifb 2>/dev/null | awk -F': ' '{print "ifb " $2}' | sed 's/@.*//' |
+  grep -Ev '^ifb ifb[0-9]+$' || true
+ip -o link show type veth 2>/dev/null | awk -F': ' '{print "veth " $2}' | sed 's/@.*//'
+ip netns list 2>/dev/null | awk '{print "netns " $1}'
+# maps.debug and progs.debug come with the bpffs mount itself.
+for d in /sys/fs/bpf/*; do
+  case "$d" in */maps.debug | */progs.debug) ;; *) [ -e "$d" ] && echo "bpffs $d" ;; esac
+done
+cg2=$(awk '$9 == "cgroup2" { print $5; exit }' /proc/self/mountinfo)
+if [ -n "$cg2" ]; then
+  for d in "$cg2"/*/; do [ -d "$d" ] && echo "cgroup $d"; done
+fi
+awk '{print "mount " $5}' /proc/self/mountinfo | grep -E '/(tmp|run/shareguard)/' || true
+for d in /run/shareguard/mps/*; do [ -e "$d" ] && echo "mps $d"; done
+tc qdisc show 2>/dev/null | sed 's/^/tc /'
+tc filter show dev lo ingress 2>/dev/null | sed 's/^/tc-filter lo /'
+
+exit 0

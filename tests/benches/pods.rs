@@ -1,0 +1,260 @@
+//! Pod discovery and the metrics endpoint under load, through the release binary
+//! (`cargo bench -p shareguard-tests --bench pods`, as root). Prints figures for
+//! docs/benchmarks.md; asserts nothing about speed.
+//!
+//! 1. Sandbox to ENFORCED: `PODS` (100) bandwidth claims are prepared with nothing but
+//!    their pod's uid, before any sandbox exists (PENDING). Then, one pod at a time, its
+//!    network is set up (netns, veth) and its sandbox starts (a pod cgroup in kubelet's
+//!    systemd layout, a process in it, in the pod's netns); the time from just before
+//!    the sandbox starts (cgroup directories, process spawn, its move into the cgroup)
+//!    to the share's ENFORCED event on a WatchShares stream is one sample. Each pod
+//!    joins the ones before it, so the last is found among 99 others. The rescan period
+//!    is an hour: every detection comes from the kernel's events.
+//! 2. Prepare under scrapes: with those shares live (their counters read on the
+//!    agent's period), sequential Prepare+Unprepare of an accounting share, in rounds
+//!    without and with 8 threads scraping /metrics as fast as they can, alternated so
+//!    that both see the same machine. Medians of the rounds' p50 and p99, and the ratio.
+
+#![allow(clippy::unwrap_used)] // A benchmark that cannot set up panics with the reason.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use shareguard_tests::{
+    Agent, alloc, claim, generic_device,
+    net::{self, PinDir, Pod, TrafficLock},
+    pod::{Layout, pod_uid},
+    proto as pb, share_id,
+};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
+    let mut c = a.client().await;
+    let uids: Vec<String> = (0..pods).map(|_| pod_uid()).collect();
+    let ids: Vec<String> = (0..pods).map(|_| share_id()).collect();
+    for (i, (u, id)) in uids.iter().zip(&ids).enumerate() {
+        let mut cl = claim(
+            &format!("p{i}"),
+            "bench",
+            "a1",
+            vec![pb::DeviceAllocation {
+                request: "bw".into(),
+                driver: shareguard_tests::DRIVER.into(),
+                pool: shareguard_tests::POOL.into(),
+                device: "nic-0".into(),
+                share_id: id.clone(),
+                consumed_capacity: [("bandwidth".to_owned(), "10M".to_owned())].into(),
+                ..Default::default()
+            }],
+        );
+        cl.target = Some(pb::PodTarget {
+            pod_uids: vec![u.clone()],
+            ..Default::default()
+        });
+        let r = c
+            .prepare(pb::PrepareRequest {
+                epoch: 1,
+                claims: vec![cl],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.claims[&format!("p{i}")].shares[0].phase,
+            pb::Phase::Pending as i32
+        );
+    }
+    let mut w = c
+        .watch_shares(pb::WatchSharesRequest {
+            device: "nic-0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Past the snapshot.
+    loop {
+        let ev = w.message().await.unwrap().unwrap();
+        if ev.kind == pb::watch_shares_response::Kind::SnapshotEnd as i32 {
+            break;
+        }
+    }
+    let mut out = Vec::with_capacity(pods);
+    let mut live = Vec::with_capacity(pods);
+    for (u, id) in uids.iter().zip(&ids) {
+        // CNI's part first, as before a sandbox starts; it is not timed.
+        let mut pod = Pod::network_only(u);
+        let t = Instant::now();
+        pod.start_sandbox(Layout::Systemd);
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(30), w.message())
+                .await
+                .expect("no ENFORCED within 30 s")
+                .unwrap()
+                .unwrap();
+            if let Some(s) = ev.share
+                && s.share_id == *id
+                && s.phase == pb::Phase::Enforced as i32
+            {
+                break;
+            }
+        }
+        out.push(t.elapsed());
+        live.push(pod);
+    }
+    (out, live)
+}
+
+/// `rounds` alternating rounds of `n` sequential Prepare+Unprepare without and with
+/// `scrapers` threads on /metrics. Returns (without, with) per-round (p50, p99).
+async fn prepare_under_scrapes(
+    a: &Agent,
+    rounds: usize,
+    n: usize,
+    scrapers: usize,
+) -> (Vec<(Duration, Duration)>, Vec<(Duration, Duration)>, u64) {
+    let mut c = a.client().await;
+    let scrapes = Arc::new(AtomicU64::new(0));
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for round in 0..2 * rounds {
+        let scraping = round % 2 == 1;
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..if scraping { scrapers } else { 0 })
+            .map(|_| {
+                let (stop, scrapes) = (stop.clone(), scrapes.clone());
+                let addr = a.metrics.unwrap();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = shareguard_tests::http_get(addr, "/metrics");
+                        scrapes.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let mut lat = Vec::with_capacity(n);
+        for i in 0..n {
+            let uid = format!("s{round}-{i}");
+            let req = pb::PrepareRequest {
+                epoch: 1,
+                claims: vec![claim(
+                    &uid,
+                    "bench",
+                    "a1",
+                    vec![alloc("gen-0", &share_id(), "1Gi")],
+                )],
+            };
+            let t = Instant::now();
+            let r = c.prepare(req).await.unwrap().into_inner();
+            lat.push(t.elapsed());
+            assert_eq!(r.claims[&uid].error, None);
+            c.unprepare(pb::UnprepareRequest {
+                epoch: 1,
+                claims: vec![shareguard_tests::claim_ref(&uid)],
+            })
+            .await
+            .unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        lat.sort();
+        let point = (pct(&lat, 0.5), pct(&lat, 0.99));
+        if scraping {
+            with.push(point);
+        } else {
+            without.push(point);
+        }
+    }
+    (without, with, scrapes.load(Ordering::Relaxed))
+}
+
+fn main() {
+    if !net::privileged("bench pods") {
+        return;
+    }
+    let pods = env_usize("SHAREGUARD_BENCH_PODS", 100);
+    let rounds = env_usize("SHAREGUARD_BENCH_ROUNDS", 5);
+    let per_round = env_usize("SHAREGUARD_BENCH_PREPARES", 300);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _lock = TrafficLock::acquire();
+    let pins = PinDir::new();
+    let devices = format!(
+        "{}{}",
+        net::net_device("nic-0", &net::bandwidth_capacity("100G")),
+        generic_device("gen-0", "100000Gi", "1Gi", &["bench"], &[])
+    );
+    let a = net::start_agent(devices, &pins, "rescan_period = \"1h\"");
+    let (lat, pods_live) = rt.block_on(sandbox_latency(&a, pods));
+    let mut sorted = lat.clone();
+    sorted.sort();
+    println!("## Sandbox to ENFORCED, {pods} pods on the node\n");
+    println!(
+        "| pods | p50 | p90 | p99 | max | mechanism |\n|---|---|---|---|---|---|\n| {pods} | {} | {} | {} | {} | {} |",
+        ms(pct(&sorted, 0.5)),
+        ms(pct(&sorted, 0.9)),
+        ms(pct(&sorted, 0.99)),
+        ms(*sorted.last().unwrap()),
+        shareguard_limiter_net::probe::probe().unwrap().available()[0]
+    );
+    let tenth = |i: usize| {
+        let chunk = &lat[i * lat.len() / 10..(i + 1) * lat.len() / 10];
+        median(chunk.to_vec())
+    };
+    println!(
+        "\nmedian of the first tenth of the pods {} , of the last tenth {} (found among {} others)",
+        ms(tenth(0)),
+        ms(tenth(9)),
+        pods - 1
+    );
+    let (without, with, scrapes) = rt.block_on(prepare_under_scrapes(&a, rounds, per_round, 8));
+    let p50 = |v: &[(Duration, Duration)]| median(v.iter().map(|x| x.0).collect());
+    let p99 = |v: &[(Duration, Duration)]| median(v.iter().map(|x| x.1).collect());
+    println!(
+        "\n## Prepare with {pods} live bandwidth shares, without and with 8 scrapers on /metrics\n"
+    );
+    println!(
+        "| | Prepare p50 (median of {rounds} rounds) | Prepare p99 (median of {rounds} rounds) |\n|---|---|---|"
+    );
+    println!(
+        "| no scraper | {} | {} |",
+        ms(p50(&without)),
+        ms(p99(&without))
+    );
+    println!("| 8 scrapers | {} | {} |", ms(p50(&with)), ms(p99(&with)));
+    println!(
+        "\np99 ratio with/without: {:.2} ({} scrapes in the scraped rounds; {per_round} Prepares a round)",
+        p99(&with).as_secs_f64() / p99(&without).as_secs_f64(),
+        scrapes
+    );
+    drop(pods_live);
+    drop(a);
+}
