@@ -37,7 +37,13 @@ async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> impl IntoResponse 
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains("application/openmetrics-text"));
-    match c.engine.metrics().render(&c.engine) {
+    // Rendering is CPU work over every live share: off the async workers, which serve
+    // the gRPC API, and one at a time (see `Metrics::render`).
+    let engine = c.engine.clone();
+    let rendered = tokio::task::spawn_blocking(move || engine.metrics().render(&engine))
+        .await
+        .unwrap_or(Err(std::fmt::Error));
+    match rendered {
         Ok(body) if openmetrics => (
             StatusCode::OK,
             [(

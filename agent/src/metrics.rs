@@ -174,6 +174,9 @@ pub struct Metrics {
     enforce_seconds: Family<DeviceLabel, Histogram, fn() -> Histogram>,
     sandbox_transitions: Family<DevicePhaseLabel, Counter>,
     overcommitted: Family<DeviceCapacity, Gauge>,
+    /// Held through a render: a render sets and clears the per-share families before it
+    /// encodes them, so two at once would each encode half of the other's.
+    rendering: Mutex<()>,
 }
 
 /// 0.1 ms .. ~1.6 s: for what talks to the kernel or driver once or a few times (a map
@@ -331,6 +334,7 @@ impl Metrics {
             overcommitted.clone(),
         );
         Self {
+            rendering: Mutex::new(()),
             sandbox_transitions,
             overcommitted,
             requested,
@@ -442,6 +446,7 @@ impl Metrics {
 
     /// Sets the ledger gauges from the engine's records and renders the text format.
     pub fn render(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
+        let _one_at_a_time = crate::sync::lock(&self.rendering);
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 let l = DeviceCapacity {
