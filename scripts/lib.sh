@@ -84,3 +84,16 @@ ensure_bpf_toolchain() {
   rm -rf "$linkdir"
   bpf-linker --version >/dev/null
 }
+
+# Fails, naming what is new or gone, unless the host is as scripts/host-state.sh saw it in
+# "$1" (taken before the work began). $2 names the work for the message.
+check_host_as_found() {
+  local after
+  after=$(scripts/host-state.sh | sort)
+  if [ "$1" != "$after" ]; then
+    echo "$2 left this behind (< before, > after):" >&2
+    diff <(echo "$1") <(echo "$after") >&2 || true
+    exit 1
+  fi
+  echo "no ifb, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
+}

@@ -321,13 +321,7 @@ curl -fsS "http://$metrics/metrics" | grep -E '^shareguard_(device|shares|refusa
 step "the host as found"
 cleanup
 trap - EXIT
-host_after=$(scripts/host-state.sh | sort)
-if [ "$host_before" != "$host_after" ]; then
-  echo "the showcase left this behind (< before, > after):" >&2
-  diff <(echo "$host_before") <(echo "$host_after") >&2 || true
-  exit 1
-fi
-echo "no ifb, qdisc, pin, network namespace, cgroup or mount left behind"
+check_host_as_found "$host_before" "the showcase"
 
 echo
 echo "showcase complete"

@@ -39,13 +39,7 @@ cargo build --workspace --all-targets --locked
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
 echo "==> the host as found"
-host_after=$(scripts/host-state.sh | sort)
-if [ "$host_before" != "$host_after" ]; then
-  echo "the tests left this behind (< before, > after):" >&2
-  diff <(echo "$host_before") <(echo "$host_after") >&2 || true
-  exit 1
-fi
-echo "no ifb, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
+check_host_as_found "$host_before" "the tests"
 echo "==> all tests passed"
 # What the run took on disk, so that a machine short of space shows in the log.
 du -sh target 2>/dev/null || true

@@ -93,6 +93,14 @@ impl ClaimError {
         Self::new(Code::FailedPrecondition, field, message, false)
     }
 
+    /// I4 at a claim: a newer epoch was accepted since the request passed the fence.
+    pub fn stale_epoch(got: u64, current: u64) -> Self {
+        Self::precondition(
+            "epoch",
+            format!("{got} is older than the highest accepted epoch {current}"),
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(Code::Unavailable, "", message, true)
     }

@@ -61,24 +61,7 @@ async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
     let uids: Vec<String> = (0..pods).map(|_| pod_uid()).collect();
     let ids: Vec<String> = (0..pods).map(|_| share_id()).collect();
     for (i, (u, id)) in uids.iter().zip(&ids).enumerate() {
-        let mut cl = claim(
-            &format!("p{i}"),
-            "bench",
-            "a1",
-            vec![pb::DeviceAllocation {
-                request: "bw".into(),
-                driver: shareguard_tests::DRIVER.into(),
-                pool: shareguard_tests::POOL.into(),
-                device: "nic-0".into(),
-                share_id: id.clone(),
-                consumed_capacity: [("bandwidth".to_owned(), "10M".to_owned())].into(),
-                ..Default::default()
-            }],
-        );
-        cl.target = Some(pb::PodTarget {
-            pod_uids: vec![u.clone()],
-            ..Default::default()
-        });
+        let cl = net::bw_claim_for(&format!("p{i}"), "bench", "nic-0", u, id, "10M");
         let r = c
             .prepare(pb::PrepareRequest {
                 epoch: 1,

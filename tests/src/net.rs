@@ -110,12 +110,25 @@ pub fn start_agent(devices: String, pins: &PinDir, extra: &str) -> crate::Agent 
 }
 
 /// A claim `uid` in `namespace` for one `bandwidth` share `id` of `rate` on `device`,
-/// aimed at `pod`'s interface.
+/// for `pod`.
 pub fn bw_claim(
     uid: &str,
     namespace: &str,
     device: &str,
     pod: &Pod,
+    id: &str,
+    rate: &str,
+) -> crate::proto::ClaimPrepare {
+    bw_claim_for(uid, namespace, device, pod.uid(), id, rate)
+}
+
+/// [`bw_claim`] for the pod with uid `pod_uid`, which need not exist yet: the pod's uid
+/// is all kubelet's plugin knows, and the agent finds the sandbox itself.
+pub fn bw_claim_for(
+    uid: &str,
+    namespace: &str,
+    device: &str,
+    pod_uid: &str,
     id: &str,
     rate: &str,
 ) -> crate::proto::ClaimPrepare {
@@ -133,9 +146,8 @@ pub fn bw_claim(
             ..Default::default()
         }],
     );
-    // The pod's uid is all kubelet's plugin knows: the agent finds the sandbox itself.
     c.target = Some(crate::proto::PodTarget {
-        pod_uids: vec![pod.uid().to_owned()],
+        pod_uids: vec![pod_uid.to_owned()],
         ..Default::default()
     });
     c

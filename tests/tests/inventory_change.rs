@@ -138,32 +138,20 @@ async fn a_capacity_shrunk_under_live_shares_is_over_committed_never_negative() 
     let out = String::from_utf8_lossy(&cli.stdout);
     assert!(!out.contains("\"-"), "no negative amount in the CLI: {out}");
 
-    // Nothing fits while over-committed.
-    let r = prepare_one(
-        &mut c,
-        1,
+    // Nothing fits while over-committed; releasing 10Gi leaves 20Gi of 25Gi, and then
+    // 5Gi fits again and the metric clears.
+    let five = || {
         claim(
             "oc-3",
             "team-a",
             "a1",
             vec![alloc("gen-0", &share_id(), "5Gi")],
-        ),
-    )
-    .await;
+        )
+    };
+    let r = prepare_one(&mut c, 1, five()).await;
     assert_eq!(r.error.unwrap().code, "ResourceExhausted");
-    // Releasing 10Gi leaves 20Gi of 25Gi: 5Gi fits again, and the metric clears.
     assert_eq!(unprepare_one(&mut c, 1, "oc-2").await.code, "");
-    let r = prepare_one(
-        &mut c,
-        1,
-        claim(
-            "oc-3",
-            "team-a",
-            "a1",
-            vec![alloc("gen-0", &share_id(), "5Gi")],
-        ),
-    )
-    .await;
+    let r = prepare_one(&mut c, 1, five()).await;
     assert_eq!(r.error, None, "{r:?}");
     let (_, body) = a.http("/metrics");
     assert_eq!(

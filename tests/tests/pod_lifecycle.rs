@@ -38,25 +38,7 @@ fn start(pins: &PinDir) -> Agent {
 
 /// A claim for `rate` of bandwidth for pod `uid`, naming nothing but the pod.
 fn claim_for(claim_uid: &str, ns: &str, pod: &str, id: &str, rate: &str) -> pb::ClaimPrepare {
-    let mut c = shareguard_tests::claim(
-        claim_uid,
-        ns,
-        "a1",
-        vec![pb::DeviceAllocation {
-            request: "bw".into(),
-            driver: shareguard_tests::DRIVER.into(),
-            pool: shareguard_tests::POOL.into(),
-            device: "nic-0".into(),
-            share_id: id.into(),
-            consumed_capacity: [("bandwidth".to_owned(), rate.to_owned())].into(),
-            ..Default::default()
-        }],
-    );
-    c.target = Some(pb::PodTarget {
-        pod_uids: vec![pod.into()],
-        ..Default::default()
-    });
-    c
+    net::bw_claim_for(claim_uid, ns, "nic-0", pod, id, rate)
 }
 
 /// Nothing the agent installs for share `id` exists: its ifb, its pinned links, its

@@ -171,13 +171,7 @@ impl Engine {
         // The fence again, where it matters: a higher epoch may have been accepted while
         // this request waited (I4).
         if epoch < st.epoch {
-            return Err(ClaimError::precondition(
-                "epoch",
-                format!(
-                    "{epoch} is older than the highest accepted epoch {}",
-                    st.epoch
-                ),
-            ));
+            return Err(ClaimError::stale_epoch(epoch, st.epoch));
         }
         let now = now_ms();
         let wanted: Vec<ShareRecord> = v

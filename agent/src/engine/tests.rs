@@ -680,6 +680,19 @@ fn reconcile_repairs_drift_verifies_unknown_and_never_frees() {
     assert_eq!((stats.drifted, stats.repaired), (0, 0), "{stats:?}");
 }
 
+/// Unprepares claim `uid`, whose only share is `share(1)`, expecting the removal to
+/// fail (the test arranged that): the share stays RELEASING. Returns the request.
+fn release_cut_short(rt: &tokio::runtime::Runtime, e: &Engine, uid: &str) -> [pb::ClaimRef; 1] {
+    let refs = [pb::ClaimRef {
+        uid: uid.into(),
+        ..Default::default()
+    }];
+    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    assert!(out[0].1.is_some(), "the release was meant to fail: {out:?}");
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    refs
+}
+
 /// A GPU share whose release was interrupted (RELEASING) is re-learnt by the GPU limiter
 /// at start, whose share table lives in memory: the repeated Unprepare then clears the
 /// limit in the driver instead of finding nothing to do.
@@ -755,16 +768,7 @@ memory = "16Gi"
 
     // The release is cut short by the driver: RELEASING, limit still in place.
     gpu.inject_fault(SimOp::ClearCgroupLimit, || NvmlError::Unknown, Some(1));
-    let refs = [pb::ClaimRef {
-        uid: "g1".into(),
-        ..Default::default()
-    }];
-    assert!(
-        rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0]
-            .1
-            .is_some()
-    );
-    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    let refs = release_cut_short(&rt, &e, "g1");
     drop(e);
 
     let e = life();
@@ -952,16 +956,7 @@ fn a_repeated_prepare_of_a_releasing_claim_is_refused() {
         None
     );
     lock(&k.fail_remove).insert(share(1));
-    let refs = [pb::ClaimRef {
-        uid: "c1".into(),
-        ..Default::default()
-    }];
-    assert!(
-        rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0]
-            .1
-            .is_some()
-    );
-    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
+    release_cut_short(&rt, &e, "c1");
     let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
     let err = out[0].error.clone().unwrap();
     assert_eq!(err.code, Code::FailedPrecondition, "{err:?}");

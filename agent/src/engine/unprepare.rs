@@ -89,13 +89,7 @@ impl Engine {
             let st = lock(&self.state);
             // The fence again, where the release is decided (I4).
             if epoch < st.epoch {
-                return Err(ClaimError::precondition(
-                    "epoch",
-                    format!(
-                        "{epoch} is older than the highest accepted epoch {}",
-                        st.epoch
-                    ),
-                ));
+                return Err(ClaimError::stale_epoch(epoch, st.epoch));
             }
             let Some(cr) = st.claims.get(uid) else {
                 info!("claim not known: nothing to release");
