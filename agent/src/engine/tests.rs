@@ -782,6 +782,21 @@ memory = "16Gi"
     );
 }
 
+/// Prepares claim `uid` for `share(n)` on gen-0 at `epoch`, on a task of its own.
+fn spawn_prepare(
+    e: &Arc<Engine>,
+    uid: &str,
+    n: u32,
+    amount: &str,
+    epoch: u64,
+) -> tokio::task::JoinHandle<Result<Vec<super::PrepareOutcome>, crate::error::RequestError>> {
+    let (e, c) = (
+        e.clone(),
+        claim(uid, "a1", vec![alloc("gen-0", &share(n), amount)]),
+    );
+    tokio::spawn(async move { e.prepare(epoch, &[c], 0).await })
+}
+
 /// Polls `cond` between yields of the current-thread runtime, so that spawned tasks run
 /// until they block; fails if it never holds within `tries` yields.
 async fn yield_until(what: &str, tries: u32, cond: impl Fn() -> bool) {
@@ -805,13 +820,7 @@ fn the_fence_is_checked_again_at_admission() {
     rt.block_on(async {
         // Someone holds claim c1 (a retry of it in flight).
         let held = e.locks.lock("c1").await;
-        let late = {
-            let e = e.clone();
-            tokio::spawn(async move {
-                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-                e.prepare(2, &[c], 0).await
-            })
-        };
+        let late = spawn_prepare(&e, "c1", 1, "1Gi", 2);
         yield_until("epoch 2 durable", 100_000, || {
             lock(&e.state).epoch_durable == 2
         })
@@ -843,22 +852,10 @@ fn a_same_epoch_answer_waits_until_the_epoch_is_durable() {
     let rt = rt();
     rt.block_on(async {
         let hold = lock(&e.store).as_ref().unwrap().hold();
-        let raiser = {
-            let e = e.clone();
-            tokio::spawn(async move {
-                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-                e.prepare(5, &[c], 0).await
-            })
-        };
+        let raiser = spawn_prepare(&e, "c1", 1, "1Gi", 5);
         yield_until("epoch 5 accepted", 100_000, || lock(&e.state).epoch == 5).await;
         // Refused by the ledger, so nothing of its own is written.
-        let same = {
-            let e = e.clone();
-            tokio::spawn(async move {
-                let c = claim("c2", "a1", vec![alloc("gen-0", &share(2), "99Gi")]);
-                e.prepare(5, &[c], 0).await
-            })
-        };
+        let same = spawn_prepare(&e, "c2", 2, "99Gi", 5);
         for _ in 0..1000 {
             tokio::task::yield_now().await;
         }
@@ -913,13 +910,7 @@ fn admit_is_audited_only_once_durable() {
         let c0 = claim("c0", "a1", vec![alloc("gen-1", &share(9), "1Gi")]);
         assert_eq!(e.prepare(1, &[c0], 0).await.unwrap()[0].error, None);
         let hold = lock(&e.store).as_ref().unwrap().hold();
-        let p = {
-            let e = e.clone();
-            tokio::spawn(async move {
-                let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-                e.prepare(1, &[c], 0).await
-            })
-        };
+        let p = spawn_prepare(&e, "c1", 1, "1Gi", 1);
         yield_until("admitted in memory", 100_000, || {
             e.get_share(&share(1)).is_some()
         })
