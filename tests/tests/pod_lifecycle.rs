@@ -150,7 +150,15 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     let pins = PinDir::new();
     let a = start(&pins);
     let mut c = a.client().await;
-    let qdiscs_before = net::sh(&["tc", "qdisc", "show"]);
+    // The host's own interfaces' qdiscs; other tests' links come and go meanwhile.
+    let host_qdiscs = || -> Vec<String> {
+        net::sh(&["tc", "qdisc", "show"])
+            .lines()
+            .filter(|l| !l.contains(" dev sg"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let qdiscs_before = host_qdiscs();
     let sb = Sandbox::start(&pod_uid(), Layout::Systemd, None);
     let id = share_id();
     let r = prepare_one(
@@ -163,7 +171,7 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
     assert!(s.reason.contains("hostNetwork"), "{s:?}");
     assert!(s.limits[0].enforced.is_empty(), "{s:?}");
-    assert_eq!(net::sh(&["tc", "qdisc", "show"]), qdiscs_before);
+    assert_eq!(host_qdiscs(), qdiscs_before);
     assert!(!net::link_exists(&ifb_name(&id)));
     assert_eq!(unprepare_one(&mut c, 1, "hostnet").await.code, "");
 }
