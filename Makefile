@@ -1,5 +1,5 @@
-# The two commands of the README, plus the benchmark.
-.PHONY: showcase test bench
+# The two commands of the README, plus the benchmark and fuzzing.
+.PHONY: showcase test bench fuzz
 
 showcase:
 	./scripts/showcase.sh
@@ -9,3 +9,7 @@ test:
 
 bench:
 	./scripts/bench.sh
+
+# Each fuzz target for FUZZ_SECONDS (default 60) from fuzz/corpus (docs/fuzzing.md).
+fuzz:
+	./scripts/fuzz.sh

@@ -97,3 +97,15 @@ check_host_as_found() {
   fi
   echo "no ifb, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
 }
+
+# The fuzz targets in fuzz/ (scripts/fuzz.sh), after ensure_build_deps: cargo-fuzz runs on
+# the nightly toolchain that ensure_bpf_toolchain installs (the agent crate in the targets
+# builds the eBPF programs too), and libfuzzer-sys compiles libFuzzer with a C++ compiler.
+# Fast when all is there.
+ensure_fuzz_toolchain() {
+  ensure_debs g++
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "==> installing cargo-fuzz (about a minute)"
+    cargo install cargo-fuzz --version '~0.13' --locked
+  fi
+}

@@ -286,7 +286,7 @@ impl Config {
             Some(n) => n.into_inner(),
         };
         let duration = |field: &str, s: &Spanned<String>| {
-            humantime::parse_duration(s.get_ref())
+            crate::duration::parse(s.get_ref())
                 .map_err(|e| err(s.span(), format!("agent.{field}: {:?}: {e}", s.get_ref())))
         };
         let tombstone_retention = match &a.tombstone_retention {
@@ -1039,6 +1039,20 @@ valid_range = { min = "1Gi", step = "1Gi" }
             e.message.contains("backend is only for kind \"gpu\""),
             "{e}"
         );
+    }
+
+    /// Found while fuzzing the config (fuzz/corpus/config/humantime-carry-overflow.toml):
+    /// humantime panicked on this duration, and took `Config::parse` down with it.
+    #[test]
+    fn a_duration_that_overflows_is_an_error_not_a_panic() {
+        let overflow = "18446744073709551615s 1000000000ns";
+        let e = err_of(&format!("[agent]\ntombstone_retention = \"{overflow}\"\n"));
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("agent.tombstone_retention"), "{e}");
+        assert!(e.message.contains("too large"), "{e}");
+        let e = err_of(&GPU.replace("grace = \"2s\"", &format!("grace = \"{overflow}\"")));
+        assert!(e.message.contains("watchdog.grace"), "{e}");
+        assert!(e.message.contains("too large"), "{e}");
     }
 
     const NET: &str = r#"

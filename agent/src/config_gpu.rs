@@ -94,7 +94,7 @@ fn duration(
     v: &str,
     span: &std::ops::Range<usize>,
 ) -> Result<Duration, SpanError> {
-    humantime::parse_duration(v).map_err(|e| {
+    crate::duration::parse(v).map_err(|e| {
         (
             span.clone(),
             format!("device {name}: watchdog.{field}: {v:?}: {e}"),

@@ -12,6 +12,7 @@ pub mod config_gpu;
 pub mod convert;
 pub mod device_status;
 pub mod discovery;
+pub mod duration;
 pub mod engine;
 pub mod error;
 pub mod gpu_watch;
