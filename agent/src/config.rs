@@ -57,6 +57,8 @@ pub struct AgentConfig {
     pub rescan_period: Duration,
     /// Most WatchShares streams served at once.
     pub max_watchers: usize,
+    /// A scrape within this long of the last render gets that render again.
+    pub metrics_max_age: Duration,
     /// How often the per-share traffic counters are read from the kernel for /metrics
     /// (a scrape reads the last values; it never talks to the kernel itself).
     pub counters_period: Duration,
@@ -158,6 +160,7 @@ struct RawAgent {
     rescan_period: Option<Spanned<String>>,
     counters_period: Option<Spanned<String>>,
     max_watchers: Option<Spanned<usize>>,
+    metrics_max_age: Option<Spanned<String>>,
     mps_control: Option<PathBuf>,
     mps_dir: Option<Spanned<PathBuf>>,
     mps_launcher: Option<Spanned<Vec<String>>>,
@@ -319,6 +322,12 @@ impl Config {
         // costs.
         let rescan_period = period("rescan_period", a.rescan_period, Duration::from_secs(5))?;
         let counters_period = period("counters_period", a.counters_period, Duration::from_secs(5))?;
+        // A second is nothing to a scrape interval of 15 s or more, and bounds what any
+        // number of scrapers cost to one render a second.
+        let metrics_max_age = match &a.metrics_max_age {
+            None => Duration::from_secs(1),
+            Some(s) => duration("metrics_max_age", s)?,
+        };
         let audit_max_bytes = match a.audit_max_bytes {
             None => crate::audit::DEFAULT_MAX_BYTES,
             Some(b) => {
@@ -423,6 +432,7 @@ impl Config {
             rescan_period,
             counters_period,
             max_watchers,
+            metrics_max_age,
             mps,
             simulated_gpu_processes: a.simulated_gpu_processes,
             reconcile_period,

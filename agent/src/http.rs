@@ -40,9 +40,11 @@ async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> impl IntoResponse 
     // Rendering is CPU work over every live share: off the async workers, which serve
     // the gRPC API, and one at a time (see `Metrics::render`).
     let engine = c.engine.clone();
-    let rendered = tokio::task::spawn_blocking(move || engine.metrics().render(&engine))
-        .await
-        .unwrap_or(Err(std::fmt::Error));
+    let max_age = engine.config().agent.metrics_max_age;
+    let rendered =
+        tokio::task::spawn_blocking(move || engine.metrics().render_cached(&engine, max_age))
+            .await
+            .unwrap_or(Err(std::fmt::Error));
     match rendered {
         Ok(body) if openmetrics => (
             StatusCode::OK,

@@ -175,8 +175,9 @@ pub struct Metrics {
     sandbox_transitions: Family<DevicePhaseLabel, Counter>,
     overcommitted: Family<DeviceCapacity, Gauge>,
     /// Held through a render: a render sets and clears the per-share families before it
-    /// encodes them, so two at once would each encode half of the other's.
-    rendering: Mutex<()>,
+    /// encodes them, so two at once would each encode half of the other's. It also guards
+    /// the last render, served again to scrapes within `metrics_max_age` of it.
+    rendering: Mutex<Option<(std::time::Instant, String)>>,
 }
 
 /// 0.1 ms .. ~1.6 s: for what talks to the kernel or driver once or a few times (a map
@@ -334,7 +335,7 @@ impl Metrics {
             overcommitted.clone(),
         );
         Self {
-            rendering: Mutex::new(()),
+            rendering: Mutex::new(None),
             sandbox_transitions,
             overcommitted,
             requested,
@@ -444,9 +445,32 @@ impl Metrics {
             .inc();
     }
 
+    /// The text format as rendered at most `max_age` ago: scrapers that come together
+    /// (several Prometheus replicas, dashboards) share one render instead of each taking
+    /// CPU from the agent's real work. Zero renders every time.
+    pub fn render_cached(
+        &self,
+        engine: &Engine,
+        max_age: Duration,
+    ) -> Result<String, std::fmt::Error> {
+        let mut last = crate::sync::lock(&self.rendering);
+        if let Some((at, body)) = last.as_ref()
+            && at.elapsed() < max_age
+        {
+            return Ok(body.clone());
+        }
+        let body = self.render_locked(engine)?;
+        *last = Some((std::time::Instant::now(), body.clone()));
+        Ok(body)
+    }
+
     /// Sets the ledger gauges from the engine's records and renders the text format.
     pub fn render(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
-        let _one_at_a_time = crate::sync::lock(&self.rendering);
+        self.render_cached(engine, Duration::ZERO)
+    }
+
+    /// [`Metrics::render`], with the rendering lock held by the caller.
+    fn render_locked(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 let l = DeviceCapacity {

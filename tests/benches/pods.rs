@@ -16,7 +16,8 @@
 //!    a second: far more than any Prometheus setup), and with 8 threads scraping as fast
 //!    as they can (a stress case: on 2 cores the renders then take CPU from everything),
 //!    the three alternated so that all see the same machine. Medians of the rounds' p50
-//!    and p99, and the p99 ratios.
+//!    and p99, and the p99 ratios. The agent serves a scrape within `metrics_max_age`
+//!    (its default, 1 s) of the last render that render again.
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up panics with the reason.
 
@@ -128,27 +129,31 @@ enum Scraping {
 
 /// `rounds` rounds of each of `modes` in turn (so that all see the same machine), each
 /// `n` sequential Prepare+Unprepare while `scrapers` threads scrape /metrics. Returns,
-/// per mode, each round's (p50, p99), and the scrapes made.
+/// per mode, each round's (p50, p99), the scrapes made and the microseconds they took.
 async fn prepare_under_scrapes(
     a: &Agent,
     modes: &[Scraping],
     rounds: usize,
     n: usize,
     scrapers: usize,
-) -> Vec<(Vec<(Duration, Duration)>, u64)> {
+) -> Vec<(Vec<(Duration, Duration)>, u64, u64)> {
     let mut c = a.client().await;
-    let mut out: Vec<(Vec<(Duration, Duration)>, u64)> = vec![(Vec::new(), 0); modes.len()];
+    let mut out: Vec<(Vec<(Duration, Duration)>, u64, u64)> = vec![(Vec::new(), 0, 0); modes.len()];
     for round in 0..rounds {
         for (m, mode) in modes.iter().enumerate() {
             let stop = Arc::new(AtomicBool::new(false));
             let scrapes = Arc::new(AtomicU64::new(0));
+            let scrape_us = Arc::new(AtomicU64::new(0));
             let threads: Vec<_> = (0..if *mode == Scraping::None { 0 } else { scrapers })
                 .map(|_| {
                     let (stop, scrapes, mode) = (stop.clone(), scrapes.clone(), *mode);
+                    let scrape_us = scrape_us.clone();
                     let addr = a.metrics.unwrap();
                     std::thread::spawn(move || {
                         while !stop.load(Ordering::Relaxed) {
+                            let t = Instant::now();
                             let _ = shareguard_tests::http_get(addr, "/metrics");
+                            scrape_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                             scrapes.fetch_add(1, Ordering::Relaxed);
                             if let Scraping::Paced(p) = mode {
                                 std::thread::sleep(p);
@@ -187,6 +192,7 @@ async fn prepare_under_scrapes(
             lat.sort();
             out[m].0.push((pct(&lat, 0.5), pct(&lat, 0.99)));
             out[m].1 += scrapes.load(Ordering::Relaxed);
+            out[m].2 += scrape_us.load(Ordering::Relaxed);
         }
     }
     out
@@ -210,7 +216,12 @@ fn main() {
         net::net_device("nic-0", &net::bandwidth_capacity("100G")),
         generic_device("gen-0", "100000Gi", "1Gi", &["bench"], &[])
     );
-    let a = net::start_agent(devices, &pins, "rescan_period = \"1h\"");
+    // The agent's default render age for scrapes (the test harness sets none).
+    let a = net::start_agent(
+        devices,
+        &pins,
+        "rescan_period = \"1h\"\nmetrics_max_age = \"1s\"",
+    );
     let (lat, pods_live) = rt.block_on(sandbox_latency(&a, pods));
     let mut sorted = lat.clone();
     sorted.sort();
@@ -250,15 +261,20 @@ fn main() {
         "\n## Prepare with {pods} live bandwidth shares, without and with 8 scrapers on /metrics\n"
     );
     println!(
-        "| scrapers | Prepare p50 (median of {rounds} rounds) | Prepare p99 (median of {rounds} rounds) | p99 / no scraper | scrapes |\n|---|---|---|---|---|"
+        "| scrapers | Prepare p50 (median of {rounds} rounds) | Prepare p99 (median of {rounds} rounds) | p99 / no scraper | scrapes | mean scrape |\n|---|---|---|---|---|---|"
     );
     let base = p99(&res[0].0);
-    for (name, (rounds, scrapes)) in names.iter().zip(&res) {
+    for (name, (rounds, scrapes, us)) in names.iter().zip(&res) {
         println!(
-            "| {name} | {} | {} | {:.2} | {scrapes} |",
+            "| {name} | {} | {} | {:.2} | {scrapes} | {} |",
             ms(p50(rounds)),
             ms(p99(rounds)),
-            p99(rounds).as_secs_f64() / base.as_secs_f64()
+            p99(rounds).as_secs_f64() / base.as_secs_f64(),
+            if *scrapes == 0 {
+                "-".to_owned()
+            } else {
+                ms(Duration::from_micros(us / scrapes))
+            }
         );
     }
     println!("\n({per_round} sequential Prepares, each with its Unprepare, per round.)");

@@ -136,8 +136,19 @@ impl Agent {
             .collect::<Vec<_>>()
             .join(", ");
         let text = format!(
-            "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{}\n{}",
-            socket, state_dir, audit_log, opts.agent_extra, opts.devices
+            "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{}\n{}\n{}",
+            socket,
+            state_dir,
+            audit_log,
+            // Tests read /metrics right after what they changed: no cached render, unless
+            // a test asks for one.
+            if opts.agent_extra.contains("metrics_max_age") {
+                ""
+            } else {
+                "metrics_max_age = \"0s\""
+            },
+            opts.agent_extra,
+            opts.devices
         );
         fs::write(&config, text).unwrap();
         let mut a = Agent {

@@ -334,3 +334,40 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     );
     assert!(!body.contains("# EOF"), "{body}");
 }
+
+/// Scrapes within `metrics_max_age` of a render share it: however many scrapers there
+/// are, the agent renders at most once per that age. With no age, every scrape renders.
+#[tokio::test]
+async fn scrapes_within_the_max_age_share_one_render() {
+    let devices = generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[]);
+    let mut o = Options::new(devices.clone());
+    o.agent_extra = "metrics_max_age = \"1h\"".into();
+    let cached = Agent::start(o);
+    let fresh = Agent::start(Options::new(devices));
+    let allocated = |a: &Agent| {
+        metric_sample(
+            &a.http("/metrics").1,
+            "shareguard_device_allocated",
+            &[("device", "gen-0"), ("capacity", "memory")],
+        )
+    };
+    assert_eq!(allocated(&cached), Some(0.0));
+    assert_eq!(allocated(&fresh), Some(0.0));
+    for a in [&cached, &fresh] {
+        let mut c = a.client().await;
+        let r = prepare_one(
+            &mut c,
+            1,
+            claim(
+                "mc",
+                "team-a",
+                "a1",
+                vec![alloc("gen-0", &share_id(), "5Gi")],
+            ),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+    }
+    assert_eq!(allocated(&cached), Some(0.0), "the render of an hour ago");
+    assert_eq!(allocated(&fresh), Some(5.0 * GIB), "rendered again");
+}
