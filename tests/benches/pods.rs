@@ -127,6 +127,15 @@ enum Scraping {
     FlatOut,
 }
 
+/// What the rounds of one kind of scraping measured.
+#[derive(Clone, Default)]
+struct ModeResult {
+    /// Each round's Prepare (p50, p99).
+    rounds: Vec<(Duration, Duration)>,
+    scrapes: u64,
+    scrape_us: u64,
+}
+
 /// `rounds` rounds of each of `modes` in turn (so that all see the same machine), each
 /// `n` sequential Prepare+Unprepare while `scrapers` threads scrape /metrics. Returns,
 /// per mode, each round's (p50, p99), the scrapes made and the microseconds they took.
@@ -136,9 +145,9 @@ async fn prepare_under_scrapes(
     rounds: usize,
     n: usize,
     scrapers: usize,
-) -> Vec<(Vec<(Duration, Duration)>, u64, u64)> {
+) -> Vec<ModeResult> {
     let mut c = a.client().await;
-    let mut out: Vec<(Vec<(Duration, Duration)>, u64, u64)> = vec![(Vec::new(), 0, 0); modes.len()];
+    let mut out = vec![ModeResult::default(); modes.len()];
     for round in 0..rounds {
         for (m, mode) in modes.iter().enumerate() {
             let stop = Arc::new(AtomicBool::new(false));
@@ -190,9 +199,9 @@ async fn prepare_under_scrapes(
                 t.join().unwrap();
             }
             lat.sort();
-            out[m].0.push((pct(&lat, 0.5), pct(&lat, 0.99)));
-            out[m].1 += scrapes.load(Ordering::Relaxed);
-            out[m].2 += scrape_us.load(Ordering::Relaxed);
+            out[m].rounds.push((pct(&lat, 0.5), pct(&lat, 0.99)));
+            out[m].scrapes += scrapes.load(Ordering::Relaxed);
+            out[m].scrape_us += scrape_us.load(Ordering::Relaxed);
         }
     }
     out
@@ -263,8 +272,9 @@ fn main() {
     println!(
         "| scrapers | Prepare p50 (median of {rounds} rounds) | Prepare p99 (median of {rounds} rounds) | p99 / no scraper | scrapes | mean scrape |\n|---|---|---|---|---|---|"
     );
-    let base = p99(&res[0].0);
-    for (name, (rounds, scrapes, us)) in names.iter().zip(&res) {
+    let base = p99(&res[0].rounds);
+    for (name, r) in names.iter().zip(&res) {
+        let (rounds, scrapes, us) = (&r.rounds, &r.scrapes, r.scrape_us);
         println!(
             "| {name} | {} | {} | {:.2} | {scrapes} | {} |",
             ms(p50(rounds)),
