@@ -109,3 +109,20 @@ ensure_fuzz_toolchain() {
     cargo install cargo-fuzz --version '~0.13' --locked
   fi
 }
+
+# Python clients for the tests that call the agent's socket the way other languages'
+# gRPC clients do: grpcio (C-core, which sends the socket's path as the HTTP/2 authority)
+# and h2 (a raw HTTP/2 client). In a venv under target/, nothing system-wide; versions
+# pinned so that every run tests the same clients. Fast when they are there.
+ensure_py_clients() {
+  local venv="$PWD/target/pyclients"
+  if "$venv/bin/python" -c 'import grpc, h2' >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "==> installing Python gRPC clients (grpcio, h2) in $venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    ensure_debs python3-venv
+    /usr/bin/python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q 'grpcio==1.85.3' 'h2==4.4.1'
+}

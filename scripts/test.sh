@@ -11,6 +11,8 @@ ensure_fuzz_toolchain
 # promtool (Debian's prometheus package) lints the agent's /metrics in the tests, and
 # systemd-analyze (systemd) verifies the unit file.
 ensure_debs prometheus systemd
+# Other languages' gRPC clients, for tests/tests/other_clients.rs.
+ensure_py_clients
 
 if [ "${CI:-}" = "true" ] && [ "$(id -u)" != 0 ]; then
   echo "CI=true but not root: the privileged tests must run in CI" >&2

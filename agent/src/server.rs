@@ -14,7 +14,6 @@ use std::{
 use anyhow::{Context, bail};
 use shareguard_proto::v1::{FILE_DESCRIPTOR_SET, node_agent_server::NodeAgentServer};
 use tokio::{net::UnixListener, signal::unix::SignalKind};
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
 use crate::{
@@ -212,7 +211,9 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(NodeAgentServer::new(Api::new(engine.clone())))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        // Normalised connections: clients that send the socket path as the HTTP/2
+        // authority (grpc C-core, grpc-java, kubelet) are answered too (shareguard-uds).
+        .serve_with_incoming_shutdown(shareguard_uds::incoming(listener), shutdown_signal())
         .await?;
     ready.store(false, Ordering::Release);
     let _ = std::fs::remove_file(&cfg.agent.socket);
