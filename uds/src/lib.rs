@@ -20,9 +20,11 @@
 //! stack (the whole of tonic's serving path again).
 //!
 //! [`incoming`] gives tonic's `serve_with_incoming` such connections from a unix
-//! listener, with the peer credentials tonic's `UdsConnectInfo` carries.
+//! listener, with the peer credentials tonic's `UdsConnectInfo` carries. [`client`] is
+//! the other end: a tonic channel to a unix socket.
 
 pub mod authority;
+pub mod client;
 mod frames;
 pub mod normalize;
 pub mod stream;
