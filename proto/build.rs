@@ -1,6 +1,7 @@
 //! Generates the tonic service, prost messages and pbjson serde impls (proto3 canonical
 //! JSON) from `proto/shareguard/v1/agent.proto`, plus the descriptor set that server
-//! reflection serves.
+//! reflection serves; and kubelet's DRA and plugin registration APIs (`proto/kubelet/`),
+//! clients and servers both: the plugin serves them, the tests play kubelet.
 
 use std::{env, path::PathBuf};
 
@@ -25,7 +26,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .register_descriptors(&set)?
         .build(&[".shareguard.v1"])?;
 
-    for p in protos {
+    let kubelet = [
+        "proto/kubelet/pluginregistration/v1/api.proto",
+        "proto/kubelet/dra/v1/api.proto",
+        "proto/kubelet/dra/v1beta1/api.proto",
+    ];
+    tonic_prost_build::configure().compile_protos(&kubelet, &["proto"])?;
+
+    for p in protos.iter().chain(&kubelet) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

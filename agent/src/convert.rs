@@ -113,12 +113,22 @@ pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::S
             host_interface: s.host_ifname.clone().unwrap_or_default(),
             host_ifindex: s.host_ifindex.unwrap_or(0),
         }),
+        // Filled in Prepare's answer (outcome_to_pb), where the claim's CDI spec is known.
+        cdi_device_ids: Vec::new(),
     }
 }
 
 pub fn outcome_to_pb(o: &PrepareOutcome) -> pb::ClaimResult {
     pb::ClaimResult {
-        shares: o.shares.iter().map(share_to_pb).collect(),
+        shares: o
+            .shares
+            .iter()
+            .zip(o.share_cdi_ids.iter().chain(std::iter::repeat(&None)))
+            .map(|(r, id)| pb::ShareStatus {
+                cdi_device_ids: id.iter().cloned().collect(),
+                ..share_to_pb(r)
+            })
+            .collect(),
         error: o.error.as_ref().map(error_to_pb),
         cdi_device_ids: o.cdi_device_ids.clone(),
     }

@@ -257,4 +257,20 @@ impl NodeAgent for Api {
             epoch: self.engine.epoch(),
         }))
     }
+
+    async fn new_epoch(
+        &self,
+        req: Request<pb::NewEpochRequest>,
+    ) -> Result<Response<pb::NewEpochResponse>, Status> {
+        let uid = self
+            .authenticate(&req)
+            .map_err(|e| self.refuse("NewEpoch", None, 0, e))?;
+        // On a task of its own, as Prepare: a taken epoch is made durable to the end.
+        let engine = self.engine.clone();
+        let epoch = tokio::spawn(async move { engine.new_epoch().await })
+            .await
+            .map_err(|e| Status::internal(format!("new epoch task failed: {e}")))?
+            .map_err(|e| self.refuse("NewEpoch", Some(uid), 0, e))?;
+        Ok(Response::new(pb::NewEpochResponse { epoch }))
+    }
 }

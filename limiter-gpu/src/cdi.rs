@@ -144,6 +144,11 @@ impl CdiWriter {
         )))
     }
 
+    /// The fully qualified CDI device id of a share, as [`Self::build`] lists it.
+    pub fn device_id(&self, share: &CdiShare) -> Result<String, CdiError> {
+        Ok(format!("{}={}", self.kind(), Self::device_name(share)?))
+    }
+
     /// The CDI device name of a share: inventory device name (made CDI-safe) and shareID.
     pub fn device_name(share: &CdiShare) -> Result<String, CdiError> {
         let dev: String = share

@@ -169,18 +169,10 @@ impl Engine {
     ) -> Result<Vec<String>, String> {
         let mut by_driver: BTreeMap<&str, Vec<CdiShare>> = BTreeMap::new();
         for r in shares {
-            let Some(d) = self.cdi_device(r) else {
+            let Some(s) = self.cdi_share(r) else {
                 continue;
             };
-            by_driver.entry(&r.driver).or_default().push(CdiShare {
-                share_id: r
-                    .share_id
-                    .clone()
-                    .unwrap_or_else(|| r.key.replace('/', "-")),
-                device: r.device.clone(),
-                gpu_uuid: d.gpu_uuid,
-                mps: d.mps,
-            });
+            by_driver.entry(&r.driver).or_default().push(s);
         }
         if by_driver.is_empty() {
             return Ok(Vec::new());
@@ -194,6 +186,28 @@ impl Engine {
             ids.extend(w.write_claim(claim_uid, &list).map_err(|e| e.to_string())?);
         }
         Ok(ids)
+    }
+
+    /// The CDI device id of one share of a claim whose spec lists `claim_ids`; None for a
+    /// share without a CDI device.
+    pub(crate) fn share_cdi_id(&self, r: &ShareRecord, claim_ids: &[String]) -> Option<String> {
+        let share = self.cdi_share(r)?;
+        let id = self.cdi_writer(&r.driver).ok()?.device_id(&share).ok()?;
+        // Only an id the written spec has: the runtime could not resolve any other.
+        claim_ids.contains(&id).then_some(id)
+    }
+
+    fn cdi_share(&self, r: &ShareRecord) -> Option<CdiShare> {
+        let d = self.cdi_device(r)?;
+        Some(CdiShare {
+            share_id: r
+                .share_id
+                .clone()
+                .unwrap_or_else(|| r.key.replace('/', "-")),
+            device: r.device.clone(),
+            gpu_uuid: d.gpu_uuid,
+            mps: d.mps,
+        })
     }
 
     /// Removes the claim's CDI specs, for every driver its shares are on.

@@ -23,6 +23,7 @@ use std::{
 
 use shareguard_common::limiter::{HostIface, LimitSpec, Limiter, Target};
 use tokio::sync::{Notify, broadcast};
+use tracing::info;
 
 pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
@@ -216,6 +217,34 @@ impl Engine {
         let mut st = lock(&self.state);
         st.epoch_durable = st.epoch_durable.max(epoch);
         Ok(())
+    }
+
+    /// A new epoch above every accepted one, durable before it is returned: a control
+    /// plane instance that takes it fences every instance before it at once.
+    pub async fn new_epoch(&self) -> Result<u64, RequestError> {
+        let (epoch, durable) = {
+            let mut st = lock(&self.state);
+            let Some(epoch) = st.epoch.checked_add(1) else {
+                return Err(RequestError::Invalid {
+                    field: "epoch".into(),
+                    message: "the highest epoch is taken; no newer one exists".into(),
+                });
+            };
+            let d = self.commit_locked(
+                &mut st,
+                Batch {
+                    epoch: Some(epoch),
+                    ..Default::default()
+                },
+            )?;
+            st.epoch = epoch;
+            (epoch, d)
+        };
+        durable.wait().await?;
+        let mut st = lock(&self.state);
+        st.epoch_durable = st.epoch_durable.max(epoch);
+        info!(epoch, "new control-plane epoch");
+        Ok(epoch)
     }
 
     /// The fence without moving it: for a request none of whose claims is valid.

@@ -29,6 +29,8 @@ pub struct PrepareOutcome {
     pub shares: Vec<ShareRecord>,
     pub error: Option<ClaimError>,
     pub cdi_device_ids: Vec<String>,
+    /// Each share's own CDI device id (a GPU share's), in `shares` order.
+    pub share_cdi_ids: Vec<Option<String>>,
 }
 
 enum Admission {
@@ -591,11 +593,16 @@ impl Engine {
             .get(&v.claim.uid)
             .map(|c| c.cdi_device_ids.clone())
             .unwrap_or_default();
+        let share_cdi_ids = shares
+            .iter()
+            .map(|r| self.share_cdi_id(r, &cdi_device_ids))
+            .collect();
         PrepareOutcome {
             uid: v.claim.uid.clone(),
             shares,
             error,
             cdi_device_ids,
+            share_cdi_ids,
         }
     }
 
@@ -619,6 +626,7 @@ impl Engine {
             shares: Vec::new(),
             error: Some(e),
             cdi_device_ids: Vec::new(),
+            share_cdi_ids: Vec::new(),
         }
     }
 

@@ -896,6 +896,36 @@ fn an_invalid_request_does_not_move_the_fence() {
     assert_eq!(e.epoch(), 1);
 }
 
+/// A new control-plane instance's epoch fences every older one at once, is durable
+/// before it is returned (a crash right after keeps the fence), and the epoch after it
+/// is the next one taken.
+#[test]
+fn a_new_epoch_fences_older_instances_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let rt = rt();
+    let e = open(&cfg, None, "boot-a");
+    let c1 = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    assert_eq!(rt.block_on(e.prepare(3, &[c1], 0)).unwrap()[0].error, None);
+    let old = 3;
+    let new = rt.block_on(e.new_epoch()).unwrap();
+    assert_eq!(new, 4);
+    let c2 = claim("c2", "a2", vec![alloc("gen-0", &share(2), "1Gi")]);
+    let refused = rt.block_on(e.prepare(old, std::slice::from_ref(&c2), 0));
+    assert!(
+        matches!(
+            refused,
+            Err(crate::error::RequestError::StaleEpoch { got: 3, current: 4 })
+        ),
+        "{refused:?}"
+    );
+    drop(e);
+    let e = open(&cfg, None, "boot-a");
+    assert_eq!(e.epoch(), 4, "the new epoch was durable");
+    assert_eq!(rt.block_on(e.new_epoch()).unwrap(), 5);
+    assert!(rt.block_on(e.prepare(4, &[c2], 0)).is_err());
+}
+
 /// An admission is audited as such only once it is durable: a crash before that loses
 /// it, and the audit log must not say otherwise.
 #[test]
