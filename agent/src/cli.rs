@@ -58,6 +58,10 @@ pub enum Cmd {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Run the DRA kubelet plugin: a separate, unprivileged process that registers the
+    /// agent's drivers with kubelet and speaks to the API server.
+    #[cfg(feature = "kubelet-plugin")]
+    KubeletPlugin(shareguard_kubelet_plugin::PluginArgs),
     /// Devices with capacity, allocated and free.
     Devices,
     /// Shares, optionally filtered.
@@ -379,6 +383,8 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut c = connect(&cli.socket).await?;
     match cmd {
         Cmd::Agent { .. } => bail!("`agent` is not a client command"),
+        #[cfg(feature = "kubelet-plugin")]
+        Cmd::KubeletPlugin(_) => bail!("`kubelet-plugin` is not a client command"),
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Devices => {
             let r = c

@@ -1,11 +1,23 @@
-//! `shareguard`: `shareguard agent --config FILE` runs the node agent; the other
-//! subcommands are the SRE's command line over the agent's socket.
+//! `shareguard`: `shareguard agent --config FILE` runs the node agent, `shareguard
+//! kubelet-plugin` its DRA kubelet plugin; the other subcommands are the SRE's command
+//! line over the agent's socket.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use shareguard::cli::{Cli, Cmd, run_client};
 use tracing_subscriber::EnvFilter;
+
+/// The daemons log to stderr, `RUST_LOG` filtering (info by default).
+fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -21,15 +33,18 @@ fn main() -> ExitCode {
     };
     let result = match &cli.cmd {
         Cmd::Agent { config } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            init_logs();
             rt.block_on(shareguard::server::run(config))
                 .map(|()| ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "kubelet-plugin")]
+        Cmd::KubeletPlugin(args) => {
+            init_logs();
+            rt.block_on(shareguard_kubelet_plugin::run(
+                args.clone(),
+                shareguard::server::shutdown_signal(),
+            ))
+            .map(|()| ExitCode::SUCCESS)
         }
         _ => rt.block_on(run_client(cli)),
     };

@@ -62,7 +62,8 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(l)
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

@@ -1,0 +1,258 @@
+//! One driver's NodePrepareResources and NodeUnprepareResources: read each claim and its
+//! pods from the API server, check them against this node's devices, and hand the
+//! claims to the agent in one call. Every claim kubelet named gets an answer.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use futures::future::join_all;
+use shareguard_proto::v1 as pb;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::{
+    agent::Agent,
+    claims::{self, KubeletDevice, Prepared},
+    cluster::Cluster,
+    error::ClaimError,
+    inventory::DriverDevices,
+    policy::PolicySnapshot,
+};
+
+/// kubelet gives a whole call 45 s; an answer after that is thrown away, so the plugin
+/// answers with an error (kubelet calls again) well before.
+const CALL_DEADLINE: Duration = Duration::from_secs(35);
+
+/// One device of a prepared claim, as kubelet gets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAnswer {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// This node's devices of the driver, and the policy snapshot published for them.
+#[derive(Clone, Debug, Default)]
+pub struct Devices {
+    pub devices: DriverDevices,
+    pub policy: PolicySnapshot,
+}
+
+impl Devices {
+    pub fn new(devices: DriverDevices) -> Self {
+        let policy = PolicySnapshot::of(&devices);
+        Self { devices, policy }
+    }
+}
+
+pub struct Driver {
+    name: String,
+    agent: Arc<Agent>,
+    cluster: Cluster,
+    devices: RwLock<Arc<Devices>>,
+}
+
+/// Claim uid (kubelet's key) -> the answer for it.
+pub type Answers<T> = Vec<(String, Result<T, String>)>;
+
+impl Driver {
+    pub fn new(name: &str, agent: Arc<Agent>, cluster: Cluster, devices: Devices) -> Self {
+        Self {
+            name: name.to_owned(),
+            agent,
+            cluster,
+            devices: RwLock::new(Arc::new(devices)),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn devices(&self) -> Arc<Devices> {
+        // A poisoned lock only means a writer panicked after the swap; the value is whole.
+        self.devices
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn set_devices(&self, devices: Devices) {
+        *self
+            .devices
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(devices);
+    }
+
+    pub async fn prepare(&self, claims: &[pb::ClaimRef]) -> Answers<Vec<DeviceAnswer>> {
+        match tokio::time::timeout(CALL_DEADLINE, self.prepare_all(claims)).await {
+            Ok(answers) => answers,
+            Err(_) => claims
+                .iter()
+                .map(|c| {
+                    warn!(claim = %c.name, claim_uid = %c.uid, "prepare timed out");
+                    (
+                        c.uid.clone(),
+                        Err(format!("preparing took longer than {CALL_DEADLINE:?}")),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    async fn prepare_all(&self, claims: &[pb::ClaimRef]) -> Answers<Vec<DeviceAnswer>> {
+        let devices = self.devices();
+        let built = join_all(claims.iter().map(|c| {
+            let span = info_span!("prepare", claim = %format!("{}/{}", c.namespace, c.name), claim_uid = %c.uid);
+            self.build(c, &devices).instrument(span)
+        }))
+        .await;
+        let mut answers = Vec::with_capacity(claims.len());
+        let mut asked: Vec<(&pb::ClaimRef, Vec<KubeletDevice>)> = Vec::new();
+        let mut requests = Vec::new();
+        for (c, b) in claims.iter().zip(built) {
+            match b {
+                Ok(Prepared { request, devices }) => {
+                    requests.push(request);
+                    asked.push((c, devices));
+                }
+                Err(e) => {
+                    warn!(claim = %c.name, claim_uid = %c.uid, error = %e, "claim not prepared");
+                    answers.push((c.uid.clone(), Err(e.to_string())));
+                }
+            }
+        }
+        if requests.is_empty() {
+            return answers;
+        }
+        let mut results = match self.agent.prepare(requests).await {
+            Ok(r) => r.claims,
+            Err(e) => {
+                warn!(error = %e, "the agent's Prepare failed");
+                answers.extend(
+                    asked
+                        .iter()
+                        .map(|(c, _)| (c.uid.clone(), Err(e.to_string()))),
+                );
+                return answers;
+            }
+        };
+        for (c, devices) in asked {
+            let _span = info_span!("prepare", claim = %format!("{}/{}", c.namespace, c.name), claim_uid = %c.uid).entered();
+            let answer = match results.remove(&c.uid) {
+                None => Err("the node agent gave no answer for the claim".to_owned()),
+                Some(r) => match r.error.as_ref().filter(|e| !e.code.is_empty()) {
+                    Some(e) => Err(self.agent.claim_error(e).to_string()),
+                    None => Ok(answer_devices(devices, &r)),
+                },
+            };
+            match &answer {
+                Ok(d) => info!(
+                    shares = ?d.iter().map(|d| d.share_id.as_str()).collect::<Vec<_>>(),
+                    "prepared"
+                ),
+                Err(e) => warn!(error = %e, "the agent refused the claim"),
+            }
+            answers.push((c.uid.clone(), answer));
+        }
+        answers
+    }
+
+    async fn build(&self, c: &pb::ClaimRef, devices: &Devices) -> Result<Prepared, ClaimError> {
+        if c.uid.is_empty() || c.namespace.is_empty() || c.name.is_empty() {
+            return Err(ClaimError::claim(
+                &c.namespace,
+                &c.name,
+                "kubelet sent a claim without uid, namespace or name",
+            ));
+        }
+        let claim = self.cluster.claim(&c.namespace, &c.name).await?;
+        let reserved = claims::reserved_pods(&claim);
+        let pods = self.cluster.pods_on_node(&c.namespace, &reserved).await?;
+        claims::build(
+            &claim,
+            c,
+            &self.name,
+            &devices.devices,
+            &devices.policy,
+            pods,
+        )
+    }
+
+    pub async fn unprepare(&self, claims: &[pb::ClaimRef]) -> Answers<()> {
+        let span = info_span!("unprepare", claims = claims.len());
+        async {
+            let results = match tokio::time::timeout(
+                CALL_DEADLINE,
+                self.agent.unprepare(claims.to_vec()),
+            )
+            .await
+            {
+                Ok(Ok(r)) => r.claims,
+                Ok(Err(e)) => return all_failed(claims, &e.to_string()),
+                Err(_) => {
+                    return all_failed(
+                        claims,
+                        &format!("unpreparing took longer than {CALL_DEADLINE:?}"),
+                    );
+                }
+            };
+            let mut results: HashMap<String, pb::Error> = results;
+            claims
+                .iter()
+                .map(|c| {
+                    let r = match results.remove(&c.uid) {
+                        None => Err("the node agent gave no answer for the claim".to_owned()),
+                        Some(e) if e.code.is_empty() => {
+                            info!(claim = %format!("{}/{}", c.namespace, c.name), claim_uid = %c.uid, "unprepared");
+                            Ok(())
+                        }
+                        Some(e) => Err(self.agent.claim_error(&e).to_string()),
+                    };
+                    (c.uid.clone(), r)
+                })
+                .collect()
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn all_failed(claims: &[pb::ClaimRef], why: &str) -> Answers<()> {
+    warn!(error = %why, "the agent's Unprepare failed");
+    claims
+        .iter()
+        .map(|c| (c.uid.clone(), Err(why.to_owned())))
+        .collect()
+}
+
+/// kubelet's devices for an accepted claim, each with its share's CDI device ids.
+fn answer_devices(devices: Vec<KubeletDevice>, r: &pb::ClaimResult) -> Vec<DeviceAnswer> {
+    devices
+        .into_iter()
+        .map(|d| {
+            let cdi_device_ids = r
+                .shares
+                .iter()
+                .find(|s| {
+                    s.share_id == d.share_id
+                        && s.pool == d.pool
+                        && s.device == d.device
+                        && s.request == d.request
+                })
+                .map(|s| s.cdi_device_ids.clone())
+                .unwrap_or_default();
+            DeviceAnswer {
+                request: d.request,
+                pool: d.pool,
+                device: d.device,
+                share_id: d.share_id,
+                cdi_device_ids,
+            }
+        })
+        .collect()
+}

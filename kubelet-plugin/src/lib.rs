@@ -1,0 +1,22 @@
+//! shareguard's DRA kubelet plugin, run as `shareguard kubelet-plugin`.
+//!
+//! A separate, unprivileged process: it holds the API credentials the privileged agent
+//! never has, and it never touches the kernel. It registers each driver of the agent's
+//! inventory with kubelet, serves kubelet's DRA API (v1 and v1beta1), and turns each
+//! claim kubelet prepares into the agent's Prepare: the claim and its pods are read from
+//! the API server, checked against this node's devices, and sent with this instance's
+//! epoch, so that an instance replaced in a rolling update is fenced.
+
+mod agent;
+mod args;
+pub mod claims;
+mod cluster;
+mod driver;
+pub mod error;
+pub mod inventory;
+pub mod kubelet;
+pub mod policy;
+mod run;
+
+pub use args::PluginArgs;
+pub use run::run;

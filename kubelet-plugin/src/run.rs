@@ -1,0 +1,181 @@
+//! The plugin process: wait for the agent, learn its drivers, serve kubelet one
+//! registration socket and one DRA socket per driver, and stop cleanly.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use shareguard_proto::kubelet::{
+    dra_v1::dra_plugin_server::DraPluginServer as V1Server,
+    dra_v1beta1::dra_plugin_server::DraPluginServer as V1Beta1Server,
+    pluginregistration::registration_server::RegistrationServer,
+};
+use tokio::{sync::watch, task::JoinSet};
+use tracing::{Instrument, info, info_span};
+
+use crate::{
+    PluginArgs,
+    agent::Agent,
+    cluster::{self, Cluster},
+    driver::{Devices, Driver},
+    error::PluginError,
+    inventory::Inventory,
+    kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
+};
+
+/// How long a stop waits for calls in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs until `shutdown` resolves, kubelet refuses a registration, or a server fails.
+pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if args.node_name.is_empty() {
+        anyhow::bail!("--node-name (or $NODE_NAME): empty; the plugin serves one named node");
+    }
+    let client = cluster::client(args.kubeconfig.as_deref()).await?;
+    let cluster = Cluster::new(client, args.node_name.clone());
+    tokio::pin!(shutdown);
+    let (agent, inventory) = tokio::select! {
+        r = Agent::start(&args.agent_socket) => r.map_err(|e| PluginError::AgentRefused {
+            socket: args.agent_socket.display().to_string(),
+            code: e.code(),
+            message: e.message().to_owned(),
+        })?,
+        () = &mut shutdown => return Ok(()),
+    };
+    let agent = Arc::new(agent);
+    let inventory = Inventory::from_agent(&inventory);
+    if inventory.drivers.is_empty() {
+        return Err(PluginError::NoDrivers.into());
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = JoinSet::new();
+    let mut sockets = Vec::new();
+    let mut registrations = Vec::new();
+    for (name, devices) in &inventory.drivers {
+        check_driver_name(name)?;
+        let driver = Arc::new(Driver::new(
+            name,
+            agent.clone(),
+            cluster.clone(),
+            Devices::new(devices.clone()),
+        ));
+        // The DRA socket first: kubelet calls the endpoint as soon as it has registered.
+        let dra_path = args.plugins_dir.join(name).join("dra.sock");
+        let (dra_listener, dra_socket) = SocketFile::bind(&dra_path)?;
+        let reg_path = args.registry_dir.join(format!("{name}-reg.sock"));
+        let (reg_listener, reg_socket) = SocketFile::bind(&reg_path)?;
+        let endpoint = dra_path.to_str().with_context(|| {
+            format!("--plugins-dir: {} is not UTF-8", args.plugins_dir.display())
+        })?;
+        let (registration, state) = Registration::new(name, endpoint);
+        registrations.push((name.clone(), state));
+
+        let span = info_span!("driver", driver = %name);
+        let dra = tonic::transport::Server::builder()
+            .add_service(V1Server::new(V1(driver.clone())))
+            .add_service(V1Beta1Server::new(V1Beta1(driver.clone())))
+            .serve_with_incoming_shutdown(
+                shareguard_uds::incoming(dra_listener),
+                stopped(&stop_rx),
+            );
+        let what = format!("{}", dra_path.display());
+        servers.spawn(
+            async move {
+                dra.await
+                    .map_err(|source| PluginError::Serve { what, source })
+            }
+            .instrument(span.clone()),
+        );
+        let reg = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registration))
+            .serve_with_incoming_shutdown(
+                shareguard_uds::incoming(reg_listener),
+                stopped(&stop_rx),
+            );
+        let what = format!("{}", reg_path.display());
+        servers.spawn(
+            async move {
+                reg.await
+                    .map_err(|source| PluginError::Serve { what, source })
+            }
+            .instrument(span),
+        );
+        info!(driver = %name, registration = %reg_path.display(), endpoint = %dra_path.display(), epoch = agent.epoch(), "serving kubelet");
+        sockets.push(dra_socket);
+        sockets.push(reg_socket);
+    }
+
+    let outcome: anyhow::Result<()> = tokio::select! {
+        () = &mut shutdown => Ok(()),
+        e = refused(registrations) => Err(e.into()),
+        Some(r) = servers.join_next() => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(anyhow::anyhow!("a server task ended: {e}")),
+        },
+    };
+    stop_tx.send_replace(true);
+    // A graceful stop waits for clients to close their connections, and kubelet keeps
+    // its open: calls in flight get a moment to finish, then the servers are dropped.
+    // An interrupted Prepare is safe, since the agent finishes what it started and
+    // kubelet calls again.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        info!(grace = ?SHUTDOWN_GRACE, "connections still open; closing them");
+        servers.shutdown().await;
+    }
+    // Removes the socket files (those still ours).
+    drop(sockets);
+    info!("stopped");
+    outcome
+}
+
+fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Resolves when kubelet refuses any of the registrations.
+async fn refused(regs: Vec<(String, watch::Receiver<RegistrationState>)>) -> PluginError {
+    let waits = regs.into_iter().map(|(driver, mut rx)| {
+        Box::pin(async move {
+            loop {
+                if let RegistrationState::Refused(error) = &*rx.borrow_and_update() {
+                    return PluginError::RegistrationRefused {
+                        driver,
+                        error: error.clone(),
+                    };
+                }
+                if rx.changed().await.is_err() {
+                    // The registration server is gone; the server's end is reported.
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+    });
+    futures::future::select_all(waits).await.0
+}
+
+/// A driver name becomes a directory and a file name: kubelet's rules (a DNS subdomain)
+/// keep it one path component.
+fn check_driver_name(name: &str) -> Result<(), anyhow::Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "driver name {name:?} in the agent's inventory: not a DNS subdomain of at most 63 characters"
+        )
+    }
+}
