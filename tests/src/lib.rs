@@ -24,7 +24,11 @@ pub use shareguard_proto::v1 as proto;
 /// A client of the agent's API.
 pub type Client = NodeAgentClient<Channel>;
 
+pub mod apiserver;
+pub mod k8s;
+pub mod kubelet;
 pub mod net;
+pub mod plugin;
 pub mod pod;
 
 /// How long an agent may take to become ready before the test fails.

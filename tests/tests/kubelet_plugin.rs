@@ -1,0 +1,479 @@
+//! The real kubelet plugin between a test "kubelet" (the kubelet API definitions, over
+//! the plugin's sockets), the API STAND-IN (no kube-apiserver can be installed here) and
+//! the real agent: registration, NodePrepareResources and NodeUnprepareResources in both
+//! API versions, what is refused, epochs, and restarts of either process.
+
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL,
+    apiserver::ApiServer,
+    generic_device, get_share,
+    k8s::{self, claim, pod, result},
+    kubelet::{dra_v1 as v1, dra_v1beta1 as v1beta1, v1_claim, v1beta1_claim},
+    plugin::Plugin,
+    proto as pb, share_id,
+};
+
+const NODE: &str = "node-a";
+const NS: &str = "team-a";
+const OTHER_DRIVER: &str = "other.example.com";
+
+fn agent() -> Agent {
+    Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )))
+}
+
+/// The stand-in with this node, and a pod of it reserved by the claims.
+fn api_with_pod() -> (ApiServer, String) {
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let uid = share_id();
+    api.put(&pod(NS, "p1", &uid, NODE));
+    (api, uid)
+}
+
+/// An allocated claim of one share of mem-0, reserved for pod p1.
+fn share_claim(api: &ApiServer, name: &str, pod_uid: &str, amount: &str) -> (String, String) {
+    let uid = share_id();
+    let share = share_id();
+    api.put(&claim(
+        NS,
+        name,
+        &uid,
+        Some(vec![result(
+            "mem",
+            DRIVER,
+            POOL,
+            "mem-0",
+            Some(&share),
+            &[("memory", amount)],
+        )]),
+        &[("p1", pod_uid)],
+    ));
+    (uid, share)
+}
+
+#[tokio::test]
+async fn registers_each_driver_and_removes_its_sockets_at_stop() {
+    let devices = format!(
+        "{}{}",
+        generic_device("mem-0", "8Gi", "1Gi", &[NS], &[]),
+        generic_device("mem-1", "8Gi", "1Gi", &[NS], &[]).replace(
+            &format!("driver = \"{DRIVER}\""),
+            &format!("driver = \"{OTHER_DRIVER}\"")
+        )
+    );
+    let agent = Agent::start(Options::new(devices));
+    let (api, _) = api_with_pod();
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER, OTHER_DRIVER]);
+    for driver in [DRIVER, OTHER_DRIVER] {
+        let info = p.kubelet.register(driver, Ok(())).await;
+        assert_eq!(info.r#type, "DRAPlugin");
+        assert_eq!(info.name, driver);
+        assert_eq!(info.endpoint, p.endpoint(driver));
+        assert_eq!(
+            info.supported_versions,
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        );
+        assert!(std::path::Path::new(&info.endpoint).exists());
+    }
+    assert_eq!(
+        p.log_text()
+            .matches("kubelet registered the plugin")
+            .count(),
+        2,
+        "{}",
+        p.log_text()
+    );
+    let kubelet = p.kubelet.clone();
+    let endpoints = [p.endpoint(DRIVER), p.endpoint(OTHER_DRIVER)];
+    let status = p.terminate();
+    assert!(status.success(), "{status}:\n{}", p.log_text());
+    for driver in [DRIVER, OTHER_DRIVER] {
+        assert!(!kubelet.registration_socket(driver).exists(), "{driver}");
+    }
+    for e in endpoints {
+        assert!(!std::path::Path::new(&e).exists(), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_at_start() {
+    let agent = agent();
+    let (api, _) = api_with_pod();
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    // Killed: both sockets stay behind, and nothing listens on them.
+    p.kill9();
+    let reg = p.kubelet.registration_socket(DRIVER);
+    assert!(reg.exists());
+    p.launch();
+    p.wait_ready();
+    assert!(
+        p.log_text()
+            .contains("replacing a socket left by an earlier instance")
+    );
+    let info = p.kubelet.register(DRIVER, Ok(())).await;
+    assert_eq!(info.endpoint, p.endpoint(DRIVER));
+}
+
+#[tokio::test]
+async fn a_refused_registration_stops_the_plugin_with_the_reason() {
+    let agent = agent();
+    let (api, _) = api_with_pod();
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    p.kubelet
+        .register(DRIVER, Err("no supported version in [v9.DRAPlugin]"))
+        .await;
+    let status = p.wait_exit();
+    let log = p.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("kubelet refused to register driver")
+            && log.contains("no supported version in [v9.DRAPlugin]"),
+        "{log}"
+    );
+    assert!(!p.kubelet.registration_socket(DRIVER).exists());
+}
+
+#[tokio::test]
+async fn prepares_and_unprepares_through_v1() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    // A second pod of the claim runs on another node: its sandbox never appears here.
+    let elsewhere = share_id();
+    api.put(&pod(NS, "p2", &elsewhere, "node-b"));
+    let (uid, share) = share_claim(&api, "c1", &pod_uid, "2Gi");
+    let mut c = api
+        .get::<k8s_openapi::api::resource::v1::ResourceClaim>(NS, "c1")
+        .unwrap();
+    c.status
+        .as_mut()
+        .unwrap()
+        .reserved_for
+        .as_mut()
+        .unwrap()
+        .push(
+            k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: "p2".into(),
+                uid: elsewhere.clone(),
+            },
+        );
+    api.put(&c);
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+
+    let prepare = v1::NodePrepareResourcesRequest {
+        claims: vec![v1_claim(NS, "c1", &uid)],
+    };
+    let r = kubelet
+        .node_prepare_resources(prepare.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = &r.claims[&uid];
+    assert_eq!(entry.error, "", "{r:?}\n{}", p.log_text());
+    assert_eq!(
+        entry.devices,
+        [v1::Device {
+            request_names: vec!["mem".into()],
+            pool_name: POOL.into(),
+            device_name: "mem-0".into(),
+            cdi_device_ids: vec![],
+            share_id: share.clone(),
+        }]
+    );
+    assert!(
+        api.requests().contains(&format!(
+            "GET /apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/c1"
+        )),
+        "{:?}",
+        api.requests()
+    );
+    let mut client = agent.client().await;
+    let s = get_share(&mut client, share.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Accounted as i32, "{s:?}");
+    assert_eq!(s.pod_uids, [pod_uid], "only the pod bound to this node");
+    assert_eq!(
+        s.claim,
+        Some(pb::ClaimRef {
+            uid: uid.clone(),
+            namespace: NS.into(),
+            name: "c1".into()
+        })
+    );
+    assert!(s.allocation_id.starts_with("sha256-"), "{s:?}");
+    assert!(s.policy_version.starts_with("policy-"), "{s:?}");
+
+    // kubelet calls again (it does after its own restart): the same answer, nothing new.
+    let again = kubelet
+        .node_prepare_resources(prepare)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, r);
+    let s2 = get_share(&mut client, share.clone()).await;
+    assert_eq!(s2.allocation_id, s.allocation_id);
+
+    let u = kubelet
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    let s = get_share(&mut client, share).await;
+    assert_eq!(s.phase, pb::Phase::Released as i32, "{s:?}");
+}
+
+#[tokio::test]
+async fn prepares_and_unprepares_through_v1beta1() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (uid, share) = share_claim(&api, "c1", &pod_uid, "3Gi");
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1beta1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
+            claims: vec![v1beta1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.claims[&uid],
+        v1beta1::NodePrepareResourceResponse {
+            devices: vec![v1beta1::Device {
+                request_names: vec!["mem".into()],
+                pool_name: POOL.into(),
+                device_name: "mem-0".into(),
+                cdi_device_ids: vec![],
+            }],
+            error: String::new(),
+        },
+        "{}",
+        p.log_text()
+    );
+    let mut client = agent.client().await;
+    let s = get_share(&mut client, share.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Accounted as i32, "{s:?}");
+    let u = kubelet
+        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
+            claims: vec![v1beta1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    let s = get_share(&mut client, share).await;
+    assert_eq!(s.phase, pb::Phase::Released as i32, "{s:?}");
+}
+
+#[tokio::test]
+async fn every_claim_gets_an_answer_and_only_the_good_one_holds_capacity() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (good, good_share) = share_claim(&api, "good", &pod_uid, "1Gi");
+    // Deleted and created anew under the same name: kubelet asks for the old uid.
+    let (_, _) = share_claim(&api, "replaced", &pod_uid, "1Gi");
+    let old_uid = share_id();
+    // Not allocated (yet).
+    let unallocated = share_id();
+    api.put(&claim(
+        NS,
+        "unallocated",
+        &unallocated,
+        None,
+        &[("p1", &pod_uid)],
+    ));
+    // Allocated on a device this node does not have.
+    let foreign = share_id();
+    api.put(&claim(
+        NS,
+        "foreign",
+        &foreign,
+        Some(vec![result(
+            "mem",
+            DRIVER,
+            POOL,
+            "mem-9",
+            Some(&share_id()),
+            &[("memory", "1Gi")],
+        )]),
+        &[("p1", &pod_uid)],
+    ));
+    // More than the device has: the agent refuses it.
+    let (too_big, _) = share_claim(&api, "too-big", &pod_uid, "16Gi");
+    // Not in the API at all.
+    let missing = share_id();
+
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![
+                v1_claim(NS, "good", &good),
+                v1_claim(NS, "replaced", &old_uid),
+                v1_claim(NS, "unallocated", &unallocated),
+                v1_claim(NS, "foreign", &foreign),
+                v1_claim(NS, "too-big", &too_big),
+                v1_claim(NS, "missing", &missing),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims.len(), 6, "{r:?}");
+    assert_eq!(r.claims[&good].error, "", "{r:?}");
+    let expect = [
+        (&old_uid, "deleted and created anew"),
+        (&unallocated, "it has no allocation"),
+        (&foreign, "device node-a/mem-9 is not one of this node's"),
+        (&too_big, "the node agent refused the claim"),
+        (&missing, "ResourceClaim team-a/missing"),
+    ];
+    for (uid, text) in expect {
+        let e = &r.claims[uid];
+        assert!(
+            e.error.contains(text),
+            "{uid}: {:?} lacks {text:?}",
+            e.error
+        );
+        assert!(e.devices.is_empty());
+    }
+    let shares = agent
+        .client()
+        .await
+        .list_shares(pb::ListSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shares;
+    let live: Vec<&str> = shares
+        .iter()
+        .filter(|s| s.phase != pb::Phase::Failed as i32 && s.phase != pb::Phase::Released as i32)
+        .map(|s| s.share_id.as_str())
+        .collect();
+    assert_eq!(live, [good_share.as_str()], "{shares:?}");
+}
+
+#[tokio::test]
+async fn a_newer_instance_fences_the_one_it_replaces() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, _) = share_claim(&api, "c1", &pod_uid, "1Gi");
+    let (c2, _) = share_claim(&api, "c2", &pod_uid, "1Gi");
+    let old = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    // The new instance takes its epoch at start; it need not call anything else first.
+    let new = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut old_kubelet = old.kubelet.v1(&old.endpoint(DRIVER)).await;
+    let r = old_kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &c1)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        r.claims[&c1].error.contains("was replaced by a newer one"),
+        "{r:?}"
+    );
+    let mut new_kubelet = new.kubelet.v1(&new.endpoint(DRIVER)).await;
+    let r = new_kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c2", &c2)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c2].error, "", "{r:?}");
+}
+
+#[tokio::test]
+async fn the_plugin_outlives_an_agent_restart() {
+    let mut agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, s1) = share_claim(&api, "c1", &pod_uid, "1Gi");
+    let (c2, s2) = share_claim(&api, "c2", &pod_uid, "1Gi");
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &c1)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c1].error, "", "{r:?}");
+    agent.restart();
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c2", &c2)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c2].error, "", "{r:?}\n{}", p.log_text());
+    let mut client = agent.client().await;
+    for s in [s1, s2] {
+        assert_eq!(
+            get_share(&mut client, s).await.phase,
+            pb::Phase::Accounted as i32
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_plugin_registers_again_and_doubles_nothing() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, s1) = share_claim(&api, "c1", &pod_uid, "2Gi");
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    p.kubelet.register(DRIVER, Ok(())).await;
+    let prepare = v1::NodePrepareResourcesRequest {
+        claims: vec![v1_claim(NS, "c1", &c1)],
+    };
+    let first = p
+        .kubelet
+        .v1(&p.endpoint(DRIVER))
+        .await
+        .node_prepare_resources(prepare.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.claims[&c1].error, "", "{first:?}");
+    p.restart();
+    let info = p.kubelet.register(DRIVER, Ok(())).await;
+    assert_eq!(info.endpoint, p.endpoint(DRIVER));
+    // kubelet prepares the claim again after the plugin came back.
+    let again = p
+        .kubelet
+        .v1(&p.endpoint(DRIVER))
+        .await
+        .node_prepare_resources(prepare)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, first, "{}", p.log_text());
+    let devices = agent
+        .client()
+        .await
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices;
+    let mem = devices.iter().find(|d| d.name == "mem-0").unwrap();
+    assert_eq!(mem.live_shares, 1, "{mem:?}");
+    assert_eq!(mem.allocated["memory"], "2Gi", "{mem:?}");
+    assert_eq!(
+        get_share(&mut agent.client().await, s1).await.phase,
+        pb::Phase::Accounted as i32
+    );
+}
