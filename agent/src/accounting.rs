@@ -1,7 +1,7 @@
 //! The limiter of `generic` devices: accounting only. Its shares are ACCOUNTED, which the
 //! API states as "counted in the ledger, not enforced", never ENFORCED.
 
-use shareguard_common::limiter::{Enforcement, LimitSpec, Limiter, LimiterError};
+use shareguard_common::limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError};
 
 pub const MECHANISM: &str = "accounting-only";
 
@@ -15,6 +15,14 @@ impl Limiter for AccountingLimiter {
 
     fn accounting_only(&self) -> bool {
         true
+    }
+
+    fn device_facts(&self, _device: &str) -> DeviceFacts {
+        DeviceFacts {
+            mechanism: MECHANISM.to_owned(),
+            enforces: false,
+            attributes: Default::default(),
+        }
     }
 
     fn apply(&self, _spec: &LimitSpec) -> Result<Enforcement, LimiterError> {

@@ -167,5 +167,13 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         mechanisms: d.mechanisms.clone(),
         live_shares: d.usage.live,
         dedicated: d.usage.dedicated_by.is_some(),
+        mechanism: d.facts.mechanism.clone(),
+        enforces: d.facts.enforces,
+        attributes: d
+            .facts
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }

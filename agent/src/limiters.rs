@@ -4,7 +4,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use shareguard_common::{
     Format, Quantity,
-    limiter::{Enforcement, LimitSpec, Limiter, LimiterError},
+    limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError},
 };
 use shareguard_limiter_gpu::mps::MpsDaemons;
 use shareguard_limiter_gpu::{
@@ -43,6 +43,14 @@ impl Limiter for Unavailable {
 
     fn accounting_only(&self) -> bool {
         false
+    }
+
+    fn device_facts(&self, _device: &str) -> DeviceFacts {
+        DeviceFacts {
+            mechanism: "unavailable".to_owned(),
+            enforces: false,
+            attributes: Default::default(),
+        }
     }
 
     fn apply(&self, _spec: &LimitSpec) -> Result<Enforcement, LimiterError> {

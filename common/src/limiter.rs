@@ -152,6 +152,23 @@ pub trait Limiter: Send + Sync {
     fn cdi_device(&self, _device: &str, _share_key: &str) -> Option<CdiDevice> {
         None
     }
+
+    /// What `device`'s shares get, as the kubelet plugin publishes it in the device's
+    /// ResourceSlice attributes, so that a DeviceClass can ask for enforced devices only.
+    fn device_facts(&self, device: &str) -> DeviceFacts;
+}
+
+/// One device's enforcement as published to the scheduler (see `Limiter::device_facts`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// The mechanism the device's shares get ("edt-fq", "nvml-cgroup", "accounting-only"...).
+    pub mechanism: String,
+    /// True only where that mechanism holds a share to its amount on real hardware: not
+    /// for accounting, a reactive watchdog, a simulated back end or an unavailable
+    /// limiter.
+    pub enforces: bool,
+    /// Further facts, e.g. a GPU's `uuid` and `model`.
+    pub attributes: std::collections::BTreeMap<String, String>,
 }
 
 /// What a CDI spec gives a container for one share (see `Limiter::cdi_device`).

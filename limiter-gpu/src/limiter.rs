@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use shareguard_common::limiter::{CdiDevice, Enforcement, LimitSpec, Limiter, LimiterError, Needs};
+use shareguard_common::limiter::{
+    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs,
+};
 use shareguard_common::{Format, Quantity};
 
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
@@ -458,6 +460,23 @@ impl Limiter for GpuLimiter {
 
     fn accounting_only(&self) -> bool {
         false
+    }
+
+    fn device_facts(&self, device: &str) -> DeviceFacts {
+        let Some(d) = self.devices.get(device) else {
+            return DeviceFacts::default();
+        };
+        let mut attributes = BTreeMap::from([("uuid".to_owned(), d.gpu.uuid.clone())]);
+        if !d.gpu.name.is_empty() {
+            attributes.insert("model".to_owned(), d.gpu.name.clone());
+        }
+        DeviceFacts {
+            mechanism: self.label(d.mechanism),
+            // A simulated GPU limits nothing real, and the watchdog acts only after a
+            // pod went over.
+            enforces: d.mechanism.enforces() && !self.backend.is_simulated(),
+            attributes,
+        }
     }
 
     /// A per-cgroup hard limit needs the pod's cgroup; MPS daemons and the watchdog need

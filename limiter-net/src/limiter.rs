@@ -16,7 +16,7 @@ use std::{
 
 use shareguard_common::{
     Format, Quantity,
-    limiter::{Enforcement, LimitSpec, Limiter, LimiterError, Needs, TrafficCounters},
+    limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs, TrafficCounters},
 };
 use shareguard_ebpf_common::IfaceConfig;
 use tracing::info;
@@ -310,6 +310,14 @@ impl Limiter for NetLimiter {
 
     fn accounting_only(&self) -> bool {
         false
+    }
+
+    fn device_facts(&self, _device: &str) -> DeviceFacts {
+        DeviceFacts {
+            mechanism: self.mechanism.name().to_owned(),
+            enforces: true,
+            attributes: Default::default(),
+        }
     }
 
     fn needs(&self, _device: &str) -> Needs {

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use shareguard_common::{Quantity, limiter::TrafficCounters};
+use shareguard_common::{
+    Quantity,
+    limiter::{DeviceFacts, TrafficCounters},
+};
 use tokio::sync::broadcast;
 
 use crate::{
@@ -39,6 +42,7 @@ pub struct DeviceView {
     pub usage: DeviceUsage,
     pub free: BTreeMap<String, Quantity>,
     pub mechanisms: Vec<String>,
+    pub facts: DeviceFacts,
 }
 
 fn sorted(mut v: Vec<ShareRecord>) -> Vec<ShareRecord> {
@@ -109,6 +113,10 @@ impl Engine {
                     mechanisms: self
                         .limiter(&d.name)
                         .map(|l| l.mechanisms())
+                        .unwrap_or_default(),
+                    facts: self
+                        .limiter(&d.name)
+                        .map(|l| l.device_facts(&d.name))
                         .unwrap_or_default(),
                 }
             })

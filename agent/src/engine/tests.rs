@@ -80,6 +80,13 @@ impl Limiter for FakeLimiter {
     fn accounting_only(&self) -> bool {
         false
     }
+    fn device_facts(&self, _device: &str) -> shareguard_common::limiter::DeviceFacts {
+        shareguard_common::limiter::DeviceFacts {
+            mechanism: "fake".into(),
+            enforces: false,
+            attributes: Default::default(),
+        }
+    }
     fn needs(&self, _device: &str) -> Needs {
         lock(&self.0.needs).unwrap_or(Needs::Nothing)
     }
