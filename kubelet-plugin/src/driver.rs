@@ -73,6 +73,11 @@ impl Driver {
         &self.name
     }
 
+    /// The devices and policy snapshot served now.
+    pub fn devices_now(&self) -> Arc<Devices> {
+        self.devices()
+    }
+
     fn devices(&self) -> Arc<Devices> {
         // A poisoned lock only means a writer panicked after the swap; the value is whole.
         self.devices

@@ -17,6 +17,8 @@ pub mod inventory;
 pub mod kubelet;
 pub mod policy;
 mod run;
+pub mod slices;
+pub mod status;
 
 pub use args::PluginArgs;
 pub use run::run;

@@ -10,7 +10,7 @@ use shareguard_proto::kubelet::{
     pluginregistration::registration_server::RegistrationServer,
 };
 use tokio::{sync::watch, task::JoinSet};
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     PluginArgs,
@@ -20,6 +20,8 @@ use crate::{
     error::PluginError,
     inventory::Inventory,
     kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
+    slices::Publisher,
+    status::StatusWriter,
 };
 
 /// How long a stop waits for calls in flight.
@@ -51,6 +53,17 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     let mut servers = JoinSet::new();
     let mut sockets = Vec::new();
     let mut registrations = Vec::new();
+    // ResourceSlices and claim status: their failures are logged and retried, never a
+    // reason to stop serving kubelet.
+    let mut background = JoinSet::new();
+    background.spawn(
+        StatusWriter::new(
+            cluster.client().clone(),
+            agent.clone(),
+            inventory.drivers.keys().cloned().collect(),
+        )
+        .run(stop_rx.clone()),
+    );
     for (name, devices) in &inventory.drivers {
         check_driver_name(name)?;
         let driver = Arc::new(Driver::new(
@@ -100,6 +113,16 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             }
             .instrument(span),
         );
+        background.spawn(
+            keep_published(
+                driver.clone(),
+                agent.clone(),
+                cluster.clone(),
+                Duration::from_secs(args.resync_seconds),
+                stop_rx.clone(),
+            )
+            .instrument(info_span!("slices", driver = %name)),
+        );
         info!(driver = %name, registration = %reg_path.display(), endpoint = %dra_path.display(), epoch = agent.epoch(), "serving kubelet");
         sockets.push(dra_socket);
         sockets.push(reg_socket);
@@ -127,10 +150,70 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         info!(grace = ?SHUTDOWN_GRACE, "connections still open; closing them");
         servers.shutdown().await;
     }
+    background.shutdown().await;
     // Removes the socket files (those still ours).
     drop(sockets);
     info!("stopped");
     outcome
+}
+
+/// Publishes the driver's ResourceSlices, then checks them every `period`: the agent's
+/// inventory (which a restarted agent may have changed) against what the driver serves
+/// and the slices on the API server against the inventory.
+async fn keep_published(
+    driver: Arc<Driver>,
+    agent: Arc<Agent>,
+    cluster: Cluster,
+    period: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let retry = period.min(Duration::from_secs(5));
+    let publisher = loop {
+        match Publisher::new(cluster.client().clone(), driver.name(), cluster.node()).await {
+            Ok(p) => break p,
+            Err(e) => {
+                warn!(node = %cluster.node(), error = %e, "reading the Node for the ResourceSlices' owner; retrying")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retry) => {}
+            () = until_stopped(&mut stop) => return,
+        }
+    };
+    loop {
+        let mut wait = period;
+        match agent.list_devices().await {
+            Ok(r) => {
+                let fresh = Inventory::from_agent(&r)
+                    .drivers
+                    .remove(driver.name())
+                    .unwrap_or_default();
+                if fresh != driver.devices_now().devices {
+                    info!(
+                        devices = fresh.devices.len(),
+                        "the agent's inventory changed"
+                    );
+                    driver.set_devices(Devices::new(fresh));
+                }
+            }
+            Err(e) => warn!(error = %e, "reading the agent's inventory; publishing the last one"),
+        }
+        // A replaced instance leaves the slices to the one that replaced it.
+        if !agent.is_fenced()
+            && let Err(e) = publisher.publish(&driver.devices_now().devices).await
+        {
+            warn!(error = %e, retry_in = ?retry, "publishing ResourceSlices failed");
+            wait = retry;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = until_stopped(&mut stop) => return,
+        }
+    }
+}
+
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {

@@ -1,0 +1,296 @@
+//! The ResourceSlices that publish one driver's devices on this node: one slice per
+//! pool, each the whole pool (`resourceSliceCount: 1`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::resource::v1::{
+        CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+        ResourcePool, ResourceSlice, ResourceSliceSpec,
+    },
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{ObjectMeta, OwnerReference},
+    },
+};
+use sha2::{Digest, Sha256};
+use shareguard_proto::v1 as pb;
+
+use crate::inventory::DriverDevices;
+
+/// The node the slices belong to: they name it and are owned by it, so that they go
+/// with the Node object.
+#[derive(Clone, Debug)]
+pub struct NodeRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// One pool's slice as it should be, before its generation is known.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    pub pool: String,
+    /// The slice with `pool.generation` 0; the publisher sets it.
+    pub slice: ResourceSlice,
+    /// A digest of everything published, kept in an annotation: the API server may
+    /// rewrite quantities in canonical form, so the slice it returns is not compared
+    /// field by field.
+    pub digest: String,
+}
+
+/// A device that cannot be published, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub device: String,
+    pub reason: String,
+}
+
+/// The annotation holding [`Desired::digest`].
+pub fn digest_annotation(driver: &str) -> String {
+    format!("{driver}/spec-digest")
+}
+
+/// Attribute string values are at most 64 characters in the API.
+const MAX_STRING_ATTRIBUTE: usize = 64;
+
+pub fn desired(
+    driver: &str,
+    node: &NodeRef,
+    devices: &DriverDevices,
+) -> (Vec<Desired>, Vec<Skipped>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for (pool, devs) in devices.pools() {
+        let mut api_devices = Vec::new();
+        for d in devs {
+            match device(d) {
+                Ok(dev) => api_devices.push(dev),
+                Err(reason) => skipped.push(Skipped {
+                    device: d.name.clone(),
+                    reason,
+                }),
+            }
+        }
+        let spec = ResourceSliceSpec {
+            driver: driver.to_owned(),
+            node_name: Some(node.name.clone()),
+            pool: ResourcePool {
+                name: pool.to_owned(),
+                generation: 0,
+                resource_slice_count: 1,
+            },
+            devices: Some(api_devices),
+            ..Default::default()
+        };
+        let digest = {
+            // serde_json of k8s-openapi types: fields in a fixed order, maps sorted.
+            let text = serde_json::to_string(&spec).unwrap_or_default();
+            let d = Sha256::digest(text.as_bytes());
+            d[..12]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let slice = ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&node.name, driver, pool)),
+                annotations: Some(BTreeMap::from([(
+                    digest_annotation(driver),
+                    digest.clone(),
+                )])),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: node.name.clone(),
+                    uid: node.uid.clone(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            spec,
+        };
+        out.push(Desired {
+            pool: pool.to_owned(),
+            slice,
+            digest,
+        });
+    }
+    (out, skipped)
+}
+
+/// A DNS subdomain that is the same for the same node, driver and pool: `<node>-<driver>-
+/// <pool>` where that fits, else shortened with a digest so that two pools never meet.
+pub fn slice_name(node: &str, driver: &str, pool: &str) -> String {
+    let readable: String = format!("{node}-{driver}-{pool}")
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    let exact = readable == format!("{node}-{driver}-{pool}");
+    if exact && readable.len() <= 253 {
+        return readable;
+    }
+    let d = Sha256::digest(format!("{node}\0{driver}\0{pool}").as_bytes());
+    let hex: String = d[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let keep: String = readable.chars().take(253 - 17).collect();
+    format!("{}-{hex}", keep.trim_end_matches(['-', '.']))
+}
+
+fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
+    if !is_dns_label(&d.name) {
+        return Err(format!(
+            "name {:?} is not a DNS label (at most 63 of a-z, 0-9 and '-'), which a ResourceSlice device name must be",
+            d.name
+        ));
+    }
+    let mut capacity = BTreeMap::new();
+    for (name, value) in &d.capacity {
+        let policy = d.policy.get(name).map(request_policy);
+        capacity.insert(
+            name.clone(),
+            DeviceCapacity {
+                value: Quantity(value.clone()),
+                request_policy: policy,
+            },
+        );
+    }
+    let mut attributes = BTreeMap::from([
+        ("kind".to_owned(), string_attr(&d.kind)),
+        ("mechanism".to_owned(), string_attr(&d.mechanism)),
+        (
+            "enforced".to_owned(),
+            DeviceAttribute {
+                bool: Some(d.enforces),
+                ..Default::default()
+            },
+        ),
+    ]);
+    for (k, v) in &d.attributes {
+        attributes.insert(k.clone(), string_attr(v));
+    }
+    Ok(Device {
+        name: d.name.clone(),
+        // Shares: the scheduler may hand out parts of it to many claims.
+        allow_multiple_allocations: Some(true),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        ..Default::default()
+    })
+}
+
+fn request_policy(p: &pb::CapacityPolicy) -> CapacityRequestPolicy {
+    let q = |s: &str| (!s.is_empty()).then(|| Quantity(s.to_owned()));
+    CapacityRequestPolicy {
+        default: q(&p.default),
+        valid_values: (!p.valid_values.is_empty())
+            .then(|| p.valid_values.iter().map(|v| Quantity(v.clone())).collect()),
+        valid_range: p.valid_range.as_ref().map(|r| CapacityRequestPolicyRange {
+            min: Quantity(r.min.clone()),
+            max: q(&r.max),
+            step: q(&r.step),
+        }),
+    }
+}
+
+fn string_attr(v: &str) -> DeviceAttribute {
+    let mut s = v.to_owned();
+    if s.len() > MAX_STRING_ATTRIBUTE {
+        let mut end = MAX_STRING_ATTRIBUTE;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    DeviceAttribute {
+        string: Some(s),
+        ..Default::default()
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Inventory;
+
+    fn inventory(names: &[&str]) -> DriverDevices {
+        let devices = names
+            .iter()
+            .map(|n| pb::DeviceStatus {
+                name: (*n).into(),
+                driver: "d.example.com".into(),
+                pool: "p".into(),
+                kind: "gpu".into(),
+                capacity: [("memory".to_owned(), "80Gi".to_owned())].into(),
+                mechanism: "nvml-cgroup".into(),
+                enforces: true,
+                attributes: [("model".to_owned(), "x".repeat(100))].into(),
+                ..Default::default()
+            })
+            .collect();
+        Inventory::from_agent(&pb::ListDevicesResponse { devices, epoch: 0 }).drivers
+            ["d.example.com"]
+            .clone()
+    }
+
+    fn node() -> NodeRef {
+        NodeRef {
+            name: "n1".into(),
+            uid: "u".into(),
+        }
+    }
+
+    #[test]
+    fn slice_names_are_readable_where_they_can_be_and_never_collide() {
+        assert_eq!(slice_name("n1", "d.example.com", "p"), "n1-d.example.com-p");
+        let a = slice_name("n1", "d.example.com", "a/b");
+        let b = slice_name("n1", "d.example.com", "a-b");
+        assert_ne!(
+            a, b,
+            "'/' is not a name character; the digest tells them apart"
+        );
+        let long = slice_name(&"n".repeat(200), "d.example.com", &"p".repeat(100));
+        assert!(long.len() <= 253, "{}", long.len());
+    }
+
+    #[test]
+    fn devices_are_shareable_with_their_facts_and_bad_names_are_skipped() {
+        let (desired, skipped) = desired("d.example.com", &node(), &inventory(&["gpu-0", "GPU_1"]));
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].device, "GPU_1");
+        let devs = desired[0].slice.spec.devices.as_ref().unwrap();
+        assert_eq!(devs.len(), 1);
+        let attrs = devs[0].attributes.as_ref().unwrap();
+        assert_eq!(attrs["enforced"].bool, Some(true));
+        assert_eq!(attrs["mechanism"].string.as_deref(), Some("nvml-cgroup"));
+        assert_eq!(
+            attrs["model"].string.as_ref().unwrap().len(),
+            64,
+            "cut to the API's bound"
+        );
+        assert_eq!(devs[0].allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn the_digest_follows_the_content() {
+        let d = |names: &[&str]| {
+            desired("d.example.com", &node(), &inventory(names)).0[0]
+                .digest
+                .clone()
+        };
+        assert_eq!(d(&["gpu-0"]), d(&["gpu-0"]));
+        assert_ne!(d(&["gpu-0"]), d(&["gpu-0", "gpu-1"]));
+    }
+}

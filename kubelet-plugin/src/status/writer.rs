@@ -1,0 +1,225 @@
+//! Keeps `status.devices` of every claim with shares of our drivers equal to what the
+//! agent reports, from its WatchShares stream: a change marks the claim, and marked
+//! claims are written at most once per `MIN_INTERVAL` each (changes in between are
+//! merged), retried with backoff, and skipped when the body is what was last written.
+//! After a reconnect (a plugin or agent restart) the snapshot marks every claim again.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::Value;
+use shareguard_proto::v1 as pb;
+use tokio::{sync::watch, time::Instant};
+use tracing::{debug, info, warn};
+
+use super::build::{self, Target};
+use crate::agent::Agent;
+
+/// A claim's status is written at most this often; changes in between are merged.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How often marked claims are looked at.
+const TICK: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct ClaimState {
+    dirty: bool,
+    /// When the claim may be written next (rate limit or backoff).
+    not_before: Option<Instant>,
+    backoff: Duration,
+    last_written: Option<Value>,
+}
+
+pub struct StatusWriter {
+    client: Client,
+    agent: Arc<Agent>,
+    drivers: BTreeSet<String>,
+    /// Share key -> its latest status.
+    shares: HashMap<String, pb::ShareStatus>,
+    claims: BTreeMap<Target, ClaimState>,
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+fn share_key(s: &pb::ShareStatus) -> String {
+    // Dedicated allocations have no shareID; the claim and device name them.
+    if s.share_id.is_empty() {
+        let uid = s.claim.as_ref().map(|c| c.uid.as_str()).unwrap_or("");
+        format!("{uid}/{}/{}/{}", s.driver, s.pool, s.device)
+    } else {
+        s.share_id.clone()
+    }
+}
+
+impl StatusWriter {
+    pub fn new(client: Client, agent: Arc<Agent>, drivers: BTreeSet<String>) -> Self {
+        Self {
+            client,
+            agent,
+            drivers,
+            shares: HashMap::new(),
+            claims: BTreeMap::new(),
+        }
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut reconnect_delay = Duration::from_millis(100);
+        loop {
+            let stream = tokio::select! {
+                r = self.agent.watch() => r,
+                () = until_stopped(&mut stop) => return,
+            };
+            let mut stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    debug!(error = %e, "watching shares; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(reconnect_delay) => {}
+                        () = until_stopped(&mut stop) => return,
+                    }
+                    reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            info!("watching the agent's shares for claim status");
+            let mut snapshot: Option<HashMap<String, pb::ShareStatus>> = Some(HashMap::new());
+            let mut tick = tokio::time::interval(TICK);
+            loop {
+                tokio::select! {
+                    msg = stream.message() => match msg {
+                        Ok(Some(m)) => {
+                            reconnect_delay = Duration::from_millis(100);
+                            self.on_message(m, &mut snapshot);
+                        }
+                        Ok(None) | Err(_) => {
+                            warn!("the agent's share stream ended; reconnecting");
+                            break;
+                        }
+                    },
+                    _ = tick.tick() => {
+                        if !self.agent.is_fenced() {
+                            self.flush().await;
+                        }
+                    }
+                    () = until_stopped(&mut stop) => return,
+                }
+            }
+        }
+    }
+
+    fn on_message(
+        &mut self,
+        m: pb::WatchSharesResponse,
+        snapshot: &mut Option<HashMap<String, pb::ShareStatus>>,
+    ) {
+        let kind = pb::watch_shares_response::Kind::try_from(m.kind);
+        match (kind, m.share) {
+            (Ok(pb::watch_shares_response::Kind::Snapshot), Some(s)) => {
+                if let Some(snap) = snapshot.as_mut()
+                    && self.drivers.contains(&s.driver)
+                {
+                    snap.insert(share_key(&s), s);
+                }
+            }
+            (Ok(pb::watch_shares_response::Kind::SnapshotEnd), _) => {
+                if let Some(snap) = snapshot.take() {
+                    // Claims known before and not in the snapshot are marked too: their
+                    // entries go.
+                    let old = std::mem::replace(&mut self.shares, snap);
+                    for s in old.values().chain(self.shares.values()) {
+                        if let Some(t) = Target::of(s) {
+                            self.claims.entry(t).or_default().dirty = true;
+                        }
+                    }
+                }
+            }
+            (Ok(pb::watch_shares_response::Kind::Changed), Some(s)) => {
+                if !self.drivers.contains(&s.driver) {
+                    return;
+                }
+                if let Some(t) = Target::of(&s) {
+                    self.claims.entry(t).or_default().dirty = true;
+                }
+                self.shares.insert(share_key(&s), s);
+            }
+            _ => {}
+        }
+    }
+
+    async fn flush(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Target> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.dirty && c.not_before.is_none_or(|t| t <= now))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for t in due {
+            let mut shares: Vec<&pb::ShareStatus> = self
+                .shares
+                .values()
+                .filter(|s| Target::of(s).as_ref() == Some(&t))
+                .collect();
+            shares.sort_by_key(|s| share_key(s));
+            let body = build::body(&t, &shares);
+            let live = shares.iter().any(|s| build::shown(s));
+            let Some(state) = self.claims.get_mut(&t) else {
+                continue;
+            };
+            state.dirty = false;
+            if state.last_written.as_ref() == Some(&body) {
+                continue;
+            }
+            let api = Api::<ResourceClaim>::namespaced(self.client.clone(), &t.namespace);
+            let params = PatchParams::apply(&t.driver).force();
+            match api
+                .patch_status(&t.name, &params, &Patch::Apply(&body))
+                .await
+            {
+                Ok(_) => {
+                    debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
+                    state.last_written = Some(body);
+                    state.backoff = Duration::ZERO;
+                    state.not_before = Some(Instant::now() + MIN_INTERVAL);
+                    if !live {
+                        // Nothing of ours is left in it; forget the claim and its
+                        // released shares.
+                        self.claims.remove(&t);
+                        self.shares
+                            .retain(|_, s| Target::of(s).as_ref() != Some(&t));
+                    }
+                }
+                // The claim is gone, or was created anew under the name (the uid in the
+                // body no longer matches): nothing to write for this one.
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                    debug!(claim = %t.name, namespace = %t.namespace, code = e.code, "claim gone or replaced; status not written");
+                    if !live {
+                        self.claims.remove(&t);
+                        self.shares
+                            .retain(|_, s| Target::of(s).as_ref() != Some(&t));
+                    } else {
+                        state.last_written = Some(body);
+                    }
+                }
+                Err(e) => {
+                    state.dirty = true;
+                    state.backoff = (state.backoff * 2).clamp(MIN_INTERVAL, MAX_BACKOFF);
+                    state.not_before = Some(Instant::now() + state.backoff);
+                    warn!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, retry_in = ?state.backoff, "writing claim status failed");
+                }
+            }
+        }
+    }
+}
