@@ -40,9 +40,22 @@ struct Key {
 #[derive(Default)]
 struct Objects {
     resource_version: u64,
+    uids: u64,
     items: BTreeMap<Key, Value>,
+    /// Claim -> status.devices entry (driver/pool/device/shareID) -> its field manager.
+    status_owners: BTreeMap<Key, BTreeMap<String, String>>,
     /// "METHOD path" of every request, in order.
     requests: Vec<String>,
+    applies: Vec<Apply>,
+}
+
+/// One PATCH the stand-in received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Apply {
+    pub path: String,
+    /// The `fieldManager` query parameter.
+    pub manager: String,
+    pub content_type: String,
 }
 
 pub struct ApiServer {
@@ -165,6 +178,26 @@ impl ApiServer {
             .remove(&key_of::<K>(namespace, name));
     }
 
+    /// Every PATCH so far.
+    pub fn applies(&self) -> Vec<Apply> {
+        self.objects.lock().unwrap().applies.clone()
+    }
+
+    /// Every stored object of type `K`, as its type.
+    pub fn list<K: Resource + DeserializeOwned>(&self) -> Vec<K> {
+        let o = self.objects.lock().unwrap();
+        o.items
+            .iter()
+            .filter(|(k, _)| k.prefix == prefix_of::<K>() && k.plural == K::URL_PATH_SEGMENT)
+            .map(|(_, v)| serde_json::from_value(v.clone()).unwrap())
+            .collect()
+    }
+
+    /// Deletes a cluster-scoped object, as someone else with access might.
+    pub fn delete_cluster<K: Resource>(&self, name: &str) {
+        self.delete::<K>("", name);
+    }
+
     /// "METHOD path" of every request so far.
     pub fn requests(&self) -> Vec<String> {
         self.objects.lock().unwrap().requests.clone()
@@ -211,8 +244,8 @@ fn ok(v: &Value) -> Response {
 }
 
 /// `/api/v1/...` or `/apis/<group>/<version>/...`, then `namespaces/<ns>/` or not, the
-/// plural, and maybe a name.
-fn parse(path: &str) -> Option<Key> {
+/// plural, and maybe a name and a subresource.
+fn parse(path: &str) -> Option<(Key, Option<String>)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (prefix, rest) = match segs.as_slice() {
         ["api", v, rest @ ..] => (format!("api/{v}"), rest),
@@ -223,20 +256,218 @@ fn parse(path: &str) -> Option<Key> {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => ((*ns).to_owned(), rest),
         _ => (String::new(), rest),
     };
+    let key = |plural: &str, name: &str| Key {
+        prefix: prefix.clone(),
+        plural: plural.to_owned(),
+        namespace: namespace.clone(),
+        name: name.to_owned(),
+    };
     match rest {
-        [plural] => Some(Key {
-            prefix,
-            plural: (*plural).to_owned(),
-            namespace,
-            name: String::new(),
-        }),
-        [plural, name] => Some(Key {
-            prefix,
-            plural: (*plural).to_owned(),
-            namespace,
-            name: (*name).to_owned(),
-        }),
+        [plural] => Some((key(plural, ""), None)),
+        [plural, name] => Some((key(plural, name), None)),
+        [plural, name, sub] => Some((key(plural, name), Some((*sub).to_owned()))),
         _ => None,
+    }
+}
+
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A JSON path such as `spec.nodeName` in an object.
+fn field<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+/// `a=b,c=d` (only `=`, which is all the plugin sends).
+fn field_selector_matches(selector: &str, v: &Value) -> Result<bool, String> {
+    for term in selector.split(',').filter(|t| !t.is_empty()) {
+        let Some((k, want)) = term.split_once('=').filter(|(k, _)| !k.ends_with('!')) else {
+            return Err(format!(
+                "the stand-in supports only `=` in field selectors, not {term:?}"
+            ));
+        };
+        let got = field(v, k).and_then(Value::as_str).unwrap_or("");
+        if got != want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn not_found(key: &Key) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} {:?} not found", key.plural, key.name),
+    )
+}
+
+/// The uid precondition of an apply body or DeleteOptions: a claim or slice deleted and
+/// created anew under its name is not the one the client meant.
+fn uid_conflict(current: &Value, wanted: Option<&str>) -> Option<Response> {
+    let wanted = wanted.filter(|u| !u.is_empty())?;
+    let have = current["metadata"]["uid"].as_str().unwrap_or("");
+    (have != wanted).then(|| {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Precondition failed: UID in precondition: {wanted}, UID in object meta: {have}"
+            ),
+        )
+    })
+}
+
+impl Objects {
+    fn bump(&mut self, v: &mut Value) {
+        self.resource_version += 1;
+        v["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+    }
+
+    fn list(&self, key: &Key, uri: &Uri) -> Response {
+        let selector = query_param(uri, "fieldSelector").unwrap_or_default();
+        let mut items = Vec::new();
+        for (k, v) in &self.items {
+            if k.prefix != key.prefix
+                || k.plural != key.plural
+                || (!key.namespace.is_empty() && k.namespace != key.namespace)
+            {
+                continue;
+            }
+            match field_selector_matches(&selector, v) {
+                Ok(true) => items.push(v.clone()),
+                Ok(false) => {}
+                Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+            }
+        }
+        let kind = items
+            .first()
+            .and_then(|v| v["kind"].as_str())
+            .map_or_else(|| "List".to_owned(), |k| format!("{k}List"));
+        let api_version = key
+            .prefix
+            .trim_start_matches("apis/")
+            .trim_start_matches("api/");
+        ok(&json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"resourceVersion": self.resource_version.to_string()},
+            "items": items,
+        }))
+    }
+
+    /// Server-side apply of a whole object (the plugin applies ResourceSlices): created
+    /// when absent; otherwise the applied fields replace the stored ones. Ownership is
+    /// kept per top-level field only, which is all these tests look at.
+    fn apply(&mut self, key: Key, manager: &str, body: Value) -> Response {
+        let now = self.items.get(&key).cloned();
+        if let Some(cur) = &now
+            && let Some(r) = uid_conflict(cur, body["metadata"]["uid"].as_str())
+        {
+            return r;
+        }
+        let mut v = match now {
+            Some(mut cur) => {
+                for (k, val) in body.as_object().into_iter().flatten() {
+                    if k == "metadata" {
+                        for (mk, mv) in val.as_object().into_iter().flatten() {
+                            cur["metadata"][mk] = mv.clone();
+                        }
+                    } else {
+                        cur[k] = val.clone();
+                    }
+                }
+                cur
+            }
+            None => {
+                let mut v = body;
+                self.uids += 1;
+                v["metadata"]["uid"] = json!(format!("stand-in-uid-{}", self.uids));
+                v["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+                v
+            }
+        };
+        v["metadata"]["managedFields"] = json!([{
+            "manager": manager, "operation": "Apply", "apiVersion": v["apiVersion"], "fieldsType": "FieldsV1",
+        }]);
+        self.bump(&mut v);
+        self.items.insert(key, v.clone());
+        ok(&v)
+    }
+
+    /// Server-side apply of `status.devices` of a claim: a list map keyed by driver,
+    /// pool, device and shareID in which every field manager owns the entries it
+    /// applied. An apply replaces its manager's entries with the applied ones and leaves
+    /// the others' alone, as the API server's structured merge does.
+    fn apply_claim_status(&mut self, key: Key, manager: &str, body: &Value) -> Response {
+        let Some(mut cur) = self.items.get(&key).cloned() else {
+            return not_found(&key);
+        };
+        if let Some(r) = uid_conflict(&cur, body["metadata"]["uid"].as_str()) {
+            return r;
+        }
+        let entry_key = |d: &Value| -> String {
+            ["driver", "pool", "device", "shareID"]
+                .map(|k| d[k].as_str().unwrap_or("").to_owned())
+                .join("/")
+        };
+        let owners = self.status_owners.entry(key.clone()).or_default();
+        let mut devices: Vec<Value> = cur["status"]["devices"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| owners.get(&entry_key(d)).is_none_or(|m| m != manager))
+            .collect();
+        owners.retain(|_, m| m != manager);
+        for d in body["status"]["devices"].as_array().into_iter().flatten() {
+            let k = entry_key(d);
+            devices.retain(|x| entry_key(x) != k);
+            owners.insert(k, manager.to_owned());
+            devices.push(d.clone());
+        }
+        cur["status"]["devices"] = json!(devices);
+        self.bump(&mut cur);
+        self.items.insert(key, cur.clone());
+        ok(&cur)
+    }
+
+    fn delete(&mut self, key: &Key, body: &[u8]) -> Response {
+        let Some(cur) = self.items.get(key) else {
+            return not_found(key);
+        };
+        let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        if let Some(r) = uid_conflict(cur, opts["preconditions"]["uid"].as_str()) {
+            return r;
+        }
+        self.status_owners.remove(key);
+        match self.items.remove(key) {
+            Some(v) => ok(&v),
+            None => not_found(key),
+        }
     }
 }
 
@@ -244,31 +475,66 @@ async fn handle(
     State(objects): State<Arc<Mutex<Objects>>>,
     method: Method,
     uri: Uri,
-    _body: Bytes,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
     let mut o = objects.lock().unwrap();
     o.requests.push(format!("{method} {path}"));
-    let Some(key) = parse(&path) else {
+    let Some((key, sub)) = parse(&path) else {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("no route {path}"),
         );
     };
-    match method {
-        Method::GET if !key.name.is_empty() => match o.items.get(&key) {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let manager = query_param(&uri, "fieldManager").unwrap_or_default();
+    if method == Method::PATCH {
+        o.applies.push(Apply {
+            path: path.clone(),
+            manager: manager.clone(),
+            content_type: content_type.to_owned(),
+        });
+    }
+    match (method, sub.as_deref()) {
+        (Method::GET, None) if !key.name.is_empty() => match o.items.get(&key) {
             Some(v) => ok(v),
-            None => status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("{} {:?} not found", key.plural, key.name),
-            ),
+            None => not_found(&key),
         },
-        _ => status(
+        (Method::GET, None) => o.list(&key, &uri),
+        (Method::PATCH, sub) if content_type.starts_with("application/apply-patch") => {
+            if manager.is_empty() {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "PATCH with apply requires fieldManager".into(),
+                );
+            }
+            let body: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}"));
+                }
+            };
+            match (key.plural.as_str(), sub) {
+                ("resourceslices", None) => o.apply(key, &manager, body),
+                ("resourceclaims", Some("status")) => o.apply_claim_status(key, &manager, &body),
+                _ => status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    format!("the stand-in does not apply {path}"),
+                ),
+            }
+        }
+        (Method::DELETE, None) if key.plural == "resourceslices" => o.delete(&key, &body),
+        (method, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            format!("the stand-in does not serve {method} {path}"),
+            format!("the stand-in does not serve {method} {path} ({content_type})"),
         ),
     }
 }
@@ -279,28 +545,42 @@ mod tests {
 
     #[test]
     fn paths_parse_to_keys() {
-        let k = parse("/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/c1").unwrap();
+        let (k, sub) = parse("/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/c1").unwrap();
         assert_eq!(
             (
                 k.prefix.as_str(),
                 k.plural.as_str(),
                 k.namespace.as_str(),
-                k.name.as_str()
+                k.name.as_str(),
+                sub
             ),
-            ("apis/resource.k8s.io/v1", "resourceclaims", "ns1", "c1")
-        );
-        let k = parse("/api/v1/nodes/n1").unwrap();
-        assert_eq!(
             (
-                k.prefix.as_str(),
-                k.plural.as_str(),
-                k.namespace.as_str(),
-                k.name.as_str()
-            ),
-            ("api/v1", "nodes", "", "n1")
+                "apis/resource.k8s.io/v1",
+                "resourceclaims",
+                "ns1",
+                "c1",
+                None
+            )
         );
-        let k = parse("/apis/resource.k8s.io/v1/resourceslices").unwrap();
+        let (k, sub) =
+            parse("/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/c1/status").unwrap();
+        assert_eq!((k.name.as_str(), sub.as_deref()), ("c1", Some("status")));
+        let (k, _) = parse("/api/v1/nodes/n1").unwrap();
+        assert_eq!(
+            (k.prefix.as_str(), k.plural.as_str(), k.namespace.as_str()),
+            ("api/v1", "nodes", "")
+        );
+        let (k, _) = parse("/apis/resource.k8s.io/v1/resourceslices").unwrap();
         assert_eq!((k.plural.as_str(), k.name.as_str()), ("resourceslices", ""));
         assert!(parse("/healthz").is_none());
+    }
+
+    #[test]
+    fn field_selectors_match_exactly() {
+        let v = json!({"spec": {"driver": "d.example.com", "nodeName": "n1"}});
+        let sel = percent_decode("spec.driver%3Dd.example.com%2Cspec.nodeName%3Dn1");
+        assert_eq!(field_selector_matches(&sel, &v), Ok(true));
+        assert_eq!(field_selector_matches("spec.nodeName=n2", &v), Ok(false));
+        assert!(field_selector_matches("spec.nodeName!=n2", &v).is_err());
     }
 }

@@ -67,6 +67,8 @@ impl Plugin {
             .arg(&self.kubelet.plugins_dir)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            // ResourceSlices checked every second, so that tests wait for seconds.
+            .args(["--resync-seconds", "1"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -1,0 +1,367 @@
+//! What the real kubelet plugin writes to the API STAND-IN (no kube-apiserver can be
+//! installed here): the agent's inventory as ResourceSlices, kept there, and each
+//! share's status in its ResourceClaim, from Prepare to Unprepare; then the whole path
+//! on a real pod network: kubelet's calls, the pod's sandbox appearing, traffic limited,
+//! and the claim saying so.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, ResourceClaim, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use shareguard_tests::{
+    Agent, DRIVER, Options, POOL,
+    apiserver::ApiServer,
+    generic_device, get_share,
+    k8s::{self, claim, pod, result},
+    kubelet::{dra_v1 as v1, v1_claim},
+    net::{self, Direction, Iperf, PinDir, Pod, TrafficLock, wait_for},
+    plugin::Plugin,
+    pod::{Layout, pod_uid},
+    proto as pb, share_id, wait_phase,
+};
+
+const NODE: &str = "node-a";
+const NS: &str = "team-a";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn slices(api: &ApiServer) -> Vec<ResourceSlice> {
+    api.list::<ResourceSlice>()
+}
+
+fn ours(api: &ApiServer) -> Vec<ResourceSlice> {
+    slices(api)
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER && s.spec.node_name.as_deref() == Some(NODE))
+        .collect()
+}
+
+/// Our driver's entries of the claim's status.devices.
+fn entries(api: &ApiServer, name: &str) -> Vec<AllocatedDeviceStatus> {
+    api.get::<ResourceClaim>(NS, name)
+        .and_then(|c| c.status)
+        .and_then(|s| s.devices)
+        .unwrap_or_default()
+}
+
+fn data(e: &AllocatedDeviceStatus) -> Value {
+    e.data.as_ref().map(|d| d.0.clone()).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    let node = k8s::node(NODE);
+    api.put_cluster(&node);
+    // Another node's slice of the same driver, and a pool this node no longer has.
+    let foreign = |name: &str, node: &str, pool: &str| ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(share_id()),
+            ..Default::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: DRIVER.into(),
+            node_name: Some(node.into()),
+            pool: k8s_openapi::api::resource::v1::ResourcePool {
+                name: pool.into(),
+                generation: 7,
+                resource_slice_count: 1,
+            },
+            ..Default::default()
+        },
+    };
+    api.put_cluster(&foreign("other-node-slice", "node-b", "node-b"));
+    api.put_cluster(&foreign("stale-pool-slice", NODE, "gone-pool"));
+
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    wait_for("our slice published, the stale one deleted", WAIT, || {
+        let o = ours(&api);
+        o.len() == 1 && o[0].spec.pool.name == POOL
+    });
+    let s = ours(&api).remove(0);
+    assert_eq!(s.spec.pool.generation, 1);
+    assert_eq!(s.spec.pool.resource_slice_count, 1);
+    let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), &owner.uid),
+        ("Node", NODE, node.metadata.uid.as_ref().unwrap())
+    );
+    let devices = s.spec.devices.as_ref().unwrap();
+    assert_eq!(devices.len(), 1);
+    let d = &devices[0];
+    assert_eq!(d.name, "mem-0");
+    assert_eq!(d.allow_multiple_allocations, Some(true));
+    let cap = &d.capacity.as_ref().unwrap()["memory"];
+    assert_eq!(cap.value.0, "8Gi");
+    let policy = cap.request_policy.as_ref().unwrap();
+    assert_eq!(policy.default.as_ref().unwrap().0, "1Gi");
+    let range = policy.valid_range.as_ref().unwrap();
+    assert_eq!(
+        (
+            range.min.0.as_str(),
+            range.max.as_ref().unwrap().0.as_str(),
+            range.step.as_ref().unwrap().0.as_str()
+        ),
+        ("1Gi", "8Gi", "1Gi")
+    );
+    let attrs = d.attributes.as_ref().unwrap();
+    assert_eq!(attrs["kind"].string.as_deref(), Some("generic"));
+    assert_eq!(
+        attrs["mechanism"].string.as_deref(),
+        Some("accounting-only")
+    );
+    assert_eq!(
+        attrs["enforced"].bool,
+        Some(false),
+        "accounting enforces nothing"
+    );
+    assert!(
+        slices(&api)
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some("other-node-slice")),
+        "another node's slice is not ours to delete"
+    );
+    let applies = api.applies();
+    assert!(
+        applies
+            .iter()
+            .all(|a| a.manager == DRIVER && a.content_type.starts_with("application/apply-patch")),
+        "server-side apply with the driver as field manager: {applies:?}"
+    );
+
+    // Someone deletes it: back within a period.
+    let name = s.metadata.name.clone().unwrap();
+    api.delete_cluster::<ResourceSlice>(&name);
+    wait_for("the deleted slice published again", WAIT, || {
+        ours(&api).len() == 1
+    });
+
+    // A restarted plugin finds its slices as they should be and writes nothing.
+    p.kill9();
+    p.restart();
+    let before = api.applies().len();
+    let lists = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /apis/resource.k8s.io/v1/resourceslices"))
+            .count()
+    };
+    let seen = lists(&api);
+    wait_for("two passes of the restarted plugin", WAIT, || {
+        lists(&api) >= seen + 2
+    });
+    assert_eq!(
+        api.applies().len(),
+        before,
+        "nothing changed, nothing applied"
+    );
+    assert_eq!(ours(&api).len(), 1);
+}
+
+#[tokio::test]
+async fn a_claims_status_shows_its_share_until_unprepare() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = share_id();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let (uid, share) = (share_id(), share_id());
+    let mut c = claim(
+        NS,
+        "c1",
+        &uid,
+        Some(vec![result(
+            "mem",
+            DRIVER,
+            POOL,
+            "mem-0",
+            Some(&share),
+            &[("memory", "2Gi")],
+        )]),
+        &[("p1", &pod_uid)],
+    );
+    // Another driver's entry, which this plugin must leave alone.
+    let other = AllocatedDeviceStatus {
+        driver: "other.example.com".into(),
+        pool: "x".into(),
+        device: "y".into(),
+        ..Default::default()
+    };
+    c.status.as_mut().unwrap().devices = Some(vec![other.clone()]);
+    api.put(&c);
+
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+
+    wait_for("the share's status in the claim", WAIT, || {
+        entries(&api, "c1")
+            .iter()
+            .any(|e| e.share_id.as_deref() == Some(share.as_str()))
+    });
+    let all = entries(&api, "c1");
+    assert!(all.contains(&other), "{all:?}");
+    let e = all.iter().find(|e| e.driver == DRIVER).unwrap();
+    assert_eq!((e.pool.as_str(), e.device.as_str()), (POOL, "mem-0"));
+    let cond = &e.conditions.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            cond.type_.as_str(),
+            cond.status.as_str(),
+            cond.reason.as_str()
+        ),
+        ("Enforced", "False", "AccountingOnly"),
+        "a generic device is counted, not enforced: {e:?}"
+    );
+    assert_eq!(data(e)["requested"]["memory"], "2Gi");
+    assert!(
+        api.applies()
+            .iter()
+            .any(|a| a.path.ends_with("/resourceclaims/c1/status") && a.manager == DRIVER),
+        "{:?}",
+        api.applies()
+    );
+
+    let u = kubelet
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    wait_for("our entry gone from the claim", WAIT, || {
+        entries(&api, "c1").iter().all(|e| e.driver != DRIVER)
+    });
+    assert_eq!(
+        entries(&api, "c1"),
+        [other],
+        "the other driver's entry stays"
+    );
+}
+
+/// The whole path on a real pod network (root; skips without it unless `CI=true`):
+/// kubelet prepares before the sandbox exists, the sandbox appears, the share is
+/// ENFORCED and the claim says so with the amount read back, traffic stays in the band,
+/// and Unprepare lifts the limit and takes the entry out of the claim.
+#[tokio::test]
+async fn a_pod_gets_its_bandwidth_and_its_claim_says_so() {
+    if !net::privileged("a_pod_gets_its_bandwidth_and_its_claim_says_so") {
+        return;
+    }
+    let pins = PinDir::new();
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
+    );
+    let agent = net::start_agent(net::net_device("nic-0", &lines), &pins, "");
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = pod_uid();
+    api.put(&pod(NS, "iperf", &pod_uid, NODE));
+    let (uid, share) = (share_id(), share_id());
+    api.put(&claim(
+        NS,
+        "bw",
+        &uid,
+        Some(vec![result(
+            "bw",
+            DRIVER,
+            POOL,
+            "nic-0",
+            Some(&share),
+            &[("bandwidth", "200M")],
+        )]),
+        &[("iperf", &pod_uid)],
+    ));
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    wait_for("the net device published as enforcing", WAIT, || {
+        ours(&api).iter().any(|s| {
+            s.spec.devices.iter().flatten().any(|d| {
+                let a = d.attributes.as_ref();
+                a.and_then(|a| a["enforced"].bool) == Some(true)
+                    && a.and_then(|a| a["mechanism"].string.clone()).as_deref() == Some("htb-ebpf")
+            })
+        })
+    });
+
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "bw", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    let mut client = agent.client().await;
+    let s = get_share(&mut client, share.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "no sandbox yet: {s:?}");
+    assert_eq!(
+        s.pod_uids,
+        std::slice::from_ref(&pod_uid),
+        "the pod from reservedFor"
+    );
+
+    let pod = Pod::with(&pod_uid, Layout::Systemd);
+    wait_phase(&mut client, &share, pb::Phase::Enforced).await;
+    wait_for("the claim says enforced", WAIT, || {
+        entries(&api, "bw").iter().any(|e| {
+            e.conditions
+                .as_ref()
+                .is_some_and(|c| c[0].status == "True" && c[0].reason == "Enforced")
+        })
+    });
+    let e = entries(&api, "bw").remove(0);
+    assert_eq!(e.share_id.as_deref(), Some(share.as_str()));
+    assert_eq!(data(&e)["enforced"]["bandwidth"], "200M", "{e:?}");
+    assert_eq!(data(&e)["requested"]["bandwidth"], "200M", "{e:?}");
+
+    {
+        let server = pod.iperf_server();
+        let _lock = TrafficLock::acquire();
+        let m = server.measure(&Iperf::new(Direction::ToPod));
+        let ratio = m.bits_per_second / 200e6;
+        eprintln!("to the pod: {m} -> {ratio:.3} of the limit");
+        assert!((0.90..=1.05).contains(&ratio), "{ratio:.3}: {m}");
+    }
+
+    let u = kubelet
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim(NS, "bw", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    let qdiscs = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
+    assert!(!qdiscs.contains("htb"), "limit lifted: {qdiscs}");
+    wait_for("the entry gone from the claim", WAIT, || {
+        entries(&api, "bw").is_empty()
+    });
+}
