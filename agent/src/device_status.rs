@@ -1,5 +1,5 @@
-//! `ShareStatus.device_status_json`: a resource.k8s.io `AllocatedDeviceStatus` the shim
-//! copies unchanged into `ResourceClaim.status.devices`, so `kubectl get resourceclaim`
+//! `ShareStatus.device_status_json`: a resource.k8s.io `AllocatedDeviceStatus` the kubelet
+//! plugin copies unchanged into `ResourceClaim.status.devices`, so `kubectl get resourceclaim`
 //! shows whether a share is enforced, not just scheduled.
 
 use std::time::{Duration, UNIX_EPOCH};
@@ -123,7 +123,7 @@ mod tests {
     }
 
     /// The rules of resource.k8s.io/v1 `AllocatedDeviceStatus` and metav1 `Condition`
-    /// that the API server validates, as far as a shim copying the JSON relies on them.
+    /// that the API server validates, as far as the kubelet plugin copying the JSON relies on them.
     fn check_allocated_device_status(v: &Value) -> Result<(), String> {
         let o = v.as_object().ok_or("not an object")?;
         for k in o.keys() {

@@ -2,7 +2,7 @@
 //!
 //! The scheduler rounds a request up to what the policy allows before it writes the
 //! allocation result. The agent re-checks the rounded amount and never rounds itself:
-//! an amount the policy does not allow is a scheduler or shim bug, and is refused.
+//! an amount the policy does not allow is a scheduler or kubelet plugin bug, and is refused.
 
 use shareguard_common::Quantity;
 use shareguard_proto::v1 as pb;
