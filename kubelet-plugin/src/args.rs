@@ -22,8 +22,9 @@ pub struct PluginArgs {
     /// A kubeconfig; without it, the in-cluster config, then `$KUBECONFIG`.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// How often the ResourceSlices are checked against the API server and the agent's
-    /// inventory, in seconds.
+    /// How often the agent's inventory is read for changes to publish, in seconds. The
+    /// ResourceSlices are also checked on every change the API server reports, and
+    /// against the API server every ten of these periods regardless.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub resync_seconds: u64,
 }

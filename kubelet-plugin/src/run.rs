@@ -4,13 +4,15 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context;
+use futures::StreamExt;
+use kube::runtime::WatchStreamExt;
 use shareguard_proto::kubelet::{
     dra_v1::dra_plugin_server::DraPluginServer as V1Server,
     dra_v1beta1::dra_plugin_server::DraPluginServer as V1Beta1Server,
     pluginregistration::registration_server::RegistrationServer,
 };
 use tokio::{sync::watch, task::JoinSet};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     PluginArgs,
@@ -157,9 +159,11 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     outcome
 }
 
-/// Publishes the driver's ResourceSlices, then checks them every `period`: the agent's
-/// inventory (which a restarted agent may have changed) against what the driver serves
-/// and the slices on the API server against the inventory.
+/// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the API
+/// server reports a change of one of them (a watch, so a slice someone deleted or edited
+/// comes back at once), when the agent's inventory changed (read every `period`: a
+/// restarted agent may have a new config), and every `FULL_PASS_EVERY` periods in case
+/// a watch went quiet without an error.
 async fn keep_published(
     driver: Arc<Driver>,
     agent: Arc<Agent>,
@@ -167,6 +171,7 @@ async fn keep_published(
     period: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
+    const FULL_PASS_EVERY: u32 = 10;
     let retry = period.min(Duration::from_secs(5));
     let publisher = loop {
         match Publisher::new(cluster.client().clone(), driver.name(), cluster.node()).await {
@@ -180,34 +185,80 @@ async fn keep_published(
             () = until_stopped(&mut stop) => return,
         }
     };
+    let mut changes = publisher.watch().default_backoff().boxed();
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = 0u32;
+    let mut due: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
+    let mut first = true;
     loop {
-        let mut wait = period;
-        match agent.list_devices().await {
-            Ok(r) => {
-                let fresh = Inventory::from_agent(&r)
-                    .drivers
-                    .remove(driver.name())
-                    .unwrap_or_default();
-                if fresh != driver.devices_now().devices {
-                    info!(
-                        devices = fresh.devices.len(),
-                        "the agent's inventory changed"
-                    );
-                    driver.set_devices(Devices::new(fresh));
+        let sleep_until = due.unwrap_or_else(|| tokio::time::Instant::now() + period * 1000);
+        tokio::select! {
+            ev = changes.next() => match ev {
+                // Our own applies come back here too; the pass after them finds nothing
+                // to do. A burst of events is one pass.
+                Some(Ok(_)) => {
+                    due.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
+                }
+                Some(Err(e)) => debug!(error = %e, "watching ResourceSlices; the watch restarts"),
+                None => {
+                    changes = publisher.watch().default_backoff().boxed();
+                }
+            },
+            _ = tick.tick() => {
+                ticks += 1;
+                if refresh_inventory(&driver, &agent).await || ticks % FULL_PASS_EVERY == 0 {
+                    due.get_or_insert_with(tokio::time::Instant::now);
                 }
             }
-            Err(e) => warn!(error = %e, "reading the agent's inventory; publishing the last one"),
-        }
-        // A replaced instance leaves the slices to the one that replaced it.
-        if !agent.is_fenced()
-            && let Err(e) = publisher.publish(&driver.devices_now().devices).await
-        {
-            warn!(error = %e, retry_in = ?retry, "publishing ResourceSlices failed");
-            wait = retry;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep_until(sleep_until) => {
+                due = None;
+                // A replaced instance leaves the slices to the one that replaced it.
+                if agent.is_fenced() {
+                    continue;
+                }
+                match publisher.publish(&driver.devices_now().devices).await {
+                    Ok(pass) if first => {
+                        first = false;
+                        info!(applied = pass.applied.len(), deleted = pass.deleted.len(), "ResourceSlices up to date");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, retry_in = ?retry, "publishing ResourceSlices failed");
+                        due = Some(tokio::time::Instant::now() + retry);
+                    }
+                }
+            }
             () = until_stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// How long a pass waits after a watch event for more of them.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Reads the agent's inventory; true when this driver's devices changed (and the driver
+/// now serves the new ones).
+async fn refresh_inventory(driver: &Driver, agent: &Agent) -> bool {
+    match agent.list_devices().await {
+        Ok(r) => {
+            let fresh = Inventory::from_agent(&r)
+                .drivers
+                .remove(driver.name())
+                .unwrap_or_default();
+            if fresh == driver.devices_now().devices {
+                return false;
+            }
+            info!(
+                devices = fresh.devices.len(),
+                "the agent's inventory changed"
+            );
+            driver.set_devices(Devices::new(fresh));
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "reading the agent's inventory; publishing the last one");
+            false
         }
     }
 }

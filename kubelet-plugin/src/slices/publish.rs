@@ -2,10 +2,12 @@
 //! applied (server-side, the driver as field manager) when missing or different, with the
 //! pool's generation raised; slices of pools that are gone deleted.
 //!
-//! The API server is read on every pass rather than trusted from memory, so a slice
-//! someone deleted or edited comes back within one period. When the plugin is removed
-//! for good, kubelet deletes the driver's slices on this node once its registration
-//! socket has been gone for 30 s; a rolling update comes back well within that.
+//! Each pass lists the slices on the API server rather than trusting memory; the plugin
+//! runs one whenever the watch of its slices reports a change (so a slice someone
+//! deleted or edited comes back at once), when the agent's inventory changed, and now and
+//! then regardless. When the plugin is removed for good, kubelet deletes the driver's
+//! slices on this node once its registration socket has been gone for 30 s; a rolling
+//! update comes back well within that.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +15,7 @@ use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceSlice};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
+    runtime::watcher,
 };
 use tracing::{info, warn};
 
@@ -47,6 +50,24 @@ impl Publisher {
         })
     }
 
+    fn selector(&self) -> String {
+        format!(
+            "spec.driver={},spec.nodeName={}",
+            self.driver, self.node.name
+        )
+    }
+
+    /// Changes of this driver's slices of this node on the API server.
+    pub fn watch(
+        &self,
+    ) -> impl futures::Stream<Item = Result<watcher::Event<ResourceSlice>, watcher::Error>> + Send + use<>
+    {
+        watcher::watcher(
+            self.api.clone(),
+            watcher::Config::default().fields(&self.selector()),
+        )
+    }
+
     /// One pass: list this driver's slices of this node, apply what differs, delete
     /// what is no longer a pool here.
     pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, kube::Error> {
@@ -56,10 +77,7 @@ impl Publisher {
         }
         let listed = self
             .api
-            .list(&ListParams::default().fields(&format!(
-                "spec.driver={},spec.nodeName={}",
-                self.driver, self.node.name
-            )))
+            .list(&ListParams::default().fields(&self.selector()))
             .await?
             .items;
         let mut pass = Pass::default();
