@@ -47,6 +47,10 @@ struct Objects {
     /// "METHOD path" of every request, in order.
     requests: Vec<String>,
     applies: Vec<Apply>,
+    /// Every change, for watches: (resourceVersion, ADDED|MODIFIED|DELETED, key, object).
+    events: Vec<(u64, &'static str, Key, Value)>,
+    /// The newest resourceVersion, for watches waiting for a change.
+    changed: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 /// One PATCH the stand-in received.
@@ -85,7 +89,11 @@ fn key_of<K: Resource>(namespace: &str, name: &str) -> Key {
 impl ApiServer {
     /// Serves on a free loopback port, on a thread of its own, until dropped.
     pub fn start() -> Self {
-        let objects = Arc::new(Mutex::new(Objects::default()));
+        let (changed, _) = tokio::sync::watch::channel(0);
+        let objects = Arc::new(Mutex::new(Objects {
+            changed: Some(changed),
+            ..Objects::default()
+        }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -158,9 +166,8 @@ impl ApiServer {
         v["apiVersion"] = json!(K::API_VERSION);
         v["kind"] = json!(K::KIND);
         let mut o = self.objects.lock().unwrap();
-        o.resource_version += 1;
-        v["metadata"]["resourceVersion"] = json!(o.resource_version.to_string());
-        o.items.insert(key, v);
+        o.bump(&mut v);
+        o.insert(key, v);
     }
 
     pub fn get<K: Resource + DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<K> {
@@ -174,7 +181,6 @@ impl ApiServer {
         self.objects
             .lock()
             .unwrap()
-            .items
             .remove(&key_of::<K>(namespace, name));
     }
 
@@ -206,6 +212,11 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
+        // Ends every watch (its notifier goes), so that the graceful stop below does not
+        // wait for their timeouts.
+        if let Ok(mut o) = self.objects.lock() {
+            o.changed = None;
+        }
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -347,6 +358,35 @@ impl Objects {
         v["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
     }
 
+    /// Stores `v` (its resourceVersion already bumped) and tells the watches.
+    fn insert(&mut self, key: Key, v: Value) {
+        let kind = if self.items.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.events
+            .push((self.resource_version, kind, key.clone(), v.clone()));
+        self.items.insert(key, v);
+        self.notify();
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Value> {
+        let mut v = self.items.remove(key)?;
+        self.resource_version += 1;
+        v["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        self.events
+            .push((self.resource_version, "DELETED", key.clone(), v.clone()));
+        self.notify();
+        Some(v)
+    }
+
+    fn notify(&self) {
+        if let Some(tx) = &self.changed {
+            tx.send_replace(self.resource_version);
+        }
+    }
+
     fn list(&self, key: &Key, uri: &Uri) -> Response {
         let selector = query_param(uri, "fieldSelector").unwrap_or_default();
         let mut items = Vec::new();
@@ -414,7 +454,7 @@ impl Objects {
             "manager": manager, "operation": "Apply", "apiVersion": v["apiVersion"], "fieldsType": "FieldsV1",
         }]);
         self.bump(&mut v);
-        self.items.insert(key, v.clone());
+        self.insert(key, v.clone());
         ok(&v)
     }
 
@@ -451,7 +491,7 @@ impl Objects {
         }
         cur["status"]["devices"] = json!(devices);
         self.bump(&mut cur);
-        self.items.insert(key, cur.clone());
+        self.insert(key, cur.clone());
         ok(&cur)
     }
 
@@ -464,11 +504,80 @@ impl Objects {
             return r;
         }
         self.status_owners.remove(key);
-        match self.items.remove(key) {
+        match self.remove(key) {
             Some(v) => ok(&v),
             None => not_found(key),
         }
     }
+}
+
+/// A watch: every change after the request's resourceVersion that matches its field
+/// selector, one JSON event per line, until `timeoutSeconds` (or the client goes).
+fn watch(objects: Arc<Mutex<Objects>>, key: Key, uri: &Uri) -> Response {
+    let selector = query_param(uri, "fieldSelector").unwrap_or_default();
+    let since: u64 = query_param(uri, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout: u64 = query_param(uri, "timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    let rx = objects
+        .lock()
+        .unwrap()
+        .changed
+        .as_ref()
+        .map(tokio::sync::watch::Sender::subscribe);
+    let Some(rx) = rx else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "no notifier".into(),
+        );
+    };
+    let stream =
+        futures::stream::unfold((objects, rx, since), move |(objects, mut rx, mut since)| {
+            let (key, selector) = (key.clone(), selector.clone());
+            async move {
+                loop {
+                    let lines: String = {
+                        let o = objects.lock().unwrap();
+                        let lines = o
+                            .events
+                            .iter()
+                            .filter(|(rv, _, k, v)| {
+                                *rv > since
+                                    && k.prefix == key.prefix
+                                    && k.plural == key.plural
+                                    && (key.namespace.is_empty() || k.namespace == key.namespace)
+                                    && field_selector_matches(&selector, v) == Ok(true)
+                            })
+                            .map(|(_, kind, _, v)| {
+                                format!("{}\n", json!({"type": kind, "object": v}))
+                            })
+                            .collect();
+                        since = o.resource_version;
+                        rx.borrow_and_update();
+                        lines
+                    };
+                    if !lines.is_empty() {
+                        return Some((
+                            Ok::<_, std::convert::Infallible>(Bytes::from(lines)),
+                            (objects, rx, since),
+                        ));
+                    }
+                    tokio::select! {
+                        r = rx.changed() => if r.is_err() { return None },
+                        () = tokio::time::sleep_until(deadline) => return None,
+                    }
+                }
+            }
+        });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap()
 }
 
 async fn handle(
@@ -479,6 +588,24 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
+    if method == Method::GET && matches!(query_param(&uri, "watch").as_deref(), Some("true" | "1"))
+    {
+        return match parse(&path) {
+            Some((key, None)) if key.name.is_empty() => {
+                objects
+                    .lock()
+                    .unwrap()
+                    .requests
+                    .push(format!("WATCH {path}"));
+                watch(objects.clone(), key, &uri)
+            }
+            _ => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no watch at {path}"),
+            ),
+        };
+    }
     let mut o = objects.lock().unwrap();
     o.requests.push(format!("{method} {path}"));
     let Some((key, sub)) = parse(&path) else {

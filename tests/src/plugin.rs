@@ -22,6 +22,7 @@ pub struct Plugin {
     kubeconfig: PathBuf,
     drivers: Vec<String>,
     child: Option<Child>,
+    resync_seconds: u64,
     starts: u32,
 }
 
@@ -29,10 +30,48 @@ impl Plugin {
     /// Starts the plugin for `agent` and waits until the registration socket of each of
     /// `drivers` (the agent's) is there.
     pub fn start(agent: &Agent, api: &ApiServer, node: &str, drivers: &[&str]) -> Plugin {
+        Self::start_for(&agent.socket, api, node, drivers)
+    }
+
+    /// [`Plugin::start`] with `--resync-seconds` (1 otherwise): a long one leaves the
+    /// API server's watch as the only way a slice's change is noticed.
+    pub fn start_with_resync(
+        agent: &Agent,
+        api: &ApiServer,
+        node: &str,
+        drivers: &[&str],
+        resync_seconds: u64,
+    ) -> Plugin {
+        let mut p = Self::create(&agent.socket, api, node, drivers);
+        p.resync_seconds = resync_seconds;
+        p.launch();
+        p.wait_ready();
+        p
+    }
+
+    /// [`Plugin::start`] for an agent listening at `agent_socket`, started elsewhere.
+    pub fn start_for(
+        agent_socket: &std::path::Path,
+        api: &ApiServer,
+        node: &str,
+        drivers: &[&str],
+    ) -> Plugin {
+        let mut p = Self::create(agent_socket, api, node, drivers);
+        p.launch();
+        p.wait_ready();
+        p
+    }
+
+    fn create(
+        agent_socket: &std::path::Path,
+        api: &ApiServer,
+        node: &str,
+        drivers: &[&str],
+    ) -> Plugin {
         let dir = tempfile::Builder::new().prefix("sg-kp-").tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig);
-        let mut p = Plugin {
+        Plugin {
             kubelet: Kubelet {
                 registry_dir: dir.path().join("plugins_registry"),
                 plugins_dir: dir.path().join("plugins"),
@@ -40,15 +79,13 @@ impl Plugin {
             log: dir.path().join("plugin-0.log"),
             dir,
             node: node.to_owned(),
-            agent_socket: agent.socket.clone(),
+            agent_socket: agent_socket.to_path_buf(),
             kubeconfig,
             drivers: drivers.iter().map(|d| (*d).to_owned()).collect(),
             child: None,
             starts: 0,
-        };
-        p.launch();
-        p.wait_ready();
-        p
+            resync_seconds: 1,
+        }
     }
 
     /// Starts the process without waiting.
@@ -67,8 +104,7 @@ impl Plugin {
             .arg(&self.kubelet.plugins_dir)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            // ResourceSlices checked every second, so that tests wait for seconds.
-            .args(["--resync-seconds", "1"])
+            .args(["--resync-seconds", &self.resync_seconds.to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -85,7 +85,9 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
     api.put_cluster(&foreign("other-node-slice", "node-b", "node-b"));
     api.put_cluster(&foreign("stale-pool-slice", NODE, "gone-pool"));
 
-    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    // An hour between inventory reads and full passes: within the test, only the watch
+    // of the slices can notice a change on the API server.
+    let mut p = Plugin::start_with_resync(&agent, &api, NODE, &[DRIVER], 3600);
     wait_for("our slice published, the stale one deleted", WAIT, || {
         let o = ours(&api);
         o.len() == 1 && o[0].spec.pool.name == POOL
@@ -141,7 +143,7 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
         "server-side apply with the driver as field manager: {applies:?}"
     );
 
-    // Someone deletes it: back within a period.
+    // Someone deletes it: the watch reports it, and it is back.
     let name = s.metadata.name.clone().unwrap();
     api.delete_cluster::<ResourceSlice>(&name);
     wait_for("the deleted slice published again", WAIT, || {
@@ -150,18 +152,16 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
 
     // A restarted plugin finds its slices as they should be and writes nothing.
     p.kill9();
-    p.restart();
     let before = api.applies().len();
-    let lists = |api: &ApiServer| {
-        api.requests()
-            .iter()
-            .filter(|r| r.starts_with("GET /apis/resource.k8s.io/v1/resourceslices"))
-            .count()
-    };
-    let seen = lists(&api);
-    wait_for("two passes of the restarted plugin", WAIT, || {
-        lists(&api) >= seen + 2
+    p.restart();
+    wait_for("the restarted plugin's first pass", WAIT, || {
+        p.log_text().contains("ResourceSlices up to date")
     });
+    assert!(
+        p.log_text().contains("applied=0 deleted=0"),
+        "{}",
+        p.log_text()
+    );
     assert_eq!(
         api.applies().len(),
         before,
@@ -363,5 +363,101 @@ async fn a_pod_gets_its_bandwidth_and_its_claim_says_so() {
     assert!(!qdiscs.contains("htb"), "limit lifted: {qdiscs}");
     wait_for("the entry gone from the claim", WAIT, || {
         entries(&api, "bw").is_empty()
+    });
+}
+
+/// The agent restarted on a changed inventory under a running plugin: the slice follows
+/// with a new pool generation, and Prepare checks against the new policy.
+#[tokio::test]
+async fn a_changed_inventory_is_published_with_a_new_generation() {
+    let mut agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let _p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    wait_for("the slice published", WAIT, || ours(&api).len() == 1);
+    let first = ours(&api).remove(0);
+    assert_eq!(first.spec.pool.generation, 1);
+
+    let full = std::fs::read_to_string(&agent.config).unwrap();
+    let grown = full.replace("value = \"8Gi\"", "value = \"16Gi\"");
+    assert_ne!(grown, full, "the harness's config layout changed");
+    std::fs::write(&agent.config, grown).unwrap();
+    agent.restart();
+    let memory = |s: &ResourceSlice| {
+        s.spec.devices.as_ref().unwrap()[0]
+            .capacity
+            .as_ref()
+            .unwrap()["memory"]
+            .value
+            .0
+            .clone()
+    };
+    wait_for("the grown device published", WAIT, || {
+        ours(&api).first().is_some_and(|s| memory(s) == "16Gi")
+    });
+    let s = ours(&api).remove(0);
+    assert_eq!(s.spec.pool.generation, 2, "a new generation of the pool");
+    assert_eq!(s.metadata.name, first.metadata.name, "the same slice");
+}
+
+/// Status writes lost while the plugin was down (here: the entry removed behind its
+/// back) are made good from the agent's snapshot when it starts again.
+#[tokio::test]
+async fn a_restarted_plugin_writes_the_status_again_from_the_snapshot() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = share_id();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let (uid, share) = (share_id(), share_id());
+    api.put(&claim(
+        NS,
+        "c1",
+        &uid,
+        Some(vec![result(
+            "mem",
+            DRIVER,
+            POOL,
+            "mem-0",
+            Some(&share),
+            &[("memory", "1Gi")],
+        )]),
+        &[("p1", &pod_uid)],
+    ));
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    wait_for("the status written", WAIT, || {
+        entries(&api, "c1").len() == 1
+    });
+
+    p.kill9();
+    let mut c = api.get::<ResourceClaim>(NS, "c1").unwrap();
+    c.status.as_mut().unwrap().devices = None;
+    api.put(&c);
+    p.restart();
+    wait_for("the status written again", WAIT, || {
+        entries(&api, "c1")
+            .iter()
+            .any(|e| e.share_id.as_deref() == Some(share.as_str()))
     });
 }
