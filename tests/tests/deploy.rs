@@ -1,10 +1,14 @@
 //! The deployment files: `systemd/shareguard.service` and the manifests in `deploy/`.
 //!
 //! The unit is checked by systemd itself (`systemd-analyze verify` and `security`) and
-//! against the sandbox it is meant to have; the manifests are read as YAML, the way the
-//! API server reads them, and checked for the host mounts, the security context, the
-//! probes and a config the agent's own parser accepts. Both grant the same capabilities,
-//! and a test holds them to that. Nothing here needs a cluster or a running systemd.
+//! against the sandbox it is meant to have. The manifests (deploy/*.yaml and
+//! deploy/examples/*.yaml) are read as YAML, each document as the Kubernetes type its
+//! apiVersion and kind name, with no field the type lacks; then checked for the host
+//! mounts, the security contexts of the agent and of the kubelet plugin, the plugin's
+//! token and RBAC, the DeviceClass selectors, the example claim against the device's
+//! request policy, the probes and a config the agent's own parser accepts. The unit and
+//! the agent container grant the same capabilities, and a test holds them to that.
+//! Nothing here needs a cluster or a running systemd.
 
 #![allow(clippy::unwrap_used)] // Helpers of tests, too: a panic is a test failure; it says where.
 
@@ -253,16 +257,26 @@ fn unit_sandbox_grants_only_what_the_agent_uses() {
     }
 }
 
-/// Every YAML document under deploy/, with the file it came from.
+/// The manifest files: deploy/*.yaml (what `kubectl apply -f deploy/` applies) and the
+/// examples in deploy/examples/ (checked the same way, applied by hand).
+fn manifest_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for dir in [repo().join("deploy"), repo().join("deploy/examples")] {
+        let mut here: Vec<PathBuf> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .collect();
+        here.sort();
+        files.extend(here);
+    }
+    files
+}
+
+/// Every YAML document under deploy/ and deploy/examples/, with the file it came from.
 fn manifests() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = fs::read_dir(repo().join("deploy"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
     let mut docs = Vec::new();
-    for f in files {
+    for f in manifest_files() {
         let text = fs::read_to_string(&f).unwrap();
         for d in serde_yaml::Deserializer::from_str(&text) {
             let v = Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
@@ -296,15 +310,19 @@ fn strings(v: &Value) -> BTreeSet<String> {
         .collect()
 }
 
+fn containers(ds: &Value) -> Vec<Value> {
+    ds["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .clone()
+}
+
 /// The agent container of the DaemonSet.
 fn agent_container(ds: &Value) -> Value {
-    let cs = ds["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .unwrap();
-    cs.iter()
+    containers(ds)
+        .into_iter()
         .find(|c| c["name"] == "agent")
         .expect("a container named agent")
-        .clone()
 }
 
 fn configmap_config(docs: &[(String, Value)]) -> Config {
@@ -413,12 +431,29 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
         );
         seen_host_mounts.insert(vol.to_owned());
     }
-    // No host access beyond the table above.
+    // No host access for the agent beyond the table above.
+    let agent_host_mounts: BTreeSet<String> = mounts
+        .iter()
+        .map(|m| s(&m["name"]).to_owned())
+        .filter(|v| host.contains_key(v))
+        .collect();
     assert_eq!(
-        host.keys().cloned().collect::<BTreeSet<_>>(),
-        seen_host_mounts,
-        "hostPath volumes"
+        agent_host_mounts, seen_host_mounts,
+        "the agent's hostPath mounts"
     );
+    // And none in the pod that no container uses (the kubelet plugin's own host
+    // mounts are held to its table in kubelet_plugin_container_*).
+    let all_mounted: BTreeSet<String> = containers(&ds)
+        .iter()
+        .flat_map(|c| c["volumeMounts"].as_sequence().unwrap().clone())
+        .map(|m| s(&m["name"]).to_owned())
+        .collect();
+    for v in host.keys() {
+        assert!(
+            all_mounted.contains(v),
+            "hostPath volume {v} is mounted by no container"
+        );
+    }
     // Bidirectional is refused by the API server for an unprivileged container.
     for m in mounts {
         assert_ne!(m.get("mountPropagation").map(s), Some("Bidirectional"));
@@ -498,15 +533,36 @@ fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespace
     assert_eq!(strings(&sc["capabilities"]["add"]), unit_caps);
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
 
-    // The agent never calls the API server: no token, no RBAC.
+    // The agent never calls the API server: no token in its container, and none
+    // mounted automatically into the pod (which would reach every container). The
+    // plugin's projected token is checked in only_the_kubelet_plugin_container_*.
     let sa = the(&docs, "ServiceAccount");
     assert_eq!(sa["automountServiceAccountToken"], false);
     assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
-    for (file, d) in &docs {
-        let kind = s(&d["kind"]);
+    let agent = agent_container(&ds);
+    for m in agent["volumeMounts"].as_sequence().unwrap() {
+        let mpath = s(&m["mountPath"]);
         assert!(
-            !kind.ends_with("Role") && !kind.ends_with("RoleBinding"),
-            "{file}: {kind}"
+            !mpath.starts_with("/var/run/secrets") && !mpath.starts_with("/run/secrets"),
+            "the agent container mounts {mpath}"
+        );
+        let vol = pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap();
+        assert!(
+            vol.get("projected").is_none() && vol.get("secret").is_none(),
+            "the agent container mounts credentials: {vol:?}"
+        );
+    }
+    assert!(agent.get("envFrom").is_none());
+    for e in agent["env"].as_sequence().unwrap() {
+        assert!(
+            e.get("valueFrom")
+                .is_none_or(|f| f.get("secretKeyRef").is_none()),
+            "the agent container reads a secret: {e:?}"
         );
     }
 }
@@ -585,4 +641,989 @@ fn probes_and_scrape_targets_are_what_the_agent_serves() {
     let ep = &pm["spec"]["podMetricsEndpoints"][0];
     assert_eq!(ep["port"], "metrics");
     assert_eq!(ep["path"], "/metrics");
+}
+
+// ---------------------------------------------------------------------------------------
+// Every document as its Kubernetes type, with no field the type does not have.
+//
+// k8s-openapi's Deserialize skips unknown fields, as the API server does (it drops them,
+// with at most a warning): a misspelled `readOnlyRootFileSystem` would parse and
+// silently do nothing. So each document goes through its type and back to JSON, and
+// must come back equal: a field the type does not know is missing after the round trip.
+
+/// The Prometheus Operator's PodMonitor (monitoring.coreos.com/v1), a CRD that
+/// k8s-openapi does not have: the part of its schema these manifests use. A field outside
+/// it is refused; add it here after checking it in the operator's CRD.
+mod pod_monitor {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PodMonitor {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: ObjectMeta,
+        pub spec: Spec,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Spec {
+        pub selector: LabelSelector,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub namespace_selector: Option<NamespaceSelector>,
+        pub pod_metrics_endpoints: Vec<Endpoint>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct NamespaceSelector {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub any: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub match_names: Option<Vec<String>>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Endpoint {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub port: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub path: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub interval: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub relabelings: Option<Vec<Relabeling>>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Relabeling {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub source_labels: Option<Vec<String>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub target_label: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub action: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub regex: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub replacement: Option<String>,
+    }
+}
+
+fn json(v: &Value) -> serde_json::Value {
+    serde_json::to_value(v).unwrap()
+}
+
+/// The first place where `after` (the round trip) differs from `before` (the manifest),
+/// as a JSON path, or None when they are equal.
+fn first_difference(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    path: &str,
+) -> Option<String> {
+    use serde_json::Value as J;
+    match (before, after) {
+        (J::Object(a), J::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let p = format!("{path}.{k}");
+                match (a.get(k), b.get(k)) {
+                    (Some(_), None) => {
+                        return Some(format!(
+                            "{p}: not a field of the type (misspelled or misplaced?)"
+                        ));
+                    }
+                    (None, Some(x)) => return Some(format!("{p}: added by the round trip: {x}")),
+                    (Some(x), Some(y)) => {
+                        if let Some(d) = first_difference(x, y, &p) {
+                            return Some(d);
+                        }
+                    }
+                    (None, None) => unreachable!(),
+                }
+            }
+            None
+        }
+        (J::Array(a), J::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]"))),
+        _ if before == after => None,
+        _ => Some(format!(
+            "{path}: {before} in the manifest, {after} after the round trip"
+        )),
+    }
+}
+
+/// `doc` as a `T` and back: Ok when nothing is lost or changed.
+fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(
+    doc: &serde_json::Value,
+) -> Result<(), String> {
+    let typed: T = serde_json::from_value(doc.clone())
+        .map_err(|e| format!("not a {}: {e}", std::any::type_name::<T>()))?;
+    let back = serde_json::to_value(&typed).unwrap();
+    match first_difference(doc, &back, "$") {
+        None => Ok(()),
+        Some(d) => Err(d),
+    }
+}
+
+/// Checks one document against the type its apiVersion and kind name; a pair this test
+/// does not know is an error.
+fn check_document(doc: &serde_json::Value) -> Result<(), String> {
+    use k8s_openapi::api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        apps::v1::DaemonSet,
+        core::v1::{ConfigMap, Namespace, Pod, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+        resource::v1::{DeviceClass, ResourceClaimTemplate},
+    };
+    let api = doc["apiVersion"].as_str().unwrap_or("(none)");
+    let kind = doc["kind"].as_str().unwrap_or("(none)");
+    match (api, kind) {
+        ("v1", "Namespace") => round_trip::<Namespace>(doc),
+        ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(doc),
+        ("v1", "ConfigMap") => round_trip::<ConfigMap>(doc),
+        ("v1", "Pod") => round_trip::<Pod>(doc),
+        ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            round_trip::<ClusterRoleBinding>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            round_trip::<ValidatingAdmissionPolicy>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            round_trip::<ValidatingAdmissionPolicyBinding>(doc)
+        }
+        ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(doc),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => round_trip::<ResourceClaimTemplate>(doc),
+        ("monitoring.coreos.com/v1", "PodMonitor") => round_trip::<pod_monitor::PodMonitor>(doc),
+        _ => Err(format!(
+            "apiVersion {api:?} kind {kind:?}: not a type this test knows"
+        )),
+    }
+}
+
+#[test]
+fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
+    let docs = manifests();
+    let mut failures = Vec::new();
+    for (file, doc) in &docs {
+        let name = doc["metadata"]["name"].as_str().unwrap_or("(no name)");
+        if let Err(e) = check_document(&json(doc)) {
+            failures.push(format!("{file}: {} {name}: {e}", s(&doc["kind"])));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The files the README lists are all there (a file that fails to be read is a
+    // failure above; one that goes missing is one here).
+    let deploy = repo().join("deploy");
+    let files: BTreeSet<String> = docs
+        .iter()
+        .map(|(f, _)| {
+            let rel = Path::new(f).strip_prefix(&deploy).unwrap();
+            rel.to_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        files,
+        set(&[
+            "admission.yaml",
+            "daemonset.yaml",
+            "deviceclasses.yaml",
+            "examples/bandwidth-200m.yaml",
+            "podmonitor.yaml",
+            "rbac.yaml",
+        ])
+    );
+}
+
+#[test]
+fn round_trip_check_refuses_misspelled_fields_and_unknown_kinds() {
+    let yaml = |t: &str| json(&serde_yaml::from_str::<Value>(t).unwrap());
+    let good = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n    - name: c\n      securityContext: {readOnlyRootFilesystem: true}\n";
+    assert_eq!(check_document(&yaml(good)), Ok(()));
+    let misspelled = good.replace("readOnlyRootFilesystem", "readOnlyRootFileSystem");
+    let err = check_document(&yaml(&misspelled)).unwrap_err();
+    assert!(
+        err.starts_with("$.spec.containers[0].securityContext.readOnlyRootFileSystem:"),
+        "{err}"
+    );
+    // Misplaced: a container field at the pod level.
+    let misplaced = good.replace("spec:\n", "spec:\n  readOnlyRootFilesystem: true\n");
+    assert!(
+        check_document(&yaml(&misplaced))
+            .unwrap_err()
+            .starts_with("$.spec.readOnlyRootFilesystem:")
+    );
+    // A value of the wrong type.
+    let wrong = good.replace(
+        "readOnlyRootFilesystem: true",
+        "readOnlyRootFilesystem: yes please",
+    );
+    assert!(check_document(&yaml(&wrong)).is_err());
+    // Kinds and versions this test does not know.
+    for (api, kind) in [
+        ("v1", "Podd"),
+        ("v1beta1", "Pod"),
+        ("resource.k8s.io/v1beta2", "DeviceClass"),
+    ] {
+        let doc = yaml(&format!(
+            "apiVersion: {api}\nkind: {kind}\nmetadata: {{name: x}}\n"
+        ));
+        assert!(
+            check_document(&doc)
+                .unwrap_err()
+                .contains("not a type this test knows")
+        );
+    }
+    // The CRD's local type refuses unknown fields too.
+    let pm = "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: m}\nspec:\n  selector: {}\n  podMetricsEndpoints:\n    - port: metrics\n      scrapeTimout: 10s\n";
+    assert!(check_document(&yaml(pm)).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
+// The kubelet plugin: its container, its credentials, its RBAC, its classes, an example.
+
+/// Every document of `kind`, as the k8s-openapi type `T`.
+fn typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &str) -> Vec<T> {
+    docs.iter()
+        .filter(|(_, v)| v["kind"] == kind)
+        .map(|(f, v)| {
+            serde_json::from_value(json(v)).unwrap_or_else(|e| panic!("{f}: {kind}: {e}"))
+        })
+        .collect()
+}
+
+fn the_typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &str) -> T {
+    let mut all = typed::<T>(docs, kind);
+    assert_eq!(all.len(), 1, "exactly one {kind}");
+    all.pop().unwrap()
+}
+
+fn daemonset(docs: &[(String, Value)]) -> k8s_openapi::api::apps::v1::DaemonSet {
+    the_typed(docs, "DaemonSet")
+}
+
+fn pod_spec(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> &k8s_openapi::api::core::v1::PodSpec {
+    ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+fn plugin_container(
+    ds: &k8s_openapi::api::apps::v1::DaemonSet,
+) -> &k8s_openapi::api::core::v1::Container {
+    pod_spec(ds)
+        .containers
+        .iter()
+        .find(|c| c.name == "kubelet-plugin")
+        .expect("a container named kubelet-plugin")
+}
+
+/// The drivers the agent's inventory names: those the plugin serves and publishes.
+fn configmap_drivers(cfg: &Config) -> BTreeSet<String> {
+    cfg.devices.iter().map(|d| d.driver.clone()).collect()
+}
+
+/// `--flag value` pairs after the subcommand; a flag given twice or without a value fails.
+fn flags(args: &[String]) -> BTreeMap<String, String> {
+    assert!(
+        args.len().is_multiple_of(2),
+        "flags without values: {args:?}"
+    );
+    let mut out = BTreeMap::new();
+    for pair in args.chunks(2) {
+        assert!(
+            pair[0].starts_with("--") && !pair[1].starts_with("--"),
+            "{pair:?}"
+        );
+        assert!(
+            out.insert(pair[0].clone(), pair[1].clone()).is_none(),
+            "{} given twice",
+            pair[0]
+        );
+    }
+    out
+}
+
+#[test]
+fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
+    let docs = manifests();
+    let ds = daemonset(&docs);
+    let pod = pod_spec(&ds);
+    let c = plugin_container(&ds);
+    let cfg = configmap_config(&docs);
+
+    // Nothing beyond uid 0, which the agent's socket (root's, 0600) and allowed_uids
+    // require: no capability, no privilege, a read-only root.
+    let sc = c.security_context.as_ref().expect("a securityContext");
+    assert_eq!(sc.run_as_user, Some(0));
+    assert!(
+        cfg.agent.allowed_uids.contains(&0),
+        "the agent admits uid 0"
+    );
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    assert!(
+        caps.add.as_ref().is_none_or(Vec::is_empty),
+        "added capabilities: {:?}",
+        caps.add
+    );
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    assert!(
+        sc.app_armor_profile
+            .as_ref()
+            .is_none_or(|p| p.type_ != "Unconfined"),
+        "AppArmor unconfined"
+    );
+    assert!(
+        sc.se_linux_options.is_none(),
+        "SELinux type changed: {:?}",
+        sc.se_linux_options
+    );
+    assert!(c.ports.is_none(), "the plugin listens on unix sockets only");
+
+    // The subcommand, with every path given.
+    let cmd = c.command.as_ref().expect("a command");
+    assert_eq!(cmd[..2], ["/usr/local/bin/shareguard", "kubelet-plugin"]);
+    assert!(c.args.is_none());
+    let f = flags(&cmd[2..]);
+    assert_eq!(
+        f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            "--agent-socket",
+            "--node-name",
+            "--plugins-dir",
+            "--registry-dir"
+        ]),
+        "flags (no --kubeconfig: the in-cluster config)"
+    );
+    assert_eq!(
+        Path::new(&f["--agent-socket"]),
+        cfg.agent.socket,
+        "the ConfigMap's socket"
+    );
+    assert_eq!(f["--node-name"], "$(NODE_NAME)");
+    let node_env = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME in env");
+    let field = node_env
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref())
+        .expect("NODE_NAME from a fieldRef");
+    assert_eq!(field.field_path, "spec.nodeName");
+
+    // Volume name -> (host path, type) of the pod's hostPath volumes.
+    let host: BTreeMap<&str, (&str, &str)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let hp = v.host_path.as_ref()?;
+            Some((
+                v.name.as_str(),
+                (hp.path.as_str(), hp.type_.as_deref().unwrap_or("")),
+            ))
+        })
+        .collect();
+    let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+    let mount_at = |path: &Path| {
+        mounts
+            .iter()
+            .find(|m| Path::new(&m.mount_path) == path)
+            .unwrap_or_else(|| panic!("the plugin mounts nothing at {}", path.display()))
+    };
+    for m in mounts {
+        assert!(
+            m.mount_propagation.is_none(),
+            "{}: propagation",
+            m.mount_path
+        );
+    }
+
+    // The agent's socket: the agent container's volume, read-only here.
+    let sock_dir = cfg.agent.socket.parent().unwrap();
+    let sock = mount_at(sock_dir);
+    assert_eq!(
+        sock.read_only,
+        Some(true),
+        "the plugin only connects to the socket"
+    );
+    let agent_sock = agent_container(&ds_value(&docs))["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| Path::new(s(&m["mountPath"])) == sock_dir)
+        .map(|m| s(&m["name"]).to_owned())
+        .expect("the agent mounts its socket's directory");
+    assert_eq!(
+        sock.name, agent_sock,
+        "the same volume as the agent's socket"
+    );
+
+    // kubelet's directories, at the same paths as on the host (kubelet is told the
+    // socket paths as the plugin sees them).
+    let reg = mount_at(Path::new(&f["--registry-dir"]));
+    assert_eq!(
+        host.get(reg.name.as_str()),
+        Some(&(f["--registry-dir"].as_str(), "Directory"))
+    );
+    assert_ne!(reg.read_only, Some(true));
+    let mut plugin_host_mounts = BTreeSet::from([sock.name.clone(), reg.name.clone()]);
+    for driver in configmap_drivers(&cfg) {
+        let dir = Path::new(&f["--plugins-dir"]).join(&driver);
+        let m = mount_at(&dir);
+        assert_eq!(
+            host.get(m.name.as_str()),
+            Some(&(dir.to_str().unwrap(), "DirectoryOrCreate")),
+            "{driver}: its own directory under the plugins directory"
+        );
+        assert_ne!(m.read_only, Some(true));
+        plugin_host_mounts.insert(m.name.clone());
+    }
+    // Those and no other host path (not kubelet's whole plugins directory).
+    let mounted: BTreeSet<String> = mounts
+        .iter()
+        .filter(|m| host.contains_key(m.name.as_str()))
+        .map(|m| m.name.clone())
+        .collect();
+    assert_eq!(mounted, plugin_host_mounts, "the plugin's hostPath mounts");
+}
+
+fn ds_value(docs: &[(String, Value)]) -> Value {
+    the(docs, "DaemonSet")
+}
+
+#[test]
+fn only_the_kubelet_plugin_container_holds_api_credentials() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let docs = manifests();
+    let ds = daemonset(&docs);
+    let pod = pod_spec(&ds);
+    let sa: ServiceAccount = the_typed(&docs, "ServiceAccount");
+
+    // No automatic token anywhere: it would be mounted into every container.
+    assert_eq!(sa.automount_service_account_token, Some(false));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        sa.metadata.name.as_deref()
+    );
+    assert_eq!(ds.metadata.namespace, sa.metadata.namespace);
+
+    // One projected volume with what the in-cluster config reads.
+    let token_volumes: Vec<_> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.secret.is_some() || v.projected.is_some())
+        .collect();
+    assert_eq!(token_volumes.len(), 1, "one credentials volume");
+    let vol = token_volumes[0];
+    let sources = vol
+        .projected
+        .as_ref()
+        .unwrap()
+        .sources
+        .as_deref()
+        .unwrap_or_default();
+    assert_eq!(sources.len(), 3, "token, CA, namespace");
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref())
+        .expect("a serviceAccountToken source");
+    assert_eq!(token.path, "token");
+    assert!(token.audience.is_none(), "the API server's own audience");
+    let exp = token.expiration_seconds.expect("expirationSeconds");
+    assert!(
+        (600..=3607).contains(&exp),
+        "expirationSeconds {exp}: as short as kubelet's default or shorter"
+    );
+    let ca = sources
+        .iter()
+        .find_map(|s| s.config_map.as_ref())
+        .expect("the CA");
+    assert_eq!(ca.name, "kube-root-ca.crt");
+    let items = ca.items.as_deref().unwrap_or_default();
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("ca.crt", "ca.crt")
+    );
+    let ns = sources
+        .iter()
+        .find_map(|s| s.downward_api.as_ref())
+        .expect("the namespace");
+    let items = ns.items.as_deref().unwrap_or_default();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].path, "namespace");
+    assert_eq!(
+        items[0].field_ref.as_ref().map(|f| f.field_path.as_str()),
+        Some("metadata.namespace")
+    );
+
+    // Mounted by the plugin container only, read-only, where kube-rs looks.
+    let mut holders = Vec::new();
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        for m in c.volume_mounts.iter().flatten() {
+            if m.name == vol.name {
+                holders.push(c.name.clone());
+                assert_eq!(
+                    m.mount_path,
+                    "/var/run/secrets/kubernetes.io/serviceaccount"
+                );
+                assert_eq!(m.read_only, Some(true));
+            } else {
+                assert!(
+                    !m.mount_path.contains("/secrets"),
+                    "{}: {}",
+                    c.name,
+                    m.mount_path
+                );
+            }
+        }
+        assert!(c.env_from.is_none(), "{}: envFrom", c.name);
+    }
+    assert_eq!(holders, ["kubelet-plugin"], "containers with the token");
+}
+
+/// (apiGroup, resource, verb, resourceName or "*") for every grant of a ClusterRole.
+fn grants(
+    role: &k8s_openapi::api::rbac::v1::ClusterRole,
+) -> BTreeSet<(String, String, String, String)> {
+    assert!(role.aggregation_rule.is_none());
+    let mut out = BTreeSet::new();
+    for r in role.rules.iter().flatten() {
+        assert!(r.non_resource_urls.is_none(), "nonResourceURLs: {r:?}");
+        let names = r
+            .resource_names
+            .clone()
+            .unwrap_or_else(|| vec!["*".to_owned()]);
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    for n in &names {
+                        let grant = (g.clone(), res.clone(), v.clone(), n.clone());
+                        assert!(out.insert(grant.clone()), "granted twice: {grant:?}");
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn cluster_role_grants_exactly_the_verbs_the_plugin_uses() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let docs = manifests();
+    let cfg = configmap_config(&docs);
+    let role: ClusterRole = the_typed(&docs, "ClusterRole");
+    // rbac.yaml says why for each. Adding a verb fails here until it is justified.
+    let mut want: BTreeSet<(String, String, String, String)> = [
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "pods", "get"),
+        ("", "nodes", "get"),
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "resourceslices", "create"),
+        ("resource.k8s.io", "resourceslices", "patch"),
+        ("resource.k8s.io", "resourceslices", "delete"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
+    ]
+    .into_iter()
+    .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned(), "*".to_owned()))
+    .collect();
+    // Kubernetes 1.36: status.devices of claims on this node, for this driver only.
+    for driver in configmap_drivers(&cfg) {
+        want.insert((
+            "resource.k8s.io".to_owned(),
+            "resourceclaims/driver".to_owned(),
+            "associated-node:patch".to_owned(),
+            driver,
+        ));
+    }
+    assert_eq!(grants(&role), want);
+}
+
+#[test]
+fn cluster_role_binding_names_the_daemonsets_service_account() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let docs = manifests();
+    let ds = daemonset(&docs);
+    let role: ClusterRole = the_typed(&docs, "ClusterRole");
+    let b: ClusterRoleBinding = the_typed(&docs, "ClusterRoleBinding");
+    assert_eq!(b.role_ref.api_group, "rbac.authorization.k8s.io");
+    assert_eq!(b.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&b.role_ref.name), role.metadata.name.as_ref());
+    let subjects = b.subjects.as_deref().unwrap_or_default();
+    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    let sub = &subjects[0];
+    assert_eq!(sub.kind, "ServiceAccount");
+    assert_eq!(Some(&sub.name), pod_spec(&ds).service_account_name.as_ref());
+    assert_eq!(sub.namespace, ds.metadata.namespace);
+}
+
+/// The string literals compared with `what` in a CEL expression (`what == "x"`).
+fn compared_with(expr: &str, what: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in expr.match_indices(what) {
+        let rest = expr[i + what.len()..].trim_start();
+        if let Some(rest) = rest.strip_prefix("==") {
+            let rest = rest.trim_start();
+            let lit = rest
+                .strip_prefix('"')
+                .and_then(|r| r.split_once('"'))
+                .map(|(l, _)| l);
+            out.push(
+                lit.unwrap_or_else(|| panic!("{what} compared with a non-literal in {expr}"))
+                    .to_owned(),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let docs = manifests();
+    let ds = daemonset(&docs);
+    let cfg = configmap_config(&docs);
+    let p: ValidatingAdmissionPolicy = the_typed(&docs, "ValidatingAdmissionPolicy");
+    let b: ValidatingAdmissionPolicyBinding = the_typed(&docs, "ValidatingAdmissionPolicyBinding");
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec
+        .match_constraints
+        .as_ref()
+        .unwrap()
+        .resource_rules
+        .as_deref()
+        .unwrap_or_default();
+    assert!(rules.iter().any(|r| {
+        r.api_groups.as_deref() == Some(&["resource.k8s.io".to_owned()][..])
+            && r.resources.as_deref() == Some(&["resourceslices".to_owned()][..])
+            && r.operations
+                .iter()
+                .flatten()
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                == set(&["CREATE", "UPDATE", "DELETE"])
+    }));
+    // It applies to the DaemonSet's ServiceAccount.
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        ds.metadata.namespace.as_deref().unwrap(),
+        pod_spec(&ds).service_account_name.as_deref().unwrap()
+    );
+    let conds = spec.match_conditions.as_deref().unwrap_or_default();
+    let names: Vec<String> = conds
+        .iter()
+        .flat_map(|c| compared_with(&c.expression, "request.userInfo.username"))
+        .collect();
+    assert_eq!(names, [user]);
+    // Node: the token's node name against the slice's spec.nodeName; driver: the
+    // ConfigMap's drivers.
+    let validations: String = spec
+        .validations
+        .iter()
+        .flatten()
+        .map(|v| v.expression.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(validations.contains("spec.?nodeName"), "{validations}");
+    assert!(
+        validations.contains("request.userInfo.extra[\"authentication.kubernetes.io/node-name\"]")
+    );
+    let drivers: BTreeSet<String> = compared_with(&validations, "spec.driver")
+        .into_iter()
+        .collect();
+    assert_eq!(drivers, configmap_drivers(&cfg));
+    // Bound, denying.
+    let bspec = b.spec.as_ref().unwrap();
+    assert_eq!(bspec.policy_name, p.metadata.name);
+    assert_eq!(
+        bspec.validation_actions.as_deref(),
+        Some(&["Deny".to_owned()][..])
+    );
+    assert!(bspec.param_ref.is_none());
+}
+
+/// One `device.` reference of a DeviceClass selector.
+#[derive(Debug, PartialEq)]
+enum DeviceRef {
+    /// `device.driver == "x"`
+    Driver(String),
+    /// `device.attributes["domain"].name`, with the literal it is compared with, if any.
+    Attribute(String, String, Option<String>),
+    /// `device.capacity["domain"].name`
+    Capacity(String, String),
+}
+
+/// `field["domain"].name` at the start of `rest`: (domain, name, what follows).
+fn indexed_ref<'a>(rest: &'a str, field: &str) -> Option<(String, String, &'a str)> {
+    let r = rest.strip_prefix(field)?.strip_prefix("[\"")?;
+    let (domain, r) = r.split_once("\"].")?;
+    let name: String = r
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    Some((domain.to_owned(), name.clone(), &r[name.len()..]))
+}
+
+/// Every `device.` reference in a CEL expression; a form this parser does not know fails.
+fn device_refs(expr: &str) -> Vec<DeviceRef> {
+    let mut out = Vec::new();
+    for (i, _) in expr.match_indices("device.") {
+        if expr[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            continue;
+        }
+        let rest = &expr[i + "device.".len()..];
+        let indexed = |field: &str| indexed_ref(rest, field);
+        if rest.starts_with("driver") {
+            let lits = compared_with(rest, "driver");
+            out.push(DeviceRef::Driver(lits.into_iter().next().unwrap_or_else(
+                || panic!("device.driver not compared with a literal: {expr}"),
+            )));
+        } else if let Some((domain, name, after)) = indexed("attributes") {
+            let lit = after
+                .trim_start()
+                .strip_prefix("==")
+                .and_then(|r| r.trim_start().strip_prefix('"'))
+                .and_then(|r| r.split_once('"'))
+                .map(|(l, _)| l.to_owned());
+            out.push(DeviceRef::Attribute(domain, name, lit));
+        } else if let Some((domain, name, _)) = indexed("capacity") {
+            out.push(DeviceRef::Capacity(domain, name));
+        } else {
+            panic!("a device reference this test does not understand: {rest:.40}");
+        }
+    }
+    out
+}
+
+/// The attributes the plugin publishes (deviceclasses.yaml lists them).
+const ATTRIBUTES: [&str; 5] = ["kind", "mechanism", "enforced", "uuid", "model"];
+
+/// DeviceClass name -> the `kind` its selectors require, if one.
+fn class_kinds(docs: &[(String, Value)]) -> BTreeMap<String, Option<String>> {
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    typed::<DeviceClass>(docs, "DeviceClass")
+        .into_iter()
+        .map(|c| {
+            let kinds: Vec<String> = c
+                .spec
+                .selectors
+                .iter()
+                .flatten()
+                .flat_map(|s| device_refs(&s.cel.as_ref().unwrap().expression))
+                .filter_map(|r| match r {
+                    DeviceRef::Attribute(_, n, lit) if n == "kind" => lit,
+                    _ => None,
+                })
+                .collect();
+            assert!(kinds.len() <= 1, "{kinds:?}");
+            (c.metadata.name.unwrap(), kinds.into_iter().next())
+        })
+        .collect()
+}
+
+#[test]
+fn device_class_selectors_name_the_configmap_drivers_and_published_attributes() {
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    let docs = manifests();
+    let cfg = configmap_config(&docs);
+    let drivers = configmap_drivers(&cfg);
+    let classes: Vec<DeviceClass> = typed(&docs, "DeviceClass");
+    assert!(!classes.is_empty());
+    let mut enforced_kinds = BTreeSet::new();
+    for c in &classes {
+        let name = c.metadata.name.clone().unwrap();
+        let selectors = c.spec.selectors.as_deref().unwrap_or_default();
+        assert!(
+            !selectors.is_empty(),
+            "{name}: no selector would take every driver's devices"
+        );
+        for sel in selectors {
+            let expr = &sel.cel.as_ref().expect("a CEL selector").expression;
+            let refs = device_refs(expr);
+            assert!(
+                refs.iter()
+                    .any(|r| matches!(r, DeviceRef::Driver(d) if drivers.contains(d))),
+                "{name}: the selector does not test device.driver against the ConfigMap's drivers: {expr}"
+            );
+            let mut kind = None;
+            let mut enforced = false;
+            for r in &refs {
+                match r {
+                    DeviceRef::Driver(d) => assert!(drivers.contains(d), "{name}: driver {d}"),
+                    DeviceRef::Attribute(domain, attr, lit) => {
+                        assert!(
+                            drivers.contains(domain),
+                            "{name}: attribute domain {domain}"
+                        );
+                        assert!(
+                            ATTRIBUTES.contains(&attr.as_str()),
+                            "{name}: attribute {attr} is not published"
+                        );
+                        if attr == "kind" {
+                            let k = lit.clone().unwrap_or_else(|| {
+                                panic!("{name}: kind not compared with a literal")
+                            });
+                            assert!(
+                                cfg.devices.iter().any(|d| d.kind.as_str() == k),
+                                "{name}: no device of kind {k} in the ConfigMap"
+                            );
+                            kind = Some(k);
+                        }
+                        enforced |= attr == "enforced" && lit.is_none();
+                    }
+                    DeviceRef::Capacity(domain, cap) => {
+                        assert!(drivers.contains(domain), "{name}: capacity domain {domain}");
+                        assert!(
+                            cfg.devices.iter().any(|d| d.capacities.contains_key(cap)),
+                            "{name}: no device has capacity {cap}"
+                        );
+                    }
+                }
+            }
+            if let (Some(k), true) = (kind, enforced) {
+                enforced_kinds.insert(k);
+            }
+        }
+    }
+    // An enforcing class for each kind the ConfigMap's devices enforce.
+    assert_eq!(enforced_kinds, set(&["gpu", "net"]));
+}
+
+#[test]
+fn example_claim_template_asks_for_an_amount_the_net_device_policy_allows() {
+    use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaimTemplate};
+    use shareguard_common::Quantity;
+    let docs = manifests();
+    let cfg = configmap_config(&docs);
+    let drivers = configmap_drivers(&cfg);
+    let classes = class_kinds(&docs);
+    let templates: Vec<ResourceClaimTemplate> = typed(&docs, "ResourceClaimTemplate");
+    assert!(!templates.is_empty());
+    let mut checked = 0;
+    for t in &templates {
+        let tname = t.metadata.name.clone().unwrap();
+        let requests = t
+            .spec
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_deref()
+            .unwrap_or_default();
+        for r in requests {
+            let ex = r
+                .exactly
+                .as_ref()
+                .unwrap_or_else(|| panic!("{tname}/{}: an exact request", r.name));
+            let kind = classes
+                .get(&ex.device_class_name)
+                .unwrap_or_else(|| panic!("{tname}: no DeviceClass {}", ex.device_class_name))
+                .as_deref()
+                .unwrap_or_else(|| panic!("{}: a class of one kind", ex.device_class_name));
+            let devices: Vec<_> = cfg
+                .devices
+                .iter()
+                .filter(|d| d.kind.as_str() == kind && drivers.contains(&d.driver))
+                .collect();
+            assert!(!devices.is_empty(), "no {kind} device in the ConfigMap");
+            let asked = ex
+                .capacity
+                .as_ref()
+                .and_then(|c| c.requests.as_ref())
+                .expect("an amount of capacity");
+            for (cap, amount) in asked {
+                let q = Quantity::parse(&amount.0)
+                    .unwrap_or_else(|e| panic!("{tname}: {cap}: {}: {e}", amount.0));
+                // Some device of the class's kind has the capacity, and its policy takes the
+                // amount as it is (the scheduler would round it up otherwise) within the
+                // device's capacity.
+                let fits = devices.iter().any(|d| {
+                    d.capacities.get(cap).is_some_and(|c| {
+                        c.policy.allows(&q).is_ok() && (c.value.is_zero() || q <= c.value)
+                    })
+                });
+                assert!(
+                    fits,
+                    "{tname}: {cap} {q}: no {kind} device's policy allows it"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+    // The example's net request is the one this test was written for.
+    let net = &cfg
+        .devices
+        .iter()
+        .find(|d| d.kind == DeviceKind::Net)
+        .unwrap()
+        .capacities["bandwidth"];
+    assert!(net.policy.allows(&Quantity::parse("200M").unwrap()).is_ok());
+    assert!(
+        net.policy
+            .allows(&Quantity::parse("205M").unwrap())
+            .is_err(),
+        "the step is enforced"
+    );
+
+    // The example pod uses the template, from the container that runs.
+    let pod: Pod = the_typed(&docs, "Pod");
+    let spec = pod.spec.as_ref().unwrap();
+    assert_ne!(
+        spec.host_network,
+        Some(true),
+        "a host-network pod has no veth to limit"
+    );
+    let claims = spec.resource_claims.as_deref().unwrap_or_default();
+    let names: BTreeSet<&str> = templates
+        .iter()
+        .filter_map(|t| t.metadata.name.as_deref())
+        .collect();
+    for c in claims {
+        assert!(
+            c.resource_claim_template_name
+                .as_deref()
+                .is_some_and(|n| names.contains(n)),
+            "{}: not one of the example templates",
+            c.name
+        );
+    }
+    let used: BTreeSet<&str> = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
+        .map(|c| c.name.as_str())
+        .collect();
+    let declared: BTreeSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(used, declared, "claims the containers use");
 }
