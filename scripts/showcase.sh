@@ -6,8 +6,10 @@
 # get bandwidth shares before their sandboxes exist (as kubelet prepares claims), the
 # agent finds each sandbox itself and enforces it, iperf3 measures both, one pod goes
 # away and its share waits again; and a GPU share is limited, watched and its over-limit
-# process terminated (on the SIMULATED GPU back end: no GPU here). It ends by checking
-# that it left nothing behind on the host.
+# process terminated (on the SIMULATED GPU back end: no GPU here); and the Kubernetes
+# part: the kubelet plugin registers, publishes a ResourceSlice and prepares a claim for a
+# pod through an API-server STAND-IN, and the claim's status says what is enforced. It
+# ends by checking that it left nothing behind on the host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -15,6 +17,7 @@ ensure_build_deps
 
 echo "==> building shareguard (release)"
 cargo build --release --locked -p shareguard
+cargo build --release --locked -p shareguard-tests --example kubernetes
 SG="$PWD/target/release/shareguard"
 host_before=$(scripts/host-state.sh | sort)
 
@@ -311,6 +314,14 @@ gpu_pid=""
 grep -E '"decision":"(over_limit|terminate)"' "$work/audit.jsonl"
 sg release gpu-a >/dev/null
 echo "released: CDI spec removed: $(ls "$work/cdi" | wc -l) spec files left"
+
+step "Kubernetes: the kubelet plugin between kubelet and an API-server STAND-IN (no kube-apiserver here)"
+# The real `shareguard kubelet-plugin` over this agent: it registers with "kubelet" (calls
+# made from kubelet's own API definitions), publishes nic-0 as a ResourceSlice, prepares
+# a claim for 200M before the pod's sandbox exists, and writes the enforced limit into the
+# ResourceClaim's status. Its instance takes a new epoch, which fences the CLI's epoch 1,
+# so this comes after the steps above.
+"$PWD/target/release/examples/kubernetes" "$work/agent.sock"
 
 step "audit log (one JSON line per decision)"
 cat "$work/audit.jsonl"
