@@ -207,7 +207,7 @@ async fn keep_published(
             },
             _ = tick.tick() => {
                 ticks += 1;
-                if refresh_inventory(&driver, &agent).await || ticks % FULL_PASS_EVERY == 0 {
+                if refresh_inventory(&driver, &agent).await || ticks.is_multiple_of(FULL_PASS_EVERY) {
                     due.get_or_insert_with(tokio::time::Instant::now);
                 }
             }

@@ -74,3 +74,41 @@ pub fn v1beta1_claim(namespace: &str, name: &str, uid: &str) -> v1beta1::Claim {
         name: name.into(),
     }
 }
+
+/// kubelet's NodePrepareResources (v1) for one claim: the claim's entry of the answer.
+pub async fn prepare_v1(
+    c: &mut V1Client<Channel>,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> v1::NodePrepareResourceResponse {
+    let mut r = c
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(namespace, name, uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims
+        .remove(uid)
+        .unwrap_or_else(|| panic!("no answer for claim {uid}: {r:?}"))
+}
+
+/// kubelet's NodeUnprepareResources (v1) for one claim: the claim's entry of the answer.
+pub async fn unprepare_v1(
+    c: &mut V1Client<Channel>,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> v1::NodeUnprepareResourceResponse {
+    let mut r = c
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim(namespace, name, uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims
+        .remove(uid)
+        .unwrap_or_else(|| panic!("no answer for claim {uid}: {r:?}"))
+}

@@ -18,7 +18,7 @@ use shareguard_tests::{
     apiserver::ApiServer,
     generic_device, get_share,
     k8s::{self, claim, pod, result},
-    kubelet::{dra_v1 as v1, v1_claim},
+    kubelet::{prepare_v1, unprepare_v1},
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock, wait_for},
     plugin::Plugin,
     pod::{Layout, pod_uid},
@@ -210,14 +210,8 @@ async fn a_claims_status_shows_its_share_until_unprepare() {
 
     let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
     let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
-    let r = kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &uid)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    let r = prepare_v1(&mut kubelet, NS, "c1", &uid).await;
+    assert_eq!(r.error, "", "{r:?}");
 
     wait_for("the share's status in the claim", WAIT, || {
         entries(&api, "c1")
@@ -247,14 +241,8 @@ async fn a_claims_status_shows_its_share_until_unprepare() {
         api.applies()
     );
 
-    let u = kubelet
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &uid)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    let u = unprepare_v1(&mut kubelet, NS, "c1", &uid).await;
+    assert_eq!(u.error, "", "{u:?}");
     wait_for("our entry gone from the claim", WAIT, || {
         entries(&api, "c1").iter().all(|e| e.driver != DRIVER)
     });
@@ -311,14 +299,8 @@ async fn a_pod_gets_its_bandwidth_and_its_claim_says_so() {
     });
 
     let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
-    let r = kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "bw", &uid)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    let r = prepare_v1(&mut kubelet, NS, "bw", &uid).await;
+    assert_eq!(r.error, "", "{r:?}");
     let mut client = agent.client().await;
     let s = get_share(&mut client, share.clone()).await;
     assert_eq!(s.phase, pb::Phase::Pending as i32, "no sandbox yet: {s:?}");
@@ -351,14 +333,8 @@ async fn a_pod_gets_its_bandwidth_and_its_claim_says_so() {
         assert!((0.90..=1.05).contains(&ratio), "{ratio:.3}: {m}");
     }
 
-    let u = kubelet
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![v1_claim(NS, "bw", &uid)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(u.claims[&uid].error, "", "{u:?}");
+    let u = unprepare_v1(&mut kubelet, NS, "bw", &uid).await;
+    assert_eq!(u.error, "", "{u:?}");
     let qdiscs = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
     assert!(!qdiscs.contains("htb"), "limit lifted: {qdiscs}");
     wait_for("the entry gone from the claim", WAIT, || {
@@ -438,14 +414,8 @@ async fn a_restarted_plugin_writes_the_status_again_from_the_snapshot() {
     ));
     let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
     let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
-    let r = kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &uid)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    let r = prepare_v1(&mut kubelet, NS, "c1", &uid).await;
+    assert_eq!(r.error, "", "{r:?}");
     wait_for("the status written", WAIT, || {
         entries(&api, "c1").len() == 1
     });

@@ -28,125 +28,76 @@ fn error_text<T>(r: &Result<T, String>) -> String {
     r.as_ref().err().cloned().unwrap_or_default()
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for V1 {
-    async fn node_prepare_resources(
-        &self,
-        req: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims: Vec<pb::ClaimRef> = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.uid, c.name))
-            .collect();
-        let claims = self
-            .0
-            .prepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = error_text(&r);
-                let devices = r
-                    .unwrap_or_default()
+/// The two versions' services differ only in their message types (and v1beta1's
+/// `Device` has no share id), so one body serves both.
+macro_rules! dra_service {
+    ($service:ident, $api:ident, $device:expr) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for $service {
+            async fn node_prepare_resources(
+                &self,
+                req: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims: Vec<pb::ClaimRef> = req
+                    .into_inner()
+                    .claims
                     .into_iter()
-                    .map(|d: DeviceAnswer| v1::Device {
-                        request_names: vec![d.request],
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_device_ids,
-                        share_id: d.share_id,
+                    .map(|c| claim_ref(c.namespace, c.uid, c.name))
+                    .collect();
+                let to_device: fn(DeviceAnswer) -> $api::Device = $device;
+                let claims = self
+                    .0
+                    .prepare(&claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let error = error_text(&r);
+                        let devices = r.unwrap_or_default().into_iter().map(to_device).collect();
+                        (uid, $api::NodePrepareResourceResponse { devices, error })
                     })
                     .collect();
-                (uid, v1::NodePrepareResourceResponse { devices, error })
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        req: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims: Vec<pb::ClaimRef> = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.uid, c.name))
-            .collect();
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = error_text(&r);
-                (uid, v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
-
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for V1Beta1 {
-    async fn node_prepare_resources(
-        &self,
-        req: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims: Vec<pb::ClaimRef> = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.uid, c.name))
-            .collect();
-        let claims = self
-            .0
-            .prepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = error_text(&r);
-                let devices = r
-                    .unwrap_or_default()
+            async fn node_unprepare_resources(
+                &self,
+                req: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims: Vec<pb::ClaimRef> = req
+                    .into_inner()
+                    .claims
                     .into_iter()
-                    .map(|d: DeviceAnswer| v1beta1::Device {
-                        request_names: vec![d.request],
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_device_ids,
+                    .map(|c| claim_ref(c.namespace, c.uid, c.name))
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare(&claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let error = error_text(&r);
+                        (uid, $api::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
-                (uid, v1beta1::NodePrepareResourceResponse { devices, error })
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        req: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims: Vec<pb::ClaimRef> = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.uid, c.name))
-            .collect();
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = error_text(&r);
-                (uid, v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
+    };
 }
+
+dra_service!(V1, v1, |d| v1::Device {
+    request_names: vec![d.request],
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_device_ids,
+    share_id: d.share_id,
+});
+
+dra_service!(V1Beta1, v1beta1, |d| v1beta1::Device {
+    request_names: vec![d.request],
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_device_ids,
+});
