@@ -13,7 +13,7 @@ use std::{
 };
 
 use serde::Deserialize;
-use shareguard_common::Quantity;
+use shareguard_common::{Quantity, slice};
 use shareguard_limiter_gpu::limiter::MEMORY;
 use shareguard_limiter_net::Mechanism;
 use toml::Spanned;
@@ -21,7 +21,7 @@ use toml::Spanned;
 use crate::{
     config_gpu::{GpuConfig, RawGpu, RawSimulated, RawWatchdog},
     policy::Policy,
-    validate::{is_dns_label, is_dns_subdomain, is_namespace, is_pool_name, is_qualified_name},
+    validate::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
 };
 
 pub const DEFAULT_PATH: &str = "/etc/shareguard/agent.toml";
@@ -222,8 +222,9 @@ struct RawRange {
     step: Option<String>,
 }
 
-/// Capacities one device may have: resource.k8s.io allows 32 attributes and capacities
-/// per device together. It also bounds what one share record holds.
+/// An upper bound of the capacities one device may have: resource.k8s.io allows 32
+/// attributes and capacities per device together (the config allows fewer, since the
+/// published attributes count too). It also bounds what one share record holds.
 pub const MAX_CAPACITIES: usize = 32;
 
 /// Maximum claims in one Prepare or Unprepare unless the config says otherwise.
@@ -444,6 +445,7 @@ impl Config {
         let mut hardware: BTreeMap<String, String> = BTreeMap::new();
         let mut names = BTreeSet::new();
         let mut ids = BTreeSet::new();
+        let mut pool_sizes: BTreeMap<(String, String), usize> = BTreeMap::new();
         for d in raw.devices {
             let dspan = d.span();
             let d = d.into_inner();
@@ -462,11 +464,11 @@ impl Config {
                     format!("device.name: {name:?} is defined twice"),
                 ));
             }
-            if !is_dns_subdomain(d.driver.get_ref()) {
+            if !is_driver_name(d.driver.get_ref()) {
                 return Err(err(
                     d.driver.span(),
                     format!(
-                        "device {name}: driver {:?} is not a DNS subdomain",
+                        "device {name}: driver {:?} is not a DNS subdomain of at most 63 characters",
                         d.driver.get_ref()
                     ),
                 ));
@@ -488,6 +490,22 @@ impl Config {
                 return Err(err(
                     dspan.clone(),
                     format!("device {name}: driver/pool/name is not unique"),
+                ));
+            }
+            // The plugin publishes a pool as one ResourceSlice.
+            let in_pool = pool_sizes
+                .entry((d.driver.get_ref().clone(), d.pool.get_ref().clone()))
+                .or_insert(0usize);
+            *in_pool += 1;
+            if *in_pool > slice::MAX_DEVICES_PER_SLICE {
+                return Err(err(
+                    dspan.clone(),
+                    format!(
+                        "device {name}: pool {:?} of driver {:?} has more than {} devices, which resource.k8s.io takes in one ResourceSlice",
+                        d.pool.get_ref(),
+                        d.driver.get_ref(),
+                        slice::MAX_DEVICES_PER_SLICE
+                    ),
                 ));
             }
             let kind = match d.kind.get_ref().as_str() {
@@ -537,12 +555,18 @@ impl Config {
                     ),
                 ));
             }
-            if d.capacity.len() > MAX_CAPACITIES {
+            // The plugin publishes the capacities beside its attributes, and the API
+            // server takes at most 32 of both together per device.
+            let attributes = slice::attributes_for(kind == DeviceKind::Gpu);
+            if d.capacity.len() + attributes > slice::MAX_ATTRIBUTES_AND_CAPACITIES {
                 return Err(err(
                     dspan,
                     format!(
-                        "device {name}: {} capacities, at most {MAX_CAPACITIES} (resource.k8s.io's limit per device)",
-                        d.capacity.len()
+                        "device {name}: {} capacities, at most {} for a {} device (resource.k8s.io takes {} attributes and capacities per device, and its ResourceSlice entry has {attributes} attributes)",
+                        d.capacity.len(),
+                        slice::MAX_ATTRIBUTES_AND_CAPACITIES - attributes,
+                        kind.as_str(),
+                        slice::MAX_ATTRIBUTES_AND_CAPACITIES,
                     ),
                 ));
             }
@@ -580,7 +604,9 @@ impl Config {
                 if !is_qualified_name(&cname_s) {
                     return Err(err(
                         cname.span(),
-                        format!("device {name}: capacity name {cname_s:?} is not a qualified name"),
+                        format!(
+                            "device {name}: capacity name {cname_s:?} is not a resource.k8s.io qualified name: a C identifier (letters, digits, '_'; not starting with a digit; at most 32), optionally after \"<domain>/\""
+                        ),
                     ));
                 }
                 let value = match (&cap.value, kind, &d.interface) {
@@ -637,16 +663,12 @@ impl Config {
                         format!("device {name}: capacity {cname_s}: {e}"),
                     )
                 })?;
-                if let Some(d) = policy.default
-                    && d > value
-                    && !discovered_later
-                {
-                    return Err(err(
-                        cspan,
-                        format!(
-                            "device {name}: capacity {cname_s}: default {d} exceeds the capacity {value}"
-                        ),
-                    ));
+                // A GPU's memory is checked against the policy once it is read from the
+                // GPU (limiters.rs).
+                if !discovered_later {
+                    policy.check_capacity(&value).map_err(|e| {
+                        err(cspan, format!("device {name}: capacity {cname_s}: {e}"))
+                    })?;
                 }
                 capacities.insert(cname_s, CapacityConfig { value, policy });
             }
@@ -726,8 +748,8 @@ impl Config {
     }
 }
 
-/// A `net` device has one symmetric `bandwidth`, or `egress-bandwidth` and/or
-/// `ingress-bandwidth` (the pod's egress and ingress), and nothing else.
+/// A `net` device has one symmetric `bandwidth`, or `egressBandwidth` and/or
+/// `ingressBandwidth` (the pod's egress and ingress), and nothing else.
 fn check_net_capacities(name: &str, caps: &BTreeMap<String, CapacityConfig>) -> Result<(), String> {
     use shareguard_limiter_net::limiter::{BANDWIDTH, CAPACITIES};
     if let Some(other) = caps.keys().find(|k| !CAPACITIES.contains(&k.as_str())) {
@@ -738,7 +760,7 @@ fn check_net_capacities(name: &str, caps: &BTreeMap<String, CapacityConfig>) -> 
     }
     if caps.contains_key(BANDWIDTH) && caps.len() > 1 {
         return Err(format!(
-            "device {name}: bandwidth (both directions) cannot be combined with egress-bandwidth or ingress-bandwidth"
+            "device {name}: bandwidth (both directions) cannot be combined with egressBandwidth or ingressBandwidth"
         ));
     }
     Ok(())
@@ -771,6 +793,10 @@ fn line_of(text: &str, offset: usize) -> usize {
         .count()
         + 1
 }
+
+#[cfg(test)]
+#[path = "config_capacity_tests.rs"]
+mod capacity_tests;
 
 #[cfg(test)]
 mod tests {

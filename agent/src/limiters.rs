@@ -79,7 +79,10 @@ impl Limiter for Unavailable {
 
 /// Builds the limiters for `cfg` and fills in what only they can know: the memory of
 /// GPUs whose capacity the config leaves out.
-pub fn for_config(cfg: &mut Config) -> Limiters {
+///
+/// Fails when a GPU's memory, read from the GPU, is smaller than what the device's
+/// request policy needs (resource.k8s.io would refuse the device's ResourceSlice).
+pub fn for_config(cfg: &mut Config) -> Result<Limiters, String> {
     // One back end (programs, pins, install records, probe) for all net devices, opened
     // on first use; each device gets its own mechanism on top of it.
     let mut net: Option<Result<Arc<NetBackend>, String>> = None;
@@ -115,15 +118,18 @@ pub fn for_config(cfg: &mut Config) -> Limiters {
         };
         out.insert(d.name.clone(), l);
     }
-    let gpu_watches = gpu_limiters(cfg, &mut out);
-    Limiters {
+    let gpu_watches = gpu_limiters(cfg, &mut out)?;
+    Ok(Limiters {
         by_device: out,
         gpu_watches,
-    }
+    })
 }
 
 /// One `GpuLimiter` per back end kind (NVML, simulated) over that kind's devices.
-fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -> Vec<GpuWatch> {
+fn gpu_limiters(
+    cfg: &mut Config,
+    out: &mut HashMap<String, Arc<dyn Limiter>>,
+) -> Result<Vec<GpuWatch>, String> {
     let mut watches = Vec::new();
     for simulated in [false, true] {
         let devices: Vec<_> = cfg
@@ -230,6 +236,12 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
                             Quantity::from_units(i128::from(dev.capacity_bytes), Format::BinarySI)
                     {
                         info!(device = %d.name, memory = %q, "GPU memory capacity taken from the GPU");
+                        cap.policy.check_capacity(&q).map_err(|e| {
+                            format!(
+                                "device {}: capacity {MEMORY} (the GPU's memory, {q}): {e}; give the capacity a value, or a policy that fits this GPU",
+                                d.name
+                            )
+                        })?;
                         cap.value = q;
                     }
                 }
@@ -241,5 +253,5 @@ fn gpu_limiters(cfg: &mut Config, out: &mut HashMap<String, Arc<dyn Limiter>>) -
             }
         }
     }
-    watches
+    Ok(watches)
 }

@@ -7,8 +7,7 @@
 use shareguard_common::Quantity;
 use shareguard_proto::v1 as pb;
 
-/// At most this many valid values, as in the Kubernetes API.
-pub const MAX_VALID_VALUES: usize = 10;
+pub use shareguard_common::slice::MAX_VALID_VALUES;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -45,12 +44,51 @@ fn perr(part: impl Into<String>, message: impl Into<String>) -> PolicyError {
     }
 }
 
+/// Kubernetes 1.34–1.36 compute with a quantity's `Value()`: whole units, rounded up, in
+/// an int64. Larger amounts wrap there.
+const MAX_UNITS: i128 = i64::MAX as i128;
+
 fn parse(part: &str, s: &str) -> Result<Quantity, PolicyError> {
     let q = Quantity::parse(s).map_err(|e| perr(part, e.to_string()))?;
     if q.is_negative() {
         return Err(perr(part, format!("{s:?} is negative")));
     }
+    if q.ceil_units().is_none_or(|u| u > MAX_UNITS) {
+        return Err(perr(
+            part,
+            format!("{s:?} is above {MAX_UNITS}, the largest amount Kubernetes computes with"),
+        ));
+    }
     Ok(q)
+}
+
+/// `q` is `min` plus a whole number of `step`s.
+fn on_grid(q: &Quantity, min: &Quantity, step: &Quantity) -> bool {
+    q >= min
+        && q.checked_sub(min)
+            .is_some_and(|off| off.exact_div(step).is_some())
+}
+
+fn whole(q: &Quantity) -> bool {
+    q.ceil_units()
+        .and_then(|u| Quantity::from_units(u, q.format()))
+        .is_some_and(|w| w == *q)
+}
+
+/// A range with a step is a grid that Kubernetes 1.34–1.36 (validation and the scheduler
+/// alike) compute in whole units, rounded up: with a fractional min or step, the amounts
+/// the scheduler hands out are off the exact grid. So min and step are whole numbers.
+fn check_whole(part: &str, q: &Quantity) -> Result<(), PolicyError> {
+    if whole(q) {
+        Ok(())
+    } else {
+        Err(perr(
+            part,
+            format!(
+                "{q} is not a whole number: Kubernetes computes a range's step grid in whole units, so the scheduler's amounts would be off this one"
+            ),
+        ))
+    }
 }
 
 impl Policy {
@@ -59,9 +97,13 @@ impl Policy {
         rule: Rule::Any,
     };
 
-    /// Builds a policy from its string parts and checks it the way the Kubernetes API
-    /// validates a ResourceSlice: one rule at most, values ascending and unique, a default
-    /// that the rule allows, a positive step, min <= max.
+    /// Builds a policy from its string parts and checks it the way resource.k8s.io
+    /// validates a `CapacityRequestPolicy` in a ResourceSlice (Kubernetes 1.34–1.36), and
+    /// where a version accepts what another refuses or what its own scheduler cannot
+    /// honour, the stricter way: one rule at most; values ascending and unique, also
+    /// when rounded up to whole units; a positive whole step, a whole min, a max on the
+    /// step grid; a default that the rule allows; nothing negative or beyond int64.
+    /// What depends on the capacity's value is [`Policy::check_capacity`].
     pub fn from_parts(
         default: Option<&str>,
         valid_values: &[String],
@@ -72,7 +114,7 @@ impl Policy {
             (false, Some(_)) => {
                 return Err(perr(
                     "valid_values",
-                    "valid_values and valid_range are mutually exclusive",
+                    "valid_values and valid_range are mutually exclusive: exactly one policy can be specified",
                 ));
             }
             (false, None) => {
@@ -82,18 +124,31 @@ impl Policy {
                         format!("{} entries, at most {MAX_VALID_VALUES}", valid_values.len()),
                     ));
                 }
-                let mut values = Vec::with_capacity(valid_values.len());
+                let mut values: Vec<Quantity> = Vec::with_capacity(valid_values.len());
                 for (i, v) in valid_values.iter().enumerate() {
-                    let q = parse(&format!("valid_values[{i}]"), v)?;
-                    if let Some(prev) = values.last()
-                        && q <= *prev
-                    {
-                        return Err(perr(
-                            format!("valid_values[{i}]"),
-                            format!(
-                                "{v:?} is not above the previous value {prev}: values must be ascending and unique"
-                            ),
-                        ));
+                    let part = format!("valid_values[{i}]");
+                    let q = parse(&part, v)?;
+                    if let Some(prev) = values.last() {
+                        if q < *prev {
+                            return Err(perr(
+                                part,
+                                format!(
+                                    "{q} is below {prev}: values must be sorted in ascending order"
+                                ),
+                            ));
+                        }
+                        if q == *prev {
+                            return Err(perr(part, format!("{q} is a duplicate of {prev}")));
+                        }
+                        // Sorted, so values equal when rounded up are neighbours.
+                        if q.ceil_units() == prev.ceil_units() {
+                            return Err(perr(
+                                part,
+                                format!(
+                                    "{q} is a duplicate of {prev} to Kubernetes 1.34-1.36, which compare valid values rounded up to whole units"
+                                ),
+                            ));
+                        }
                     }
                     values.push(q);
                 }
@@ -106,12 +161,27 @@ impl Policy {
                 if let Some(max) = max
                     && max < min
                 {
-                    return Err(perr("valid_range.max", format!("{max} is below min {min}")));
+                    return Err(perr(
+                        "valid_range.max",
+                        format!("min {min} is larger than max {max}"),
+                    ));
                 }
-                if let Some(step) = step
-                    && step.is_zero()
-                {
-                    return Err(perr("valid_range.step", "must be greater than zero"));
+                if let Some(step) = step {
+                    if step.is_zero() {
+                        return Err(perr("valid_range.step", "must be greater than zero"));
+                    }
+                    check_whole("valid_range.step", &step)?;
+                    check_whole("valid_range.min", &min)?;
+                    if let Some(max) = max
+                        && !on_grid(&max, &min, &step)
+                    {
+                        return Err(perr(
+                            "valid_range.max",
+                            format!(
+                                "{max} is not min {min} plus a whole number of steps of {step}"
+                            ),
+                        ));
+                    }
                 }
                 Rule::Range { min, max, step }
             }
@@ -133,6 +203,47 @@ impl Policy {
             })?;
         }
         Ok(policy)
+    }
+
+    /// What the policy must leave of the capacity's `value` (resource.k8s.io refuses a
+    /// ResourceSlice otherwise): every valid value, the range's min and max, and min plus
+    /// one step at most the value. A default above it, which the API server lets through
+    /// without a max, is refused too: a request naming no amount could never fit.
+    pub fn check_capacity(&self, value: &Quantity) -> Result<(), PolicyError> {
+        let above = |part: &str, what: String, q: &Quantity| {
+            if q > value {
+                Err(perr(
+                    part,
+                    format!("{what} is larger than the capacity's value {value}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match &self.rule {
+            Rule::Any => {}
+            Rule::Values(values) => {
+                for (i, v) in values.iter().enumerate() {
+                    above(&format!("valid_values[{i}]"), v.to_string(), v)?;
+                }
+            }
+            Rule::Range { min, max, step } => {
+                above("valid_range.min", min.to_string(), min)?;
+                if let Some(max) = max {
+                    above("valid_range.max", max.to_string(), max)?;
+                }
+                if let Some(step) = step {
+                    let one = min.checked_add(step).ok_or_else(|| {
+                        perr("valid_range.step", format!("{min} + {step} overflows"))
+                    })?;
+                    above("valid_range.step", format!("one step ({one})"), &one)?;
+                }
+            }
+        }
+        match &self.default {
+            Some(d) => above("default", d.to_string(), d),
+            None => Ok(()),
+        }
     }
 
     pub fn from_proto(p: &pb::CapacityPolicy) -> Result<Policy, PolicyError> {
@@ -213,6 +324,10 @@ impl Policy {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "policy_scheduler_tests.rs"]
+mod scheduler_tests;
 
 #[cfg(test)]
 mod tests {

@@ -87,13 +87,16 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("chmod 0700 {}", cfg.agent.state_dir.display()))?;
     let boot = boot_id()?;
     let metrics = Arc::new(Metrics::new());
+    let path = config_path.to_path_buf();
     let (engine, cfg, gpu_watches) = tokio::task::spawn_blocking(move || {
         // The limiters complete the config (GPU memory discovered from the GPU) before
         // the ledger is built from it.
-        let limiters = crate::limiters::for_config(&mut cfg);
+        let limiters = crate::limiters::for_config(&mut cfg)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let cfg = Arc::new(cfg);
         Engine::open(cfg.clone(), limiters.by_device, &boot, metrics)
             .map(|e| (e, cfg, limiters.gpu_watches))
+            .map_err(anyhow::Error::from)
     })
     .await??;
     let engine = Arc::new(engine);

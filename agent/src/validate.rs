@@ -105,24 +105,31 @@ pub fn is_pool_name(s: &str) -> bool {
     s.len() <= 253 && !s.is_empty() && s.split('/').all(is_dns_subdomain)
 }
 
-/// A capacity name: a C identifier-like name, optionally with a DNS subdomain prefix.
+/// A ResourceSlice attribute or capacity name (resource.k8s.io `QualifiedName`): a C
+/// identifier of at most 32 characters, optionally after a domain (a DNS subdomain of at
+/// most 63 characters) and '/'. The API server accepts more than one '/' (an open TODO
+/// there); the agent does not.
 pub fn is_qualified_name(s: &str) -> bool {
-    let (prefix, name) = match s.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, s),
-    };
-    if let Some(p) = prefix
-        && !is_dns_subdomain(p)
-    {
-        return false;
+    match s.split_once('/') {
+        None => is_c_identifier(s),
+        Some((domain, name)) => {
+            domain.len() <= 63 && is_dns_subdomain(domain) && is_c_identifier(name)
+        }
     }
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric()
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`, at most 32 characters (resource.k8s.io's `DeviceMaxIDLength`).
+pub fn is_c_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A driver name: a DNS subdomain of at most 63 characters (resource.k8s.io's
+/// `DriverNameMaxLength`).
+pub fn is_driver_name(s: &str) -> bool {
+    s.len() <= 63 && is_dns_subdomain(s)
 }
 
 /// Identifiers the agent uses in store keys and audit lines: uids, allocation ids.
@@ -617,8 +624,26 @@ mod tests {
         assert!(!is_dns_subdomain("gpu..example"));
         assert!(is_pool_name("node-a/pool-1"));
         assert!(is_qualified_name("memory"));
-        assert!(is_qualified_name("example.com/egress-bandwidth"));
-        assert!(!is_qualified_name("-memory"));
+        assert!(is_qualified_name("egressBandwidth"));
+        assert!(is_qualified_name("example.com/egress_bandwidth"));
+        assert!(is_qualified_name(&"m".repeat(32)));
+        for bad in [
+            "-memory",
+            "egress-rate",
+            "example.com/egress-rate",
+            "1memory",
+            "a.b",
+            "example.com/",
+            "/memory",
+            "a/b/c",
+            "Example.com/memory",
+        ] {
+            assert!(!is_qualified_name(bad), "{bad}");
+        }
+        assert!(!is_qualified_name(&"m".repeat(33)));
+        assert!(!is_qualified_name(&format!("{}.com/m", "d".repeat(60))));
+        assert!(is_driver_name("gpu.example.com"));
+        assert!(!is_driver_name(&format!("{}.example.com", "d".repeat(60))));
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! - [`limiter`]: the interface every enforcement back end (bandwidth, GPU memory,
 //!   accounting only) implements, so the agent's ledger and store never depend on how a
 //!   share is enforced.
+//! - [`slice`]: what a device's ResourceSlice entry holds and resource.k8s.io's limits on
+//!   it, shared by the agent's config checks and the kubelet plugin that publishes it.
 
 pub mod limiter;
 pub mod quantity;
+pub mod slice;
 
 pub use quantity::{Format, Quantity, QuantityError};

@@ -91,7 +91,7 @@ fn claim_prepare_seeds(dir: &Path) {
             "nic-0",
             POOL,
             SHARE_A,
-            &[("egress-bandwidth", "100M"), ("ingress-bandwidth", "1.5G")],
+            &[("egressBandwidth", "100M"), ("ingressBandwidth", "1.5G")],
         )],
     );
     net.target = Some(pb::PodTarget {
@@ -268,8 +268,8 @@ fn record_seeds(dir: &Path) {
         share_id: Some(SHARE_B.into()),
         device: "nic-0".into(),
         consumed: BTreeMap::from([
-            ("egress-bandwidth".into(), q("100M")),
-            ("ingress-bandwidth".into(), q("1.5G")),
+            ("egressBandwidth".into(), q("100M")),
+            ("ingressBandwidth".into(), q("1.5G")),
         ]),
         target: TargetRecord {
             pod_uids: vec![POD.into()],
@@ -280,8 +280,8 @@ fn record_seeds(dir: &Path) {
         phase: Phase::Enforced,
         mechanism: "edt-fq".into(),
         enforced: BTreeMap::from([
-            ("egress-bandwidth".into(), q("100M")),
-            ("ingress-bandwidth".into(), q("1500M")),
+            ("egressBandwidth".into(), q("100M")),
+            ("ingressBandwidth".into(), q("1500M")),
         ]),
         reason: "enforced".into(),
         sandbox: Some(SandboxRecord {

@@ -39,11 +39,11 @@ driver = "shareguard.example.com"
 pool = "node-a"
 kind = "net"
 allowed_namespaces = ["*"]
-[device.capacity.egress-bandwidth]
+[device.capacity.egressBandwidth]
 value = "10G"
 default = "10M"
 valid_range = { min = "10M", max = "10G", step = "10M" }
-[device.capacity.ingress-bandwidth]
+[device.capacity.ingressBandwidth]
 value = "10G"
 
 [[device]]

@@ -466,9 +466,10 @@ impl Limiter for GpuLimiter {
         let Some(d) = self.devices.get(device) else {
             return DeviceFacts::default();
         };
-        let mut attributes = BTreeMap::from([("uuid".to_owned(), d.gpu.uuid.clone())]);
+        let [uuid, model] = shareguard_common::slice::GPU_ATTRIBUTES;
+        let mut attributes = BTreeMap::from([(uuid.to_owned(), d.gpu.uuid.clone())]);
         if !d.gpu.name.is_empty() {
-            attributes.insert("model".to_owned(), d.gpu.name.clone());
+            attributes.insert(model.to_owned(), d.gpu.name.clone());
         }
         DeviceFacts {
             mechanism: self.label(d.mechanism),

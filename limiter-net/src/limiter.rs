@@ -33,10 +33,10 @@ use crate::{
 
 /// Symmetric capacity: both directions at the same rate.
 pub const BANDWIDTH: &str = "bandwidth";
-/// Traffic from the pod (Kubernetes' `egress-bandwidth` is the pod's egress).
-pub const EGRESS: &str = "egress-bandwidth";
+/// Traffic from the pod (the pod's egress).
+pub const EGRESS: &str = "egressBandwidth";
 /// Traffic to the pod.
-pub const INGRESS: &str = "ingress-bandwidth";
+pub const INGRESS: &str = "ingressBandwidth";
 /// The capacity names a `net` device may have.
 pub const CAPACITIES: [&str; 3] = [BANDWIDTH, EGRESS, INGRESS];
 

@@ -135,7 +135,10 @@ impl Limiter for FakeLimiter {
 
 fn open(cfg: &Arc<Config>, kernel: Option<&Arc<FakeKernel>>, boot: &str) -> Engine {
     let mut cfg_mut = (**cfg).clone();
-    let mut limiters = crate::limiters::for_config(&mut cfg_mut).by_device;
+    // The test configs fit their devices; a refusal is a broken test.
+    let mut limiters = crate::limiters::for_config(&mut cfg_mut)
+        .expect("limiters for the test config")
+        .by_device;
     if let Some(k) = kernel {
         for d in &cfg.devices {
             limiters.insert(

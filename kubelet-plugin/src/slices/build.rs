@@ -50,8 +50,7 @@ pub fn digest_annotation(driver: &str) -> String {
     format!("{driver}/spec-digest")
 }
 
-/// Attribute string values are at most 64 characters in the API.
-const MAX_STRING_ATTRIBUTE: usize = 64;
+use shareguard_common::slice::{DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE};
 
 pub fn desired(
     driver: &str,
@@ -158,11 +157,12 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
             },
         );
     }
+    let [kind, mechanism, enforced] = DEVICE_ATTRIBUTES;
     let mut attributes = BTreeMap::from([
-        ("kind".to_owned(), string_attr(&d.kind)),
-        ("mechanism".to_owned(), string_attr(&d.mechanism)),
+        (kind.to_owned(), string_attr(&d.kind)),
+        (mechanism.to_owned(), string_attr(&d.mechanism)),
         (
-            "enforced".to_owned(),
+            enforced.to_owned(),
             DeviceAttribute {
                 bool: Some(d.enforces),
                 ..Default::default()
