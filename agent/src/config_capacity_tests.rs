@@ -7,6 +7,14 @@
 //! case by case (same names, inputs and verdicts); the second holds what 1.34–1.36
 //! accept but the agent refuses, each with the reason; the third the ResourceSlice
 //! rules around a device.
+//!
+//! The fractional-capacity gate (`DRAFractionalCapacityRange`, from Kubernetes 1.37) makes
+//! the API server and the scheduler compute ranges in milli-units and compare valid
+//! values exactly, where 1.34–1.36 round up to whole units (`100m` and `200m` are then
+//! duplicates; a fractional step's grid is not the exact one). The agent follows the
+//! stricter of the two in each case, so that a config it accepts publishes on every
+//! version: valid values distinct when rounded up, and a range with a step in whole
+//! units.
 
 use super::Config;
 
