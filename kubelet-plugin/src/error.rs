@@ -63,6 +63,15 @@ pub enum PluginError {
     },
     #[error("the agent's inventory names no driver: nothing to register")]
     NoDrivers,
+    /// The agent was restarted with drivers this instance did not register (or without
+    /// some it did). A DRA plugin registers its drivers once; a new process does it again.
+    #[error(
+        "the agent's drivers changed (added {added:?}, removed {removed:?}): stopping, so that a new plugin process registers them with kubelet"
+    )]
+    DriversChanged {
+        added: Vec<String>,
+        removed: Vec<String>,
+    },
     #[error("serving {what}: {source}")]
     Serve {
         what: String,

@@ -1,7 +1,7 @@
 //! The plugin process: wait for the agent, learn its drivers, serve kubelet one
 //! registration socket and one DRA socket per driver, and stop cleanly.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -130,8 +130,11 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         sockets.push(reg_socket);
     }
 
+    let registered: BTreeSet<String> = inventory.drivers.keys().cloned().collect();
+    let period = Duration::from_secs(args.resync_seconds);
     let outcome: anyhow::Result<()> = tokio::select! {
         () = &mut shutdown => Ok(()),
+        e = drivers_changed(&agent, &registered, period) => Err(e.into()),
         e = refused(registrations) => Err(e.into()),
         Some(r) = servers.join_next() => match r {
             Ok(Ok(())) => Ok(()),
@@ -230,6 +233,29 @@ async fn keep_published(
                 }
             }
             () = until_stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Resolves when the agent's inventory names another set of drivers than `registered`,
+/// checked every `period`.
+async fn drivers_changed(
+    agent: &Agent,
+    registered: &BTreeSet<String>,
+    period: Duration,
+) -> PluginError {
+    loop {
+        tokio::time::sleep(period).await;
+        let Ok(r) = agent.list_devices().await else {
+            // An agent being restarted; the next period asks again.
+            continue;
+        };
+        let now: BTreeSet<String> = Inventory::from_agent(&r).drivers.into_keys().collect();
+        if now != *registered && !now.is_empty() {
+            return PluginError::DriversChanged {
+                added: now.difference(registered).cloned().collect(),
+                removed: registered.difference(&now).cloned().collect(),
+            };
         }
     }
 }

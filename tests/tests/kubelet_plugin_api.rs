@@ -431,3 +431,38 @@ async fn a_restarted_plugin_writes_the_status_again_from_the_snapshot() {
             .any(|e| e.share_id.as_deref() == Some(share.as_str()))
     });
 }
+
+/// The agent restarted with a driver the plugin did not register: the plugin stops with
+/// the reason (its container is restarted and registers the new set), removing its
+/// sockets as at any clean stop.
+#[tokio::test]
+async fn a_new_driver_in_the_agent_stops_the_plugin_to_register_it() {
+    let mut agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let reg = p.kubelet.registration_socket(DRIVER);
+    assert!(reg.exists());
+
+    let other =
+        generic_device("mem-9", "8Gi", "1Gi", &[NS], &[]).replace(DRIVER, "other.example.com");
+    let mut text = std::fs::read_to_string(&agent.config).unwrap();
+    text.push_str(&other);
+    std::fs::write(&agent.config, text).unwrap();
+    agent.restart();
+
+    let status = p.wait_exit();
+    assert!(!status.success(), "{status}");
+    let log = p.log_text();
+    assert!(
+        log.contains("the agent's drivers changed (added [\"other.example.com\"], removed [])"),
+        "{log}"
+    );
+    assert!(!reg.exists(), "sockets removed at the stop");
+}
