@@ -63,9 +63,35 @@ pub const FLAG_EDT_FROM_POD: u32 = 1 << 1;
 pub const FLAG_POLICE_TO_POD: u32 = 1 << 2;
 /// Traffic from the pod is policed (dropped when over [`IfaceConfig::from_pod`]).
 pub const FLAG_POLICE_FROM_POD: u32 = 1 << 3;
+/// `htb-ebpf`: each flow goes to one of [`FLOW_CLASSES`] HTB classes, `classid` plus the
+/// packet's flow hash modulo [`FLOW_CLASSES`], in both directions (from the pod, before
+/// the redirect, for the ifb's HTB). Each class has an assured share of the rate, so a
+/// sparse flow (a ping, an RPC, DNS) is sent at once instead of waiting behind a bulk
+/// flow's queue: per-flow queueing where the kernel has no `fq`, `fq_codel` or `sfq`.
+pub const FLAG_HTB_FLOWS: u32 = 1 << 4;
 /// Every flag this build knows; the loader refuses others.
-pub const FLAGS_KNOWN: u32 =
-    FLAG_EDT_TO_POD | FLAG_EDT_FROM_POD | FLAG_POLICE_TO_POD | FLAG_POLICE_FROM_POD;
+pub const FLAGS_KNOWN: u32 = FLAG_EDT_TO_POD
+    | FLAG_EDT_FROM_POD
+    | FLAG_POLICE_TO_POD
+    | FLAG_POLICE_FROM_POD
+    | FLAG_HTB_FLOWS;
+
+/// How many flow classes [`FLAG_HTB_FLOWS`] spreads a share's flows over. Two flows share
+/// a class with probability 1/16.
+pub const FLOW_CLASSES: u32 = 16;
+
+/// The `skb->priority` (an HTB class id) of a packet with flow hash `hash` for `cfg`: 0
+/// (leave it alone) when `cfg` names no class.
+#[inline(always)]
+pub const fn flow_classid(cfg: &IfaceConfig, hash: u32) -> u32 {
+    if cfg.classid == 0 {
+        0
+    } else if cfg.flags & FLAG_HTB_FLOWS != 0 {
+        cfg.classid + hash % FLOW_CLASSES
+    } else {
+        cfg.classid
+    }
+}
 
 /// `BPF_SKB_TSTAMP_DELIVERY_MONO` (include/uapi/linux/bpf.h): the time given to
 /// `bpf_skb_set_tstamp` is a delivery time in `CLOCK_MONOTONIC`, which `fq` honours and
@@ -94,9 +120,10 @@ const fn direction_valid(p: DirectionPacing) -> bool {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct IfaceConfig {
-    /// HTB class id (`major << 16 | minor`) written into `skb->priority` for traffic to the
-    /// pod, so that an HTB qdisc on the veth classifies it without tc filters; 0 leaves the
-    /// priority alone.
+    /// HTB class id (`major << 16 | minor`) written into `skb->priority`, so that the HTB
+    /// qdisc on the veth (traffic to the pod) or on the ifb (traffic from it) classifies it
+    /// without tc filters; with [`FLAG_HTB_FLOWS`] the first of the flow classes. 0 leaves
+    /// the priority alone.
     pub classid: u32,
     /// ifindex of the ifb device that traffic from the pod is redirected to (its egress
     /// carries the shaping qdisc, since ingress cannot queue); 0 means no redirect.
@@ -258,7 +285,7 @@ mod tests {
             rate,
             rate
         )));
-        assert!(!flags_valid(&cfg(1 << 4, rate, rate)), "unknown flag");
+        assert!(!flags_valid(&cfg(1 << 5, rate, rate)), "unknown flag");
         assert!(!flags_valid(&cfg(
             FLAG_EDT_TO_POD | FLAG_POLICE_TO_POD,
             rate,
@@ -278,5 +305,28 @@ mod tests {
             rate,
             Pace::default()
         )));
+    }
+
+    #[test]
+    fn flows_spread_over_the_flow_classes_from_the_first() {
+        let mut c = IfaceConfig {
+            classid: 0x0001_0001,
+            ..IfaceConfig::default()
+        };
+        assert_eq!(
+            flow_classid(&c, 12345),
+            0x0001_0001,
+            "one class without the flag"
+        );
+        c.flags = FLAG_HTB_FLOWS;
+        assert_eq!(flow_classid(&c, 0), 0x0001_0001);
+        assert_eq!(flow_classid(&c, 15), 0x0001_0010);
+        assert_eq!(flow_classid(&c, 16), 0x0001_0001);
+        assert_eq!(
+            flow_classid(&c, u32::MAX),
+            0x0001_0001 + u32::MAX % FLOW_CLASSES
+        );
+        c.classid = 0;
+        assert_eq!(flow_classid(&c, 7), 0, "no class, priority left alone");
     }
 }

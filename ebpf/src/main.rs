@@ -19,14 +19,15 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tstamp},
+    helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tstamp},
     macros::{classifier, map},
     maps::{Array, HashMap, PerCpuArray},
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
     Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, IfaceConfig,
-    MAX_COUNTERS, MAX_IFACES, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, pace,
+    MAX_COUNTERS, MAX_IFACES, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index,
+    flow_classid, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -50,13 +51,22 @@ pub fn sg_egress(ctx: TcContext) -> i32 {
     if !limit(&ctx, &cfg, DIR_TO_POD) {
         return TC_ACT_SHOT as i32;
     }
-    if cfg.classid != 0 {
-        // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
-        // its whole run; `priority` is a field tc programs may write (the verifier checks
-        // the access).
-        unsafe { (*skb).priority = cfg.classid };
-    }
+    classify(skb, &cfg);
     TC_ACT_UNSPEC
+}
+
+/// Sets `skb->priority` to the packet's HTB class, where `cfg` names one.
+#[inline(always)]
+fn classify(skb: *mut __sk_buff, cfg: &IfaceConfig) {
+    if cfg.classid == 0 {
+        return;
+    }
+    // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
+    // its whole run; the helper only reads (and caches) the packet's flow hash.
+    let hash = unsafe { bpf_get_hash_recalc(skb) };
+    // SAFETY: as above; `priority` is a field tc programs may write (the verifier checks
+    // the access).
+    unsafe { (*skb).priority = flow_classid(cfg, hash) };
 }
 
 /// Traffic from the pod (ingress of its host-side veth).
@@ -72,6 +82,8 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     if cfg.redirect_ifindex == 0 {
         return TC_ACT_UNSPEC;
     }
+    // The ifb's HTB classifies by the priority, which the redirect keeps.
+    classify(skb, &cfg);
     // Flags 0: to the ifb's egress, where its qdisc queues and shapes the packet. The ifb
     // then hands the packet back to this interface's receive path flagged to skip the tc
     // ingress hook (skb->tc_skip_classify), so it neither comes through here again nor

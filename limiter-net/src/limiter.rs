@@ -135,10 +135,36 @@ fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
     Ok(rtnl::root_qdisc(ifindex)?.is_some_and(|q| is_ours(&q, Some(kind))))
 }
 
-/// `ours`: the device's root is already our qdisc (HTB then changes it in place).
-fn install_root(dev: &str, q: &RootQdisc, ours: bool) -> Result<(), NetError> {
+/// The share's rate as the HTB tree on `ifindex` enforces it, in bit/s: the share class's
+/// rate, but only while every flow class sits below it with at most its assured part of
+/// that rate and a ceil of at most that rate (a flow class given more would let its flow
+/// past the share's limit, and that is drift); None otherwise.
+fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
+    let classes = rtnl::htb_classes(ifindex, tc::MAJOR)?;
+    let Some(share) = classes.get(&tc::SHARE_MINOR) else {
+        return Ok(None);
+    };
+    // The kernel keeps whole bytes per second; a part rounds down.
+    let assured = share.rate / u64::from(tc::FLOW_CLASSES) + 1;
+    let flows_hold = (0..tc::FLOW_CLASSES).all(|i| {
+        u16::try_from(u32::from(tc::MINOR) + i)
+            .ok()
+            .and_then(|minor| classes.get(&minor))
+            .is_some_and(|c| {
+                c.parent_minor == tc::SHARE_MINOR && c.rate <= assured && c.ceil <= share.rate
+            })
+    });
+    Ok(flows_hold.then_some(share.rate * 8))
+}
+
+/// `ours`: the device's root is already our qdisc (HTB then changes it in place, once it
+/// has the share's class: an older layout is rebuilt).
+fn install_root(dev: &str, ifindex: u32, q: &RootQdisc, ours: bool) -> Result<(), NetError> {
     match q {
-        RootQdisc::Htb(p) => tc::install_htb(dev, p, ours),
+        RootQdisc::Htb(p) => {
+            let tree = ours && rtnl::htb_class_rate(ifindex, tc::MAJOR, tc::SHARE_MINOR)?.is_some();
+            tc::install_htb(dev, p, ours, tree)
+        }
         RootQdisc::Fq => tc::install_fq(dev),
     }
 }
@@ -250,7 +276,7 @@ impl NetLimiter {
                 Some(q)
                     if dir == Direction::ToPod || (cfg.is_some_and(redirected) && attached()?) =>
                 {
-                    rtnl::htb_class_rate(q, tc::MAJOR, tc::MINOR)?.map(|b| b * 8)
+                    htb_tree_bps(q)?
                 }
                 _ => None,
             },
@@ -419,13 +445,13 @@ impl Limiter for NetLimiter {
         state.put(&installed)?;
         if let Some(q) = &plan.veth_root {
             // The root read above: a foreign one was refused, so it is ours or none.
-            install_root(&host.name, q, root_ours)?;
+            install_root(&host.name, host.index, q, root_ours)?;
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
             cfg.redirect_ifindex = rtnl::ensure_ifb(name, &spec.share_key)?;
             let ours = matches!(q, RootQdisc::Htb(_)) && root_is_ours(cfg.redirect_ifindex, "htb")?;
-            install_root(name, q, ours)?;
+            install_root(name, cfg.redirect_ifindex, q, ours)?;
         }
         if fresh {
             // Pacing state or counts another share left in this slot would hold or drop

@@ -14,7 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 use shareguard_ebpf_common::{
-    FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD, IfaceConfig, Pace,
+    FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_HTB_FLOWS, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD,
+    IfaceConfig, Pace,
 };
 
 use crate::{error::NetError, probe::Probe, tc};
@@ -138,9 +139,10 @@ impl Mechanism {
         };
         let (veth_root, ifb_root) = match self {
             Mechanism::HtbEbpf => {
-                if to_pod.is_some() {
-                    iface.classid = tc::CLASSID;
-                }
+                // Both directions: the veth's HTB and, for traffic from the pod, the ifb's
+                // classify by the priority the programs set (a flow class each).
+                iface.classid = tc::CLASSID;
+                iface.flags |= FLAG_HTB_FLOWS;
                 (
                     to_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
                     from_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
@@ -274,10 +276,18 @@ mod tests {
             p.ifb_root,
             Some(RootQdisc::Htb(tc::HtbParams::for_rate(10_000_000)))
         );
-        assert_eq!((p.iface.classid, p.iface.flags), (tc::CLASSID, 0));
+        assert_eq!(
+            (p.iface.classid, p.iface.flags),
+            (tc::CLASSID, FLAG_HTB_FLOWS),
+            "flows spread over the flow classes"
+        );
         assert!(flags_valid(&p.iface));
         let p = Mechanism::HtbEbpf.plan(None, Some(10_000_000), 2);
-        assert_eq!(p.iface.classid, 0, "nothing to classify into");
+        assert_eq!(
+            (p.iface.classid, p.iface.flags),
+            (tc::CLASSID, FLAG_HTB_FLOWS),
+            "traffic from the pod is classified for the ifb's HTB too"
+        );
     }
 
     #[test]

@@ -489,6 +489,68 @@ pub fn htb_class_rate(ifindex: u32, major: u16, minor: u16) -> Result<Option<u64
     })
 }
 
+/// One HTB class as the kernel has it, in bytes per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HtbClass {
+    /// The parent's minor (the major is the qdisc's).
+    pub parent_minor: u16,
+    pub rate: u64,
+    pub ceil: u64,
+}
+
+/// Every HTB class of qdisc `major:` on `ifindex`, by minor, in one dump.
+pub fn htb_classes(
+    ifindex: u32,
+    major: u16,
+) -> Result<std::collections::BTreeMap<u16, HtbClass>, NetError> {
+    with_netlink(None, move |h| {
+        Box::pin(async move {
+            let index = i32::try_from(ifindex)
+                .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
+            let mut out = std::collections::BTreeMap::new();
+            let mut s = h.traffic_class(index).get().execute();
+            while let Some(m) = s
+                .try_next()
+                .await
+                .map_err(|e| nl_err(&format!("classes of #{ifindex}"), e))?
+            {
+                if m.header.handle.major != major
+                    || !m
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"))
+                {
+                    continue;
+                }
+                // As in htb_class_rate: the options arrive as one attribute whose value
+                // holds HTB's own attributes.
+                let value = m.attributes.iter().find_map(|a| match a {
+                    TcAttribute::Options(opts) => opts.iter().find_map(|o| match o {
+                        TcOption::Other(nla) => {
+                            let mut value = vec![0u8; netlink_value_len(nla)];
+                            emit_value(nla, &mut value);
+                            Some(value)
+                        }
+                        _ => None,
+                    }),
+                    _ => None,
+                });
+                if let Some((rate, ceil)) = value.as_deref().and_then(parse_htb_rates) {
+                    out.insert(
+                        m.header.handle.minor,
+                        HtbClass {
+                            parent_minor: m.header.parent.minor,
+                            rate,
+                            ceil,
+                        },
+                    );
+                }
+            }
+            Ok(out)
+        })
+    })
+}
+
 fn netlink_value_len(nla: &rtnetlink::packet_core::DefaultNla) -> usize {
     use rtnetlink::packet_core::Nla;
     nla.value_len()
@@ -497,6 +559,44 @@ fn netlink_value_len(nla: &rtnetlink::packet_core::DefaultNla) -> usize {
 fn emit_value(nla: &rtnetlink::packet_core::DefaultNla, buf: &mut [u8]) {
     use rtnetlink::packet_core::Nla;
     nla.emit_value(buf);
+}
+
+/// TCA_HTB_CEIL64 (linux/pkt_sched.h).
+const TCA_HTB_CEIL64: u16 = 7;
+
+/// Rate and ceil from an HTB class's options (each attribute with its header): the 32-bit
+/// values in TCA_HTB_PARMS (`struct tc_htb_opt`: the rate's `tc_ratespec`, whose `rate`
+/// is at byte 8, then the ceil's, at byte 20), overridden by TCA_HTB_RATE64 and
+/// TCA_HTB_CEIL64 when they do not fit in 32 bits.
+pub fn parse_htb_rates(buf: &[u8]) -> Option<(u64, u64)> {
+    let (mut rate32, mut ceil32, mut rate64, mut ceil64) = (None, None, None, None);
+    let mut off = 0usize;
+    let u32_at =
+        |v: &[u8], i: usize| u64::from(u32::from_ne_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]));
+    while off + 4 <= buf.len() {
+        let len = usize::from(u16::from_ne_bytes([buf[off], buf[off + 1]]));
+        let kind = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > buf.len() {
+            break;
+        }
+        let value = &buf[off + 4..off + len];
+        let u64_of = |v: &[u8]| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&v[..8]);
+            u64::from_ne_bytes(b)
+        };
+        match kind {
+            TCA_HTB_PARMS if value.len() >= 24 => {
+                rate32 = Some(u32_at(value, 8));
+                ceil32 = Some(u32_at(value, 20));
+            }
+            TCA_HTB_RATE64 if value.len() >= 8 => rate64 = Some(u64_of(value)),
+            TCA_HTB_CEIL64 if value.len() >= 8 => ceil64 = Some(u64_of(value)),
+            _ => {}
+        }
+        off += (len + 3) & !3;
+    }
+    Some((rate64.or(rate32)?, ceil64.or(ceil32)?))
 }
 
 /// Parses the nested attributes of an HTB class's TCA_OPTIONS: the 32-bit rate inside
@@ -546,6 +646,21 @@ mod tests {
             v.push(0);
         }
         v
+    }
+
+    #[test]
+    fn htb_rate_and_ceil_from_parms_and_the_64_bit_attributes() {
+        let mut parms = vec![0u8; 44];
+        parms[8..12].copy_from_slice(&390_625u32.to_ne_bytes());
+        parms[20..24].copy_from_slice(&6_250_000u32.to_ne_bytes());
+        assert_eq!(
+            parse_htb_rates(&nla(TCA_HTB_PARMS, &parms)),
+            Some((390_625, 6_250_000))
+        );
+        let mut all = nla(TCA_HTB_PARMS, &parms);
+        all.extend(nla(TCA_HTB_CEIL64, &5_000_000_000u64.to_ne_bytes()));
+        assert_eq!(parse_htb_rates(&all), Some((390_625, 5_000_000_000)));
+        assert_eq!(parse_htb_rates(&[]), None);
     }
 
     #[test]

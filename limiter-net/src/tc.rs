@@ -5,15 +5,25 @@
 //! always read back from the kernel over netlink ([`crate::rtnl::htb_class_rate`]), never
 //! taken from `tc`'s exit status alone.
 
-use std::process::Command;
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+};
 
 use crate::error::NetError;
 
-/// The class every share's traffic goes to: `1:1` under the root HTB `1:`.
+/// The root HTB `1:`.
 pub const MAJOR: u16 = 1;
+/// The share's class `1:100`, whose rate and ceil are the share's limit: every flow class
+/// below it borrows from it, so together they never exceed it. Its rate is what the
+/// limiter reads back as enforced.
+pub const SHARE_MINOR: u16 = 0x100;
+/// The first flow class `1:1`; the programs put each flow in one of `1:1` to `1:10`
+/// (hex: [`FLOW_CLASSES`] of them) by its hash, and `1:1` is also the default class.
 pub const MINOR: u16 = 1;
-/// `1:1` as skb->priority / TC classid.
+/// `1:1` as skb->priority / TC classid: the first flow class.
 pub const CLASSID: u32 = (MAJOR as u32) << 16 | MINOR as u32;
+pub use shareguard_ebpf_common::FLOW_CLASSES;
 
 /// HTB parameters for one rate. The defaults of `tc` (a burst of one timer tick's worth
 /// at HZ=1000 rounded to the MTU) starve TCP at high rates; see docs/htb-tuning.md for
@@ -23,15 +33,18 @@ pub struct HtbParams {
     pub rate_bps: u64,
     pub burst_bytes: u64,
     pub quantum_bytes: u64,
-    pub queue_packets: u32,
+    /// Each flow class's FIFO, in bytes.
+    pub queue_bytes: u64,
 }
 
 /// Smallest burst: two full-size frames, so a single packet never waits for tokens.
 const MIN_BURST: u64 = 2 * 1514;
-/// One maximal GSO packet. With one class per root there is nothing to share
-/// round-robin, so the value does not change throughput; setting it keeps tc's default
-/// (`rate / 8 / r2q`) from exceeding HTB's 200000-byte cap and printing a warning.
+/// One maximal GSO packet: a flow class that borrows from the share's class sends about
+/// this much per round when several borrow, which shares the rate among busy flows by
+/// bytes. Also keeps tc's default (`rate / 8 / r2q`) from exceeding HTB's 200000-byte cap.
 const QUANTUM: u64 = 65_536;
+/// Smallest flow queue: four maximal GSO packets.
+const MIN_QUEUE: u64 = 4 * 65_536;
 
 impl HtbParams {
     pub fn for_rate(rate_bps: u64) -> HtbParams {
@@ -45,10 +58,18 @@ impl HtbParams {
             rate_bps,
             burst_bytes,
             quantum_bytes: QUANTUM,
-            // Explicit, because HTB's default leaf is as long as the device's txqueuelen:
-            // 32 packets on an ifb, which overflowed at 2 Gbit/s with 16 KiB packets.
-            queue_packets: 1000,
+            // 20 ms of the rate per flow, bounded in bytes rather than packets: a bulk
+            // flow keeps the share busy, and sixteen queues of 64 KiB packets counted in
+            // packets could hold a gigabyte.
+            queue_bytes: (bytes_per_s / 50).max(MIN_QUEUE),
         }
+    }
+
+    /// The assured rate of each flow class: an equal part of the share's. A flow within
+    /// it is sent at once, without waiting for tokens the bulk flows took from the share's
+    /// class; beyond it a flow borrows from the share's class, up to the share's rate.
+    pub fn flow_rate_bps(&self) -> u64 {
+        (self.rate_bps / u64::from(FLOW_CLASSES)).max(8)
     }
 }
 
@@ -70,32 +91,104 @@ fn run(args: &[String]) -> Result<(), NetError> {
     }
 }
 
+/// Runs `lines` (tc commands without the leading `tc`) in one `tc -batch`, which stops at
+/// the first that fails.
+fn run_batch(lines: &[String]) -> Result<(), NetError> {
+    let command = || {
+        format!(
+            "tc -batch - ({} commands, first: {})",
+            lines.len(),
+            lines.first().map_or("", String::as_str)
+        )
+    };
+    let mut child = Command::new("tc")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| NetError::Command {
+            command: command(),
+            stderr: format!("cannot run tc: {e}"),
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| NetError::Command {
+                command: command(),
+                stderr: format!("writing to tc: {e}"),
+            })?;
+    }
+    let out = child.wait_with_output().map_err(|e| NetError::Command {
+        command: command(),
+        stderr: format!("waiting for tc: {e}"),
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NetError::Command {
+            command: command(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| (*x).to_owned()).collect()
 }
 
-/// Makes `dev`'s root an HTB `1:` whose only class `1:1` (also the default class, so
-/// nothing bypasses it) has rate = ceil = `p.rate_bps`, with a FIFO leaf of
-/// `p.queue_packets`. Idempotent: when the root HTB is already there (`root_is_ours`)
-/// only the class and leaf are replaced in place, since HTB refuses to "change" a root it
-/// already is; there is never a window in which the interface is unlimited.
-pub fn install_htb(dev: &str, p: &HtbParams, root_is_ours: bool) -> Result<(), NetError> {
-    if !root_is_ours {
-        run(&s(&[
-            "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
-        ]))?;
-    }
+/// The tc commands that give `dev` the share's tree below an existing root HTB `1:`: the
+/// share's class `1:100` (rate = ceil = the limit) and [`FLOW_CLASSES`] flow classes
+/// `1:1`..`1:10` below it (an equal assured part of the rate each, ceil = the limit),
+/// each with a byte-bounded FIFO. `replace` throughout: run again, it changes the rates
+/// in place.
+pub fn htb_tree_commands(dev: &str, p: &HtbParams) -> Vec<String> {
     let rate = format!("{}bit", p.rate_bps);
+    let flow_rate = format!("{}bit", p.flow_rate_bps());
     let burst = format!("{}b", p.burst_bytes);
-    let quantum = p.quantum_bytes.to_string();
-    run(&s(&[
-        "class", "replace", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", &rate,
-        "ceil", &rate, "burst", &burst, "cburst", &burst, "quantum", &quantum,
-    ]))?;
-    let limit = p.queue_packets.to_string();
-    run(&s(&[
-        "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit", &limit,
-    ]))
+    let mut out = vec![format!(
+        "class replace dev {dev} parent 1: classid 1:{SHARE_MINOR:x} htb rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {}",
+        p.quantum_bytes
+    )];
+    for i in 0..FLOW_CLASSES {
+        let minor = u32::from(MINOR) + i;
+        out.push(format!(
+            "class replace dev {dev} parent 1:{SHARE_MINOR:x} classid 1:{minor:x} htb rate {flow_rate} ceil {rate} burst {burst} cburst {burst} quantum {}",
+            p.quantum_bytes
+        ));
+        out.push(format!(
+            "qdisc replace dev {dev} parent 1:{minor:x} handle {:x}: bfifo limit {}",
+            0x10 + minor,
+            p.queue_bytes
+        ));
+    }
+    out
+}
+
+/// Makes `dev`'s root an HTB `1:` with the share's tree ([`htb_tree_commands`]); its
+/// default class is the first flow class, so nothing bypasses the share's class.
+/// Idempotent: when the root HTB with the share's class is already there (`tree_is_ours`)
+/// only the classes and leaves are replaced in place, since HTB refuses to "change" a
+/// root it already is; there is never a window in which the interface is unlimited. An
+/// HTB root of ours without the share's class (an older layout) is rebuilt.
+pub fn install_htb(
+    dev: &str,
+    p: &HtbParams,
+    root_is_ours: bool,
+    tree_is_ours: bool,
+) -> Result<(), NetError> {
+    let mut lines = Vec::new();
+    if root_is_ours && !tree_is_ours {
+        lines.push(format!("qdisc del dev {dev} root"));
+    }
+    if !tree_is_ours {
+        lines.push(format!(
+            "qdisc replace dev {dev} root handle 1: htb default {MINOR:x}"
+        ));
+    }
+    lines.extend(htb_tree_commands(dev, p));
+    run_batch(&lines)
 }
 
 /// Arguments that make `dev`'s root an `fq` qdisc `1:` with its defaults, for EDT: fq
@@ -128,6 +221,27 @@ mod tests {
         assert_eq!(HtbParams::for_rate(1_000_000).burst_bytes, MIN_BURST);
         assert!(HtbParams::for_rate(100_000_000_000).quantum_bytes <= 200_000);
         assert_eq!(CLASSID, 0x0001_0001);
+    }
+
+    #[test]
+    fn the_tree_is_the_share_class_over_sixteen_flow_classes() {
+        let p = HtbParams::for_rate(50_000_000);
+        let lines = htb_tree_commands("d", &p);
+        assert_eq!(lines.len(), 1 + 2 * FLOW_CLASSES as usize);
+        assert_eq!(
+            lines[0],
+            "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
+        );
+        assert_eq!(
+            lines[1],
+            "class replace dev d parent 1:100 classid 1:1 htb rate 3125000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
+        );
+        assert_eq!(
+            lines[2],
+            "qdisc replace dev d parent 1:1 handle 11: bfifo limit 262144"
+        );
+        assert!(lines[31].contains("classid 1:10 "), "{}", lines[31]);
+        assert_eq!(HtbParams::for_rate(2_000_000_000).queue_bytes, 5_000_000);
     }
 
     #[test]

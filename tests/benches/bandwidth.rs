@@ -1,10 +1,11 @@
 //! Bandwidth, side by side in one run on the same kind of veth pair: shareguard's
 //! mechanisms (the real agent, a net share: the one the kernel probe picks, and the BPF
 //! policer fallback) vs `tbf` as the CNI bandwidth plugin sets it (rate, burst, 25 ms
-//! latency) vs no limit. For each: TCP goodput / limit to the pod, ping RTT p50/p99 from
-//! the host to the pod while that flow saturates the limit, and the sender's
-//! retransmits; then a limit above line rate against no limit, three interleaved rounds,
-//! medians. Prints markdown tables for docs/benchmarks.md; asserts nothing about speed.
+//! latency) vs no limit. For each rate and direction: TCP goodput / limit, ping RTT
+//! p50/p99 across the shaped direction while that flow saturates the limit, and the
+//! sender's retransmits; two flows in one share and their Jain fairness index; then a
+//! limit above line rate against no limit, three interleaved rounds, medians. Prints
+//! markdown tables for docs/benchmarks.md; asserts nothing about speed.
 //!
 //! Run as root: `cargo build -p shareguard && cargo bench -p shareguard-tests --bench
 //! bandwidth` (the agent binary is the one next to the bench: target/release).
@@ -27,6 +28,7 @@ const RATES: [(&str, u64); 3] = [
 
 struct Row {
     rate: &'static str,
+    direction: Direction,
     mechanism: String,
     goodput: f64,
     ratio: f64,
@@ -35,15 +37,46 @@ struct Row {
     retransmits: u64,
 }
 
-/// Runs a saturating flow to the pod and pings it meanwhile.
-fn measure_under_load(server: &net::IperfServer, pod: &Pod) -> (net::Measurement, Vec<f64>) {
+/// Runs a saturating flow in `dir` and pings across it meanwhile: from the host to the
+/// pod for traffic to the pod, from the pod to the host for traffic from it, so that the
+/// ping's request waits in the shaped direction's queue.
+fn measure_under_load(
+    server: &net::IperfServer,
+    pod: &Pod,
+    dir: Direction,
+) -> (net::Measurement, Vec<f64>) {
     std::thread::scope(|s| {
-        let flow = s.spawn(|| server.measure(&Iperf::new(Direction::ToPod)));
+        let flow = s.spawn(|| server.measure(&Iperf::new(dir)));
         // Start pinging once the warm-up second is over, for 4 s of the 5 measured.
         std::thread::sleep(Duration::from_millis(1200));
-        let rtts = net::ping_rtt(pod, 200, Duration::from_millis(20));
+        let rtts = match dir {
+            Direction::ToPod => net::ping_rtt(pod, 200, Duration::from_millis(20)),
+            Direction::FromPod => net::ping_rtt_from_pod(pod, 200, Duration::from_millis(20)),
+        };
         (flow.join().unwrap(), rtts)
     })
+}
+
+/// Two TCP flows in one share: their goodput together / limit and Jain's fairness index
+/// ((x1 + x2)^2 / (2 (x1^2 + x2^2)): 1 when equal, 0.5 when one takes everything).
+fn two_flows(server: &net::IperfServer, bps: u64) -> (f64, f64) {
+    let mut run = Iperf::new(Direction::ToPod);
+    run.streams = 2;
+    let m = server.measure(&run);
+    let per: Vec<f64> = m.json["end"]["streams"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s["receiver"]["bits_per_second"].as_f64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let jain = if per.len() == 2 {
+        (per[0] + per[1]).powi(2) / (2.0 * (per[0].powi(2) + per[1].powi(2)))
+    } else {
+        f64::NAN
+    };
+    (m.bits_per_second / bps as f64, jain)
 }
 
 /// The device the kernel probe picks a mechanism for, and one pinned to the policer.
@@ -81,37 +114,61 @@ fn main() {
         .mechanisms[0]
         .clone();
     let mut rows = Vec::new();
+    let mut fairness = Vec::new();
     for (rate, bps) in RATES {
-        let row = |mechanism: &str, m: &net::Measurement, rtts: &[f64]| Row {
-            rate,
-            mechanism: mechanism.to_owned(),
-            goodput: m.bits_per_second / 1e6,
-            ratio: m.bits_per_second / bps as f64,
-            rtt_p50: net::percentile(rtts, 50.0),
-            rtt_p99: net::percentile(rtts, 99.0),
-            retransmits: m.retransmits,
-        };
-        {
-            let (m, rtts) = measure_under_load(&server, &pod);
-            rows.push(row("no limit", &m, &rtts));
-        }
-        {
-            // The plugin's burst comes from the runtime (containerd passes 512 MiB, which
-            // leaves the first seconds unshaped); 10 ms at the rate, the same as
-            // shareguard's HTB, keeps the comparison about steady state.
-            let burst = (bps / 8 / 100).max(2 * 1514);
-            let _tbf = net::tbf_to_pod(&pod, bps, burst);
-            let (m, rtts) = measure_under_load(&server, &pod);
-            rows.push(row("tbf (CNI plugin, 25 ms)", &m, &rtts));
-        }
-        for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
-            let uid = format!("bench-{device}-{}", rate.to_lowercase());
-            let r = rt.block_on(prepare_one(&mut client, 1, share(&pod, device, &uid, rate)));
-            assert_eq!(r.error, None, "{r:?}");
-            assert_eq!(r.shares[0].mechanism, name);
-            let (m, rtts) = measure_under_load(&server, &pod);
-            rows.push(row(&format!("shareguard {name}"), &m, &rtts));
-            assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let row = |mechanism: &str, m: &net::Measurement, rtts: &[f64]| Row {
+                rate,
+                direction: dir,
+                mechanism: mechanism.to_owned(),
+                goodput: m.bits_per_second / 1e6,
+                ratio: m.bits_per_second / bps as f64,
+                rtt_p50: net::percentile(rtts, 50.0),
+                rtt_p99: net::percentile(rtts, 99.0),
+                retransmits: m.retransmits,
+            };
+            {
+                let (m, rtts) = measure_under_load(&server, &pod, dir);
+                rows.push(row("no limit", &m, &rtts));
+            }
+            {
+                // The plugin's burst comes from the runtime (containerd passes 512 MiB,
+                // which leaves the first seconds unshaped); 10 ms at the rate, the same as
+                // shareguard's HTB, keeps the comparison about steady state.
+                let burst = (bps / 8 / 100).max(2 * 1514);
+                let (m, rtts) = match dir {
+                    Direction::ToPod => {
+                        let _tbf = net::tbf_to_pod(&pod, bps, burst);
+                        measure_under_load(&server, &pod, dir)
+                    }
+                    Direction::FromPod => {
+                        let _tbf = net::tbf_from_pod(&pod, bps, burst);
+                        measure_under_load(&server, &pod, dir)
+                    }
+                };
+                rows.push(row("tbf (CNI plugin, 25 ms)", &m, &rtts));
+            }
+            for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
+                let uid = format!("bench-{device}-{}-{dir}", rate.to_lowercase());
+                let r = rt.block_on(prepare_one(&mut client, 1, share(&pod, device, &uid, rate)));
+                assert_eq!(r.error, None, "{r:?}");
+                assert_eq!(r.shares[0].mechanism, name);
+                let (m, rtts) = measure_under_load(&server, &pod, dir);
+                rows.push(row(&format!("shareguard {name}"), &m, &rtts));
+                if dir == Direction::ToPod && device == AUTO {
+                    fairness.push((rate, format!("shareguard {name}"), two_flows(&server, bps)));
+                }
+                assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+            }
+            if dir == Direction::ToPod {
+                let burst = (bps / 8 / 100).max(2 * 1514);
+                let _tbf = net::tbf_to_pod(&pod, bps, burst);
+                fairness.push((
+                    rate,
+                    "tbf (CNI plugin, 25 ms)".to_owned(),
+                    two_flows(&server, bps),
+                ));
+            }
         }
     }
     // A limit far above what the veth carries must cost (almost) nothing. Interleaved
@@ -141,9 +198,9 @@ fn main() {
     }
 
     println!(
-        "| limit | mechanism | goodput Mbit/s | goodput / limit | ping RTT p50 ms | p99 ms | retransmits |"
+        "| limit | direction | mechanism | goodput Mbit/s | goodput / limit | ping RTT p50 ms | p99 ms | retransmits |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---|---:|---:|---:|---:|---:|");
     for r in &rows {
         let ratio = if r.mechanism == "no limit" {
             "-".to_owned()
@@ -151,9 +208,15 @@ fn main() {
             format!("{:.3}", r.ratio)
         };
         println!(
-            "| {} | {} | {:.1} | {} | {:.3} | {:.3} | {} |",
-            r.rate, r.mechanism, r.goodput, ratio, r.rtt_p50, r.rtt_p99, r.retransmits
+            "| {} | {} | {} | {:.1} | {} | {:.3} | {:.3} | {} |",
+            r.rate, r.direction, r.mechanism, r.goodput, ratio, r.rtt_p50, r.rtt_p99, r.retransmits
         );
+    }
+    println!();
+    println!("| limit | two flows to the pod | goodput / limit | Jain index |");
+    println!("|---:|---|---:|---:|");
+    for (rate, name, (ratio, jain)) in &fairness {
+        println!("| {rate} | {name} | {ratio:.3} | {jain:.3} |");
     }
     println!();
     println!("| 100G share on the veth | median Mbit/s (3 rounds) | / no limit |");

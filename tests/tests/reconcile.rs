@@ -89,16 +89,25 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         ));
     assert!(link.exists(), "{link:?}");
     let link_str = link.display().to_string();
-    let injections: [(&str, Vec<&str>); 4] = [
+    let injections: [(&str, Vec<&str>); 5] = [
         (
             "root qdisc deleted",
             vec!["tc", "qdisc", "del", "dev", &host, "root"],
         ),
         (
-            "class rate changed",
+            "share class rate changed",
             vec![
-                "tc", "class", "change", "dev", &host, "parent", "1:", "classid", "1:1", "htb",
+                "tc", "class", "change", "dev", &host, "parent", "1:", "classid", "1:100", "htb",
                 "rate", "1mbit", "ceil", "1mbit",
+            ],
+        ),
+        // A flow class that may send more than its part on its own would let its flow
+        // past the share's limit.
+        (
+            "flow class rate raised",
+            vec![
+                "tc", "class", "change", "dev", &host, "parent", "1:100", "classid", "1:3", "htb",
+                "rate", "10gbit", "ceil", "10gbit",
             ],
         ),
         ("ifb deleted", vec!["ip", "link", "del", &ifb]),
