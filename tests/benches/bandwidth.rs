@@ -3,7 +3,8 @@
 //! policer fallback) vs `tbf` as the CNI bandwidth plugin sets it (rate, burst, 25 ms
 //! latency) vs no limit. For each rate and direction: TCP goodput / limit, ping RTT
 //! p50/p99 across the shaped direction while that flow saturates the limit, and the
-//! sender's retransmits; two flows in one share and their Jain fairness index; then a
+//! sender's retransmits; two flows in one share and their Jain fairness index; what a new
+//! flow gets through in its first 100 ms, against the limit's 100 ms plus 64 KiB; then a
 //! limit above line rate against no limit, three interleaved rounds, medians. Prints
 //! markdown tables for docs/benchmarks.md; asserts nothing about speed.
 //!
@@ -77,6 +78,20 @@ fn two_flows(server: &net::IperfServer, bps: u64) -> (f64, f64) {
         f64::NAN
     };
     (m.bits_per_second / bps as f64, jain)
+}
+
+/// Bytes a new flow to the pod gets through in its first 100 ms (the receiver's first
+/// 0.1 s interval, no warm-up).
+fn first_100ms(server: &net::IperfServer) -> f64 {
+    let mut run = Iperf::new(Direction::ToPod);
+    run.seconds = 1;
+    run.omit = 0;
+    run.interval = 0.1;
+    let m = server.measure(&run);
+    m.intervals
+        .iter()
+        .find(|i| !i.omitted)
+        .map_or(f64::NAN, |i| i.bits_per_second * (i.end - i.start) / 8.0)
 }
 
 /// The device the kernel probe picks a mechanism for, and one pinned to the policer.
@@ -171,6 +186,43 @@ fn main() {
             }
         }
     }
+    // The first 100 ms of a new flow: the CNI plugin's tbf with the burst containerd hands
+    // it (512 MiB) lets everything through until the bucket drains (kubernetes#90838).
+    let mut first = Vec::new();
+    for (rate, bps) in RATES {
+        let allowed = bps as f64 / 8.0 / 10.0 + 65_536.0;
+        {
+            let _tbf = net::tbf_to_pod(&pod, bps, 512 << 20);
+            first.push((
+                rate,
+                "tbf (CNI plugin, 512 MiB burst)".to_owned(),
+                first_100ms(&server),
+                allowed,
+            ));
+        }
+        {
+            let _tbf = net::tbf_to_pod(&pod, bps, (bps / 8 / 100).max(2 * 1514));
+            first.push((
+                rate,
+                "tbf (10 ms burst)".to_owned(),
+                first_100ms(&server),
+                allowed,
+            ));
+        }
+        for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
+            let uid = format!("bench-first-{device}-{}", rate.to_lowercase());
+            let r = rt.block_on(prepare_one(&mut client, 1, share(&pod, device, &uid, rate)));
+            assert_eq!(r.error, None, "{r:?}");
+            first.push((
+                rate,
+                format!("shareguard {name}"),
+                first_100ms(&server),
+                allowed,
+            ));
+            assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+        }
+    }
+
     // A limit far above what the veth carries must cost (almost) nothing. Interleaved
     // rounds, so that a change of load on the machine hits every variant alike.
     let mut high: [Vec<f64>; 3] = Default::default();
@@ -217,6 +269,19 @@ fn main() {
     println!("|---:|---|---:|---:|");
     for (rate, name, (ratio, jain)) in &fairness {
         println!("| {rate} | {name} | {ratio:.3} | {jain:.3} |");
+    }
+    println!();
+    println!(
+        "| limit | a new flow to the pod | first 100 ms, KB | limit x 100 ms + 64 KiB, KB | ratio |"
+    );
+    println!("|---:|---|---:|---:|---:|");
+    for (rate, name, bytes, allowed) in &first {
+        println!(
+            "| {rate} | {name} | {:.0} | {:.0} | {:.2} |",
+            bytes / 1e3,
+            allowed / 1e3,
+            bytes / allowed
+        );
     }
     println!();
     println!("| 100G share on the veth | median Mbit/s (3 rounds) | / no limit |");
