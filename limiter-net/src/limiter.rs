@@ -162,7 +162,8 @@ fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
 fn install_root(dev: &str, ifindex: u32, q: &RootQdisc, ours: bool) -> Result<(), NetError> {
     match q {
         RootQdisc::Htb(p) => {
-            let tree = ours && rtnl::htb_class_rate(ifindex, tc::MAJOR, tc::SHARE_MINOR)?.is_some();
+            let tree =
+                ours && rtnl::htb_classes(ifindex, tc::MAJOR)?.contains_key(&tc::SHARE_MINOR);
             tc::install_htb(dev, p, ours, tree)
         }
         RootQdisc::Fq => tc::install_fq(dev),

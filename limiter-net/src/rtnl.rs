@@ -448,47 +448,6 @@ pub fn root_qdisc(ifindex: u32) -> Result<Option<RootQdisc>, NetError> {
 const TCA_HTB_PARMS: u16 = 1;
 const TCA_HTB_RATE64: u16 = 6;
 
-/// Reads the rate of HTB class `major:minor` on `ifindex` back from the kernel, in bytes
-/// per second, or None when there is no such HTB class.
-pub fn htb_class_rate(ifindex: u32, major: u16, minor: u16) -> Result<Option<u64>, NetError> {
-    with_netlink(None, move |h| {
-        Box::pin(async move {
-            let index = i32::try_from(ifindex)
-                .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
-            let mut s = h.traffic_class(index).get().execute();
-            while let Some(m) = s
-                .try_next()
-                .await
-                .map_err(|e| nl_err(&format!("classes of #{ifindex}"), e))?
-            {
-                if m.header.handle.major != major || m.header.handle.minor != minor {
-                    continue;
-                }
-                let kind_is_htb = m
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"));
-                if !kind_is_htb {
-                    return Ok(None);
-                }
-                for a in &m.attributes {
-                    if let TcAttribute::Options(opts) = a {
-                        for o in opts {
-                            if let TcOption::Other(nla) = o {
-                                let mut value = vec![0u8; netlink_value_len(nla)];
-                                emit_value(nla, &mut value);
-                                return Ok(parse_htb_rate(&value));
-                            }
-                        }
-                    }
-                }
-                return Ok(None);
-            }
-            Ok(None)
-        })
-    })
-}
-
 /// One HTB class as the kernel has it, in bytes per second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HtbClass {
@@ -522,8 +481,8 @@ pub fn htb_classes(
                 {
                     continue;
                 }
-                // As in htb_class_rate: the options arrive as one attribute whose value
-                // holds HTB's own attributes.
+                // The options arrive as one attribute whose value holds HTB's own
+                // attributes.
                 let value = m.attributes.iter().find_map(|a| match a {
                     TcAttribute::Options(opts) => opts.iter().find_map(|o| match o {
                         TcOption::Other(nla) => {
@@ -599,39 +558,6 @@ pub fn parse_htb_rates(buf: &[u8]) -> Option<(u64, u64)> {
     Some((rate64.or(rate32)?, ceil64.or(ceil32)?))
 }
 
-/// Parses the nested attributes of an HTB class's TCA_OPTIONS: the 32-bit rate inside
-/// TCA_HTB_PARMS (struct tc_htb_opt starts with struct tc_ratespec, whose `rate` is at
-/// byte 8), overridden by TCA_HTB_RATE64 when the rate does not fit in 32 bits.
-pub fn parse_htb_rate(buf: &[u8]) -> Option<u64> {
-    let mut rate32 = None;
-    let mut rate64 = None;
-    let mut off = 0usize;
-    while off + 4 <= buf.len() {
-        let len = usize::from(u16::from_ne_bytes([buf[off], buf[off + 1]]));
-        let kind = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
-        if len < 4 || off + len > buf.len() {
-            break;
-        }
-        let value = &buf[off + 4..off + len];
-        match kind {
-            TCA_HTB_PARMS if value.len() >= 12 => {
-                rate32 = Some(u64::from(u32::from_ne_bytes([
-                    value[8], value[9], value[10], value[11],
-                ])));
-            }
-            TCA_HTB_RATE64 if value.len() >= 8 => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&value[..8]);
-                rate64 = Some(u64::from_ne_bytes(b));
-            }
-            _ => {}
-        }
-        // Attributes are padded to 4 bytes.
-        off += (len + 3) & !3;
-    }
-    rate64.or(rate32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,16 +590,14 @@ mod tests {
     }
 
     #[test]
-    fn htb_rate_from_parms_and_rate64() {
+    fn htb_rate_64_overrides_the_32_bit_one() {
         let mut parms = vec![0u8; 44];
         parms[8..12].copy_from_slice(&6_250_000u32.to_ne_bytes());
-        assert_eq!(parse_htb_rate(&nla(TCA_HTB_PARMS, &parms)), Some(6_250_000));
         let mut both = nla(TCA_HTB_PARMS, &parms);
         both.extend(nla(TCA_HTB_RATE64, &5_000_000_000u64.to_ne_bytes()));
-        assert_eq!(parse_htb_rate(&both), Some(5_000_000_000));
-        assert_eq!(parse_htb_rate(&[]), None);
+        assert_eq!(parse_htb_rates(&both).map(|(r, _)| r), Some(5_000_000_000));
         assert_eq!(
-            parse_htb_rate(&[1, 0, 0, 0]),
+            parse_htb_rates(&[1, 0, 0, 0]),
             None,
             "a length below the header is not trusted"
         );

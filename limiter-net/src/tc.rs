@@ -2,7 +2,7 @@
 //!
 //! rtnetlink has no HTB or fq support, and their option structures are easy to get subtly
 //! wrong by hand; `tc` is the reference implementation of them. What `tc` installed is
-//! always read back from the kernel over netlink ([`crate::rtnl::htb_class_rate`]), never
+//! always read back from the kernel over netlink ([`crate::rtnl::htb_classes`]), never
 //! taken from `tc`'s exit status alone.
 
 use std::{
