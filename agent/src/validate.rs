@@ -81,23 +81,10 @@ pub fn check_share_id(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// RFC 1123 label: what Kubernetes requires of namespaces and device names.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use shareguard_common::slice::{is_dns_label, is_dns_subdomain, is_driver_name};
 
 pub fn is_namespace(s: &str) -> bool {
     is_dns_label(s)
-}
-
-/// RFC 1123 subdomain: object names and driver names.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
 }
 
 /// Pool names are one or more DNS subdomains joined by '/'.
@@ -124,12 +111,6 @@ pub fn is_c_identifier(s: &str) -> bool {
         && s.len() <= 32
         && !s.as_bytes()[0].is_ascii_digit()
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
-
-/// A driver name: a DNS subdomain of at most 63 characters (resource.k8s.io's
-/// `DriverNameMaxLength`).
-pub fn is_driver_name(s: &str) -> bool {
-    s.len() <= 63 && is_dns_subdomain(s)
 }
 
 /// Identifiers the agent uses in store keys and audit lines: uids, allocation ids.

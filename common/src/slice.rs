@@ -19,3 +19,24 @@ pub const MAX_VALID_VALUES: usize = 10;
 pub fn attributes_for(kind_is_gpu: bool) -> usize {
     DEVICE_ATTRIBUTES.len() + if kind_is_gpu { GPU_ATTRIBUTES.len() } else { 0 }
 }
+
+/// RFC 1123 label: what Kubernetes requires of namespaces and device names.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain: object names and driver names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
+}
+
+/// A driver name: a DNS subdomain of at most 63 characters (resource.k8s.io's
+/// `DriverNameMaxLength`).
+pub fn is_driver_name(s: &str) -> bool {
+    s.len() <= 63 && is_dns_subdomain(s)
+}

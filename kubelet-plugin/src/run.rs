@@ -321,17 +321,10 @@ async fn refused(regs: Vec<(String, watch::Receiver<RegistrationState>)>) -> Plu
     futures::future::select_all(waits).await.0
 }
 
-/// A driver name becomes a directory and a file name: kubelet's rules (a DNS subdomain)
-/// keep it one path component.
+/// A driver name becomes a directory and a file name: kubelet's rules (a DNS subdomain of
+/// at most 63 characters) keep it one path component.
 fn check_driver_name(name: &str) -> Result<(), anyhow::Error> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
-    if ok {
+    if shareguard_common::slice::is_driver_name(name) {
         Ok(())
     } else {
         anyhow::bail!(

@@ -50,7 +50,7 @@ pub fn digest_annotation(driver: &str) -> String {
     format!("{driver}/spec-digest")
 }
 
-use shareguard_common::slice::{DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE};
+use shareguard_common::slice::{DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE, is_dns_label};
 
 pub fn desired(
     driver: &str,
@@ -209,15 +209,6 @@ fn string_attr(v: &str) -> DeviceAttribute {
         string: Some(s),
         ..Default::default()
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]
