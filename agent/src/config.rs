@@ -103,6 +103,11 @@ pub struct DeviceConfig {
     /// For `net` devices: the mechanism the config insists on; `None` lets the kernel
     /// probe choose the strongest available.
     pub net_mechanism: Option<Mechanism>,
+    /// For `net` devices: what the path from a pod carries at most, bit/s (`line_rate`).
+    /// A share direction limited at or above it is counted but not shaped (its status
+    /// says "unconstrained"): shaping it would cost throughput and hold nothing back.
+    /// None (the default): every limit is shaped.
+    pub net_line_rate_bps: Option<u64>,
     /// For `gpu` devices: back end, GPU and watchdog.
     pub gpu: Option<GpuConfig>,
 }
@@ -196,6 +201,9 @@ struct RawDevice {
     interface: Option<Spanned<String>>,
     /// For `net` devices: "auto" (the default) or a mechanism name.
     mechanism: Option<Spanned<String>>,
+    /// For `net` devices: what the path from a pod carries at most, as a quantity in
+    /// bit/s; a limit at or above it is not shaped.
+    line_rate: Option<Spanned<String>>,
     /// For `gpu` devices, see [`crate::config_gpu`].
     backend: Option<Spanned<String>>,
     uuid: Option<Spanned<String>>,
@@ -728,6 +736,19 @@ impl Config {
                     )
                 })?),
             };
+            let net_line_rate_bps = match &d.line_rate {
+                None => None,
+                Some(r) if kind != DeviceKind::Net => {
+                    return Err(err(
+                        r.span(),
+                        format!("device {name}: line_rate is only for kind \"net\""),
+                    ));
+                }
+                Some(r) => Some(
+                    line_rate_bps(r.get_ref())
+                        .map_err(|why| err(r.span(), format!("device {name}: line_rate: {why}")))?,
+                ),
+            };
             devices.push(DeviceConfig {
                 name,
                 driver: d.driver.into_inner(),
@@ -737,6 +758,7 @@ impl Config {
                 admin_namespaces: admin,
                 capacities,
                 net_mechanism,
+                net_line_rate_bps,
                 gpu,
             });
         }
@@ -764,6 +786,21 @@ fn check_net_capacities(name: &str, caps: &BTreeMap<String, CapacityConfig>) -> 
         ));
     }
     Ok(())
+}
+
+/// A line rate in bit/s: a positive whole number of bits per second that fits in 64 bits.
+fn line_rate_bps(text: &str) -> Result<u64, String> {
+    let q = Quantity::parse(text).map_err(|e| e.to_string())?;
+    if q.is_negative() || q.is_zero() {
+        return Err(format!("{q} must be positive"));
+    }
+    let bits = q
+        .ceil_units()
+        .ok_or_else(|| format!("{q} is out of range"))?;
+    if Quantity::from_units(bits, shareguard_common::Format::DecimalSI) != Some(q) {
+        return Err(format!("{q} is not a whole number of bit/s"));
+    }
+    u64::try_from(bits).map_err(|_| format!("{q} is above 2^64-1 bit/s"))
 }
 
 /// A NIC's link speed from sysfs, in bit/s.
@@ -1160,5 +1197,46 @@ value = "10G"
             "kind = \"generic\"\nmechanism = \"edt-fq\"",
         ));
         assert!(e.message.contains("only for kind \"net\""), "{e}");
+    }
+
+    #[test]
+    fn a_net_device_may_state_its_line_rate() {
+        let with = |rate: &str| {
+            NET.replace(
+                "kind = \"net\"",
+                &format!("kind = \"net\"\nline_rate = \"{rate}\""),
+            )
+        };
+        let c = Config::parse(&with("25G"), "t.toml").unwrap();
+        assert_eq!(
+            c.device("nic-0").unwrap().net_line_rate_bps,
+            Some(25_000_000_000)
+        );
+        let c = Config::parse(NET, "t.toml").unwrap();
+        assert_eq!(
+            c.device("nic-0").unwrap().net_line_rate_bps,
+            None,
+            "unset: all shaped"
+        );
+        for (bad, why) in [
+            ("0", "must be positive"),
+            ("-1G", "must be positive"),
+            ("1500m", "not a whole number"),
+            ("20E", "above 2^64-1"),
+            ("fast", "line_rate"),
+        ] {
+            let e = err_of(&with(bad));
+            assert_eq!(e.line, 11, "{bad}: {e}");
+            assert!(e.message.contains("device nic-0: line_rate"), "{bad}: {e}");
+            assert!(e.message.contains(why), "{bad}: {e}");
+        }
+        let e = err_of(&GOOD.replace(
+            "kind = \"generic\"",
+            "kind = \"generic\"\nline_rate = \"10G\"",
+        ));
+        assert!(
+            e.message.contains("line_rate is only for kind \"net\""),
+            "{e}"
+        );
     }
 }

@@ -100,7 +100,8 @@ pub fn for_config(cfg: &mut Config) -> Result<Limiters, String> {
                     })
                 });
                 match backend {
-                    Ok(b) => match NetLimiter::new(b.clone(), d.net_mechanism) {
+                    Ok(b) => match NetLimiter::new(b.clone(), d.net_mechanism, d.net_line_rate_bps)
+                    {
                         Ok(l) => {
                             info!(device = %d.name, mechanism = %l.mechanism(), "bandwidth mechanism chosen");
                             Arc::new(l)

@@ -67,6 +67,10 @@ pub struct Enforcement {
     pub watch_only: bool,
     /// Nothing real holds the limit: a simulated device, for tests and demos.
     pub simulated: bool,
+    /// Capacities whose limit is at or above what the device's path carries (its
+    /// configured line rate): nothing shapes them, since the path itself stays below the
+    /// limit, and `enforced` holds that line rate, the bound that actually applies.
+    pub unconstrained: std::collections::BTreeSet<String>,
 }
 
 /// Traffic a share's enforcement counted, as the kernel holds it (monotonic while the

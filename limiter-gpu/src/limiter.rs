@@ -393,6 +393,7 @@ impl GpuLimiter {
             enforced,
             watch_only: !rec.mechanism.enforces(),
             simulated: self.backend.is_simulated(),
+            unconstrained: Default::default(),
         })
     }
 

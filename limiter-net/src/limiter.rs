@@ -27,7 +27,7 @@ use crate::{
     mechanism::{self, Mechanism, RootQdisc},
     probe::{self, Probe},
     rtnl,
-    state::{Installed, StateDir, ifb_name, short_id},
+    state::{self, Installed, StateDir, ifb_name, short_id},
     tc,
 };
 
@@ -52,11 +52,18 @@ pub struct NetBackend {
     probe: Probe,
 }
 
-/// The `Limiter` of one `net` device: the shared back end and the device's mechanism.
+/// The `Limiter` of one `net` device: the shared back end, the device's mechanism and
+/// its line rate.
 pub struct NetLimiter {
     backend: Arc<NetBackend>,
     mechanism: Mechanism,
+    /// What the device's path carries at most, bit/s (config `line_rate`): a direction
+    /// limited at or above it is counted but not shaped. None: every limit is shaped.
+    line_rate_bps: Option<u64>,
 }
+
+/// `ShareStatus.mechanism` of a share whose every limited direction is unconstrained.
+pub const UNCONSTRAINED: &str = "unconstrained";
 
 /// The file name of a share's pinned link for one direction, under `<pin_dir>/links/`.
 pub fn link_name(share_key: &str, dir: Direction) -> String {
@@ -205,12 +212,19 @@ impl NetBackend {
 impl NetLimiter {
     /// The limiter for a device that asks for `requested` (None: the strongest the kernel
     /// has). Fails when the kernel cannot run the requested one.
+    /// `line_rate_bps`: what the device's path carries at most (None: unknown, so every
+    /// limit is shaped).
     pub fn new(
         backend: Arc<NetBackend>,
         requested: Option<Mechanism>,
+        line_rate_bps: Option<u64>,
     ) -> Result<NetLimiter, NetError> {
         let mechanism = mechanism::choose(&backend.probe, requested)?;
-        Ok(NetLimiter { backend, mechanism })
+        Ok(NetLimiter {
+            backend,
+            mechanism,
+            line_rate_bps,
+        })
     }
 
     pub fn mechanism(&self) -> Mechanism {
@@ -226,7 +240,7 @@ impl NetLimiter {
         let still_there =
             rtnl::name_of_index(i.host_index)?.as_deref() == Some(i.host_name.as_str());
         if still_there
-            && i.to_pod_bps.is_some()
+            && i.shaped(Direction::ToPod).is_some()
             && let Some(kind) = i.mechanism.qdisc_kind()
             && root_is_ours(i.host_index, kind)?
         {
@@ -240,7 +254,9 @@ impl NetLimiter {
 
     /// The rate one direction is enforced at, read back from the kernel: the HTB class's
     /// rate, or the rate in the programs' map while they are attached, flagged for the
-    /// direction and (for EDT) an fq is at the root of the device that queues it.
+    /// direction and (for EDT) an fq is at the root of the device that queues it. For an
+    /// unconstrained direction, the path's line rate while the programs that count it
+    /// are attached and nothing of ours shapes it.
     fn direction_rate(
         &self,
         bpf: &Bpf,
@@ -265,6 +281,23 @@ impl NetLimiter {
             bpf.is_attached(&link_name(&i.share_key, dir), i.host_index)
                 .map_err(bpf_err)
         };
+        if i.unconstrained(dir) {
+            // Something of ours still shaping it (left over, or drift) is not "nothing
+            // shapes it": that is reported as not read back.
+            let paced = cfg.is_some_and(|c| {
+                let p = c.pacing(dir.index());
+                p.edt || p.police || (dir == Direction::FromPod && c.redirect_ifindex != 0)
+            });
+            let queued = match (dir, i.mechanism.qdisc_kind()) {
+                (Direction::ToPod, Some(kind)) => root_is_ours(i.host_index, kind)?,
+                (Direction::FromPod, _) => queue_index.is_some(),
+                (Direction::ToPod, None) => false,
+            };
+            return Ok(match (i.path_bps, cfg) {
+                (Some(path), Some(_)) if !paced && !queued && attached()? => Some(path),
+                _ => None,
+            });
+        }
         // Traffic from the pod reaches its queue only through the program's redirect.
         let redirected = |cfg: &IfaceConfig| {
             dir == Direction::ToPod || queue_index.is_some_and(|q| cfg.redirect_ifindex == q)
@@ -311,7 +344,19 @@ impl NetLimiter {
         let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref())?;
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
         let mut enforced = BTreeMap::new();
+        let mut unconstrained = std::collections::BTreeSet::new();
         for name in spec.limits.keys() {
+            let free = match name.as_str() {
+                BANDWIDTH => {
+                    i.unconstrained(Direction::ToPod) && i.unconstrained(Direction::FromPod)
+                }
+                INGRESS => i.unconstrained(Direction::ToPod),
+                EGRESS => i.unconstrained(Direction::FromPod),
+                _ => false,
+            };
+            if free {
+                unconstrained.insert(name.clone());
+            }
             let v = match name.as_str() {
                 BANDWIDTH => to_pod.zip(from_pod).map(|(a, b)| a.min(b)),
                 INGRESS => to_pod,
@@ -322,9 +367,15 @@ impl NetLimiter {
                 enforced.insert(name.clone(), v);
             }
         }
+        let all_free = !unconstrained.is_empty() && unconstrained.len() == spec.limits.len();
         Ok(Enforcement {
-            mechanism: i.mechanism.name().to_owned(),
+            mechanism: if all_free {
+                UNCONSTRAINED.to_owned()
+            } else {
+                i.mechanism.name().to_owned()
+            },
             enforced,
+            unconstrained,
             ..Enforcement::default()
         })
     }
@@ -396,10 +447,12 @@ impl Limiter for NetLimiter {
         if let Some(old) = &existing
             && (old.host_index != host.index
                 || old.host_name != host.name
-                || old.mechanism != self.mechanism)
+                || old.mechanism != self.mechanism
+                || old.path_bps != self.line_rate_bps)
         {
             // The pod sandbox came back with a new interface, or the device now uses
-            // another mechanism: take the old limit down and install afresh.
+            // another mechanism or line rate (which may shape what was unconstrained, or
+            // the reverse): take the old limit down and install afresh.
             self.uninstall(&mut bpf, old)?;
             state.remove(&spec.share_key)?;
             existing = None;
@@ -427,7 +480,10 @@ impl Limiter for NetLimiter {
             Some(s) => s,
             None => free_slot(&others)?,
         };
-        let plan = self.mechanism.plan(to, from, slot);
+        // An unconstrained direction gets no qdisc and no redirect; the programs still
+        // count it.
+        let shaped = |r: Option<u64>| r.filter(|_| !state::is_unconstrained(r, self.line_rate_bps));
+        let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
         // Traffic from the pod is redirected to an ifb when something has to queue it.
         let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
         // Record first: if anything below fails or the agent dies, remove() still knows
@@ -441,6 +497,7 @@ impl Limiter for NetLimiter {
             from_pod_bps: from,
             ifb: ifb.clone(),
             slot: Some(slot),
+            path_bps: self.line_rate_bps,
         };
         let fresh = existing.is_none();
         state.put(&installed)?;
@@ -491,7 +548,7 @@ impl Limiter for NetLimiter {
             to_pod_packets: to.packets,
             from_pod_bytes: from.bytes,
             from_pod_packets: from.packets,
-            drops: qdisc_drops(i.to_pod_bps.map(|_| i.host_index))
+            drops: qdisc_drops(i.shaped(Direction::ToPod).map(|_| i.host_index))
                 + qdisc_drops(ifb_index)
                 + to.drops
                 + from.drops,
@@ -566,6 +623,7 @@ mod tests {
             from_pod_bps: None,
             ifb: None,
             slot,
+            path_bps: None,
         };
         assert_eq!(free_slot(&[]).unwrap(), 0);
         // A legacy record holds its interface index; an allocated one its slot.

@@ -14,7 +14,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{error::NetError, mechanism::Mechanism};
+use crate::{bpf::Direction, error::NetError, mechanism::Mechanism};
 
 /// One share's install record. Versioned by its fields: a field added later carries a
 /// serde default that says what records written before it meant.
@@ -37,9 +37,33 @@ pub struct Installed {
     /// the interface's index, which [`Installed::slot`] still reads them as.
     #[serde(default)]
     pub slot: Option<u32>,
+    /// The device's line rate when the share was installed, bit/s: a direction whose
+    /// limit is at or above it is unconstrained (nothing shaped, only counted). Records
+    /// from before the field existed shaped every direction.
+    #[serde(default)]
+    pub path_bps: Option<u64>,
 }
 
 impl Installed {
+    /// The direction's limit, bit/s, if it has one.
+    pub fn limit(&self, dir: Direction) -> Option<u64> {
+        match dir {
+            Direction::ToPod => self.to_pod_bps,
+            Direction::FromPod => self.from_pod_bps,
+        }
+    }
+
+    /// Whether the direction has a limit at or above what the path carries.
+    pub fn unconstrained(&self, dir: Direction) -> bool {
+        is_unconstrained(self.limit(dir), self.path_bps)
+    }
+
+    /// The rate the direction is shaped to: its limit, unless it has none or is
+    /// unconstrained.
+    pub fn shaped(&self, dir: Direction) -> Option<u64> {
+        self.limit(dir).filter(|_| !self.unconstrained(dir))
+    }
+
     /// The counter slot in use: the allocated one, or the interface index of a record
     /// written before slots were allocated (when that fits the arrays).
     pub fn slot(&self) -> Option<u32> {
@@ -47,6 +71,12 @@ impl Installed {
             (self.host_index < shareguard_ebpf_common::MAX_SLOTS).then_some(self.host_index)
         })
     }
+}
+
+/// A limit at or above the path's line rate is unconstrained: the path never carries
+/// more, so shaping would cost throughput and CPU and hold nothing back.
+pub fn is_unconstrained(limit_bps: Option<u64>, path_bps: Option<u64>) -> bool {
+    matches!((limit_bps, path_bps), (Some(l), Some(p)) if l >= p)
 }
 
 fn htb() -> Mechanism {
@@ -248,6 +278,7 @@ mod tests {
             to_pod_bps: Some(50_000_000),
             from_pod_bps: None,
             ifb: None,
+            path_bps: None,
             slot: Some(3),
         };
         assert_eq!(s.get("k").unwrap(), None);
@@ -265,6 +296,35 @@ mod tests {
         let i: Installed = serde_json::from_str(old).unwrap();
         assert_eq!(i.mechanism, Mechanism::HtbEbpf);
         assert_eq!(i.slot(), Some(7), "the interface index was the slot then");
+        assert_eq!(i.path_bps, None);
+        assert_eq!(i.shaped(Direction::ToPod), Some(8), "older records shaped");
+    }
+
+    #[test]
+    fn a_direction_at_or_above_the_line_rate_is_unconstrained() {
+        let i = Installed {
+            share_key: "k".into(),
+            mechanism: Mechanism::HtbEbpf,
+            host_index: 7,
+            host_name: "v".into(),
+            to_pod_bps: Some(25_000_000_000),
+            from_pod_bps: Some(24_999_999_999),
+            ifb: None,
+            path_bps: Some(25_000_000_000),
+            slot: Some(1),
+        };
+        assert!(i.unconstrained(Direction::ToPod), "equal to the line rate");
+        assert_eq!(i.shaped(Direction::ToPod), None);
+        assert!(!i.unconstrained(Direction::FromPod), "one bit/s below it");
+        assert_eq!(i.shaped(Direction::FromPod), Some(24_999_999_999));
+        assert!(
+            !is_unconstrained(None, Some(1)),
+            "no limit is not unconstrained"
+        );
+        assert!(
+            !is_unconstrained(Some(u64::MAX), None),
+            "no line rate: shaped"
+        );
     }
 
     #[test]
@@ -280,6 +340,7 @@ mod tests {
             to_pod_bps: Some(1),
             from_pod_bps: None,
             ifb: None,
+            path_bps: None,
             slot: Some(idx),
         };
         // Not a real collision of the hash (that would take 2^24 tries), but the file

@@ -236,6 +236,74 @@ async fn release_lifts_the_limit_and_leaves_the_interface_as_found() {
 }
 
 #[tokio::test]
+async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
+    if !net::privileged("a_limit_at_or_above_the_line_rate_is_counted_not_shaped") {
+        return;
+    }
+    let line = "line_rate = \"25G\"\n";
+    let (a, pins) = start_with(net::net_device(
+        "nic-0",
+        &format!("{line}{}", net::bandwidth_capacity("100G")),
+    ));
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    let before = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
+    let id = share_id();
+    let r = prepare_one(&mut c, 1, bw_claim("free", &pod, &id, "40G")).await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.mechanism, "unconstrained", "{s:?}");
+    assert_eq!(
+        (
+            s.limits[0].requested.as_str(),
+            s.limits[0].enforced.as_str()
+        ),
+        ("40G", "25G"),
+        "the bound that applies is the path's: {s:?}"
+    );
+    assert!(s.reason.contains("bandwidth unconstrained"), "{s:?}");
+    // Nothing shapes it: the veth's root is as found, no ifb, yet both programs are
+    // attached (pinned) and count.
+    assert_eq!(
+        net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
+        before
+    );
+    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    assert!(
+        !net::link_exists(&ifb),
+        "no ifb {ifb} for an unconstrained share"
+    );
+    assert_eq!(fs::read_dir(pins.0.join("net/links")).unwrap().count(), 2);
+    {
+        let _lock = TrafficLock::acquire();
+        let m = server.measure(&Iperf::new(Direction::ToPod));
+        eprintln!("unconstrained 40G share, to-pod: {m}");
+        // Far above any limit the tests shape to; what it keeps of unlimited
+        // throughput is a benchmark figure (docs/benchmarks.md), not a test bound.
+        assert!(m.bits_per_second > 2.0 * 2e9, "{m}");
+        a.wait_metric(
+            "shareguard_share_traffic_bytes_total",
+            &[("share", &id), ("direction", "to_pod")],
+            |v| v > m.bits_per_second * 5.0 / 8.0 * 0.9,
+        );
+    }
+    assert_eq!(unprepare_one(&mut c, 1, "free").await.code, "");
+    assert_eq!(fs::read_dir(pins.0.join("net/links")).unwrap().count(), 0);
+
+    // Just below the line rate is shaped by the device's mechanism, read back as such.
+    let r = prepare_one(&mut c, 1, bw_claim("below", &pod, &share_id(), "24G")).await;
+    enforced_share(&r, "24G");
+    assert_ne!(
+        net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
+        before,
+        "a shaped share installs its qdisc"
+    );
+    assert_eq!(unprepare_one(&mut c, 1, "below").await.code, "");
+}
+
+#[tokio::test]
 async fn failures_are_reported_never_enforced() {
     if !net::privileged("failures_are_reported_never_enforced") {
         return;

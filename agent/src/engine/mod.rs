@@ -470,6 +470,7 @@ fn judge(
             ),
         );
     }
+    let mut unconstrained = Vec::new();
     for (name, want) in wanted {
         match e.enforced.get(name) {
             None => {
@@ -477,6 +478,13 @@ fn judge(
                     Phase::Degraded,
                     format!("{name}: nothing enforced was read back{note}"),
                 );
+            }
+            // The path's own capacity is the bound, read back from the limiter's record
+            // that nothing shapes the direction; it can only be below the request.
+            Some(got) if e.unconstrained.contains(name) && got <= want => {
+                unconstrained.push(format!(
+                    "{name} unconstrained: the path carries at most {got}, below the limit {want}, so nothing shapes it"
+                ));
             }
             Some(got) if got != want => {
                 return (
@@ -487,8 +495,18 @@ fn judge(
             Some(_) => {}
         }
     }
-    (
-        Phase::Enforced,
-        format!("limit applied and read back{note}"),
-    )
+    if unconstrained.is_empty() {
+        (
+            Phase::Enforced,
+            format!("limit applied and read back{note}"),
+        )
+    } else {
+        (
+            Phase::Enforced,
+            format!(
+                "limit applied and read back; {}{note}",
+                unconstrained.join("; ")
+            ),
+        )
+    }
 }

@@ -994,3 +994,34 @@ fn a_repeated_prepare_of_a_releasing_claim_is_refused() {
     assert!(err.message.contains("being released"), "{err:?}");
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
 }
+
+#[test]
+fn an_unconstrained_capacity_is_enforced_only_at_or_below_its_request() {
+    let q = |s: &str| Quantity::parse(s).unwrap();
+    let wanted: BTreeMap<String, Quantity> = [("bandwidth".to_owned(), q("40G"))].into();
+    let e = |got: &str, free: bool| Enforcement {
+        mechanism: "unconstrained".into(),
+        enforced: [("bandwidth".to_owned(), q(got))].into(),
+        unconstrained: if free {
+            ["bandwidth".to_owned()].into()
+        } else {
+            Default::default()
+        },
+        ..Enforcement::default()
+    };
+    let (phase, why) = super::judge(&wanted, &e("25G", true));
+    assert_eq!(phase, Phase::Enforced, "{why}");
+    assert!(
+        why.contains("bandwidth unconstrained: the path carries at most 25G"),
+        "{why}"
+    );
+    // The path's bound read back above the request would be a false statement.
+    assert_eq!(super::judge(&wanted, &e("50G", true)).0, Phase::Degraded);
+    // Without the flag, a lower read-back is drift as before.
+    assert_eq!(super::judge(&wanted, &e("25G", false)).0, Phase::Degraded);
+    let (phase, why) = super::judge(&wanted, &e("40G", false));
+    assert_eq!(
+        (phase, why.as_str()),
+        (Phase::Enforced, "limit applied and read back")
+    );
+}
