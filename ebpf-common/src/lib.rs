@@ -10,8 +10,10 @@
 
 use core::mem::{align_of, size_of};
 
+pub mod flows;
 pub mod pace;
 
+pub use flows::{FlowKey, FlowState};
 pub use pace::{Pace, PaceState, Verdict};
 
 /// Name of the hash map `ifindex (u32) -> IfaceConfig`.
@@ -21,6 +23,11 @@ pub const COUNTERS_MAP: &str = "SG_COUNTERS";
 /// Name of the array `counter_index(slot, dir) -> PaceState`, shared by all CPUs: the
 /// EDT and policer state of each share and direction.
 pub const PACE_MAP: &str = "SG_PACE";
+/// Name of the LRU hash `FlowKey -> FlowState`: which flows are sparse ([`flows`]).
+pub const FLOWS_MAP: &str = "SG_FLOWS";
+/// Flows [`FLOWS_MAP`] remembers; the least recently seen are forgotten first (and start
+/// afresh, as a new flow, if they come back).
+pub const MAX_FLOWS: u32 = 65_536;
 
 /// Most interfaces (host-side veths) the programs can be configured for at once.
 pub const MAX_IFACES: u32 = 4096;
@@ -63,11 +70,12 @@ pub const FLAG_EDT_FROM_POD: u32 = 1 << 1;
 pub const FLAG_POLICE_TO_POD: u32 = 1 << 2;
 /// Traffic from the pod is policed (dropped when over [`IfaceConfig::from_pod`]).
 pub const FLAG_POLICE_FROM_POD: u32 = 1 << 3;
-/// `htb-ebpf`: each flow goes to one of [`FLOW_CLASSES`] HTB classes, `classid` plus the
-/// packet's flow hash modulo [`FLOW_CLASSES`], in both directions (from the pod, before
-/// the redirect, for the ifb's HTB). Each class has an assured share of the rate, so a
-/// sparse flow (a ping, an RPC, DNS) is sent at once instead of waiting behind a bulk
-/// flow's queue: per-flow queueing where the kernel has no `fq`, `fq_codel` or `sfq`.
+/// `htb-ebpf`: a sparse flow ([`flows`]) goes to the priority class, `classid` plus
+/// [`FLOW_CLASSES`]; every other flow to one of [`FLOW_CLASSES`] HTB classes, `classid`
+/// plus the packet's flow hash modulo [`FLOW_CLASSES`]; in both directions (from the
+/// pod, before the redirect, for the ifb's HTB). A sparse flow (a ping, an RPC, DNS) is
+/// sent first instead of waiting behind a bulk flow's queue, and bulk flows share the
+/// rate by class: per-flow queueing where the kernel has no `fq`, `fq_codel` or `sfq`.
 pub const FLAG_HTB_FLOWS: u32 = 1 << 4;
 /// Every flag this build knows; the loader refuses others.
 pub const FLAGS_KNOWN: u32 = FLAG_EDT_TO_POD
@@ -80,16 +88,19 @@ pub const FLAGS_KNOWN: u32 = FLAG_EDT_TO_POD
 /// a class with probability 1/16.
 pub const FLOW_CLASSES: u32 = 16;
 
-/// The `skb->priority` (an HTB class id) of a packet with flow hash `hash` for `cfg`: 0
-/// (leave it alone) when `cfg` names no class.
+/// The `skb->priority` (an HTB class id) of a packet with flow hash `hash` for `cfg`,
+/// `sparse` when [`flows::step`] found its flow sparse: 0 (leave it alone) when `cfg`
+/// names no class.
 #[inline(always)]
-pub const fn flow_classid(cfg: &IfaceConfig, hash: u32) -> u32 {
+pub const fn flow_classid(cfg: &IfaceConfig, hash: u32, sparse: bool) -> u32 {
     if cfg.classid == 0 {
         0
-    } else if cfg.flags & FLAG_HTB_FLOWS != 0 {
-        cfg.classid + hash % FLOW_CLASSES
-    } else {
+    } else if cfg.flags & FLAG_HTB_FLOWS == 0 {
         cfg.classid
+    } else if sparse {
+        cfg.classid + FLOW_CLASSES
+    } else {
+        cfg.classid + hash % FLOW_CLASSES
     }
 }
 
@@ -196,6 +207,9 @@ const _: () = {
     assert!(size_of::<IfaceConfig>() == 48);
     assert!(align_of::<IfaceConfig>() == 8);
     assert!(size_of::<Counters>() == 24);
+    assert!(size_of::<FlowKey>() == 8);
+    assert!(size_of::<FlowState>() == 16);
+    assert!(align_of::<FlowState>() == 8);
     assert!(align_of::<Counters>() == 8);
     assert!(MAX_COUNTERS.is_multiple_of(2));
 };
@@ -214,6 +228,12 @@ unsafe impl aya::Pod for Pace {}
 // SAFETY: as above.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PaceState {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for FlowState {}
 
 #[cfg(test)]
 mod tests {
@@ -314,19 +334,27 @@ mod tests {
             ..IfaceConfig::default()
         };
         assert_eq!(
-            flow_classid(&c, 12345),
+            flow_classid(&c, 12345, true),
             0x0001_0001,
             "one class without the flag"
         );
         c.flags = FLAG_HTB_FLOWS;
-        assert_eq!(flow_classid(&c, 0), 0x0001_0001);
-        assert_eq!(flow_classid(&c, 15), 0x0001_0010);
-        assert_eq!(flow_classid(&c, 16), 0x0001_0001);
+        assert_eq!(flow_classid(&c, 0, false), 0x0001_0001);
+        assert_eq!(flow_classid(&c, 15, false), 0x0001_0010);
+        assert_eq!(flow_classid(&c, 16, false), 0x0001_0001);
         assert_eq!(
-            flow_classid(&c, u32::MAX),
+            flow_classid(&c, u32::MAX, false),
             0x0001_0001 + u32::MAX % FLOW_CLASSES
         );
+        // Sparse flows, whatever their hash, share the class after the flow classes.
+        for hash in [0, 15, 16, u32::MAX] {
+            assert_eq!(flow_classid(&c, hash, true), 0x0001_0011);
+        }
         c.classid = 0;
-        assert_eq!(flow_classid(&c, 7), 0, "no class, priority left alone");
+        assert_eq!(
+            flow_classid(&c, 7, true),
+            0,
+            "no class, priority left alone"
+        );
     }
 }

@@ -21,13 +21,13 @@ use aya_ebpf::{
     bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tstamp},
     macros::{classifier, map},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, IfaceConfig,
-    MAX_COUNTERS, MAX_IFACES, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index,
-    flow_classid, pace,
+    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, FLAG_HTB_FLOWS,
+    FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES, PaceState,
+    SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, flow_classid, flows, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -41,6 +41,9 @@ static SG_COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_CO
 #[map]
 static SG_PACE: Array<PaceState> = Array::with_max_entries(MAX_COUNTERS, 0);
 
+#[map]
+static SG_FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
 /// Traffic to the pod (egress of its host-side veth).
 #[classifier]
 pub fn sg_egress(ctx: TcContext) -> i32 {
@@ -51,22 +54,50 @@ pub fn sg_egress(ctx: TcContext) -> i32 {
     if !limit(&ctx, &cfg, DIR_TO_POD) {
         return TC_ACT_SHOT as i32;
     }
-    classify(skb, &cfg);
+    classify(&ctx, &cfg, DIR_TO_POD);
     TC_ACT_UNSPEC
 }
 
-/// Sets `skb->priority` to the packet's HTB class, where `cfg` names one.
+/// Sets `skb->priority` to the packet's HTB class, where `cfg` names one: with flow
+/// classes, the priority class for a sparse flow, else its flow class by hash.
 #[inline(always)]
-fn classify(skb: *mut __sk_buff, cfg: &IfaceConfig) {
+fn classify(ctx: &TcContext, cfg: &IfaceConfig, dir: u32) {
     if cfg.classid == 0 {
         return;
     }
+    let skb = ctx.skb.skb;
     // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
     // its whole run; the helper only reads (and caches) the packet's flow hash.
     let hash = unsafe { bpf_get_hash_recalc(skb) };
+    let sparse = cfg.flags & FLAG_HTB_FLOWS != 0
+        && counter_index(cfg.slot, dir).is_some_and(|index| is_sparse(ctx, hash, index));
     // SAFETY: as above; `priority` is a field tc programs may write (the verifier checks
     // the access).
-    unsafe { (*skb).priority = flow_classid(cfg, hash) };
+    unsafe { (*skb).priority = flow_classid(cfg, hash, sparse) };
+}
+
+/// Runs [`flows::step`] for the packet's flow and stores its new state.
+#[inline(always)]
+fn is_sparse(ctx: &TcContext, hash: u32, index: u32) -> bool {
+    let key = FlowKey { hash, index };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let entry = SG_FLOWS.get_ptr_mut(&key);
+    // SAFETY: a non-null pointer from the lookup points to a value of the map's type that
+    // stays valid for this run (RCU); other CPUs may write it concurrently, which costs
+    // at most one packet's judgement (see `flows`), never memory safety: plain integers.
+    let old = entry.map(|p| unsafe { *p });
+    let (sparse, next) = flows::step(old, now, wire_len(ctx));
+    match entry {
+        // SAFETY: as for the read above.
+        Some(p) => unsafe { *p = next },
+        // A full map evicts its least recently seen flow; a failed insert only means the
+        // flow is judged new again next time.
+        None => {
+            let _ = SG_FLOWS.insert(&key, &next, 0);
+        }
+    }
+    sparse
 }
 
 /// Traffic from the pod (ingress of its host-side veth).
@@ -83,7 +114,7 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     // The ifb's HTB classifies by the priority, which the redirect keeps.
-    classify(skb, &cfg);
+    classify(&ctx, &cfg, DIR_FROM_POD);
     // Flags 0: to the ifb's egress, where its qdisc queues and shapes the packet. The ifb
     // then hands the packet back to this interface's receive path flagged to skip the tc
     // ingress hook (skb->tc_skip_classify), so it neither comes through here again nor

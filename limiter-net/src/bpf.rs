@@ -11,6 +11,7 @@
 //! <pin_dir>/maps/SG_IFACES     ifindex -> IfaceConfig
 //! <pin_dir>/maps/SG_COUNTERS   per-CPU counters, two per slot
 //! <pin_dir>/maps/SG_PACE       EDT / policer state, two per slot
+//! <pin_dir>/maps/SG_FLOWS      htb-ebpf: which flows are sparse (LRU, by flow hash)
 //! <pin_dir>/links/<name>       one TCX link per attachment (a directory in clsact mode)
 //! ```
 //!
@@ -41,8 +42,8 @@ use aya::{
     util::KernelVersion,
 };
 use shareguard_ebpf_common::{
-    COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, IFACES_MAP, MAX_COUNTERS, PACE_MAP, PROG_FROM_POD,
-    PROG_TO_POD, counter_index, flags_valid,
+    COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
+    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_TO_POD, counter_index, flags_valid,
 };
 pub use shareguard_ebpf_common::{Counters, IfaceConfig, MAX_IFACES, MAX_SLOTS, Pace, PaceState};
 
@@ -302,6 +303,10 @@ pub struct Bpf {
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     counters: PerCpuArray<MapData, Counters>,
     pace: Array<MapData, PaceState>,
+    /// Only the programs use it; held so that its descriptor outlives their loading. It
+    /// is pinned like the others: a restart that forgot which flows are bulk would let
+    /// their next packets overtake their own queued ones.
+    _flows: Map,
     pin_dir: PathBuf,
     mode: AttachMode,
 }
@@ -351,10 +356,12 @@ impl Bpf {
         let ifaces_path = maps_dir.join(IFACES_MAP);
         let counters_path = maps_dir.join(COUNTERS_MAP);
         let pace_path = maps_dir.join(PACE_MAP);
+        let flows_path = maps_dir.join(FLOWS_MAP);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(IFACES_MAP, ifaces_path.as_path())
             .map_pin_path(COUNTERS_MAP, counters_path.as_path())
             .map_pin_path(PACE_MAP, pace_path.as_path())
+            .map_pin_path(FLOWS_MAP, flows_path.as_path())
             .load(aya::include_bytes_aligned!(concat!(
                 env!("OUT_DIR"),
                 "/shareguard-ebpf"
@@ -403,6 +410,18 @@ impl Bpf {
                 max_entries: MAX_COUNTERS,
             },
         )?;
+        let flows = take_map(&mut ebpf, FLOWS_MAP)?;
+        check_map(
+            &flows,
+            FLOWS_MAP,
+            &flows_path,
+            MapShape {
+                kind: "lru_hash",
+                key_size: size_of::<FlowKey>(),
+                value_size: size_of::<FlowState>(),
+                max_entries: MAX_FLOWS,
+            },
+        )?;
         let ifaces = HashMap::try_from(ifaces).map_err(|e| map_error(IFACES_MAP, "open", e))?;
         let pace = Array::try_from(pace).map_err(|e| map_error(PACE_MAP, "open", e))?;
         let counters =
@@ -422,6 +441,7 @@ impl Bpf {
             ifaces,
             counters,
             pace,
+            _flows: flows,
             pin_dir: pin_dir.to_owned(),
             mode,
         })
@@ -932,6 +952,7 @@ fn check_map(
         Map::HashMap(data) => ("hash", data),
         Map::PerCpuArray(data) => ("percpu_array", data),
         Map::Array(data) => ("array", data),
+        Map::LruHashMap(data) => ("lru_hash", data),
         _ => {
             return Err(BpfError::IncompatibleMap {
                 name,

@@ -143,25 +143,25 @@ fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
 }
 
 /// The share's rate as the HTB tree on `ifindex` enforces it, in bit/s: the share class's
-/// rate, but only while every flow class sits below it with at most its assured part of
-/// that rate and a ceil of at most that rate (a flow class given more would let its flow
-/// past the share's limit, and that is drift); None otherwise.
+/// rate, but only while every flow class and the priority class sit below it with a ceil
+/// of at most that rate and assured rates that together stay within it (HTB sends a class
+/// within its assured rate whatever its parent has left, so more would let the share past
+/// its limit, and that is drift); None otherwise.
 fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
     let classes = rtnl::htb_classes(ifindex, tc::MAJOR)?;
     let Some(share) = classes.get(&tc::SHARE_MINOR) else {
         return Ok(None);
     };
-    // The kernel keeps whole bytes per second; a part rounds down.
-    let assured = share.rate / u64::from(tc::FLOW_CLASSES) + 1;
-    let flows_hold = (0..tc::FLOW_CLASSES).all(|i| {
-        u16::try_from(u32::from(tc::MINOR) + i)
-            .ok()
-            .and_then(|minor| classes.get(&minor))
-            .is_some_and(|c| {
-                c.parent_minor == tc::SHARE_MINOR && c.rate <= assured && c.ceil <= share.rate
-            })
-    });
-    Ok(flows_hold.then_some(share.rate * 8))
+    let mut assured: u64 = 0;
+    for minor in tc::MINOR..=tc::SPARSE_MINOR {
+        match classes.get(&minor) {
+            Some(c) if c.parent_minor == tc::SHARE_MINOR && c.ceil <= share.rate => {
+                assured = assured.saturating_add(c.rate);
+            }
+            _ => return Ok(None),
+        }
+    }
+    Ok((assured <= share.rate).then_some(share.rate * 8))
 }
 
 /// `ours`: the device's root is already our qdisc (HTB then changes it in place, once it

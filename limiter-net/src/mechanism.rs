@@ -4,11 +4,12 @@
 //! | mechanism | to the pod (veth egress) | from the pod (veth ingress) |
 //! |---|---|---|
 //! | `edt-fq` | BPF sets `skb->tstamp`, root `fq` on the veth holds packets until then | BPF sets `skb->tstamp` and redirects to an ifb with a root `fq` |
-//! | `htb-ebpf` | root HTB on the veth, BPF classifies into its class | BPF redirects to an ifb with a root HTB |
+//! | `htb-ebpf` | root HTB on the veth, BPF classifies each flow into its classes | BPF classifies and redirects to an ifb with a root HTB |
 //! | `bpf-policer` | BPF drops what exceeds the token bucket | likewise |
 //!
 //! EDT is preferred: `fq` keeps flows apart (a ping does not wait behind a bulk flow) and
-//! costs one timestamp per packet. HTB queues as well but with one FIFO per share. The
+//! costs one timestamp per packet. HTB queues as well, with a priority class for sparse
+//! flows and sixteen flow classes chosen by hash, which is coarser than `fq`. The
 //! policer queues nothing, so TCP sees losses instead of delay; it is the fallback for
 //! kernels where no qdisc can be used.
 

@@ -24,6 +24,9 @@ pub const MINOR: u16 = 1;
 /// `1:1` as skb->priority / TC classid: the first flow class.
 pub const CLASSID: u32 = (MAJOR as u32) << 16 | MINOR as u32;
 pub use shareguard_ebpf_common::FLOW_CLASSES;
+/// The priority class `1:11`, right after the flow classes, where the programs put sparse
+/// flows (`shareguard_ebpf_common::flows`): HTB serves it before the flow classes.
+pub const SPARSE_MINOR: u16 = MINOR + FLOW_CLASSES as u16;
 
 /// HTB parameters for one rate. The defaults of `tc` (a burst of one timer tick's worth
 /// at HZ=1000 rounded to the MTU) starve TCP at high rates; see docs/htb-tuning.md for
@@ -65,11 +68,19 @@ impl HtbParams {
         }
     }
 
-    /// The assured rate of each flow class: an equal part of the share's. A flow within
-    /// it is sent at once, without waiting for tokens the bulk flows took from the share's
-    /// class; beyond it a flow borrows from the share's class, up to the share's rate.
-    pub fn flow_rate_bps(&self) -> u64 {
+    /// The assured rate of the priority class: a sixteenth of the share's. Sparse flows
+    /// within it are sent at once, before anything else of the share's.
+    pub fn sparse_rate_bps(&self) -> u64 {
         (self.rate_bps / u64::from(FLOW_CLASSES)).max(8)
+    }
+
+    /// The assured rate of each flow class: an equal part of what the priority class
+    /// leaves. A flow within it is sent at once, without waiting for tokens the other
+    /// flows took from the share's class; beyond it a flow borrows from the share's class,
+    /// up to the share's rate. HTB lets a class within its assured rate send whatever its
+    /// parent has left, so these rates together must not exceed the share's.
+    pub fn flow_rate_bps(&self) -> u64 {
+        (self.rate_bps.saturating_sub(self.sparse_rate_bps()) / u64::from(FLOW_CLASSES)).max(8)
     }
 }
 
@@ -139,22 +150,27 @@ fn s(v: &[&str]) -> Vec<String> {
 }
 
 /// The tc commands that give `dev` the share's tree below an existing root HTB `1:`: the
-/// share's class `1:100` (rate = ceil = the limit) and [`FLOW_CLASSES`] flow classes
-/// `1:1`..`1:10` below it (an equal assured part of the rate each, ceil = the limit),
-/// each with a byte-bounded FIFO. `replace` throughout: run again, it changes the rates
+/// share's class `1:100` (rate = ceil = the limit) and below it [`FLOW_CLASSES`] flow
+/// classes `1:1`..`1:10` (`prio 1`) and the priority class `1:11` (`prio 0`, served
+/// first), each with an assured part of the rate (together at most the limit), ceil = the
+/// limit, and a byte-bounded FIFO. `replace` throughout: run again, it changes the rates
 /// in place.
 pub fn htb_tree_commands(dev: &str, p: &HtbParams) -> Vec<String> {
     let rate = format!("{}bit", p.rate_bps);
-    let flow_rate = format!("{}bit", p.flow_rate_bps());
     let burst = format!("{}b", p.burst_bytes);
     let mut out = vec![format!(
         "class replace dev {dev} parent 1: classid 1:{SHARE_MINOR:x} htb rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {}",
         p.quantum_bytes
     )];
-    for i in 0..FLOW_CLASSES {
+    for i in 0..=FLOW_CLASSES {
         let minor = u32::from(MINOR) + i;
+        let (own, prio) = if minor == u32::from(SPARSE_MINOR) {
+            (p.sparse_rate_bps(), 0)
+        } else {
+            (p.flow_rate_bps(), 1)
+        };
         out.push(format!(
-            "class replace dev {dev} parent 1:{SHARE_MINOR:x} classid 1:{minor:x} htb rate {flow_rate} ceil {rate} burst {burst} cburst {burst} quantum {}",
+            "class replace dev {dev} parent 1:{SHARE_MINOR:x} classid 1:{minor:x} htb rate {own}bit ceil {rate} burst {burst} cburst {burst} prio {prio} quantum {}",
             p.quantum_bytes
         ));
         out.push(format!(
@@ -224,24 +240,48 @@ mod tests {
     }
 
     #[test]
-    fn the_tree_is_the_share_class_over_sixteen_flow_classes() {
+    fn the_tree_is_the_share_class_over_sixteen_flow_classes_and_a_priority_class() {
         let p = HtbParams::for_rate(50_000_000);
         let lines = htb_tree_commands("d", &p);
-        assert_eq!(lines.len(), 1 + 2 * FLOW_CLASSES as usize);
+        assert_eq!(lines.len(), 1 + 2 * (FLOW_CLASSES as usize + 1));
         assert_eq!(
             lines[0],
             "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
         );
         assert_eq!(
             lines[1],
-            "class replace dev d parent 1:100 classid 1:1 htb rate 3125000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
+            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 62500b cburst 62500b prio 1 quantum 65536"
         );
         assert_eq!(
             lines[2],
             "qdisc replace dev d parent 1:1 handle 11: bfifo limit 262144"
         );
         assert!(lines[31].contains("classid 1:10 "), "{}", lines[31]);
+        assert_eq!(
+            lines[33],
+            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 62500b cburst 62500b prio 0 quantum 65536"
+        );
+        assert_eq!(
+            lines[34],
+            "qdisc replace dev d parent 1:11 handle 21: bfifo limit 262144"
+        );
         assert_eq!(HtbParams::for_rate(2_000_000_000).queue_bytes, 5_000_000);
+    }
+
+    #[test]
+    fn assured_rates_together_never_exceed_the_share() {
+        for rate in [
+            8,
+            1_000,
+            50_000_000,
+            2_000_000_000,
+            99_999_999_999,
+            u64::MAX / 2,
+        ] {
+            let p = HtbParams::for_rate(rate);
+            let sum = p.sparse_rate_bps() + u64::from(FLOW_CLASSES) * p.flow_rate_bps();
+            assert!(sum <= rate.max(17 * 8), "{rate}: {sum}");
+        }
     }
 
     #[test]

@@ -303,6 +303,87 @@ async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
     assert_eq!(unprepare_one(&mut c, 1, "below").await.code, "");
 }
 
+/// Bytes and packets HTB class `classid` of `dev` has sent (`tc -s class show`).
+fn class_sent(dev: &str, classid: &str) -> (u64, u64) {
+    let out = net::sh(&["tc", "-s", "class", "show", "dev", dev, "classid", classid]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "Sent")
+        .unwrap_or_else(|| panic!("no counters for {classid} on {dev}: {out}"));
+    let num = |i: usize| -> u64 { words[i].parse().unwrap_or_else(|_| panic!("{out}")) };
+    (num(at + 1), num(at + 3))
+}
+
+#[tokio::test]
+async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
+    if !net::privileged("sparse_flows_go_first_and_bulk_flows_stay_in_their_classes") {
+        return;
+    }
+    let (a, _pins) = start_with(net::net_device(
+        "nic-0",
+        &format!(
+            "mechanism = \"htb-ebpf\"\n{}",
+            net::bandwidth_capacity("10G")
+        ),
+    ));
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    let id = share_id();
+    let r = prepare_one(&mut c, 1, bw_claim("sparse", &pod, &id, "50M")).await;
+    enforced_share_by(&r, "50M", "htb-ebpf");
+    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let host = pod.host_if().to_owned();
+    let (pings, rtts, bulk) = {
+        let _lock = TrafficLock::acquire();
+        std::thread::scope(|s| {
+            let flow = s.spawn(|| server.measure(&Iperf::new(Direction::ToPod)));
+            // Once the bulk flow has left its first burst behind.
+            std::thread::sleep(std::time::Duration::from_millis(1200));
+            let pings = 100;
+            let rtts = net::ping_rtt(&pod, pings, std::time::Duration::from_millis(20));
+            (pings, rtts, flow.join().unwrap())
+        })
+    };
+    assert_within(&bulk, 50e6, "bulk flow beside the pings");
+    assert!(rtts.len() >= 95, "{} of 100 pings answered", rtts.len());
+    eprintln!(
+        "ping beside a 50M bulk flow: p50 {:.3} ms, p99 {:.3} ms",
+        net::percentile(&rtts, 50.0),
+        net::percentile(&rtts, 99.0)
+    );
+    // The echo requests went to the pod through the priority class, the replies came
+    // back through the ifb's; the bulk flow (31 MB in 5 s) through its flow class, with
+    // at most its first burst (16 KiB) and the iperf3 control connection in the priority
+    // class.
+    let (to_bytes, to_packets) = class_sent(&host, "1:11");
+    let (_, from_packets) = class_sent(&ifb, "1:11");
+    eprintln!(
+        "priority class: to the pod {to_bytes} B / {to_packets} pkt, from it {from_packets} pkt"
+    );
+    assert!(
+        to_packets >= u64::from(pings),
+        "{to_packets} packets to the pod in 1:11"
+    );
+    assert!(
+        from_packets >= u64::from(pings),
+        "{from_packets} packets from the pod in 1:11"
+    );
+    assert!(
+        to_bytes < 1_000_000,
+        "{to_bytes} bytes in the priority class: bulk went there"
+    );
+    let in_flows: u64 = (1..=16)
+        .map(|m| class_sent(&host, &format!("1:{m:x}")).0)
+        .sum();
+    assert!(
+        in_flows > 20_000_000,
+        "{in_flows} bytes in the flow classes"
+    );
+    assert_eq!(unprepare_one(&mut c, 1, "sparse").await.code, "");
+}
+
 #[tokio::test]
 async fn failures_are_reported_never_enforced() {
     if !net::privileged("failures_are_reported_never_enforced") {

@@ -89,7 +89,7 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         ));
     assert!(link.exists(), "{link:?}");
     let link_str = link.display().to_string();
-    let injections: [(&str, Vec<&str>); 5] = [
+    let injections: [(&str, Vec<&str>); 6] = [
         (
             "root qdisc deleted",
             vec!["tc", "qdisc", "del", "dev", &host, "root"],
@@ -108,6 +108,14 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             vec![
                 "tc", "class", "change", "dev", &host, "parent", "1:100", "classid", "1:3", "htb",
                 "rate", "10gbit", "ceil", "10gbit",
+            ],
+        ),
+        // So would the priority class of sparse flows.
+        (
+            "priority class rate raised",
+            vec![
+                "tc", "class", "change", "dev", &host, "parent", "1:100", "classid", "1:11", "htb",
+                "rate", "10gbit", "ceil", "10gbit", "prio", "0",
             ],
         ),
         ("ifb deleted", vec!["ip", "link", "del", &ifb]),
