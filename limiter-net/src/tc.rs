@@ -52,11 +52,14 @@ const MIN_QUEUE: u64 = 4 * 65_536;
 impl HtbParams {
     pub fn for_rate(rate_bps: u64) -> HtbParams {
         let bytes_per_s = rate_bps / 8;
-        // Ten milliseconds of traffic, for burst and cburst alike: with less, HTB loses
-        // tokens whenever a dequeue comes late, and on a busy 2-core machine 1 to 2 ms
-        // fell to 0.93-0.94 of the limit at 2 Gbit/s while 10 ms held 0.955
-        // (docs/htb-tuning.md). The cost is at most 10 ms of line-rate burst after idle.
-        let burst_bytes = (bytes_per_s / 100).max(MIN_BURST);
+        // Four milliseconds of traffic, for burst and cburst alike. With less, HTB loses
+        // tokens whenever a dequeue comes late: 1 to 2 ms fell to 0.93-0.94 of the limit
+        // at 2 Gbit/s on a busy 2-core machine, where 4 ms held 0.946-0.954 and 10 ms
+        // 0.946-0.953. With more, a new flow gets the bucket on top of the rate: 10 ms let
+        // 1.05 of the limit's first 100 ms (plus 64 KiB) through at 2G, 4 ms 0.99
+        // (docs/htb-tuning.md). What a sender that does not ramp up (UDP) can send at once
+        // after idle is this bucket plus one packet.
+        let burst_bytes = (bytes_per_s / 250).max(MIN_BURST);
         HtbParams {
             rate_bps,
             burst_bytes,
@@ -231,9 +234,9 @@ mod tests {
 
     #[test]
     fn burst_scales_with_rate_and_has_a_floor() {
-        // 10 ms of 2 Gbit/s is 2.5 MB.
-        assert_eq!(HtbParams::for_rate(2_000_000_000).burst_bytes, 2_500_000);
-        assert_eq!(HtbParams::for_rate(50_000_000).burst_bytes, 62_500);
+        // 4 ms of 2 Gbit/s is 1 MB.
+        assert_eq!(HtbParams::for_rate(2_000_000_000).burst_bytes, 1_000_000);
+        assert_eq!(HtbParams::for_rate(50_000_000).burst_bytes, 25_000);
         assert_eq!(HtbParams::for_rate(1_000_000).burst_bytes, MIN_BURST);
         assert!(HtbParams::for_rate(100_000_000_000).quantum_bytes <= 200_000);
         assert_eq!(CLASSID, 0x0001_0001);
@@ -246,11 +249,11 @@ mod tests {
         assert_eq!(lines.len(), 1 + 2 * (FLOW_CLASSES as usize + 1));
         assert_eq!(
             lines[0],
-            "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
+            "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 25000b cburst 25000b quantum 65536"
         );
         assert_eq!(
             lines[1],
-            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 62500b cburst 62500b prio 1 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 25000b cburst 25000b prio 1 quantum 65536"
         );
         assert_eq!(
             lines[2],
@@ -259,7 +262,7 @@ mod tests {
         assert!(lines[31].contains("classid 1:10 "), "{}", lines[31]);
         assert_eq!(
             lines[33],
-            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 62500b cburst 62500b prio 0 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 25000b cburst 25000b prio 0 quantum 65536"
         );
         assert_eq!(
             lines[34],

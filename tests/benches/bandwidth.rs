@@ -5,11 +5,13 @@
 //! p50/p99 across the shaped direction while that flow saturates the limit, and the
 //! sender's retransmits; two flows in one share and their Jain fairness index; what a new
 //! flow gets through in its first 100 ms, against the limit's 100 ms plus 64 KiB; then a
-//! limit above line rate against no limit, three interleaved rounds, medians. Prints
-//! markdown tables for docs/benchmarks.md; asserts nothing about speed.
+//! limit above what the veth carries against no limit, both directions, three
+//! interleaved rounds, medians: shaped as configured without a line rate, and on a
+//! device whose `line_rate` the limit exceeds (unconstrained). Prints markdown tables for
+//! docs/benchmarks.md; asserts nothing about speed.
 //!
-//! Run as root: `cargo build -p shareguard && cargo bench -p shareguard-tests --bench
-//! bandwidth` (the agent binary is the one next to the bench: target/release).
+//! Run as root: `cargo build --release -p shareguard && cargo bench -p shareguard-tests
+//! --bench bandwidth` (the agent binary is the one next to the bench: target/release).
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up has nothing to report.
 
@@ -81,8 +83,9 @@ fn two_flows(server: &net::IperfServer, bps: u64) -> (f64, f64) {
 }
 
 /// Bytes a new flow to the pod gets through in its first 100 ms (the receiver's first
-/// 0.1 s interval, no warm-up).
-fn first_100ms(server: &net::IperfServer) -> f64 {
+/// 0.1 s interval, no warm-up), and the bound for them: the limit over that interval's
+/// actual length (iperf3's timer makes it 100 to 102 ms) plus 64 KiB.
+fn first_100ms(server: &net::IperfServer, bps: u64) -> (f64, f64) {
     let mut run = Iperf::new(Direction::ToPod);
     run.seconds = 1;
     run.omit = 0;
@@ -91,22 +94,41 @@ fn first_100ms(server: &net::IperfServer) -> f64 {
     m.intervals
         .iter()
         .find(|i| !i.omitted)
-        .map_or(f64::NAN, |i| i.bits_per_second * (i.end - i.start) / 8.0)
+        .map_or((f64::NAN, f64::NAN), |i| {
+            let seconds = i.end - i.start;
+            (
+                i.bits_per_second * seconds / 8.0,
+                bps as f64 / 8.0 * seconds + 65_536.0,
+            )
+        })
 }
 
-/// The device the kernel probe picks a mechanism for, and one pinned to the policer.
+/// The device the kernel probe picks a mechanism for, one pinned to the policer, and one
+/// like the first that states its line rate (above what a veth carries here).
 const AUTO: &str = "nic-auto";
 const POLICER: &str = "nic-police";
+const LINE_RATE: &str = "nic-line";
+/// `line_rate` of [`LINE_RATE`]: unlimited veth throughput is 10 to 19.5 Gbit/s here.
+const VETH_LINE_RATE: &str = "25G";
 
 fn net_agent(pins: &PinDir) -> Agent {
-    let dev = |name: &str, mechanism: &str| {
+    let dev = |name: &str, mechanism: &str, extra: &str| {
         let lines = format!(
-            "mechanism = \"{mechanism}\"\n{}",
+            "mechanism = \"{mechanism}\"\n{extra}{}",
             net::bandwidth_capacity("100G")
         );
         net::net_device(name, &lines)
     };
-    net::start_agent(dev(AUTO, "auto") + &dev(POLICER, "bpf-policer"), pins, "")
+    let devices = [
+        dev(AUTO, "auto", ""),
+        dev(POLICER, "bpf-policer", ""),
+        dev(
+            LINE_RATE,
+            "auto",
+            &format!("line_rate = \"{VETH_LINE_RATE}\"\n"),
+        ),
+    ];
+    net::start_agent(devices.concat(), pins, "")
 }
 
 fn share(pod: &Pod, device: &str, uid: &str, rate: &str) -> pb::ClaimPrepare {
@@ -190,14 +212,12 @@ fn main() {
     // it (512 MiB) lets everything through until the bucket drains (kubernetes#90838).
     let mut first = Vec::new();
     for (rate, bps) in RATES {
-        let allowed = bps as f64 / 8.0 / 10.0 + 65_536.0;
         {
             let _tbf = net::tbf_to_pod(&pod, bps, 512 << 20);
             first.push((
                 rate,
                 "tbf (CNI plugin, 512 MiB burst)".to_owned(),
-                first_100ms(&server),
-                allowed,
+                first_100ms(&server, bps),
             ));
         }
         {
@@ -205,8 +225,7 @@ fn main() {
             first.push((
                 rate,
                 "tbf (10 ms burst)".to_owned(),
-                first_100ms(&server),
-                allowed,
+                first_100ms(&server, bps),
             ));
         }
         for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
@@ -216,23 +235,30 @@ fn main() {
             first.push((
                 rate,
                 format!("shareguard {name}"),
-                first_100ms(&server),
-                allowed,
+                first_100ms(&server, bps),
             ));
             assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
         }
     }
 
     // A limit far above what the veth carries must cost (almost) nothing. Interleaved
-    // rounds, so that a change of load on the machine hits every variant alike.
-    let mut high: [Vec<f64>; 3] = Default::default();
+    // rounds, so that a change of load on the machine hits every variant alike; both
+    // directions in each.
+    let mut high: [Vec<f64>; 4] = Default::default();
+    let mut high_from: [Vec<f64>; 4] = Default::default();
+    let mut line_mechanism = String::new();
     for round in 0..3 {
         high[0].push(
             server
                 .measure(&Iperf::new(Direction::ToPod))
                 .bits_per_second,
         );
-        for (i, device) in [(1, AUTO), (2, POLICER)] {
+        high_from[0].push(
+            server
+                .measure(&Iperf::new(Direction::FromPod))
+                .bits_per_second,
+        );
+        for (i, device) in [(1, AUTO), (2, POLICER), (3, LINE_RATE)] {
             let uid = format!("bench-high-{device}-{round}");
             let r = rt.block_on(prepare_one(
                 &mut client,
@@ -240,6 +266,14 @@ fn main() {
                 share(&pod, device, &uid, "100G"),
             ));
             assert_eq!(r.error, None, "{r:?}");
+            if device == LINE_RATE {
+                line_mechanism.clone_from(&r.shares[0].mechanism);
+            }
+            high_from[i].push(
+                server
+                    .measure(&Iperf::new(Direction::FromPod))
+                    .bits_per_second,
+            );
             high[i].push(
                 server
                     .measure(&Iperf::new(Direction::ToPod))
@@ -275,7 +309,7 @@ fn main() {
         "| limit | a new flow to the pod | first 100 ms, KB | limit x 100 ms + 64 KiB, KB | ratio |"
     );
     println!("|---:|---|---:|---:|---:|");
-    for (rate, name, bytes, allowed) in &first {
+    for (rate, name, (bytes, allowed)) in &first {
         println!(
             "| {rate} | {name} | {:.0} | {:.0} | {:.2} |",
             bytes / 1e3,
@@ -284,17 +318,25 @@ fn main() {
         );
     }
     println!();
-    println!("| 100G share on the veth | median Mbit/s (3 rounds) | / no limit |");
-    println!("|---|---:|---:|");
-    for (name, v) in [
-        ("no limit".to_owned(), &high[0]),
-        (format!("shareguard {auto}"), &high[1]),
-        ("shareguard bpf-policer".to_owned(), &high[2]),
-    ] {
+    println!(
+        "| 100G share on the veth | to the pod, median Mbit/s (3 rounds) | / no limit | from the pod | / no limit |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (i, name) in [
+        "no limit".to_owned(),
+        format!("shareguard {auto}"),
+        "shareguard bpf-policer".to_owned(),
+        format!("shareguard, line_rate {VETH_LINE_RATE}: {line_mechanism}"),
+    ]
+    .iter()
+    .enumerate()
+    {
         println!(
-            "| {name} | {:.0} | {:.3} |",
-            net::median(v) / 1e6,
-            net::median(v) / net::median(&high[0])
+            "| {name} | {:.0} | {:.3} | {:.0} | {:.3} |",
+            net::median(&high[i]) / 1e6,
+            net::median(&high[i]) / net::median(&high[0]),
+            net::median(&high_from[i]) / 1e6,
+            net::median(&high_from[i]) / net::median(&high_from[0]),
         );
     }
     // The agent goes first, then its pins (and with them every link it attached).

@@ -313,6 +313,7 @@ fn setting(name: &str, rate: u64) -> Shaper {
         "default" => Htb::new(rate),
         "b1ms" => burst(1.0),
         "b2ms" => burst(2.0),
+        "b4ms" => burst(4.0),
         "b5ms" => burst(5.0),
         "b10ms" => burst(10.0),
         "b20ms" => burst(20.0),
