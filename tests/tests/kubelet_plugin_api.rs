@@ -330,7 +330,10 @@ async fn a_pod_gets_its_bandwidth_and_its_claim_says_so() {
         let m = server.measure(&Iperf::new(Direction::ToPod));
         let ratio = m.bits_per_second / 200e6;
         eprintln!("to the pod: {m} -> {ratio:.3} of the limit");
-        assert!((0.90..=1.05).contains(&ratio), "{ratio:.3}: {m}");
+        assert!(
+            (net::GOODPUT_LOW..=net::GOODPUT_HIGH).contains(&ratio),
+            "{ratio:.3}: {m}"
+        );
     }
 
     let u = unprepare_v1(&mut kubelet, NS, "bw", &uid).await;

@@ -20,8 +20,8 @@ use shareguard_tests::{
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
 
-const LOW: f64 = 0.90;
-const HIGH: f64 = 1.05;
+const LOW: f64 = net::GOODPUT_LOW;
+const HIGH: f64 = net::GOODPUT_HIGH;
 
 fn start(pins: &PinDir) -> Agent {
     let lines = format!(
