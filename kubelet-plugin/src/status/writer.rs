@@ -42,9 +42,21 @@ pub struct StatusWriter {
     client: Client,
     agent: Arc<Agent>,
     drivers: BTreeSet<String>,
-    /// Share key -> its latest status.
-    shares: HashMap<String, pb::ShareStatus>,
+    /// The latest status of each share, by its claim and then its key: a claim's write
+    /// reads only its own shares, not every share on the node.
+    shares: Shares,
     claims: BTreeMap<Target, ClaimState>,
+}
+
+/// Claim -> share key -> latest status. A share's claim never changes (allocation
+/// results are immutable), so a share is under one claim only.
+type Shares = HashMap<Target, BTreeMap<String, pb::ShareStatus>>;
+
+/// Files `s` under its claim; a share that names no claim is not written anywhere.
+fn insert(shares: &mut Shares, s: pb::ShareStatus) {
+    if let Some(t) = Target::of(&s) {
+        shares.entry(t).or_default().insert(share_key(&s), s);
+    }
 }
 
 /// Resolves once `stop` is true (or its sender is gone).
@@ -94,7 +106,7 @@ impl StatusWriter {
                 }
             };
             info!("watching the agent's shares for claim status");
-            let mut snapshot: Option<HashMap<String, pb::ShareStatus>> = Some(HashMap::new());
+            let mut snapshot: Option<Shares> = Some(HashMap::new());
             let mut tick = tokio::time::interval(TICK);
             loop {
                 tokio::select! {
@@ -119,18 +131,14 @@ impl StatusWriter {
         }
     }
 
-    fn on_message(
-        &mut self,
-        m: pb::WatchSharesResponse,
-        snapshot: &mut Option<HashMap<String, pb::ShareStatus>>,
-    ) {
+    fn on_message(&mut self, m: pb::WatchSharesResponse, snapshot: &mut Option<Shares>) {
         let kind = pb::watch_shares_response::Kind::try_from(m.kind);
         match (kind, m.share) {
             (Ok(pb::watch_shares_response::Kind::Snapshot), Some(s)) => {
                 if let Some(snap) = snapshot.as_mut()
                     && self.drivers.contains(&s.driver)
                 {
-                    snap.insert(share_key(&s), s);
+                    insert(snap, s);
                 }
             }
             (Ok(pb::watch_shares_response::Kind::SnapshotEnd), _) => {
@@ -138,10 +146,8 @@ impl StatusWriter {
                     // Claims known before and not in the snapshot are marked too: their
                     // entries go.
                     let old = std::mem::replace(&mut self.shares, snap);
-                    for s in old.values().chain(self.shares.values()) {
-                        if let Some(t) = Target::of(s) {
-                            self.claims.entry(t).or_default().dirty = true;
-                        }
+                    for t in old.into_keys().chain(self.shares.keys().cloned()) {
+                        self.claims.entry(t).or_default().dirty = true;
                     }
                 }
             }
@@ -152,7 +158,7 @@ impl StatusWriter {
                 if let Some(t) = Target::of(&s) {
                     self.claims.entry(t).or_default().dirty = true;
                 }
-                self.shares.insert(share_key(&s), s);
+                insert(&mut self.shares, s);
             }
             _ => {}
         }
@@ -167,12 +173,13 @@ impl StatusWriter {
             .map(|(t, _)| t.clone())
             .collect();
         for t in due {
-            let mut shares: Vec<&pb::ShareStatus> = self
+            // In key order (a BTreeMap), so that an unchanged claim gets the same body.
+            let shares: Vec<&pb::ShareStatus> = self
                 .shares
-                .values()
-                .filter(|s| Target::of(s).as_ref() == Some(&t))
+                .get(&t)
+                .into_iter()
+                .flat_map(|m| m.values())
                 .collect();
-            shares.sort_by_key(|s| share_key(s));
             let body = build::body(&t, &shares);
             let live = shares.iter().any(|s| build::shown(s));
             let Some(state) = self.claims.get_mut(&t) else {
@@ -197,8 +204,7 @@ impl StatusWriter {
                         // Nothing of ours is left in it; forget the claim and its
                         // released shares.
                         self.claims.remove(&t);
-                        self.shares
-                            .retain(|_, s| Target::of(s).as_ref() != Some(&t));
+                        self.shares.remove(&t);
                     }
                 }
                 // The claim is gone, or was created anew under the name (the uid in the
@@ -207,8 +213,7 @@ impl StatusWriter {
                     debug!(claim = %t.name, namespace = %t.namespace, code = e.code, "claim gone or replaced; status not written");
                     if !live {
                         self.claims.remove(&t);
-                        self.shares
-                            .retain(|_, s| Target::of(s).as_ref() != Some(&t));
+                        self.shares.remove(&t);
                     } else {
                         state.last_written = Some(body);
                     }
