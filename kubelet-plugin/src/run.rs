@@ -54,10 +54,18 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
     let mut sockets = Vec::new();
-    let mut registrations = Vec::new();
-    // ResourceSlices and claim status: their failures are logged and retried, never a
-    // reason to stop serving kubelet.
+    let period = Duration::from_secs(args.resync_seconds);
+    // One reading of the agent's inventory a period, for every driver's slices and the
+    // check of the driver set alike.
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory.clone()));
+    // Background tasks: the inventory poller, ResourceSlices and claim status. Their
+    // failures are logged and retried, never a reason to stop serving kubelet.
     let mut background = JoinSet::new();
+    background.spawn(
+        poll_inventory(agent.clone(), period, inventory_tx, stop_rx.clone())
+            .instrument(info_span!("inventory")),
+    );
+    let mut registrations = Vec::new();
     background.spawn(
         StatusWriter::new(
             cluster.client().clone(),
@@ -120,7 +128,8 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
                 driver.clone(),
                 agent.clone(),
                 cluster.clone(),
-                Duration::from_secs(args.resync_seconds),
+                period,
+                inventory_rx.clone(),
                 stop_rx.clone(),
             )
             .instrument(info_span!("slices", driver = %name)),
@@ -131,10 +140,9 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     }
 
     let registered: BTreeSet<String> = inventory.drivers.keys().cloned().collect();
-    let period = Duration::from_secs(args.resync_seconds);
     let outcome: anyhow::Result<()> = tokio::select! {
         () = &mut shutdown => Ok(()),
-        e = drivers_changed(&agent, &registered, period) => Err(e.into()),
+        e = drivers_changed(inventory_rx, &registered) => Err(e.into()),
         e = refused(registrations) => Err(e.into()),
         Some(r) = servers.join_next() => match r {
             Ok(Ok(())) => Ok(()),
@@ -162,16 +170,45 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     outcome
 }
 
+/// Reads the agent's inventory every `period` and hands each reading to the watchers
+/// (a restarted agent may have a new config). A failed reading is skipped: the agent
+/// may be restarting, and the last inventory stays in force until the next one.
+async fn poll_inventory(
+    agent: Arc<Agent>,
+    period: Duration,
+    readings: watch::Sender<Arc<Inventory>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate, and the caller has just read it.
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = until_stopped(&mut stop) => return,
+        }
+        match agent.list_devices().await {
+            // Every reading goes out, changed or not: the watchers compare.
+            Ok(r) => {
+                readings.send_replace(Arc::new(Inventory::from_agent(&r)));
+            }
+            Err(e) => warn!(error = %e, "reading the agent's inventory; keeping the last one"),
+        }
+    }
+}
+
 /// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the API
 /// server reports a change of one of them (a watch, so a slice someone deleted or edited
-/// comes back at once), when the agent's inventory changed (read every `period`: a
-/// restarted agent may have a new config), and every `FULL_PASS_EVERY` periods in case
+/// comes back at once), when a reading of the agent's inventory (`inventory`, every
+/// `period`) changed this driver's devices, and every `FULL_PASS_EVERY` periods in case
 /// a watch went quiet without an error.
 async fn keep_published(
     driver: Arc<Driver>,
     agent: Arc<Agent>,
     cluster: Cluster,
     period: Duration,
+    mut inventory: watch::Receiver<Arc<Inventory>>,
     mut stop: watch::Receiver<bool>,
 ) {
     const FULL_PASS_EVERY: u32 = 10;
@@ -210,7 +247,13 @@ async fn keep_published(
             },
             _ = tick.tick() => {
                 ticks += 1;
-                if refresh_inventory(&driver, &agent).await || ticks.is_multiple_of(FULL_PASS_EVERY) {
+                if ticks.is_multiple_of(FULL_PASS_EVERY) {
+                    due.get_or_insert_with(tokio::time::Instant::now);
+                }
+            }
+            Ok(()) = inventory.changed() => {
+                let reading = inventory.borrow_and_update().clone();
+                if take_devices(&driver, &reading) {
                     due.get_or_insert_with(tokio::time::Instant::now);
                 }
             }
@@ -237,20 +280,23 @@ async fn keep_published(
     }
 }
 
-/// Resolves when the agent's inventory names another set of drivers than `registered`,
-/// checked every `period`.
+/// Resolves when a reading of the agent's inventory names another set of drivers than
+/// `registered`.
 async fn drivers_changed(
-    agent: &Agent,
+    mut inventory: watch::Receiver<Arc<Inventory>>,
     registered: &BTreeSet<String>,
-    period: Duration,
 ) -> PluginError {
     loop {
-        tokio::time::sleep(period).await;
-        let Ok(r) = agent.list_devices().await else {
-            // An agent being restarted; the next period asks again.
-            continue;
-        };
-        let now: BTreeSet<String> = Inventory::from_agent(&r).drivers.into_keys().collect();
+        if inventory.changed().await.is_err() {
+            // The poller stopped, which only happens at shutdown.
+            return std::future::pending().await;
+        }
+        let now: BTreeSet<String> = inventory
+            .borrow_and_update()
+            .drivers
+            .keys()
+            .cloned()
+            .collect();
         if now != *registered && !now.is_empty() {
             return PluginError::DriversChanged {
                 added: now.difference(registered).cloned().collect(),
@@ -263,30 +309,23 @@ async fn drivers_changed(
 /// How long a pass waits after a watch event for more of them.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// Reads the agent's inventory; true when this driver's devices changed (and the driver
-/// now serves the new ones).
-async fn refresh_inventory(driver: &Driver, agent: &Agent) -> bool {
-    match agent.list_devices().await {
-        Ok(r) => {
-            let fresh = Inventory::from_agent(&r)
-                .drivers
-                .remove(driver.name())
-                .unwrap_or_default();
-            if fresh == driver.devices_now().devices {
-                return false;
-            }
-            info!(
-                devices = fresh.devices.len(),
-                "the agent's inventory changed"
-            );
-            driver.set_devices(Devices::new(fresh));
-            true
-        }
-        Err(e) => {
-            warn!(error = %e, "reading the agent's inventory; publishing the last one");
-            false
-        }
+/// Takes this driver's devices from an inventory reading; true when they changed (and
+/// the driver now serves the new ones).
+fn take_devices(driver: &Driver, reading: &Inventory) -> bool {
+    let fresh = reading
+        .drivers
+        .get(driver.name())
+        .cloned()
+        .unwrap_or_default();
+    if fresh == driver.devices_now().devices {
+        return false;
     }
+    info!(
+        devices = fresh.devices.len(),
+        "the agent's inventory changed"
+    );
+    driver.set_devices(Devices::new(fresh));
+    true
 }
 
 async fn until_stopped(stop: &mut watch::Receiver<bool>) {
