@@ -20,7 +20,7 @@ use crate::{
     cluster::{self, Cluster},
     driver::{Devices, Driver},
     error::PluginError,
-    inventory::Inventory,
+    inventory::{DriverDevices, Inventory},
     kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::Publisher,
     status::StatusWriter,
@@ -312,19 +312,16 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Takes this driver's devices from an inventory reading; true when they changed (and
 /// the driver now serves the new ones).
 fn take_devices(driver: &Driver, reading: &Inventory) -> bool {
-    let fresh = reading
-        .drivers
-        .get(driver.name())
-        .cloned()
-        .unwrap_or_default();
-    if fresh == driver.devices_now().devices {
+    let none = DriverDevices::default();
+    let fresh = reading.drivers.get(driver.name()).unwrap_or(&none);
+    if *fresh == driver.devices_now().devices {
         return false;
     }
     info!(
         devices = fresh.devices.len(),
         "the agent's inventory changed"
     );
-    driver.set_devices(Devices::new(fresh));
+    driver.set_devices(Devices::new(fresh.clone()));
     true
 }
 

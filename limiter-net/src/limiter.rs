@@ -89,6 +89,17 @@ fn free_slot(others: &[Installed]) -> Result<u32, NetError> {
         })
 }
 
+/// The directions a capacity limits: `bandwidth` both, `ingressBandwidth` (the pod's
+/// ingress) traffic to the pod, `egressBandwidth` traffic from it; none for any other.
+fn directions(capacity: &str) -> &'static [Direction] {
+    match capacity {
+        BANDWIDTH => &[Direction::ToPod, Direction::FromPod],
+        INGRESS => &[Direction::ToPod],
+        EGRESS => &[Direction::FromPod],
+        _ => &[],
+    }
+}
+
 /// (to the pod, from the pod) in bit/s.
 fn rates(limits: &BTreeMap<String, Quantity>) -> Result<(Option<u64>, Option<u64>), NetError> {
     let bps = |name: &str, q: &Quantity| -> Result<u64, NetError> {
@@ -103,19 +114,18 @@ fn rates(limits: &BTreeMap<String, Quantity>) -> Result<(Option<u64>, Option<u64
     };
     let (mut to, mut from) = (None, None);
     for (name, q) in limits {
-        match name.as_str() {
-            BANDWIDTH => {
-                let v = bps(name, q)?;
-                to = Some(v);
-                from = Some(v);
-            }
-            INGRESS => to = Some(bps(name, q)?),
-            EGRESS => from = Some(bps(name, q)?),
-            other => {
-                return Err(NetError::Conflict(format!(
-                    "capacity {other:?} is not one the bandwidth limiter enforces ({})",
-                    CAPACITIES.join(", ")
-                )));
+        let dirs = directions(name);
+        if dirs.is_empty() {
+            return Err(NetError::Conflict(format!(
+                "capacity {name:?} is not one the bandwidth limiter enforces ({})",
+                CAPACITIES.join(", ")
+            )));
+        }
+        let v = bps(name, q)?;
+        for dir in dirs {
+            match dir {
+                Direction::ToPod => to = Some(v),
+                Direction::FromPod => from = Some(v),
             }
         }
     }
@@ -345,24 +355,23 @@ impl NetLimiter {
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
         let mut enforced = BTreeMap::new();
         let mut unconstrained = std::collections::BTreeSet::new();
+        let read = |dir: Direction| match dir {
+            Direction::ToPod => to_pod,
+            Direction::FromPod => from_pod,
+        };
         for name in spec.limits.keys() {
-            let free = match name.as_str() {
-                BANDWIDTH => {
-                    i.unconstrained(Direction::ToPod) && i.unconstrained(Direction::FromPod)
-                }
-                INGRESS => i.unconstrained(Direction::ToPod),
-                EGRESS => i.unconstrained(Direction::FromPod),
-                _ => false,
-            };
-            if free {
+            let dirs = directions(name);
+            if dirs.is_empty() {
+                continue;
+            }
+            if dirs.iter().all(|&d| i.unconstrained(d)) {
                 unconstrained.insert(name.clone());
             }
-            let v = match name.as_str() {
-                BANDWIDTH => to_pod.zip(from_pod).map(|(a, b)| a.min(b)),
-                INGRESS => to_pod,
-                EGRESS => from_pod,
-                _ => None,
-            };
+            // What holds the capacity: the lowest of its directions', once each of them
+            // was read back.
+            let v = dirs
+                .iter()
+                .try_fold(u64::MAX, |low, &d| read(d).map(|r| low.min(r)));
             if let Some(v) = v.and_then(q) {
                 enforced.insert(name.clone(), v);
             }
@@ -482,8 +491,11 @@ impl Limiter for NetLimiter {
         };
         // An unconstrained direction gets no qdisc and no redirect; the programs still
         // count it.
-        let shaped = |r: Option<u64>| r.filter(|_| !state::is_unconstrained(r, self.line_rate_bps));
-        let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
+        let plan = self.mechanism.plan(
+            state::shaped(to, self.line_rate_bps),
+            state::shaped(from, self.line_rate_bps),
+            slot,
+        );
         // Traffic from the pod is redirected to an ifb when something has to queue it.
         let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
         // Record first: if anything below fails or the agent dies, remove() still knows

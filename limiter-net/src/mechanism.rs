@@ -141,9 +141,13 @@ impl Mechanism {
         let (veth_root, ifb_root) = match self {
             Mechanism::HtbEbpf => {
                 // Both directions: the veth's HTB and, for traffic from the pod, the ifb's
-                // classify by the priority the programs set (a flow class each).
-                iface.classid = tc::CLASSID;
-                iface.flags |= FLAG_HTB_FLOWS;
+                // classify by the priority the programs set (a flow class each). With
+                // neither shaped (both unconstrained) nothing reads the priority, and
+                // judging every packet's flow would be work on the hot path for nothing.
+                if to_pod.is_some() || from_pod.is_some() {
+                    iface.classid = tc::CLASSID;
+                    iface.flags |= FLAG_HTB_FLOWS;
+                }
                 (
                     to_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
                     from_pod.map(|r| RootQdisc::Htb(tc::HtbParams::for_rate(r))),
@@ -289,6 +293,10 @@ mod tests {
             (tc::CLASSID, FLAG_HTB_FLOWS),
             "traffic from the pod is classified for the ifb's HTB too"
         );
+        // Nothing shaped (an unconstrained share): nothing to classify, only counting.
+        let p = Mechanism::HtbEbpf.plan(None, None, 2);
+        assert_eq!((p.veth_root, p.ifb_root), (None, None));
+        assert_eq!((p.iface.classid, p.iface.flags, p.iface.slot), (0, 0, 2));
     }
 
     #[test]

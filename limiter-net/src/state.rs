@@ -61,7 +61,7 @@ impl Installed {
     /// The rate the direction is shaped to: its limit, unless it has none or is
     /// unconstrained.
     pub fn shaped(&self, dir: Direction) -> Option<u64> {
-        self.limit(dir).filter(|_| !self.unconstrained(dir))
+        shaped(self.limit(dir), self.path_bps)
     }
 
     /// The counter slot in use: the allocated one, or the interface index of a record
@@ -77,6 +77,12 @@ impl Installed {
 /// more, so shaping would cost throughput and CPU and hold nothing back.
 pub fn is_unconstrained(limit_bps: Option<u64>, path_bps: Option<u64>) -> bool {
     matches!((limit_bps, path_bps), (Some(l), Some(p)) if l >= p)
+}
+
+/// The rate a direction limited to `limit_bps` is shaped to on a path of `path_bps`:
+/// none when it has no limit or is unconstrained.
+pub fn shaped(limit_bps: Option<u64>, path_bps: Option<u64>) -> Option<u64> {
+    limit_bps.filter(|_| !is_unconstrained(limit_bps, path_bps))
 }
 
 fn htb() -> Mechanism {

@@ -7,7 +7,7 @@
 
 use std::{
     io::Write,
-    process::{Command, Stdio},
+    process::{Command, Output, Stdio},
 };
 
 use crate::error::NetError;
@@ -53,11 +53,11 @@ impl HtbParams {
     pub fn for_rate(rate_bps: u64) -> HtbParams {
         let bytes_per_s = rate_bps / 8;
         // Four milliseconds of traffic, for burst and cburst alike. With less, HTB loses
-        // tokens whenever a dequeue comes late: 1 to 2 ms fell to 0.93-0.94 of the limit
-        // at 2 Gbit/s on a busy 2-core machine, where 4 ms held 0.946-0.954 and 10 ms
-        // 0.946-0.953. With more, a new flow gets the bucket on top of the rate: 10 ms let
-        // 1.05 of the limit's first 100 ms (plus 64 KiB) through at 2G, 4 ms 0.99
-        // (docs/htb-tuning.md). What a sender that does not ramp up (UDP) can send at once
+        // tokens whenever a dequeue comes late: with two busy loops on the 2 cores, 2 ms
+        // held 0.942-0.948 of the limit at 2 Gbit/s, 4 ms 0.946-0.956 and 10 ms
+        // 0.955-0.956. With more, a new flow gets the bucket on top of the rate: a new
+        // TCP flow's first 100 ms carried 1.03-1.06 of the limit's at 10 ms, 0.94-1.02
+        // at 4 ms (docs/htb-tuning.md, "The burst, again"). What a sender that does not ramp up (UDP) can send at once
         // after idle is this bucket plus one packet.
         let burst_bytes = (bytes_per_s / 250).max(MIN_BURST);
         HtbParams {
@@ -87,22 +87,28 @@ impl HtbParams {
     }
 }
 
-fn run(args: &[String]) -> Result<(), NetError> {
-    let out = Command::new("tc")
-        .args(args)
-        .output()
-        .map_err(|e| NetError::Command {
-            command: format!("tc {}", args.join(" ")),
-            stderr: format!("cannot run tc: {e}"),
-        })?;
+/// Ok when `tc` exited with success, else its stderr as the error of `command`.
+fn finished(command: impl FnOnce() -> String, out: &Output) -> Result<(), NetError> {
     if out.status.success() {
         Ok(())
     } else {
         Err(NetError::Command {
-            command: format!("tc {}", args.join(" ")),
+            command: command(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         })
     }
+}
+
+fn run(args: &[String]) -> Result<(), NetError> {
+    let command = || format!("tc {}", args.join(" "));
+    let out = Command::new("tc")
+        .args(args)
+        .output()
+        .map_err(|e| NetError::Command {
+            command: command(),
+            stderr: format!("cannot run tc: {e}"),
+        })?;
+    finished(command, &out)
 }
 
 /// Runs `lines` (tc commands without the leading `tc`) in one `tc -batch`, which stops at
@@ -138,14 +144,7 @@ fn run_batch(lines: &[String]) -> Result<(), NetError> {
         command: command(),
         stderr: format!("waiting for tc: {e}"),
     })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NetError::Command {
-            command: command(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
+    finished(command, &out)
 }
 
 fn s(v: &[&str]) -> Vec<String> {

@@ -495,18 +495,9 @@ fn judge(
             Some(_) => {}
         }
     }
-    if unconstrained.is_empty() {
-        (
-            Phase::Enforced,
-            format!("limit applied and read back{note}"),
-        )
-    } else {
-        (
-            Phase::Enforced,
-            format!(
-                "limit applied and read back; {}{note}",
-                unconstrained.join("; ")
-            ),
-        )
-    }
+    let unconstrained: String = unconstrained.iter().map(|u| format!("; {u}")).collect();
+    (
+        Phase::Enforced,
+        format!("limit applied and read back{unconstrained}{note}"),
+    )
 }
