@@ -455,6 +455,9 @@ pub struct HtbClass {
     pub parent_minor: u16,
     pub rate: u64,
     pub ceil: u64,
+    /// What the class may send at once on its own tokens (its `burst`), in bytes: the
+    /// kernel keeps it as the time that takes at `rate`.
+    pub burst: u64,
 }
 
 /// Every HTB class of qdisc `major:` on `ifindex`, by minor, in one dump.
@@ -494,15 +497,11 @@ pub fn htb_classes(
                     }),
                     _ => None,
                 });
-                if let Some((rate, ceil)) = value.as_deref().and_then(parse_htb_rates) {
-                    out.insert(
-                        m.header.handle.minor,
-                        HtbClass {
-                            parent_minor: m.header.parent.minor,
-                            rate,
-                            ceil,
-                        },
-                    );
+                if let Some(c) = value
+                    .as_deref()
+                    .and_then(|v| parse_htb(v, m.header.parent.minor))
+                {
+                    out.insert(m.header.handle.minor, c);
                 }
             }
             Ok(out)
@@ -523,12 +522,17 @@ fn emit_value(nla: &rtnetlink::packet_core::DefaultNla, buf: &mut [u8]) {
 /// TCA_HTB_CEIL64 (linux/pkt_sched.h).
 const TCA_HTB_CEIL64: u16 = 7;
 
-/// Rate and ceil from an HTB class's options (each attribute with its header): the 32-bit
-/// values in TCA_HTB_PARMS (`struct tc_htb_opt`: the rate's `tc_ratespec`, whose `rate`
-/// is at byte 8, then the ceil's, at byte 20), overridden by TCA_HTB_RATE64 and
+/// Nanoseconds per packet scheduler tick (`PSCHED_SHIFT` in net/pkt_sched.h).
+const PSCHED_TICK_NS: u128 = 1 << 6;
+
+/// One class (below parent `parent_minor`) from its HTB options (each attribute with its
+/// header): the 32-bit values in TCA_HTB_PARMS (`struct tc_htb_opt`: the rate's
+/// `tc_ratespec`, whose `rate` is at byte 8, then the ceil's, at byte 20, then `buffer`,
+/// the burst in scheduler ticks, at byte 24), the rates overridden by TCA_HTB_RATE64 and
 /// TCA_HTB_CEIL64 when they do not fit in 32 bits.
-pub fn parse_htb_rates(buf: &[u8]) -> Option<(u64, u64)> {
+pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
     let (mut rate32, mut ceil32, mut rate64, mut ceil64) = (None, None, None, None);
+    let mut buffer_ticks = None;
     let mut off = 0usize;
     let u32_at =
         |v: &[u8], i: usize| u64::from(u32::from_ne_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]));
@@ -548,6 +552,9 @@ pub fn parse_htb_rates(buf: &[u8]) -> Option<(u64, u64)> {
             TCA_HTB_PARMS if value.len() >= 24 => {
                 rate32 = Some(u32_at(value, 8));
                 ceil32 = Some(u32_at(value, 20));
+                if value.len() >= 28 {
+                    buffer_ticks = Some(u32_at(value, 24));
+                }
             }
             TCA_HTB_RATE64 if value.len() >= 8 => rate64 = Some(u64_of(value)),
             TCA_HTB_CEIL64 if value.len() >= 8 => ceil64 = Some(u64_of(value)),
@@ -555,7 +562,16 @@ pub fn parse_htb_rates(buf: &[u8]) -> Option<(u64, u64)> {
         }
         off += (len + 3) & !3;
     }
-    Some((rate64.or(rate32)?, ceil64.or(ceil32)?))
+    let rate = rate64.or(rate32)?;
+    let burst_ns = u128::from(buffer_ticks?) * PSCHED_TICK_NS;
+    Some(HtbClass {
+        parent_minor,
+        rate,
+        ceil: ceil64.or(ceil32)?,
+        // At most 2^32 ticks of 2^64 bytes/s over 10^9: fits after the division but for
+        // rates no link has; saturate rather than wrap.
+        burst: u64::try_from(u128::from(rate) * burst_ns / 1_000_000_000).unwrap_or(u64::MAX),
+    })
 }
 
 #[cfg(test)]
@@ -574,19 +590,38 @@ mod tests {
         v
     }
 
+    fn rates(buf: &[u8]) -> Option<(u64, u64)> {
+        parse_htb(buf, 0x100).map(|c| (c.rate, c.ceil))
+    }
+
     #[test]
     fn htb_rate_and_ceil_from_parms_and_the_64_bit_attributes() {
         let mut parms = vec![0u8; 44];
         parms[8..12].copy_from_slice(&390_625u32.to_ne_bytes());
         parms[20..24].copy_from_slice(&6_250_000u32.to_ne_bytes());
         assert_eq!(
-            parse_htb_rates(&nla(TCA_HTB_PARMS, &parms)),
+            rates(&nla(TCA_HTB_PARMS, &parms)),
             Some((390_625, 6_250_000))
         );
         let mut all = nla(TCA_HTB_PARMS, &parms);
         all.extend(nla(TCA_HTB_CEIL64, &5_000_000_000u64.to_ne_bytes()));
-        assert_eq!(parse_htb_rates(&all), Some((390_625, 5_000_000_000)));
-        assert_eq!(parse_htb_rates(&[]), None);
+        assert_eq!(rates(&all), Some((390_625, 5_000_000_000)));
+        assert_eq!(rates(&[]), None);
+    }
+
+    #[test]
+    fn htb_burst_is_the_buffer_time_at_the_rate() {
+        // tc's `rate 2000000000bit burst 2500000b`: 10 ms, 156250 ticks of 64 ns.
+        let mut parms = vec![0u8; 44];
+        parms[8..12].copy_from_slice(&250_000_000u32.to_ne_bytes());
+        parms[20..24].copy_from_slice(&250_000_000u32.to_ne_bytes());
+        parms[24..28].copy_from_slice(&156_250u32.to_ne_bytes());
+        let c = parse_htb(&nla(TCA_HTB_PARMS, &parms), 0x100).unwrap();
+        assert_eq!((c.parent_minor, c.burst), (0x100, 2_500_000));
+        parms[24..28].copy_from_slice(&u32::MAX.to_ne_bytes());
+        let mut big = nla(TCA_HTB_PARMS, &parms);
+        big.extend(nla(TCA_HTB_RATE64, &u64::MAX.to_ne_bytes()));
+        assert_eq!(parse_htb(&big, 0).unwrap().burst, u64::MAX, "saturates");
     }
 
     #[test]
@@ -595,9 +630,9 @@ mod tests {
         parms[8..12].copy_from_slice(&6_250_000u32.to_ne_bytes());
         let mut both = nla(TCA_HTB_PARMS, &parms);
         both.extend(nla(TCA_HTB_RATE64, &5_000_000_000u64.to_ne_bytes()));
-        assert_eq!(parse_htb_rates(&both).map(|(r, _)| r), Some(5_000_000_000));
+        assert_eq!(rates(&both).map(|(r, _)| r), Some(5_000_000_000));
         assert_eq!(
-            parse_htb_rates(&[1, 0, 0, 0]),
+            rates(&[1, 0, 0, 0]),
             None,
             "a length below the header is not trusted"
         );

@@ -42,6 +42,19 @@ pub struct HtbParams {
 
 /// Smallest burst: two full-size frames, so a single packet never waits for tokens.
 const MIN_BURST: u64 = 2 * 1514;
+
+/// Whether the classes' own bursts, `own_sum` together, stay within what the share's
+/// class may send at once (`share_burst`; below about 40 Mbit/s, within the floor of
+/// [`MIN_BURST`] each), give or take `slack` bytes of rounding.
+pub fn own_bursts_fit(share_burst: u64, own_sum: u64, slack: u64) -> bool {
+    let floors = (u64::from(FLOW_CLASSES) + 1) * MIN_BURST;
+    own_sum <= share_burst.max(floors).saturating_add(slack)
+}
+
+/// Ten milliseconds of `rate_bps` in bytes, at least [`MIN_BURST`].
+fn burst_for(rate_bps: u64) -> u64 {
+    (rate_bps / 8 / 100).max(MIN_BURST)
+}
 /// One maximal GSO packet: a flow class that borrows from the share's class sends about
 /// this much per round when several borrow, which shares the rate among busy flows by
 /// bytes. Also keeps tc's default (`rate / 8 / r2q`) from exceeding HTB's 200000-byte cap.
@@ -52,14 +65,17 @@ const MIN_QUEUE: u64 = 4 * 65_536;
 impl HtbParams {
     pub fn for_rate(rate_bps: u64) -> HtbParams {
         let bytes_per_s = rate_bps / 8;
-        // Ten milliseconds of traffic, for burst and cburst alike. With less, HTB loses
-        // tokens whenever a dequeue comes late. A single class held up with 4 ms
-        // (docs/htb-tuning.md, "The burst, again"), but the agent's tree did not: the
-        // bandwidth tests measured 0.902 to 0.947 of the limit at 2 Gbit/s with 4 ms on
-        // a quiet machine, 0.954 to 0.956 with 10 ms in the same minutes. The cost: a new
-        // TCP flow's first 100 ms carry 1.03 to 1.06 of the limit's, and a sender that
-        // does not ramp up (UDP) can send 10 ms of the rate at once after idle.
-        let burst_bytes = (bytes_per_s / 100).max(MIN_BURST);
+        // Ten milliseconds of traffic: the share's class's burst, and every class's
+        // cburst. The bucket is what lets the shaper make up for time its queue stood
+        // empty while the sender had data: a TCP sender on this node keeps only about a
+        // millisecond in the queue (TCP Small Queues), and cuts its window whenever
+        // packets arrive out of order, which they do on a veth when the sender's packets
+        // leave from different CPUs. With 4 ms the agent's tree measured 0.880 to 0.956 of
+        // the limit at 2 Gbit/s under such reordering, with 10 ms 0.949 to 0.956 in the
+        // same runs (docs/htb-tuning.md, "The burst, again"). The cost: a new TCP flow's
+        // first 100 ms carry 1.03 to 1.05 of the limit's, and a sender that does not ramp
+        // up (UDP) can send 10 ms of the rate at once after idle.
+        let burst_bytes = burst_for(rate_bps);
         HtbParams {
             rate_bps,
             burst_bytes,
@@ -75,6 +91,21 @@ impl HtbParams {
     /// within it are sent at once, before anything else of the share's.
     pub fn sparse_rate_bps(&self) -> u64 {
         (self.rate_bps / u64::from(FLOW_CLASSES)).max(8)
+    }
+
+    /// The priority class's own burst: ten milliseconds of its assured rate (see
+    /// [`HtbParams::flow_burst_bytes`]).
+    pub fn sparse_burst_bytes(&self) -> u64 {
+        burst_for(self.sparse_rate_bps())
+    }
+
+    /// A flow class's own burst: ten milliseconds of its assured rate. A class within its
+    /// own tokens sends without asking the share's class, so these buckets are what the
+    /// classes can send at once past the share's burst: sized at the share's burst each,
+    /// seventeen busy classes after an idle spell could send 170 ms of the share's rate
+    /// at once. Sized by their own rates, they add up to the share's burst.
+    pub fn flow_burst_bytes(&self) -> u64 {
+        burst_for(self.flow_rate_bps())
     }
 
     /// The assured rate of each flow class: an equal part of what the priority class
@@ -166,13 +197,13 @@ pub fn htb_tree_commands(dev: &str, p: &HtbParams) -> Vec<String> {
     )];
     for i in 0..=FLOW_CLASSES {
         let minor = u32::from(MINOR) + i;
-        let (own, prio) = if minor == u32::from(SPARSE_MINOR) {
-            (p.sparse_rate_bps(), 0)
+        let (own, own_burst, prio) = if minor == u32::from(SPARSE_MINOR) {
+            (p.sparse_rate_bps(), p.sparse_burst_bytes(), 0)
         } else {
-            (p.flow_rate_bps(), 1)
+            (p.flow_rate_bps(), p.flow_burst_bytes(), 1)
         };
         out.push(format!(
-            "class replace dev {dev} parent 1:{SHARE_MINOR:x} classid 1:{minor:x} htb rate {own}bit ceil {rate} burst {burst} cburst {burst} prio {prio} quantum {}",
+            "class replace dev {dev} parent 1:{SHARE_MINOR:x} classid 1:{minor:x} htb rate {own}bit ceil {rate} burst {own_burst}b cburst {burst} prio {prio} quantum {}",
             p.quantum_bytes
         ));
         out.push(format!(
@@ -252,7 +283,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 62500b cburst 62500b prio 1 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 3662b cburst 62500b prio 1 quantum 65536"
         );
         assert_eq!(
             lines[2],
@@ -261,7 +292,7 @@ mod tests {
         assert!(lines[31].contains("classid 1:10 "), "{}", lines[31]);
         assert_eq!(
             lines[33],
-            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 62500b cburst 62500b prio 0 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 3906b cburst 62500b prio 0 quantum 65536"
         );
         assert_eq!(
             lines[34],
@@ -284,6 +315,24 @@ mod tests {
             let sum = p.sparse_rate_bps() + u64::from(FLOW_CLASSES) * p.flow_rate_bps();
             assert!(sum <= rate.max(17 * 8), "{rate}: {sum}");
         }
+    }
+
+    #[test]
+    fn own_bursts_together_stay_within_the_share_burst() {
+        for rate in [
+            1_000_000,
+            50_000_000,
+            200_000_000,
+            2_000_000_000,
+            100_000_000_000,
+        ] {
+            let p = HtbParams::for_rate(rate);
+            let sum = p.sparse_burst_bytes() + u64::from(FLOW_CLASSES) * p.flow_burst_bytes();
+            assert!(own_bursts_fit(p.burst_bytes, sum, 0), "{rate}: {sum}");
+        }
+        // The tree as it was: every class with the share's whole burst.
+        let p = HtbParams::for_rate(2_000_000_000);
+        assert!(!own_bursts_fit(p.burst_bytes, 17 * p.burst_bytes, 1_000));
     }
 
     #[test]

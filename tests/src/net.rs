@@ -1490,6 +1490,36 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s[rank.clamp(1, s.len()) - 1]
 }
 
+/// What `streams` new TCP flows in `dir` get through together in their first 100 ms (the
+/// receiver's first 0.1 s interval, no warm-up), and the bound the limit allows them: the
+/// limit over that interval's actual length (iperf3's timer makes it 100 to 102 ms) plus
+/// one burst of 64 KiB. Bytes, both.
+pub fn first_100ms(
+    server: &IperfServer,
+    dir: Direction,
+    streams: u32,
+    limit_bps: u64,
+) -> (f64, f64) {
+    let run = Iperf {
+        seconds: 1,
+        omit: 0,
+        interval: 0.1,
+        streams,
+        ..Iperf::new(dir)
+    };
+    let m = server.measure(&run);
+    m.intervals
+        .iter()
+        .find(|i| !i.omitted)
+        .map_or((f64::NAN, f64::NAN), |i| {
+            let seconds = i.end - i.start;
+            (
+                i.bits_per_second * seconds / 8.0,
+                limit_bps as f64 / 8.0 * seconds + 65_536.0,
+            )
+        })
+}
+
 /// The median of `v`; NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {

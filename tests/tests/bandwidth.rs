@@ -304,6 +304,35 @@ async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
     assert_eq!(unprepare_one(&mut c, 1, "below").await.code, "");
 }
 
+#[tokio::test]
+async fn many_new_flows_after_idle_get_the_limit_and_one_burst() {
+    if !net::privileged("many_new_flows_after_idle_get_the_limit_and_one_burst") {
+        return;
+    }
+    let (a, _pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    let r = prepare_one(&mut c, 1, bw_claim("burst", &pod, &share_id(), "200M")).await;
+    enforced_share(&r, "200M");
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        let _lock = TrafficLock::acquire();
+        // Sixteen flows land in most of the share's classes. The share's burst is 10 ms
+        // of the rate, so at most 1.1 of the bound; each class with the share's whole
+        // burst on its own measured 1.19 to 1.76.
+        let (bytes, allowed) = net::first_100ms(&server, dir, 16, 200_000_000);
+        assert!(
+            bytes <= 1.15 * allowed,
+            "{dir}: 16 new flows sent {bytes:.0} bytes in their first 100 ms, allowed {allowed:.0}"
+        );
+        assert!(
+            bytes > 0.5 * allowed,
+            "{dir}: {bytes:.0} of {allowed:.0}: did they run?"
+        );
+    }
+    assert_eq!(unprepare_one(&mut c, 1, "burst").await.code, "");
+}
+
 /// Bytes and packets HTB class `classid` of `dev` has sent (`tc -s class show`).
 fn class_sent(dev: &str, classid: &str) -> (u64, u64) {
     let out = net::sh(&["tc", "-s", "class", "show", "dev", dev, "classid", classid]);

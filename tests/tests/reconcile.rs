@@ -89,7 +89,10 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         ));
     assert!(link.exists(), "{link:?}");
     let link_str = link.display().to_string();
-    let injections: [(&str, Vec<&str>); 6] = [
+    let htb = shareguard_limiter_net::tc::HtbParams::for_rate(100_000_000);
+    let flow_rate = format!("{}bit", htb.flow_rate_bps());
+    let share_burst = format!("{}b", htb.burst_bytes);
+    let injections: [(&str, Vec<&str>); 7] = [
         (
             "root qdisc deleted",
             vec!["tc", "qdisc", "del", "dev", &host, "root"],
@@ -116,6 +119,33 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             vec![
                 "tc", "class", "change", "dev", &host, "parent", "1:100", "classid", "1:11", "htb",
                 "rate", "10gbit", "ceil", "10gbit", "prio", "0",
+            ],
+        ),
+        // A flow class's own burst goes out at once whatever the share's class has
+        // left: one as large as the share's lets a new flow past the limit after idle.
+        (
+            "flow class burst raised",
+            vec![
+                "tc",
+                "class",
+                "change",
+                "dev",
+                &host,
+                "parent",
+                "1:100",
+                "classid",
+                "1:3",
+                "htb",
+                "rate",
+                &flow_rate,
+                "ceil",
+                "100mbit",
+                "burst",
+                &share_burst,
+                "cburst",
+                &share_burst,
+                "prio",
+                "1",
             ],
         ),
         ("ifb deleted", vec!["ip", "link", "del", &ifb]),
