@@ -4,10 +4,11 @@
 //! latency) vs no limit. For each rate and direction: TCP goodput / limit, ping RTT
 //! p50/p99 across the shaped direction while that flow saturates the limit, and the
 //! sender's retransmits; two flows in one share and their Jain fairness index; what a new
-//! flow gets through in its first 100 ms, against the limit's 100 ms plus 64 KiB; then a
-//! limit above what the veth carries against no limit, both directions, five
-//! interleaved rounds, medians: shaped as configured without a line rate, and on a
-//! device whose `line_rate` the limit exceeds (unconstrained). Prints markdown tables for
+//! flow, and 16 new flows together, get through in their first 100 ms, against the
+//! limit's 100 ms plus 64 KiB; then a limit above what the veth carries against no limit,
+//! both directions, five interleaved rounds, medians: shaped as configured without a line
+//! rate, and on a device whose `line_rate` the limit exceeds (unconstrained). iperf3's two
+//! ends run on one CPU (`net::Iperf::cpu`, which says why). Prints markdown tables for
 //! docs/benchmarks.md; asserts nothing about speed.
 //!
 //! Run as root: `cargo build --release -p shareguard && cargo bench -p shareguard-tests
@@ -22,6 +23,10 @@ use shareguard_tests::{
     net::{Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one,
 };
+
+/// New flows at once, for the first 100 ms of a sender with many connections: as many as
+/// the share has flow classes, so that most classes get one.
+const MANY: u32 = 16;
 
 const RATES: [(&str, u64); 3] = [
     ("50M", 50_000_000),
@@ -80,27 +85,6 @@ fn two_flows(server: &net::IperfServer, bps: u64) -> (f64, f64) {
         f64::NAN
     };
     (m.bits_per_second / bps as f64, jain)
-}
-
-/// Bytes a new flow to the pod gets through in its first 100 ms (the receiver's first
-/// 0.1 s interval, no warm-up), and the bound for them: the limit over that interval's
-/// actual length (iperf3's timer makes it 100 to 102 ms) plus 64 KiB.
-fn first_100ms(server: &net::IperfServer, bps: u64) -> (f64, f64) {
-    let mut run = Iperf::new(Direction::ToPod);
-    run.seconds = 1;
-    run.omit = 0;
-    run.interval = 0.1;
-    let m = server.measure(&run);
-    m.intervals
-        .iter()
-        .find(|i| !i.omitted)
-        .map_or((f64::NAN, f64::NAN), |i| {
-            let seconds = i.end - i.start;
-            (
-                i.bits_per_second * seconds / 8.0,
-                bps as f64 / 8.0 * seconds + 65_536.0,
-            )
-        })
 }
 
 /// The device the kernel probe picks a mechanism for, one pinned to the policer, and one
@@ -220,7 +204,7 @@ fn main() {
             first.push((
                 rate,
                 "tbf (CNI plugin, 512 MiB burst)".to_owned(),
-                first_100ms(&server, bps),
+                net::first_100ms(&server, Direction::ToPod, 1, bps),
             ));
         }
         {
@@ -228,7 +212,12 @@ fn main() {
             first.push((
                 rate,
                 "tbf (10 ms burst)".to_owned(),
-                first_100ms(&server, bps),
+                net::first_100ms(&server, Direction::ToPod, 1, bps),
+            ));
+            first.push((
+                rate,
+                format!("tbf (10 ms burst), {MANY} flows"),
+                net::first_100ms(&server, Direction::ToPod, MANY, bps),
             ));
         }
         for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
@@ -238,8 +227,15 @@ fn main() {
             first.push((
                 rate,
                 format!("shareguard {name}"),
-                first_100ms(&server, bps),
+                net::first_100ms(&server, Direction::ToPod, 1, bps),
             ));
+            if device == AUTO {
+                first.push((
+                    rate,
+                    format!("shareguard {name}, {MANY} flows"),
+                    net::first_100ms(&server, Direction::ToPod, MANY, bps),
+                ));
+            }
             assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
         }
     }
@@ -309,7 +305,7 @@ fn main() {
     }
     println!();
     println!(
-        "| limit | a new flow to the pod | first 100 ms, KB | limit x 100 ms + 64 KiB, KB | ratio |"
+        "| limit | new flows to the pod | first 100 ms, KB | limit x 100 ms + 64 KiB, KB | ratio |"
     );
     println!("|---:|---|---:|---:|---:|");
     for (rate, name, (bytes, allowed)) in &first {

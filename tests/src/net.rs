@@ -1109,6 +1109,16 @@ pub struct Iperf {
     /// TCP congestion control of the sender (`-C`); `None`: the system default
     /// (`net.ipv4.tcp_congestion_control`, bbr on the CI machine).
     pub congestion: Option<&'static str>,
+    /// The CPU both ends run on (`-A n,n`); `None`: wherever the scheduler puts them.
+    ///
+    /// A veth hands each packet to the backlog of the CPU that sends it, so a TCP flow
+    /// whose packets leave from two CPUs (the sender's, and the one where its ACKs wake
+    /// TCP Small Queues) arrives out of order, with or without any limit. The sender
+    /// reads that as loss and cuts its window: with the ends on different CPUs, an
+    /// unlimited veth here took 14,000 to 38,000 retransmits per 5 s, on one CPU none
+    /// (docs/htb-tuning.md, "Reordering"). One CPU makes the figure the shaper's, as for
+    /// traffic from another node, which a NIC delivers to one CPU per flow.
+    pub cpu: Option<u32>,
 }
 
 impl Iperf {
@@ -1121,6 +1131,7 @@ impl Iperf {
             interval: 1.0,
             streams: 1,
             congestion: None,
+            cpu: Some(0),
         }
     }
 }
@@ -1295,6 +1306,9 @@ impl IperfServer {
         ]);
         if let Some(cc) = run.congestion {
             cmd.args(["-C", cc]);
+        }
+        if let Some(cpu) = run.cpu {
+            cmd.args(["-A", &format!("{cpu},{cpu}")]);
         }
         if run.direction == Direction::FromPod {
             cmd.arg("-R");

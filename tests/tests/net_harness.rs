@@ -477,7 +477,9 @@ struct Cell {
 /// for the first-second check, default `default,b5ms,tbf,tbf-containerd`), `SG_TUNE_HOGS`
 /// (0: busy loops started for the whole run, to see what CPU contention does),
 /// `SG_TUNE_CC` (the sender's congestion control, e.g. `cubic`; default: the system's),
-/// `SG_TUNE_PING` (1: ping the pod every 10 ms during each run; 0: don't).
+/// `SG_TUNE_PING` (1: ping the pod every 10 ms during each run; 0: don't), `SG_TUNE_CPU`
+/// (the CPU both iperf3 ends run on, default 0; `none`: wherever the scheduler puts them,
+/// which reorders on a veth: docs/htb-tuning.md, "Reordering").
 #[test]
 #[ignore = "experiment, about 30 minutes: run with --ignored --nocapture"]
 fn htb_tuning() {
@@ -504,6 +506,10 @@ fn htb_tuning() {
     let cc: Option<&'static str> = std::env::var("SG_TUNE_CC")
         .ok()
         .map(|c| &*Box::leak(c.into_boxed_str()));
+    let cpu: Option<u32> = match env_or("SG_TUNE_CPU", "0").as_str() {
+        "none" => None,
+        n => Some(n.parse().unwrap()),
+    };
     let dirs = [Direction::ToPod, Direction::FromPod];
 
     let pod = Pod::new();
@@ -512,8 +518,9 @@ fn htb_tuning() {
     let mut out = String::new();
     let load0 = LoadAvg::now();
     out += &format!(
-        "load at start {load0}; {reps} reps of {seconds} s after 1 s warm-up; {hogs} CPU hogs; congestion control {}\n\n",
-        cc.unwrap_or("system default")
+        "load at start {load0}; {reps} reps of {seconds} s after 1 s warm-up; {hogs} CPU hogs; congestion control {}; iperf3 on CPU {}\n\n",
+        cc.unwrap_or("system default"),
+        cpu.map_or("any".to_owned(), |c| c.to_string())
     );
 
     // Unlimited, for reference.
@@ -524,6 +531,7 @@ fn htb_tuning() {
                 let m = server.measure(&Iperf {
                     seconds,
                     congestion: cc,
+                    cpu,
                     ..Iperf::new(dir)
                 });
                 println!("unlimited {m}");
@@ -565,6 +573,7 @@ fn htb_tuning() {
                     let run = Iperf {
                         seconds,
                         congestion: cc,
+                        cpu,
                         ..Iperf::new(dir)
                     };
                     // Pings every 10 ms from the root namespace while the flow runs; the
@@ -641,6 +650,7 @@ fn htb_tuning() {
                     omit: 0,
                     interval: 0.1,
                     congestion: cc,
+                    cpu,
                     ..Iperf::new(dir)
                 });
                 drop((lock, inst));
