@@ -43,18 +43,29 @@ pub struct HtbParams {
 /// Smallest burst: two full-size frames, so a single packet never waits for tokens.
 const MIN_BURST: u64 = 2 * 1514;
 
+/// One sparse flow's whole credit (`shareguard_ebpf_common::flows`): the priority
+/// class's own burst is at least this, so that a message that fits it (an RPC's answer,
+/// a DNS reply) goes out at once even while bulk flows keep the share's class empty.
+const SPARSE_CREDIT: u64 = shareguard_ebpf_common::flows::SPARSE_BURST as u64;
+
 /// Whether the classes' own bursts, `own_sum` together, stay within what the share's
 /// class may send at once (`share_burst`; below about 40 Mbit/s, within the floor of
-/// [`MIN_BURST`] each), give or take `slack` bytes of rounding.
+/// [`MIN_BURST`] each) plus one sparse flow's credit, give or take `slack` bytes of
+/// rounding.
 pub fn own_bursts_fit(share_burst: u64, own_sum: u64, slack: u64) -> bool {
     let floors = (u64::from(FLOW_CLASSES) + 1) * MIN_BURST;
-    own_sum <= share_burst.max(floors).saturating_add(slack)
+    own_sum
+        <= share_burst
+            .max(floors)
+            .saturating_add(SPARSE_CREDIT)
+            .saturating_add(slack)
 }
 
 /// Ten milliseconds of `rate_bps` in bytes, at least [`MIN_BURST`].
 fn burst_for(rate_bps: u64) -> u64 {
     (rate_bps / 8 / 100).max(MIN_BURST)
 }
+
 /// One maximal GSO packet: a flow class that borrows from the share's class sends about
 /// this much per round when several borrow, which shares the rate among busy flows by
 /// bytes. Also keeps tc's default (`rate / 8 / r2q`) from exceeding HTB's 200000-byte cap.
@@ -72,7 +83,7 @@ impl HtbParams {
         // packets arrive out of order, which they do on a veth when the sender's packets
         // leave from different CPUs. With 4 ms the agent's tree measured 0.880 to 0.956 of
         // the limit at 2 Gbit/s under such reordering, with 10 ms 0.949 to 0.956 in the
-        // same runs (docs/htb-tuning.md, "The burst, again"). The cost: a new TCP flow's
+        // same runs (docs/htb-tuning.md, "Reordering"). The cost: a new TCP flow's
         // first 100 ms carry 1.03 to 1.05 of the limit's, and a sender that does not ramp
         // up (UDP) can send 10 ms of the rate at once after idle.
         let burst_bytes = burst_for(rate_bps);
@@ -94,9 +105,10 @@ impl HtbParams {
     }
 
     /// The priority class's own burst: ten milliseconds of its assured rate (see
-    /// [`HtbParams::flow_burst_bytes`]).
+    /// [`HtbParams::flow_burst_bytes`]), at least one sparse flow's credit (below about
+    /// 210 Mbit/s of share).
     pub fn sparse_burst_bytes(&self) -> u64 {
-        burst_for(self.sparse_rate_bps())
+        burst_for(self.sparse_rate_bps()).max(SPARSE_CREDIT)
     }
 
     /// A flow class's own burst: ten milliseconds of its assured rate. A class within its
@@ -292,7 +304,7 @@ mod tests {
         assert!(lines[31].contains("classid 1:10 "), "{}", lines[31]);
         assert_eq!(
             lines[33],
-            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 3906b cburst 62500b prio 0 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:11 htb rate 3125000bit ceil 50000000bit burst 16384b cburst 62500b prio 0 quantum 65536"
         );
         assert_eq!(
             lines[34],
@@ -329,6 +341,7 @@ mod tests {
             let p = HtbParams::for_rate(rate);
             let sum = p.sparse_burst_bytes() + u64::from(FLOW_CLASSES) * p.flow_burst_bytes();
             assert!(own_bursts_fit(p.burst_bytes, sum, 0), "{rate}: {sum}");
+            assert!(p.sparse_burst_bytes() >= SPARSE_CREDIT, "{rate}");
         }
         // The tree as it was: every class with the share's whole burst.
         let p = HtbParams::for_rate(2_000_000_000);
