@@ -157,10 +157,11 @@ fn root_is_ours(ifindex: u32, kind: &str) -> Result<bool, NetError> {
 /// of at most that rate and assured rates that together stay within it (HTB sends a class
 /// within its assured rate whatever its parent has left, so more would let the share past
 /// its limit, and that is drift), and with own bursts that together stay within the
-/// share's (each class sends its own burst at once, past the share's class: a tree whose
-/// classes each had the share's whole burst, as this agent installed before, let sixteen
-/// flows after an idle spell through at 1.2 to 1.8 times the limit's first 100 ms, and is
-/// reinstalled); None otherwise.
+/// share's plus one sparse flow's credit ([`tc::own_bursts_fit`]; each class sends its
+/// own burst at once, past the share's class: a tree whose classes each had the share's
+/// whole burst, as this agent installed before, let sixteen flows after an idle spell
+/// through at 1.2 to 2.0 times the limit's first 100 ms, and is reinstalled); None
+/// otherwise.
 fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
     let classes = rtnl::htb_classes(ifindex, tc::MAJOR)?;
     let Some(share) = classes.get(&tc::SHARE_MINOR) else {
@@ -176,8 +177,8 @@ fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
             _ => return Ok(None),
         }
     }
-    // tc rounds each burst down to a whole scheduler tick (64 ns), the share's too.
-    let tick = share.rate / 15_625_000 + 1;
+    // tc rounds each burst down to a whole scheduler tick, the share's too.
+    let tick = rtnl::bytes_in_ticks(share.rate, 1) + 1;
     Ok(
         (assured <= share.rate && tc::own_bursts_fit(share.burst, own_bursts, tick))
             .then_some(share.rate * 8),

@@ -525,6 +525,15 @@ const TCA_HTB_CEIL64: u16 = 7;
 /// Nanoseconds per packet scheduler tick (`PSCHED_SHIFT` in net/pkt_sched.h).
 const PSCHED_TICK_NS: u128 = 1 << 6;
 
+/// Bytes that `ticks` scheduler ticks carry at `rate` bytes/s: how the kernel keeps an
+/// HTB burst (as the time it takes), and how far tc's rounding of it to whole ticks can
+/// move it. At most 2^32 ticks of 2^64 bytes/s over 10^9 fits after the division, but
+/// for rates no link has; saturates rather than wrap.
+pub fn bytes_in_ticks(rate: u64, ticks: u32) -> u64 {
+    let ns = u128::from(ticks) * PSCHED_TICK_NS;
+    u64::try_from(u128::from(rate) * ns / 1_000_000_000).unwrap_or(u64::MAX)
+}
+
 /// One class (below parent `parent_minor`) from its HTB options (each attribute with its
 /// header): the 32-bit values in TCA_HTB_PARMS (`struct tc_htb_opt`: the rate's
 /// `tc_ratespec`, whose `rate` is at byte 8, then the ceil's, at byte 20, then `buffer`,
@@ -532,7 +541,7 @@ const PSCHED_TICK_NS: u128 = 1 << 6;
 /// TCA_HTB_CEIL64 when they do not fit in 32 bits.
 pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
     let (mut rate32, mut ceil32, mut rate64, mut ceil64) = (None, None, None, None);
-    let mut buffer_ticks = None;
+    let mut buffer_ticks: Option<u32> = None;
     let mut off = 0usize;
     let u32_at =
         |v: &[u8], i: usize| u64::from(u32::from_ne_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]));
@@ -553,7 +562,7 @@ pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
                 rate32 = Some(u32_at(value, 8));
                 ceil32 = Some(u32_at(value, 20));
                 if value.len() >= 28 {
-                    buffer_ticks = Some(u32_at(value, 24));
+                    buffer_ticks = u32::try_from(u32_at(value, 24)).ok();
                 }
             }
             TCA_HTB_RATE64 if value.len() >= 8 => rate64 = Some(u64_of(value)),
@@ -563,14 +572,11 @@ pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
         off += (len + 3) & !3;
     }
     let rate = rate64.or(rate32)?;
-    let burst_ns = u128::from(buffer_ticks?) * PSCHED_TICK_NS;
     Some(HtbClass {
         parent_minor,
         rate,
         ceil: ceil64.or(ceil32)?,
-        // At most 2^32 ticks of 2^64 bytes/s over 10^9: fits after the division but for
-        // rates no link has; saturate rather than wrap.
-        burst: u64::try_from(u128::from(rate) * burst_ns / 1_000_000_000).unwrap_or(u64::MAX),
+        burst: bytes_in_ticks(rate, buffer_ticks?),
     })
 }
 

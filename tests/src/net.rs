@@ -48,8 +48,9 @@ pub const DEFAULT_OMIT: u32 = 1;
 /// limit. A perfect shaper of Ethernet frames gives 1448/1514 = 0.956; `htb-ebpf` with
 /// its 10 ms bucket measured 0.948 to 0.957 in the tests, the bandwidth benchmark and
 /// the tuning runs, also with two busy loops on the two cores (docs/benchmarks.md,
-/// docs/htb-tuning.md). A 4 ms bucket fell to 0.902 in the tests, which is why the
-/// agent keeps 10 ms.
+/// docs/htb-tuning.md). A 4 ms bucket fell to 0.902 in the tests while iperf3's ends
+/// were left to the scheduler, whose reordering on the veth a 10 ms bucket bears better
+/// ([`Iperf::cpu`]).
 pub const GOODPUT_LOW: f64 = 0.92;
 /// Highest: above the limit itself, the share is not held to it.
 pub const GOODPUT_HIGH: f64 = 1.00;
@@ -1114,8 +1115,9 @@ pub struct Iperf {
     /// A veth hands each packet to the backlog of the CPU that sends it, so a TCP flow
     /// whose packets leave from two CPUs (the sender's, and the one where its ACKs wake
     /// TCP Small Queues) arrives out of order, with or without any limit. The sender
-    /// reads that as loss and cuts its window: with the ends on different CPUs, an
-    /// unlimited veth here took 14,000 to 38,000 retransmits per 5 s, on one CPU none
+    /// reads that as loss and cuts its window: with the ends left to the scheduler or on
+    /// two CPUs, an unlimited veth here took 14,000 to 62,000 retransmits per 5 s, on one
+    /// CPU none
     /// (docs/htb-tuning.md, "Reordering"). One CPU makes the figure the shaper's, as for
     /// traffic from another node, which a NIC delivers to one CPU per flow.
     pub cpu: Option<u32>,
