@@ -10,9 +10,11 @@
 
 use core::mem::{align_of, size_of};
 
+pub mod activity;
 pub mod flows;
 pub mod pace;
 
+pub use activity::Activity;
 pub use flows::{FlowKey, FlowState};
 pub use pace::{Pace, PaceState, Verdict};
 
@@ -211,6 +213,8 @@ const _: () = {
     assert!(size_of::<FlowState>() == 16);
     assert!(align_of::<FlowState>() == 8);
     assert!(align_of::<Counters>() == 8);
+    assert!(size_of::<Activity>() == 16);
+    assert!(align_of::<Activity>() == 8);
     assert!(MAX_COUNTERS.is_multiple_of(2));
 };
 
@@ -234,6 +238,9 @@ unsafe impl aya::Pod for FlowKey {}
 // SAFETY: as above.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for FlowState {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Activity {}
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,9 @@
 //! untouched. What they do for a configured one depends on the mechanism user space chose:
 //!
 //! - `htb-ebpf`: count, classify (`skb->priority`) and redirect; the HTB qdiscs user space
-//!   installs (on the veth, on an ifb) do the queueing that enforces the rate;
+//!   installs (on the veth, on an ifb) do the queueing that enforces the rate. They also
+//!   note when the share last sent and wake user space when an idle share sends again
+//!   (`shareguard_ebpf_common::activity`), which keeps the share's bucket small while idle;
 //! - `edt-fq`: also give each packet its departure time (`skb->tstamp`, see
 //!   `shareguard_ebpf_common::pace`), which the `fq` qdisc on the veth or the ifb honours;
 //! - `bpf-policer`: drop what exceeds the share's token bucket, where nothing can queue.
@@ -21,13 +23,13 @@ use aya_ebpf::{
     bindings::{__sk_buff, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns, bpf_redirect, bpf_skb_set_tstamp},
     macros::{classifier, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, FLAG_HTB_FLOWS,
+    Activity, Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, FLAG_HTB_FLOWS,
     FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES, PaceState,
-    SKB_TSTAMP_DELIVERY_MONO, Verdict, counter_index, flow_classid, flows, pace,
+    SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index, flow_classid, flows, pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -43,6 +45,12 @@ static SG_PACE: Array<PaceState> = Array::with_max_entries(MAX_COUNTERS, 0);
 
 #[map]
 static SG_FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+#[map]
+static SG_ACTIVITY: Array<Activity> = Array::with_max_entries(MAX_COUNTERS, 0);
+
+#[map]
+static SG_WAKE: RingBuf = RingBuf::with_byte_size(activity::WAKE_BYTES, 0);
 
 /// Traffic to the pod (egress of its host-side veth).
 #[classifier]
@@ -66,14 +74,43 @@ fn classify(ctx: &TcContext, cfg: &IfaceConfig, dir: u32) {
         return;
     }
     let skb = ctx.skb.skb;
+    let index = counter_index(cfg.slot, dir);
+    if let Some(index) = index {
+        note_activity(index);
+    }
     // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
     // its whole run; the helper only reads (and caches) the packet's flow hash.
     let hash = unsafe { bpf_get_hash_recalc(skb) };
     let sparse = cfg.flags & FLAG_HTB_FLOWS != 0
-        && counter_index(cfg.slot, dir).is_some_and(|index| is_sparse(ctx, hash, index));
+        && index.is_some_and(|index| is_sparse(ctx, hash, index));
     // SAFETY: as above; `priority` is a field tc programs may write (the verifier checks
     // the access).
     unsafe { (*skb).priority = flow_classid(cfg, hash, sparse) };
+}
+
+/// Notes that the share sends in this direction ([`activity`]) and, when user space waits
+/// for that, tells it.
+#[inline(always)]
+fn note_activity(index: u32) {
+    let Some(entry) = SG_ACTIVITY.get_ptr_mut(index) else {
+        return;
+    };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: an array entry returned by the lookup, valid for this run; other CPUs and
+    // user space may write it concurrently, which costs at most one wake-up or one
+    // grain of lateness (see `activity`), never memory safety: plain integers.
+    let (wake, next) = activity::on_packet(unsafe { *entry }, now);
+    let Some(mut next) = next else {
+        return;
+    };
+    // Disarmed only once the wake-up is in the ring: if it is full, the next packet tries
+    // again.
+    if wake && SG_WAKE.output::<u32>(index, 0).is_err() {
+        next.armed = 1;
+    }
+    // SAFETY: as for the read above.
+    unsafe { *entry = next };
 }
 
 /// Runs [`flows::step`] for the packet's flow and stores its new state.

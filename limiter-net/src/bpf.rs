@@ -12,6 +12,8 @@
 //! <pin_dir>/maps/SG_COUNTERS   per-CPU counters, two per slot
 //! <pin_dir>/maps/SG_PACE       EDT / policer state, two per slot
 //! <pin_dir>/maps/SG_FLOWS      htb-ebpf: which flows are sparse (LRU, by flow hash)
+//! <pin_dir>/maps/SG_ACTIVITY   htb-ebpf: when each share last sent, two per slot
+//! <pin_dir>/maps/SG_WAKE       htb-ebpf: ring buffer, "this armed share sends again"
 //! <pin_dir>/links/<name>       one TCX link per attachment (a directory in clsact mode)
 //! ```
 //!
@@ -32,7 +34,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, RingBuf},
     pin::PinError,
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
@@ -42,8 +44,10 @@ use aya::{
     util::KernelVersion,
 };
 use shareguard_ebpf_common::{
-    COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
-    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_TO_POD, counter_index, flags_valid,
+    Activity, COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
+    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_TO_POD,
+    activity::{ACTIVITY_MAP, WAKE_BYTES, WAKE_MAP},
+    counter_index, flags_valid,
 };
 pub use shareguard_ebpf_common::{Counters, IfaceConfig, MAX_IFACES, MAX_SLOTS, Pace, PaceState};
 
@@ -307,8 +311,38 @@ pub struct Bpf {
     /// is pinned like the others: a restart that forgot which flows are bulk would let
     /// their next packets overtake their own queued ones.
     _flows: Map,
+    activity: Array<MapData, Activity>,
+    /// Taken once by the burst governor ([`Bpf::take_wakeups`]).
+    wake: Option<RingBuf<MapData>>,
     pin_dir: PathBuf,
     mode: AttachMode,
+}
+
+/// The ring of wake-ups from [`activity`](shareguard_ebpf_common::activity): counter
+/// indices of armed shares that sent again. Its descriptor becomes readable when one is
+/// there.
+pub struct Wakeups {
+    ring: RingBuf<MapData>,
+}
+
+impl Wakeups {
+    /// The counter indices waiting in the ring, oldest first; records that are not one
+    /// index are skipped.
+    pub fn drain(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(item) = self.ring.next() {
+            if let Ok(bytes) = <[u8; 4]>::try_from(&item[..]) {
+                out.push(u32::from_ne_bytes(bytes));
+            }
+        }
+        out
+    }
+}
+
+impl std::os::fd::AsFd for Wakeups {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ring.as_fd()
+    }
 }
 
 // The limiter keeps one `Bpf` behind a lock and calls it from blocking threads.
@@ -357,11 +391,15 @@ impl Bpf {
         let counters_path = maps_dir.join(COUNTERS_MAP);
         let pace_path = maps_dir.join(PACE_MAP);
         let flows_path = maps_dir.join(FLOWS_MAP);
+        let activity_path = maps_dir.join(ACTIVITY_MAP);
+        let wake_path = maps_dir.join(WAKE_MAP);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(IFACES_MAP, ifaces_path.as_path())
             .map_pin_path(COUNTERS_MAP, counters_path.as_path())
             .map_pin_path(PACE_MAP, pace_path.as_path())
             .map_pin_path(FLOWS_MAP, flows_path.as_path())
+            .map_pin_path(ACTIVITY_MAP, activity_path.as_path())
+            .map_pin_path(WAKE_MAP, wake_path.as_path())
             .load(aya::include_bytes_aligned!(concat!(
                 env!("OUT_DIR"),
                 "/shareguard-ebpf"
@@ -422,6 +460,32 @@ impl Bpf {
                 max_entries: MAX_FLOWS,
             },
         )?;
+        let activity = take_map(&mut ebpf, ACTIVITY_MAP)?;
+        check_map(
+            &activity,
+            ACTIVITY_MAP,
+            &activity_path,
+            MapShape {
+                kind: "array",
+                key_size: 4,
+                value_size: size_of::<Activity>(),
+                max_entries: MAX_COUNTERS,
+            },
+        )?;
+        let wake = take_map(&mut ebpf, WAKE_MAP)?;
+        check_map(
+            &wake,
+            WAKE_MAP,
+            &wake_path,
+            MapShape {
+                kind: "ringbuf",
+                key_size: 0,
+                value_size: 0,
+                max_entries: WAKE_BYTES,
+            },
+        )?;
+        let activity = Array::try_from(activity).map_err(|e| map_error(ACTIVITY_MAP, "open", e))?;
+        let wake = RingBuf::try_from(wake).map_err(|e| map_error(WAKE_MAP, "open", e))?;
         let ifaces = HashMap::try_from(ifaces).map_err(|e| map_error(IFACES_MAP, "open", e))?;
         let pace = Array::try_from(pace).map_err(|e| map_error(PACE_MAP, "open", e))?;
         let counters =
@@ -442,6 +506,8 @@ impl Bpf {
             counters,
             pace,
             _flows: flows,
+            activity,
+            wake: Some(wake),
             pin_dir: pin_dir.to_owned(),
             mode,
         })
@@ -550,15 +616,20 @@ impl Bpf {
     pub fn counters(&self, slot: u32) -> Result<(Counters, Counters), BpfError> {
         let read = |dir| -> Result<Counters, BpfError> {
             let index = counter_index(slot, dir).ok_or(BpfError::SlotOutOfRange { slot })?;
-            let per_cpu = self
-                .counters
-                .get(&index, 0)
-                .map_err(|e| map_error(COUNTERS_MAP, "lookup", e))?;
-            Ok(per_cpu
-                .iter()
-                .fold(Counters::default(), |sum, cpu| sum.wrapping_add(*cpu)))
+            self.index_counters(index)
         };
         Ok((read(DIR_TO_POD)?, read(DIR_FROM_POD)?))
+    }
+
+    /// The counters at counter `index` (one slot's one direction), summed over CPUs.
+    pub fn index_counters(&self, index: u32) -> Result<Counters, BpfError> {
+        let per_cpu = self
+            .counters
+            .get(&index, 0)
+            .map_err(|e| map_error(COUNTERS_MAP, "lookup", e))?;
+        Ok(per_cpu
+            .iter()
+            .fold(Counters::default(), |sum, cpu| sum.wrapping_add(*cpu)))
     }
 
     /// The EDT or policer state of a slot: (to_pod, from_pod).
@@ -592,8 +663,43 @@ impl Bpf {
             self.pace
                 .set(index, PaceState::default(), 0)
                 .map_err(|e| map_error(PACE_MAP, "update", e))?;
+            self.activity
+                .set(index, Activity::default(), 0)
+                .map_err(|e| map_error(ACTIVITY_MAP, "update", e))?;
         }
         Ok(())
+    }
+
+    /// When the share at counter `index` last sent, and whether it is armed.
+    pub fn activity(&self, index: u32) -> Result<Activity, BpfError> {
+        self.activity
+            .get(&index, 0)
+            .map_err(|e| map_error(ACTIVITY_MAP, "lookup", e))
+    }
+
+    /// Asks the programs to send `index` on the wake-up ring at the share's next packet.
+    /// `seen` is the entry as last read: its `last_ns` is written back as it was.
+    pub fn arm(&mut self, index: u32, seen: Activity) -> Result<(), BpfError> {
+        let armed = Activity { armed: 1, ..seen };
+        self.activity
+            .set(index, armed, 0)
+            .map_err(|e| map_error(ACTIVITY_MAP, "update", e))
+    }
+
+    /// Withdraws a request of [`Bpf::arm`] (a wake-up already in the ring still comes).
+    pub fn disarm(&mut self, index: u32) -> Result<(), BpfError> {
+        let seen = self.activity(index)?;
+        if seen.armed == 0 {
+            return Ok(());
+        }
+        self.activity
+            .set(index, Activity { armed: 0, ..seen }, 0)
+            .map_err(|e| map_error(ACTIVITY_MAP, "update", e))
+    }
+
+    /// The wake-up ring, to be read by one consumer; None once taken.
+    pub fn take_wakeups(&mut self) -> Option<Wakeups> {
+        self.wake.take().map(|ring| Wakeups { ring })
     }
 
     fn link_path(&self, name: &str) -> Result<PathBuf, BpfError> {
@@ -953,6 +1059,7 @@ fn check_map(
         Map::PerCpuArray(data) => ("percpu_array", data),
         Map::Array(data) => ("array", data),
         Map::LruHashMap(data) => ("lru_hash", data),
+        Map::RingBuf(data) => ("ringbuf", data),
         _ => {
             return Err(BpfError::IncompatibleMap {
                 name,
