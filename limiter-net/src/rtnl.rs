@@ -16,7 +16,7 @@ use rtnetlink::{
         RouteNetlinkMessage,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
         nsid::{NsidAttribute, NsidMessage},
-        tc::{TcAttribute, TcOption},
+        tc::{TcAttribute, TcHandle, TcHeader, TcMessage, TcOption},
     },
 };
 pub use shareguard_common::limiter::HostIface;
@@ -484,20 +484,7 @@ pub fn htb_classes(
                 {
                     continue;
                 }
-                // The options arrive as one attribute whose value holds HTB's own
-                // attributes.
-                let value = m.attributes.iter().find_map(|a| match a {
-                    TcAttribute::Options(opts) => opts.iter().find_map(|o| match o {
-                        TcOption::Other(nla) => {
-                            let mut value = vec![0u8; netlink_value_len(nla)];
-                            emit_value(nla, &mut value);
-                            Some(value)
-                        }
-                        _ => None,
-                    }),
-                    _ => None,
-                });
-                if let Some(c) = value
+                if let Some(c) = htb_options(&m)
                     .as_deref()
                     .and_then(|v| parse_htb(v, m.header.parent.minor))
                 {
@@ -507,6 +494,119 @@ pub fn htb_classes(
             Ok(out)
         })
     })
+}
+
+/// HTB's own attributes of a class message, each with its header, as the kernel sent
+/// them: the options arrive as one attribute whose value holds them.
+fn htb_options(m: &TcMessage) -> Option<Vec<u8>> {
+    m.attributes.iter().find_map(|a| match a {
+        TcAttribute::Options(opts) => opts.iter().find_map(|o| match o {
+            TcOption::Other(nla) => {
+                let mut value = vec![0u8; netlink_value_len(nla)];
+                emit_value(nla, &mut value);
+                Some(value)
+            }
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+/// Sets the burst and cburst of HTB class `major:minor` on `ifindex` to `bytes` each,
+/// leaving everything else of it as the kernel has it: its options are read, the two
+/// buffers patched and written back (RTM_NEWTCLASS without NLM_F_CREATE changes the
+/// class in place). HTB keeps the tokens a class holds, so a smaller bucket takes effect
+/// at the class's next packet, and a larger one only fills as the class leaves its rate
+/// unused. One netlink round trip each way, where `tc` costs a process.
+pub fn set_htb_burst(ifindex: u32, major: u16, minor: u16, bytes: u64) -> Result<(), NetError> {
+    with_netlink(None, move |mut h| {
+        Box::pin(async move {
+            let index = i32::try_from(ifindex)
+                .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
+            let what = || format!("HTB class {major:x}:{minor:x} on #{ifindex}");
+            let mut found = None;
+            let mut s = h.traffic_class(index).get().execute();
+            while let Some(m) = s.try_next().await.map_err(|e| nl_err(&what(), e))? {
+                if m.header.handle.major == major
+                    && m.header.handle.minor == minor
+                    && m.attributes
+                        .iter()
+                        .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"))
+                {
+                    found = htb_options(&m).map(|o| (m.header.parent, o));
+                }
+            }
+            let (parent, options) = found.ok_or_else(|| NetError::NotFound(what()))?;
+            let nlas = patch_htb_buffers(&options, bytes)
+                .ok_or_else(|| NetError::Netlink(format!("{}: options not understood", what())))?;
+            let mut msg = TcMessage::default();
+            msg.header = TcHeader {
+                index,
+                handle: TcHandle { major, minor },
+                parent,
+                ..TcHeader::default()
+            };
+            msg.attributes = vec![
+                TcAttribute::Kind("htb".into()),
+                TcAttribute::Options(
+                    nlas.into_iter()
+                        .map(|(kind, value)| {
+                            TcOption::Other(rtnetlink::packet_core::DefaultNla::new(kind, value))
+                        })
+                        .collect(),
+                ),
+            ];
+            let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewTrafficClass(msg));
+            req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+            let mut answers = h
+                .request(req)
+                .map_err(|e| NetError::Netlink(format!("RTM_NEWTCLASS {}: {e}", what())))?;
+            while let Some(m) = answers.next().await {
+                if let NetlinkPayload::Error(e) = m.payload
+                    && e.code.is_some()
+                {
+                    return Err(NetError::Netlink(format!("RTM_NEWTCLASS {}: {e}", what())));
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+/// HTB's attributes from `options` (as [`htb_options`] returns them) with the buffer and
+/// cbuffer of TCA_HTB_PARMS set to the time `bytes` take at the class's rate and ceil, as
+/// (kind, value) pairs; None when TCA_HTB_PARMS is missing or short.
+fn patch_htb_buffers(options: &[u8], bytes: u64) -> Option<Vec<(u16, Vec<u8>)>> {
+    let mut nlas = Vec::new();
+    let mut off = 0usize;
+    while off + 4 <= options.len() {
+        let len = usize::from(u16::from_ne_bytes([options[off], options[off + 1]]));
+        let kind = u16::from_ne_bytes([options[off + 2], options[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > options.len() {
+            break;
+        }
+        nlas.push((kind, options[off + 4..off + len].to_vec()));
+        off += (len + 3) & !3;
+    }
+    let class = parse_htb(options, 0)?;
+    let parms = nlas
+        .iter_mut()
+        .find(|(kind, v)| *kind == TCA_HTB_PARMS && v.len() >= 32)?;
+    let buffer = ticks_for_bytes(class.rate, bytes);
+    let cbuffer = ticks_for_bytes(class.ceil, bytes);
+    parms.1[24..28].copy_from_slice(&buffer.to_ne_bytes());
+    parms.1[28..32].copy_from_slice(&cbuffer.to_ne_bytes());
+    Some(nlas)
+}
+
+/// Scheduler ticks that `bytes` take at `rate` bytes/s, rounded down as tc rounds them;
+/// saturates at `u32::MAX`, and a zero rate (which HTB refuses anyway) gives the most.
+pub fn ticks_for_bytes(rate: u64, bytes: u64) -> u32 {
+    if rate == 0 {
+        return u32::MAX;
+    }
+    let ticks = u128::from(bytes) * 1_000_000_000 / (u128::from(rate) * PSCHED_TICK_NS);
+    u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
 fn netlink_value_len(nla: &rtnetlink::packet_core::DefaultNla) -> usize {
@@ -628,6 +728,36 @@ mod tests {
         let mut big = nla(TCA_HTB_PARMS, &parms);
         big.extend(nla(TCA_HTB_RATE64, &u64::MAX.to_ne_bytes()));
         assert_eq!(parse_htb(&big, 0).unwrap().burst, u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn patched_buffers_hold_the_bytes_at_rate_and_ceil_and_nothing_else_moves() {
+        let mut parms = vec![0u8; 44];
+        parms[8..12].copy_from_slice(&250_000_000u32.to_ne_bytes());
+        parms[20..24].copy_from_slice(&250_000_000u32.to_ne_bytes());
+        parms[24..28].copy_from_slice(&156_250u32.to_ne_bytes());
+        parms[28..32].copy_from_slice(&156_250u32.to_ne_bytes());
+        parms[32..36].copy_from_slice(&65_536u32.to_ne_bytes());
+        let mut opts = nla(TCA_HTB_PARMS, &parms);
+        opts.extend(nla(TCA_HTB_CEIL64, &5_000_000_000u64.to_ne_bytes()));
+        let out = patch_htb_buffers(&opts, 16_384).unwrap();
+        assert_eq!(out.len(), 2);
+        let p = &out[0].1;
+        let at = |i: usize| u32::from_ne_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+        // 16 KiB at 250 MB/s is 65,536 ns, 1024 ticks; at the 5 GB/s ceil 51 ticks.
+        assert_eq!((at(24), at(28)), (1024, 51));
+        assert_eq!(&p[..24], &parms[..24]);
+        assert_eq!(&p[32..], &parms[32..], "quantum and the rest as they were");
+        assert_eq!(
+            out[1],
+            (TCA_HTB_CEIL64, 5_000_000_000u64.to_ne_bytes().to_vec())
+        );
+        // Round trip through the read-back's decoding, within a tick.
+        let back = parse_htb(&nla(TCA_HTB_PARMS, p), 0).unwrap();
+        assert!(back.burst <= 16_384 && 16_384 - back.burst <= bytes_in_ticks(back.rate, 1));
+        assert_eq!(patch_htb_buffers(&nla(TCA_HTB_RATE64, &[0; 8]), 1), None);
+        assert_eq!(ticks_for_bytes(0, 1), u32::MAX);
+        assert_eq!(ticks_for_bytes(1, u64::MAX), u32::MAX);
     }
 
     #[test]
