@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`limiter`] | [`limiter::NetLimiter`], the `Limiter` the agent uses for `net` devices |
 //! | [`mechanism`] | which mechanism (EDT + fq, HTB, policer) and what it installs per share |
+//! | [`burst`] | an HTB share's bucket: small after an idle spell, full while busy |
 //! | [`bpf`] | the only module that talks to aya: load, pin, attach, maps, counters |
 //! | [`rtnl`] | netlink: the pod's host-side interface, ifb devices, HTB read-back |
 //! | [`tc`] | HTB and fq qdiscs through iproute2's `tc` |
@@ -12,6 +13,7 @@
 //! | [`probe`] | what the kernel offers (ifb, HTB, fq) |
 
 pub mod bpf;
+pub mod burst;
 pub mod error;
 pub mod limiter;
 pub mod mechanism;

@@ -23,6 +23,7 @@ use tracing::info;
 
 use crate::{
     bpf::{Bpf, Direction},
+    burst,
     error::NetError,
     mechanism::{self, Mechanism, RootQdisc},
     probe::{self, Probe},
@@ -50,6 +51,8 @@ pub struct NetBackend {
     bpf: Mutex<Bpf>,
     state: StateDir,
     probe: Probe,
+    /// The `htb-ebpf` directions whose bucket follows their activity ([`burst`]).
+    bursts: burst::Registry,
 }
 
 /// The `Limiter` of one `net` device: the shared back end, the device's mechanism and
@@ -185,6 +188,45 @@ fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
     )
 }
 
+/// The directions of `i` whose bucket the burst governor keeps, by counter index: those
+/// `htb-ebpf` shapes whose idle bucket is smaller than their busy one. `ifb_index`: the
+/// ifb that queues traffic from the pod, where there is one.
+fn governed_directions(i: &Installed, ifb_index: Option<u32>) -> Vec<(u32, burst::Governed)> {
+    if i.mechanism != Mechanism::HtbEbpf {
+        return Vec::new();
+    }
+    let Some(slot) = i.slot() else {
+        return Vec::new();
+    };
+    [Direction::ToPod, Direction::FromPod]
+        .into_iter()
+        .filter_map(|dir| {
+            let rate = i.shaped(dir)?;
+            let ifindex = match dir {
+                Direction::ToPod => i.host_index,
+                Direction::FromPod => ifb_index?,
+            };
+            let p = tc::HtbParams::for_rate(rate);
+            let index = shareguard_ebpf_common::counter_index(slot, dir.index())?;
+            (p.idle_burst_bytes() < p.burst_bytes).then(|| {
+                (
+                    index,
+                    burst::Governed {
+                        share_key: i.share_key.clone(),
+                        direction: dir,
+                        ifindex,
+                        bytes_per_sec: rate / 8,
+                        busy_bytes: p.burst_bytes,
+                        idle_bytes: p.idle_burst_bytes(),
+                        bucket: burst::Bucket::Unknown,
+                        retry_after_ns: 0,
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
 /// `ours`: the device's root is already our qdisc (HTB then changes it in place, once it
 /// has the share's class: an older layout is rebuilt).
 fn install_root(dev: &str, ifindex: u32, q: &RootQdisc, ours: bool) -> Result<(), NetError> {
@@ -209,7 +251,7 @@ impl NetBackend {
         if pin_dir.starts_with(bpffs) {
             crate::bpf::ensure_bpffs(bpffs).map_err(bpf_err)?;
         }
-        let bpf = Bpf::load(pin_dir).map_err(bpf_err)?;
+        let mut bpf = Bpf::load(pin_dir).map_err(bpf_err)?;
         let probe = probe::probe()?;
         info!(
             fq = probe.fq,
@@ -218,11 +260,29 @@ impl NetBackend {
             available = ?probe.available(),
             "probed the kernel for bandwidth mechanisms"
         );
-        Ok(Arc::new(NetBackend {
+        let wakeups = bpf.take_wakeups();
+        let backend = Arc::new(NetBackend {
             bpf: Mutex::new(bpf),
             state: StateDir::open(state_dir)?,
             probe,
-        }))
+            bursts: burst::Registry::default(),
+        });
+        if let Some(w) = wakeups {
+            burst::spawn(Arc::downgrade(&backend), w)?;
+        }
+        Ok(backend)
+    }
+
+    /// Runs `f` under the back end's lock, for the burst governor.
+    pub(crate) fn govern(&self, f: impl FnOnce(&mut Bpf, &burst::Registry)) {
+        let mut bpf = lock(&self.bpf);
+        f(&mut bpf, &self.bursts);
+    }
+
+    /// The burst governor's view of the share direction at counter `index`, for tests
+    /// and diagnostics.
+    pub fn governed(&self, index: u32) -> Option<burst::Governed> {
+        self.bursts.get(index)
     }
 
     pub fn probe(&self) -> Probe {
@@ -253,6 +313,13 @@ impl NetLimiter {
     }
 
     fn uninstall(&self, bpf: &mut Bpf, i: &Installed) -> Result<(), NetError> {
+        if let Some(slot) = i.slot() {
+            for dir in [Direction::ToPod, Direction::FromPod] {
+                if let Some(index) = shareguard_ebpf_common::counter_index(slot, dir.index()) {
+                    self.backend.bursts.forget(index);
+                }
+            }
+        }
         for dir in [Direction::ToPod, Direction::FromPod] {
             bpf.detach(&link_name(&i.share_key, dir)).map_err(bpf_err)?;
         }
@@ -361,6 +428,13 @@ impl NetLimiter {
             )));
         }
         let cfg = bpf.iface(i.host_index).map_err(bpf_err)?;
+        let ifb_index = match &i.ifb {
+            Some(n) => rtnl::index_of(n)?,
+            None => None,
+        };
+        for (index, g) in governed_directions(&i, ifb_index) {
+            self.backend.bursts.found(index, g);
+        }
         let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref())?;
         let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref())?;
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
@@ -543,6 +617,11 @@ impl Limiter for NetLimiter {
         for dir in [Direction::ToPod, Direction::FromPod] {
             bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
                 .map_err(bpf_err)?;
+        }
+        // The tree was (re)installed with its full bucket.
+        let ifb_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
+        for (index, g) in governed_directions(&installed, ifb_index) {
+            self.backend.bursts.installed(&mut bpf, index, g)?;
         }
         Ok(self.read_back(&bpf, spec)?)
     }

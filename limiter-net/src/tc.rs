@@ -43,6 +43,18 @@ pub struct HtbParams {
 /// Smallest burst: two full-size frames, so a single packet never waits for tokens.
 const MIN_BURST: u64 = 2 * 1514;
 
+/// A flow class's own burst: one full-size frame. A class within its own tokens sends
+/// without asking the share's class, so whatever the classes hold of their own is sent
+/// at once past the share's bucket; kept this small, sixteen flows after an idle spell
+/// get what one flow gets. What lets a flow make up for time its queue stood empty is
+/// the share's bucket, which every flow class borrows from.
+const OWN_BURST: u64 = 1514;
+
+/// The share's class's bucket after an idle spell ([`crate::burst`]): what the share
+/// sends at once past its rate when it starts again, together with the classes' own
+/// bursts at most one 64 KiB burst ([`HtbParams::after_idle_bytes`]).
+pub const IDLE_BURST: u64 = 16 * 1024;
+
 /// One sparse flow's whole credit (`shareguard_ebpf_common::flows`): the priority
 /// class's own burst is at least this, so that a message that fits it (an RPC's answer,
 /// a DNS reply) goes out at once even while bulk flows keep the share's class empty.
@@ -83,9 +95,10 @@ impl HtbParams {
         // packets arrive out of order, which they do on a veth when the sender's packets
         // leave from different CPUs. With 4 ms the agent's tree measured 0.880 to 0.956 of
         // the limit at 2 Gbit/s under such reordering, with 10 ms 0.949 to 0.956 in the
-        // same runs (docs/htb-tuning.md, "Reordering"). The cost: a new TCP flow's
-        // first 100 ms carry 1.03 to 1.05 of the limit's, and a sender that does not ramp
-        // up (UDP) can send 10 ms of the rate at once after idle.
+        // same runs (docs/htb-tuning.md, "Reordering"). A full bucket after an idle spell
+        // would let a new flow's first 100 ms carry 1.03 to 1.05 of the limit's and a
+        // sender that does not ramp up (UDP) 10 ms of the rate at once: the share's class
+        // holds only [`IDLE_BURST`] while the share is idle ([`crate::burst`]).
         let burst_bytes = burst_for(rate_bps);
         HtbParams {
             rate_bps,
@@ -104,20 +117,31 @@ impl HtbParams {
         (self.rate_bps / u64::from(FLOW_CLASSES)).max(8)
     }
 
-    /// The priority class's own burst: ten milliseconds of its assured rate (see
-    /// [`HtbParams::flow_burst_bytes`]), at least one sparse flow's credit (below about
-    /// 210 Mbit/s of share).
+    /// The priority class's own burst: one sparse flow's credit, so that a message that
+    /// fits it goes out at once even while bulk flows keep the share's class empty.
     pub fn sparse_burst_bytes(&self) -> u64 {
-        burst_for(self.sparse_rate_bps()).max(SPARSE_CREDIT)
+        SPARSE_CREDIT
     }
 
-    /// A flow class's own burst: ten milliseconds of its assured rate. A class within its
-    /// own tokens sends without asking the share's class, so these buckets are what the
-    /// classes can send at once past the share's burst: sized at the share's burst each,
-    /// seventeen busy classes after an idle spell could send 170 ms of the share's rate
-    /// at once. Sized by their own rates, they add up to the share's burst.
+    /// A flow class's own burst, [`OWN_BURST`].
     pub fn flow_burst_bytes(&self) -> u64 {
-        burst_for(self.flow_rate_bps())
+        OWN_BURST
+    }
+
+    /// The share's class's bucket while the share is idle ([`crate::burst`]): at most
+    /// [`IDLE_BURST`], never more than its bucket while busy.
+    pub fn idle_burst_bytes(&self) -> u64 {
+        IDLE_BURST.min(self.burst_bytes)
+    }
+
+    /// What the tree lets through past the share's rate when traffic starts after an idle
+    /// spell, with the share's class at its idle bucket: that bucket plus every class's
+    /// own (HTB also lets each class that has tokens send one whole packet, up to one
+    /// 64 KiB GSO packet, into debt, which it pays back before it sends again).
+    pub fn after_idle_bytes(&self) -> u64 {
+        self.idle_burst_bytes()
+            + self.sparse_burst_bytes()
+            + u64::from(FLOW_CLASSES) * self.flow_burst_bytes()
     }
 
     /// The assured rate of each flow class: an equal part of what the priority class
@@ -295,7 +319,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 3662b cburst 62500b prio 1 quantum 65536"
+            "class replace dev d parent 1:100 classid 1:1 htb rate 2929687bit ceil 50000000bit burst 1514b cburst 62500b prio 1 quantum 65536"
         );
         assert_eq!(
             lines[2],
@@ -342,10 +366,30 @@ mod tests {
             let sum = p.sparse_burst_bytes() + u64::from(FLOW_CLASSES) * p.flow_burst_bytes();
             assert!(own_bursts_fit(p.burst_bytes, sum, 0), "{rate}: {sum}");
             assert!(p.sparse_burst_bytes() >= SPARSE_CREDIT, "{rate}");
+            // With the share's class at its idle bucket, the read-back still takes the
+            // tree as the share's.
+            assert!(own_bursts_fit(p.idle_burst_bytes(), sum, 0), "{rate}: idle");
         }
         // The tree as it was: every class with the share's whole burst.
         let p = HtbParams::for_rate(2_000_000_000);
         assert!(!own_bursts_fit(p.burst_bytes, 17 * p.burst_bytes, 1_000));
+    }
+
+    #[test]
+    fn after_idle_the_tree_lets_through_at_most_one_burst_past_the_rate() {
+        for rate in [1_000_000, 50_000_000, 2_000_000_000, 100_000_000_000] {
+            let p = HtbParams::for_rate(rate);
+            assert!(
+                p.after_idle_bytes() <= 65_536,
+                "{rate}: {}",
+                p.after_idle_bytes()
+            );
+            assert!(p.idle_burst_bytes() <= p.burst_bytes);
+        }
+        // From 13 Mbit/s up, the busy bucket is larger than the idle one: that is where
+        // shrinking it after an idle spell matters.
+        assert!(HtbParams::for_rate(50_000_000).idle_burst_bytes() < 62_500);
+        assert_eq!(HtbParams::for_rate(1_000_000).idle_burst_bytes(), MIN_BURST);
     }
 
     #[test]

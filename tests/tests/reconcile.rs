@@ -69,7 +69,29 @@ async fn drift_is_found_within_two_periods_and_repaired() {
     let ifb = shareguard_limiter_net::state::ifb_name(&id);
     let host = pod.host_if().to_owned();
     let qdiscs = || net::sh(&["tc", "qdisc", "show", "dev", &host]);
-    let class = |dev: &str| net::sh(&["tc", "class", "show", "dev", dev]);
+    let htb = shareguard_limiter_net::tc::HtbParams::for_rate(100_000_000);
+    // The share's class's bucket follows the share's use of its rate (limiter-net's
+    // `burst`): either size is as installed.
+    let buckets = [
+        format!("burst {0}b cburst {0}b", htb.burst_bytes),
+        format!("burst {0}Kb cburst {0}Kb", htb.idle_burst_bytes() / 1024),
+    ];
+    let class = |dev: &str| {
+        let out = net::sh(&["tc", "class", "show", "dev", dev]);
+        out.lines()
+            .map(|l| match l.split_once(" burst ") {
+                Some((head, _)) if l.contains(" 1:100 root ") => {
+                    assert!(
+                        buckets.iter().any(|b| l.contains(b.as_str())),
+                        "the share's class holds neither {buckets:?}: {l}"
+                    );
+                    format!("{head} (busy or idle bucket)")
+                }
+                _ => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     let (qdiscs_before, class_before) = (qdiscs(), class(&host));
     assert!(class_before.contains("rate 100Mbit"), "{class_before}");
 
@@ -89,7 +111,6 @@ async fn drift_is_found_within_two_periods_and_repaired() {
         ));
     assert!(link.exists(), "{link:?}");
     let link_str = link.display().to_string();
-    let htb = shareguard_limiter_net::tc::HtbParams::for_rate(100_000_000);
     let flow_rate = format!("{}bit", htb.flow_rate_bps());
     let share_burst = format!("{}b", htb.burst_bytes);
     let injections: [(&str, Vec<&str>); 7] = [
