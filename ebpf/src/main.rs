@@ -27,9 +27,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shareguard_ebpf_common::{
-    Activity, Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing, FLAG_HTB_FLOWS,
-    FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES, PaceState,
-    SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index, flow_classid, flows, pace,
+    Activity, Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing,
+    FLAG_HTB_FLOWS, FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES,
+    PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index, flow_classid, flows,
+    pace,
 };
 
 // The map names are the static names; user space finds them by the same names
@@ -81,8 +82,8 @@ fn classify(ctx: &TcContext, cfg: &IfaceConfig, dir: u32) {
     // SAFETY: `skb` is the context pointer the kernel passed to this program, valid for
     // its whole run; the helper only reads (and caches) the packet's flow hash.
     let hash = unsafe { bpf_get_hash_recalc(skb) };
-    let sparse = cfg.flags & FLAG_HTB_FLOWS != 0
-        && index.is_some_and(|index| is_sparse(ctx, hash, index));
+    let sparse =
+        cfg.flags & FLAG_HTB_FLOWS != 0 && index.is_some_and(|index| is_sparse(ctx, hash, index));
     // SAFETY: as above; `priority` is a field tc programs may write (the verifier checks
     // the access).
     unsafe { (*skb).priority = flow_classid(cfg, hash, sparse) };

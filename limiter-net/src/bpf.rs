@@ -686,17 +686,6 @@ impl Bpf {
             .map_err(|e| map_error(ACTIVITY_MAP, "update", e))
     }
 
-    /// Withdraws a request of [`Bpf::arm`] (a wake-up already in the ring still comes).
-    pub fn disarm(&mut self, index: u32) -> Result<(), BpfError> {
-        let seen = self.activity(index)?;
-        if seen.armed == 0 {
-            return Ok(());
-        }
-        self.activity
-            .set(index, Activity { armed: 0, ..seen }, 0)
-            .map_err(|e| map_error(ACTIVITY_MAP, "update", e))
-    }
-
     /// The wake-up ring, to be read by one consumer; None once taken.
     pub fn take_wakeups(&mut self) -> Option<Wakeups> {
         self.wake.take().map(|ring| Wakeups { ring })

@@ -176,22 +176,18 @@ impl Registry {
         self.shares.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Governs the direction at counter `index` with the tree as just installed (full
-    /// bucket); a wake-up still armed from before is withdrawn.
+    /// Governs the direction at counter `index` with the tree as just installed: the
+    /// share's class holds the idle bucket ([`tc::htb_tree_commands`]), and the share is
+    /// armed, so that its first packet starts the window that gives the full one back.
     pub fn installed(&self, bpf: &mut Bpf, index: u32, g: Governed) -> Result<(), NetError> {
-        bpf.disarm(index)
+        let seen = bpf
+            .activity(index)
             .map_err(|e| NetError::Bpf(e.to_string()))?;
-        let bytes = bpf
-            .index_counters(index)
-            .map_err(|e| NetError::Bpf(e.to_string()))?
-            .bytes;
+        arm(bpf, index, seen)?;
         self.map().insert(
             index,
             Governed {
-                bucket: Bucket::Busy {
-                    since_ns: monotonic_ns(),
-                    bytes,
-                },
+                bucket: Bucket::Idle,
                 ..g
             },
         );

@@ -227,8 +227,11 @@ fn s(v: &[&str]) -> Vec<String> {
 pub fn htb_tree_commands(dev: &str, p: &HtbParams) -> Vec<String> {
     let rate = format!("{}bit", p.rate_bps);
     let burst = format!("{}b", p.burst_bytes);
+    // The share's class starts from the idle bucket; the burst governor gives it the
+    // full one once the share uses its rate (crate::burst).
+    let idle = format!("{}b", p.idle_burst_bytes());
     let mut out = vec![format!(
-        "class replace dev {dev} parent 1: classid 1:{SHARE_MINOR:x} htb rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {}",
+        "class replace dev {dev} parent 1: classid 1:{SHARE_MINOR:x} htb rate {rate} ceil {rate} burst {idle} cburst {idle} quantum {}",
         p.quantum_bytes
     )];
     for i in 0..=FLOW_CLASSES {
@@ -315,7 +318,7 @@ mod tests {
         assert_eq!(lines.len(), 1 + 2 * (FLOW_CLASSES as usize + 1));
         assert_eq!(
             lines[0],
-            "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 62500b cburst 62500b quantum 65536"
+            "class replace dev d parent 1: classid 1:100 htb rate 50000000bit ceil 50000000bit burst 16384b cburst 16384b quantum 65536"
         );
         assert_eq!(
             lines[1],

@@ -349,10 +349,11 @@ fn share_bucket(ifindex: u32) -> u64 {
         .burst
 }
 
-/// Whether `bucket` is `want` as tc and the kernel round it (down, to a 64 ns tick).
+/// Whether `bucket` is `want` as tc and the kernel round it: down, tc to a whole
+/// microsecond at the rate, the kernel to a 64 ns tick.
 fn bucket_is(bucket: u64, want: u64, bytes_per_sec: u64) -> bool {
-    let tick = shareguard_limiter_net::rtnl::bytes_in_ticks(bytes_per_sec, 1) + 1;
-    bucket <= want && want - bucket <= tick
+    let microsecond = shareguard_limiter_net::rtnl::bytes_in_ticks(bytes_per_sec, 16) + 1;
+    bucket <= want && want - bucket <= microsecond
 }
 
 #[tokio::test]

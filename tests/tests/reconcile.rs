@@ -71,20 +71,27 @@ async fn drift_is_found_within_two_periods_and_repaired() {
     let qdiscs = || net::sh(&["tc", "qdisc", "show", "dev", &host]);
     let htb = shareguard_limiter_net::tc::HtbParams::for_rate(100_000_000);
     // The share's class's bucket follows the share's use of its rate (limiter-net's
-    // `burst`): either size is as installed.
-    let buckets = [
-        format!("burst {0}b cburst {0}b", htb.burst_bytes),
-        format!("burst {0}Kb cburst {0}Kb", htb.idle_burst_bytes() / 1024),
-    ];
+    // `burst`): either size is as installed, to within tc's rounding to a microsecond.
+    let bucket_ok = |dev: &str| {
+        let index = net::ifindex(dev);
+        let classes =
+            shareguard_limiter_net::rtnl::htb_classes(index, shareguard_limiter_net::tc::MAJOR)
+                .unwrap();
+        let b = classes[&shareguard_limiter_net::tc::SHARE_MINOR].burst;
+        let us = 100_000_000 / 8 / 1_000_000 + 1;
+        [htb.burst_bytes, htb.idle_burst_bytes()]
+            .iter()
+            .any(|&want| b <= want && want - b <= us)
+    };
     let class = |dev: &str| {
+        assert!(
+            bucket_ok(dev),
+            "the share's class on {dev} holds neither bucket"
+        );
         let out = net::sh(&["tc", "class", "show", "dev", dev]);
         out.lines()
             .map(|l| match l.split_once(" burst ") {
                 Some((head, _)) if l.contains(" 1:100 root ") => {
-                    assert!(
-                        buckets.iter().any(|b| l.contains(b.as_str())),
-                        "the share's class holds neither {buckets:?}: {l}"
-                    );
                     format!("{head} (busy or idle bucket)")
                 }
                 _ => l.to_owned(),
