@@ -10,7 +10,7 @@
 //!
 //! HTB keeps the tokens a class holds when its bucket changes, and clips them to the
 //! bucket at the class's next packet. So the bucket may be shrunk while the share is
-//! idle and grown again as soon as the share has sent its first packet: from the moment
+//! idle and grown again any time after the share has started again: from the moment
 //! traffic starts, the share can never get ahead of its rate by more than what it held
 //! then ([`tc::HtbParams::after_idle_bytes`], at most 64 KiB), while the full bucket is
 //! back for the rest of the busy spell. Tokens it holds again later are only rate it left

@@ -577,17 +577,10 @@ pub fn set_htb_burst(ifindex: u32, major: u16, minor: u16, bytes: u64) -> Result
 /// cbuffer of TCA_HTB_PARMS set to the time `bytes` take at the class's rate and ceil, as
 /// (kind, value) pairs; None when TCA_HTB_PARMS is missing or short.
 fn patch_htb_buffers(options: &[u8], bytes: u64) -> Option<Vec<(u16, Vec<u8>)>> {
-    let mut nlas = Vec::new();
-    let mut off = 0usize;
-    while off + 4 <= options.len() {
-        let len = usize::from(u16::from_ne_bytes([options[off], options[off + 1]]));
-        let kind = u16::from_ne_bytes([options[off + 2], options[off + 3]]) & 0x3fff;
-        if len < 4 || off + len > options.len() {
-            break;
-        }
-        nlas.push((kind, options[off + 4..off + len].to_vec()));
-        off += (len + 3) & !3;
-    }
+    let mut nlas: Vec<(u16, Vec<u8>)> = attributes(options)
+        .into_iter()
+        .map(|(kind, value)| (kind, value.to_vec()))
+        .collect();
     let class = parse_htb(options, 0)?;
     let parms = nlas
         .iter_mut()
@@ -597,6 +590,23 @@ fn patch_htb_buffers(options: &[u8], bytes: u64) -> Option<Vec<(u16, Vec<u8>)>> 
     parms.1[24..28].copy_from_slice(&buffer.to_ne_bytes());
     parms.1[28..32].copy_from_slice(&cbuffer.to_ne_bytes());
     Some(nlas)
+}
+
+/// The netlink attributes in `buf` (each a header of length and kind, then the value,
+/// padded to 4 bytes) as (kind, value); stops at the first that does not fit.
+fn attributes(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    while off + 4 <= buf.len() {
+        let len = usize::from(u16::from_ne_bytes([buf[off], buf[off + 1]]));
+        let kind = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
+        if len < 4 || off + len > buf.len() {
+            break;
+        }
+        out.push((kind, &buf[off + 4..off + len]));
+        off += (len + 3) & !3;
+    }
+    out
 }
 
 /// Scheduler ticks that `bytes` take at `rate` bytes/s, rounded down as tc rounds them;
@@ -642,16 +652,9 @@ pub fn bytes_in_ticks(rate: u64, ticks: u32) -> u64 {
 pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
     let (mut rate32, mut ceil32, mut rate64, mut ceil64) = (None, None, None, None);
     let mut buffer_ticks: Option<u32> = None;
-    let mut off = 0usize;
     let u32_at =
         |v: &[u8], i: usize| u64::from(u32::from_ne_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]));
-    while off + 4 <= buf.len() {
-        let len = usize::from(u16::from_ne_bytes([buf[off], buf[off + 1]]));
-        let kind = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
-        if len < 4 || off + len > buf.len() {
-            break;
-        }
-        let value = &buf[off + 4..off + len];
+    for (kind, value) in attributes(buf) {
         let u64_of = |v: &[u8]| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&v[..8]);
@@ -669,7 +672,6 @@ pub fn parse_htb(buf: &[u8], parent_minor: u16) -> Option<HtbClass> {
             TCA_HTB_CEIL64 if value.len() >= 8 => ceil64 = Some(u64_of(value)),
             _ => {}
         }
-        off += (len + 3) & !3;
     }
     let rate = rate64.or(rate32)?;
     Some(HtbClass {

@@ -65,28 +65,6 @@ fn measure_under_load(
     })
 }
 
-/// Two TCP flows in one share: their goodput together / limit and Jain's fairness index
-/// ((x1 + x2)^2 / (2 (x1^2 + x2^2)): 1 when equal, 0.5 when one takes everything).
-fn two_flows(server: &net::IperfServer, bps: u64) -> (f64, f64) {
-    let mut run = Iperf::new(Direction::ToPod);
-    run.streams = 2;
-    let m = server.measure(&run);
-    let per: Vec<f64> = m.json["end"]["streams"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(|s| s["receiver"]["bits_per_second"].as_f64())
-                .collect()
-        })
-        .unwrap_or_default();
-    let jain = if per.len() == 2 {
-        (per[0] + per[1]).powi(2) / (2.0 * (per[0].powi(2) + per[1].powi(2)))
-    } else {
-        f64::NAN
-    };
-    (m.bits_per_second / bps as f64, jain)
-}
-
 /// The device the kernel probe picks a mechanism for, one pinned to the policer, and one
 /// like the first that states its line rate (above what a veth carries here).
 const AUTO: &str = "nic-auto";
@@ -180,7 +158,11 @@ fn main() {
                 let (m, rtts) = measure_under_load(&server, &pod, dir);
                 rows.push(row(&format!("shareguard {name}"), &m, &rtts));
                 if dir == Direction::ToPod && device == AUTO {
-                    fairness.push((rate, format!("shareguard {name}"), two_flows(&server, bps)));
+                    fairness.push((
+                        rate,
+                        format!("shareguard {name}"),
+                        net::two_flows(&server, Direction::ToPod, bps),
+                    ));
                 }
                 assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
             }
@@ -190,7 +172,7 @@ fn main() {
                 fairness.push((
                     rate,
                     "tbf (CNI plugin, 25 ms)".to_owned(),
-                    two_flows(&server, bps),
+                    net::two_flows(&server, Direction::ToPod, bps),
                 ));
             }
         }

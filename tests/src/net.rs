@@ -1536,6 +1536,34 @@ pub fn first_100ms(
         })
 }
 
+/// Jain's fairness index of `x`: (sum x)^2 / (n sum x^2), 1 when all are equal, 1/n when
+/// one takes everything; NaN when empty or all zero.
+pub fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    sum * sum / (x.len() as f64 * squares)
+}
+
+/// Two TCP flows in one share, in `dir`: their goodput together over `limit_bps`, and
+/// their [`jain`] index (NaN when iperf3 did not report both).
+pub fn two_flows(server: &IperfServer, dir: Direction, limit_bps: u64) -> (f64, f64) {
+    let run = Iperf {
+        streams: 2,
+        ..Iperf::new(dir)
+    };
+    let m = server.measure(&run);
+    let per: Vec<f64> = m.json["end"]["streams"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s["receiver"]["bits_per_second"].as_f64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let index = if per.len() == 2 { jain(&per) } else { f64::NAN };
+    (m.bits_per_second / limit_bps as f64, index)
+}
+
 /// The median of `v`; NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
@@ -1563,6 +1591,14 @@ mod tests {
                    \n--- 198.18.0.6 ping statistics ---\n\
                    rtt min/avg/max/mdev = 0.236/0.539/0.843/0.303 ms\n";
         assert_eq!(parse_ping(out), vec![0.843, 12.5]);
+    }
+
+    #[test]
+    fn jain_is_one_when_equal_and_one_over_n_when_one_takes_all() {
+        assert!((jain(&[5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0]) - 0.5).abs() < 1e-12);
+        assert!((jain(&[3.0, 1.0]) - 0.8).abs() < 1e-12);
+        assert!(jain(&[]).is_nan());
     }
 
     #[test]

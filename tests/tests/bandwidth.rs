@@ -20,6 +20,9 @@ use shareguard_tests::{
 
 const LOW: f64 = net::GOODPUT_LOW;
 const HIGH: f64 = net::GOODPUT_HIGH;
+/// The low end of the band while the agent is dead and an HTB share holds its idle
+/// bucket.
+const DEAD_LOW: f64 = 0.85;
 
 fn start(capacity: &str) -> (Agent, PinDir) {
     start_with(net::net_device("nic-0", &net::bandwidth_capacity(capacity)))
@@ -159,7 +162,11 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
         let _lock = TrafficLock::acquire();
         for dir in [Direction::ToPod, Direction::FromPod] {
             let m = server.measure(&Iperf::new(dir));
-            assert_within(&m, 100e6, &format!("agent dead, {dir}"));
+            // The share was idle when the agent died, so its class keeps the idle bucket
+            // (limiter-net's `burst`) until the agent is back: never more than the
+            // limit, but less room to make up for late dequeues. Measured 0.908 under
+            // the full suite's load, 0.93 to 0.956 on a quiet machine.
+            assert_within_band(&m, 100e6, DEAD_LOW, HIGH, &format!("agent dead, {dir}"));
         }
     }
     a.restart();
@@ -365,27 +372,36 @@ async fn a_new_flow_after_idle_gets_the_limit_and_no_burst() {
     let pod = Pod::new();
     let server = pod.iperf_server();
     let mut c = a.client().await;
-    let r = prepare_one(&mut c, 1, bw_claim("idle", &pod, &share_id(), "2G")).await;
+    let id = share_id();
+    let r = prepare_one(&mut c, 1, bw_claim("idle", &pod, &id, "2G")).await;
     enforced_share(&r, "2G");
-    if auto_mechanism() != "htb-ebpf" {
-        eprintln!(
-            "the probe chose {}: no HTB bucket to follow",
-            auto_mechanism()
-        );
-        return;
-    }
+    // HTB's buckets follow the share's use of its rate; EDT has none to follow, and the
+    // bound holds for it all the same.
+    let htb = auto_mechanism() == "htb-ebpf";
     let p = tc::HtbParams::for_rate(2_000_000_000);
     let bytes_per_sec = 250_000_000;
     let veth = pod.host_ifindex();
-    let idle = || bucket_is(share_bucket(veth), p.idle_burst_bytes(), bytes_per_sec);
-    net::wait_for(
-        "the idle share's class to hold the idle bucket",
-        Duration::from_secs(5),
-        idle,
-    );
+    // The share's class on the veth (to the pod) and on its ifb (from the pod).
+    let queues = if htb {
+        vec![
+            veth,
+            net::ifindex(&shareguard_limiter_net::state::ifb_name(&id)),
+        ]
+    } else {
+        Vec::new()
+    };
+    let idle = || {
+        queues
+            .iter()
+            .all(|&i| bucket_is(share_bucket(i), p.idle_burst_bytes(), bytes_per_sec))
+    };
     for dir in [Direction::ToPod, Direction::FromPod] {
         let _lock = TrafficLock::acquire();
-        net::wait_for("the share to be idle again", Duration::from_secs(5), idle);
+        net::wait_for(
+            "the idle share's classes to hold the idle bucket",
+            Duration::from_secs(5),
+            idle,
+        );
         // The full bucket, 10 ms of the rate, would let 1.03 to 1.05 of this through.
         let (bytes, allowed) = net::first_100ms(&server, dir, 1, 2_000_000_000);
         eprintln!(
@@ -403,31 +419,64 @@ async fn a_new_flow_after_idle_gets_the_limit_and_no_burst() {
             "{dir}: {bytes:.0} of {allowed:.0}: did it run?"
         );
     }
-    // While a flow uses the rate, the class has its full bucket back, and once the flow
-    // ends, the idle one again.
-    let _lock = TrafficLock::acquire();
-    std::thread::scope(|s| {
-        let flow = s.spawn(|| {
-            server.measure(&Iperf {
-                seconds: 3,
-                omit: 0,
-                ..Iperf::new(Direction::ToPod)
-            })
+    if htb {
+        // While a flow uses the rate, the class has its full bucket back, and once the
+        // flow ends, the idle one again.
+        let _lock = TrafficLock::acquire();
+        std::thread::scope(|s| {
+            let flow = s.spawn(|| {
+                server.measure(&Iperf {
+                    seconds: 3,
+                    omit: 0,
+                    ..Iperf::new(Direction::ToPod)
+                })
+            });
+            net::wait_for(
+                "the busy share's class to hold the full bucket",
+                Duration::from_secs(3),
+                || bucket_is(share_bucket(veth), p.burst_bytes, bytes_per_sec),
+            );
+            let m = flow.join().unwrap();
+            assert!(m.bits_per_second > 0.9 * 2e9, "{m}");
         });
         net::wait_for(
-            "the busy share's class to hold the full bucket",
-            Duration::from_secs(3),
-            || bucket_is(share_bucket(veth), p.burst_bytes, bytes_per_sec),
+            "the share's classes to hold the idle bucket after the flow",
+            Duration::from_secs(2),
+            idle,
         );
-        let m = flow.join().unwrap();
-        assert!(m.bits_per_second > 0.9 * 2e9, "{m}");
-    });
-    net::wait_for(
-        "the share's class to hold the idle bucket after the flow",
-        Duration::from_secs(2),
-        idle,
-    );
+    }
     assert_eq!(unprepare_one(&mut c, 1, "idle").await.code, "");
+}
+
+#[tokio::test]
+async fn two_flows_in_one_share_get_equal_parts() {
+    if !net::privileged("two_flows_in_one_share_get_equal_parts") {
+        return;
+    }
+    let (a, _pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    for rate in ["200M", "2G"] {
+        let r = prepare_one(&mut c, 1, bw_claim("fair", &pod, &share_id(), rate)).await;
+        enforced_share(&r, rate);
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let _lock = TrafficLock::acquire();
+            let (goodput, index) = net::two_flows(&server, dir, rate_bps(rate) as u64);
+            eprintln!("{rate} {dir}: two flows, {goodput:.3} of the limit, Jain {index:.3}");
+            // 1.0 for equal parts, 0.5 when one flow takes all. The two land in one
+            // flow class (one FIFO) once in sixteen runs.
+            assert!(
+                index >= 0.95,
+                "{rate} {dir}: two flows got unequal parts, Jain index {index:.3}"
+            );
+            assert!(
+                (LOW..=HIGH).contains(&goodput),
+                "{rate} {dir}: together {goodput:.3} of the limit"
+            );
+        }
+        assert_eq!(unprepare_one(&mut c, 1, "fair").await.code, "");
+    }
 }
 
 /// Bytes and packets HTB class `classid` of `dev` has sent (`tc -s class show`).
