@@ -208,11 +208,6 @@ impl Registry {
         self.map().remove(&index);
     }
 
-    /// The governed entry at `index`, if any.
-    pub fn get(&self, index: u32) -> Option<Governed> {
-        self.map().get(&index).cloned()
-    }
-
     /// Runs one tick over every governed share.
     /// Runs one tick over the governed shares: all of them when `all`, else those not
     /// idle (an idle share is woken by its first packet; a tick only catches a wake-up

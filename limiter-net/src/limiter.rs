@@ -279,12 +279,6 @@ impl NetBackend {
         f(&mut bpf, &self.bursts);
     }
 
-    /// The burst governor's view of the share direction at counter `index`, for tests
-    /// and diagnostics.
-    pub fn governed(&self, index: u32) -> Option<burst::Governed> {
-        self.bursts.get(index)
-    }
-
     pub fn probe(&self) -> Probe {
         self.probe
     }
@@ -618,7 +612,8 @@ impl Limiter for NetLimiter {
             bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
                 .map_err(bpf_err)?;
         }
-        // The tree was (re)installed with its full bucket.
+        // The tree was (re)installed with the idle bucket: the share is armed, and gets
+        // the full one once it uses its rate.
         let ifb_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
         for (index, g) in governed_directions(&installed, ifb_index) {
             self.backend.bursts.installed(&mut bpf, index, g)?;
