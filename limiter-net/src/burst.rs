@@ -18,7 +18,11 @@
 //!
 //! "Busy" means using the rate, not merely sending: the full bucket is only given back
 //! once the share has sent at least [`GROW_AT`] of its rate over a [`WINDOW`], and taken
-//! away again when it sends less than [`SHRINK_BELOW`] of it over one. A share with light
+//! away again once it has sent less than [`SHRINK_BELOW`] of it for [`SHRINK_AFTER`]. A
+//! TCP flow's own stalls are shorter than that, and the bucket is what makes up for
+//! them: taking it away at a stall would throw away the very tokens the flow needs to
+//! catch up (judged on a single 20 ms window instead, a steady 2 Gbit/s flow lost its
+//! bucket every 1 to 5 s). A share with light
 //! traffic (health checks, a trickle) keeps the idle bucket, so a bulk flow that starts
 //! beside it gets no 10 ms burst either, and between two bursts of an RPC the bucket is
 //! small again.
@@ -59,19 +63,28 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// the lateness a tick may have.
 pub const WINDOW: Duration = Duration::from_millis(15);
 /// A share with the idle bucket gets the full one back once it sends this part of its
-/// rate over a window. Below what a saturating TCP flow reaches with the idle bucket
-/// (0.84 at 2 Gbit/s on this kind of node), or the share would never get it back.
-pub const GROW_AT: f64 = 0.75;
-/// A share with the full bucket gets the idle one once it sends less than this part of
-/// its rate over a window, idle shares first of all.
+/// rate over a window. Well below what a saturating TCP flow reaches with the idle
+/// bucket (0.84 at 2 Gbit/s on a quiet machine of this kind, less on a loaded one), or a
+/// busy share on a loaded node might never get it back; light traffic stays far below.
+pub const GROW_AT: f64 = 0.5;
+/// A share with the full bucket gets the idle one once it has sent less than this part
+/// of its rate over every window for [`SHRINK_AFTER`], idle shares first of all.
 pub const SHRINK_BELOW: f64 = 0.5;
+/// See [`SHRINK_BELOW`]: longer than a TCP flow's stalls within a busy spell, shorter
+/// than a pause between two requests a user would call idle.
+pub const SHRINK_AFTER: Duration = Duration::from_millis(100);
 
 /// Which bucket a governed share's class holds, as far as the governor knows, and since
 /// when it has counted the share's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bucket {
-    /// The full bucket; the current window began at `since_ns` with `bytes` counted.
-    Busy { since_ns: u64, bytes: u64 },
+    /// The full bucket; the current window began at `since_ns` with `bytes` counted, and
+    /// the last window in which the share used its rate ended at `used_ns`.
+    Busy {
+        since_ns: u64,
+        bytes: u64,
+        used_ns: u64,
+    },
     /// The idle bucket, with the share silent and its activity entry armed.
     Idle,
     /// The idle bucket, the share sending again; the window began at `since_ns`.
@@ -84,8 +97,11 @@ pub enum Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     Nothing,
-    /// Start a new window: the share stays as it is.
-    Window,
+    /// Start a new window: the share stays as it is; `used`: it used its rate in the one
+    /// that ended.
+    Window {
+        used: bool,
+    },
     /// Give the class its idle bucket and arm the entry (-> `Idle`).
     Shrink,
     /// Arm the entry; the class already has its idle bucket (-> `Idle`).
@@ -119,10 +135,12 @@ pub fn at_tick(
         Bucket::Busy {
             since_ns,
             bytes: from,
+            used_ns,
         } => match used(since_ns, from) {
             None => Step::Nothing,
-            Some(u) if u < SHRINK_BELOW => Step::Shrink,
-            Some(_) => Step::Window,
+            Some(u) if u >= SHRINK_BELOW => Step::Window { used: true },
+            Some(_) if now_ns.saturating_sub(used_ns) >= nanos(SHRINK_AFTER) => Step::Shrink,
+            Some(_) => Step::Window { used: false },
         },
         // Disarmed by a packet whose wake-up was read before the entry was armed again,
         // or lost: wake it here.
@@ -137,7 +155,7 @@ pub fn at_tick(
             None => Step::Nothing,
             Some(u) if u >= GROW_AT => Step::Grow,
             Some(_) if bytes == from => Step::Arm,
-            Some(_) => Step::Window,
+            Some(_) => Step::Window { used: false },
         },
     }
 }
@@ -277,10 +295,14 @@ fn apply(
 ) -> Result<(), NetError> {
     match step {
         Step::Nothing => {}
-        Step::Window => {
+        Step::Window { used } => {
             let since_ns = now_ns;
             g.bucket = match g.bucket {
-                Bucket::Busy { .. } => Bucket::Busy { since_ns, bytes },
+                Bucket::Busy { used_ns, .. } => Bucket::Busy {
+                    since_ns,
+                    bytes,
+                    used_ns: if used { now_ns } else { used_ns },
+                },
                 _ => Bucket::Waking { since_ns, bytes },
             };
         }
@@ -305,6 +327,7 @@ fn apply(
             g.bucket = Bucket::Busy {
                 since_ns: now_ns,
                 bytes,
+                used_ns: now_ns,
             };
             debug!(share = %g.share_key, direction = %g.direction, bytes = g.busy_bytes, "rate in use: full bucket");
         }
@@ -401,18 +424,30 @@ mod tests {
     }
 
     #[test]
-    fn the_full_bucket_goes_when_the_rate_goes_unused() {
+    fn the_full_bucket_goes_when_the_rate_goes_unused_for_a_while() {
+        // Last used its rate 50 ms ago: a window below half of it is a stall, kept.
         let busy = Bucket::Busy {
             since_ns: 980 * MS,
             bytes: 1_000,
+            used_ns: 950 * MS,
         };
         let at = |bytes| at_tick(busy, seen(999, 0), bytes, 1_000 * MS, RATE);
-        assert_eq!(at(1_000 + sent(0.95, 20)), Step::Window);
-        assert_eq!(at(1_000 + sent(0.55, 20)), Step::Window);
+        assert_eq!(at(1_000 + sent(0.95, 20)), Step::Window { used: true });
+        assert_eq!(at(1_000 + sent(0.55, 20)), Step::Window { used: true });
+        assert_eq!(at(1_000 + sent(0.45, 20)), Step::Window { used: false });
+        assert_eq!(at(1_000), Step::Window { used: false }, "silent, briefly");
+        // Unused for 100 ms: the idle bucket.
+        let long = Bucket::Busy {
+            since_ns: 980 * MS,
+            bytes: 1_000,
+            used_ns: 900 * MS,
+        };
+        let at = |bytes| at_tick(long, seen(999, 0), bytes, 1_000 * MS, RATE);
         assert_eq!(at(1_000 + sent(0.45, 20)), Step::Shrink);
-        assert_eq!(at(1_000), Step::Shrink, "silent");
+        assert_eq!(at(1_000), Step::Shrink);
+        assert_eq!(at(1_000 + sent(0.6, 20)), Step::Window { used: true });
         // Within a window nothing is judged.
-        let early = at_tick(busy, seen(999, 0), 1_000, 990 * MS, RATE);
+        let early = at_tick(long, seen(999, 0), 1_000, 990 * MS, RATE);
         assert_eq!(early, Step::Nothing);
     }
 
@@ -423,10 +458,11 @@ mod tests {
             bytes: 1_000,
         };
         let at = |bytes| at_tick(waking, seen(999, 0), bytes, 1_000 * MS, RATE);
-        // A saturating flow with the idle bucket reaches 0.8 or more.
+        // A saturating flow with the idle bucket reaches 0.8 or more, less under load.
         assert_eq!(at(1_000 + sent(0.8, 20)), Step::Grow);
+        assert_eq!(at(1_000 + sent(0.55, 20)), Step::Grow);
         // A trickle beside nothing: a new window, still the idle bucket.
-        assert_eq!(at(1_000 + sent(0.1, 20)), Step::Window);
+        assert_eq!(at(1_000 + sent(0.1, 20)), Step::Window { used: false });
         // Nothing since the wake-up: armed again.
         assert_eq!(at(1_000), Step::Arm);
         // Counters wrap as the programs' do.
