@@ -1242,13 +1242,21 @@ impl IperfServer {
     /// (the server's namespace view), without connecting: a probe connection would count
     /// as a test to iperf3.
     fn wait_listening(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("iperf3 server exited ({status}): {}", self.log_text());
+        }
+        self.wait_listen_socket();
+    }
+
+    /// [`IperfServer::wait_listening`]'s wait. Between two tests iperf3's server can be
+    /// without its listening socket for a moment (a client started right after the
+    /// previous one was refused once, in a benchmark run): every measurement waits for the
+    /// socket first.
+    fn wait_listen_socket(&self) {
         let pid = self.child.id();
         let port = format!(":{:04X}", self.port);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("iperf3 server exited ({status}): {}", self.log_text());
-            }
             let listening = ["tcp", "tcp6"].iter().any(|f| {
                 fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
                     t.lines().skip(1).any(|l| {
@@ -1283,6 +1291,7 @@ impl IperfServer {
     /// Runs the iperf3 client from the root namespace against this server. Does not take
     /// [`TrafficLock`]; callers measuring throughput should hold it.
     pub fn measure(&self, run: &Iperf) -> Measurement {
+        self.wait_listen_socket();
         let out = tempfile::Builder::new()
             .prefix("sg-iperf3-client-")
             .tempfile()
