@@ -19,6 +19,7 @@ use std::{
 };
 
 use aya::programs::{SchedClassifier, TcAttachType};
+use shareguard_ebpf_common::{Activity, DIR_TO_POD, counter_index};
 use shareguard_limiter_net::bpf::{
     AttachMode, Bpf, BpfError, Counters, Direction, IfaceConfig, ensure_bpffs,
 };
@@ -294,6 +295,52 @@ fn counts_both_directions() {
     bpf.clear_iface(ifindex).unwrap();
     assert_eq!(pod.ping(5), 5);
     assert_eq!(bpf.counters(7).unwrap(), (to, from));
+}
+
+#[test]
+fn an_armed_share_wakes_user_space_at_its_next_packet() {
+    if !privileged("an_armed_share_wakes_user_space_at_its_next_packet") {
+        return;
+    }
+    let pod = Pod::new();
+    let ifindex = pod.host_ifindex();
+    let mut bpf = Bpf::load(&pod.pin_dir).unwrap();
+    let mut wake = bpf.take_wakeups().expect("the wake-up ring, once");
+    assert!(bpf.take_wakeups().is_none(), "one reader only");
+    attach_both(&mut bpf, ifindex);
+    // An HTB share in slot 5: its traffic to the pod (the ping replies) is classified,
+    // and noted.
+    let slot = 5;
+    let index = counter_index(slot, DIR_TO_POD).unwrap();
+    bpf.set_iface(
+        ifindex,
+        IfaceConfig {
+            slot,
+            classid: shareguard_limiter_net::tc::CLASSID,
+            ..IfaceConfig::default()
+        },
+    )
+    .unwrap();
+    bpf.reset_counters(slot).unwrap();
+    assert_eq!(bpf.activity(index).unwrap(), Activity::default());
+
+    let before = monotonic_ns();
+    assert_eq!(pod.ping(3), 3);
+    let seen = bpf.activity(index).unwrap();
+    assert!(
+        (before..=monotonic_ns()).contains(&seen.last_ns),
+        "last packet noted at {}, pings from {before}",
+        seen.last_ns
+    );
+    assert!(wake.drain().is_empty(), "not armed: no wake-up");
+
+    bpf.arm(index, seen).unwrap();
+    assert_eq!(bpf.activity(index).unwrap().armed, 1);
+    assert_eq!(pod.ping(2), 2);
+    assert_eq!(wake.drain(), vec![index], "one wake-up for the armed share");
+    assert_eq!(bpf.activity(index).unwrap().armed, 0, "and disarmed");
+    assert_eq!(pod.ping(2), 2);
+    assert!(wake.drain().is_empty(), "disarmed: no more wake-ups");
 }
 
 #[test]
