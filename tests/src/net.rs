@@ -1248,29 +1248,42 @@ impl IperfServer {
         self.wait_listen_socket();
     }
 
-    /// [`IperfServer::wait_listening`]'s wait. Between two tests iperf3's server can be
-    /// without its listening socket for a moment (a client started right after the
-    /// previous one was refused once, in a benchmark run): every measurement waits for the
-    /// socket first.
+    /// [`IperfServer::wait_listening`]'s wait, and each measurement's: until the server
+    /// listens and holds no connection that is still open on its side. A client started
+    /// while the server was still finishing the previous test was refused in benchmark
+    /// runs, once with "Connection refused" and once with "the server is busy running a
+    /// test".
     fn wait_listen_socket(&self) {
         let pid = self.child.id();
         let port = format!(":{:04X}", self.port);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let listening = ["tcp", "tcp6"].iter().any(|f| {
-                fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
-                    t.lines().skip(1).any(|l| {
-                        let w: Vec<&str> = l.split_whitespace().collect();
-                        w.len() > 3 && w[1].ends_with(&port) && w[3] == "0A"
-                    })
+            // /proc/<pid>/net/tcp lists the server's namespace: (local address, state)
+            // of each socket; 0A is LISTEN, and 01 ESTABLISHED, 02 and 03 SYN, 08
+            // CLOSE_WAIT are connections the server has not closed yet.
+            let states: Vec<String> = ["tcp", "tcp6"]
+                .iter()
+                .filter_map(|f| fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
+                .flat_map(|t| {
+                    t.lines()
+                        .skip(1)
+                        .filter_map(|l| {
+                            let w: Vec<&str> = l.split_whitespace().collect();
+                            (w.len() > 3 && w[1].ends_with(&port)).then(|| w[3].to_owned())
+                        })
+                        .collect::<Vec<_>>()
                 })
-            });
-            if listening {
+                .collect();
+            let listening = states.iter().any(|s| s == "0A");
+            let busy = states
+                .iter()
+                .any(|s| matches!(s.as_str(), "01" | "02" | "03" | "08"));
+            if listening && !busy {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "iperf3 server not listening on {}:{} after {READY_TIMEOUT:?}: {}",
+                "iperf3 server on {}:{} not idle and listening after {READY_TIMEOUT:?} ({states:?}): {}",
                 self.addr,
                 self.port,
                 self.log_text()
