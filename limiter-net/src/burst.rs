@@ -235,7 +235,6 @@ impl Registry {
         self.map().remove(&index);
     }
 
-    /// Runs one tick over every governed share.
     /// Runs one tick over the governed shares: all of them when `all`, else those not
     /// idle (an idle share is woken by its first packet; a tick only catches a wake-up
     /// that was missed, which can wait).
@@ -278,16 +277,15 @@ impl Registry {
                 continue;
             }
             // The packet that woke it is counted already; the window counts what follows.
-            match bpf.index_counters(*index) {
-                Ok(c) => {
-                    g.bucket = Bucket::Waking {
-                        since_ns: monotonic_ns(),
-                        bytes: c.bytes,
-                    };
-                }
-                Err(e) => {
-                    warn!(share = %g.share_key, direction = %g.direction, error = %e, "reading the woken share's counters");
-                }
+            let result = bpf
+                .index_counters(*index)
+                .map_err(|e| NetError::Bpf(e.to_string()))
+                .and_then(|c| {
+                    let seen = Activity::default();
+                    apply(bpf, *index, g, Step::Wake, seen, c.bytes, monotonic_ns())
+                });
+            if let Err(e) = result {
+                warn!(share = %g.share_key, direction = %g.direction, error = %e, "waking the share");
             }
         }
     }

@@ -307,14 +307,13 @@ impl NetLimiter {
     }
 
     fn uninstall(&self, bpf: &mut Bpf, i: &Installed) -> Result<(), NetError> {
-        if let Some(slot) = i.slot() {
-            for dir in [Direction::ToPod, Direction::FromPod] {
-                if let Some(index) = shareguard_ebpf_common::counter_index(slot, dir.index()) {
-                    self.backend.bursts.forget(index);
-                }
-            }
-        }
         for dir in [Direction::ToPod, Direction::FromPod] {
+            if let Some(index) = i
+                .slot()
+                .and_then(|slot| shareguard_ebpf_common::counter_index(slot, dir.index()))
+            {
+                self.backend.bursts.forget(index);
+            }
             bpf.detach(&link_name(&i.share_key, dir)).map_err(bpf_err)?;
         }
         // The ifindex may already belong to a new interface; its entry is ours either way.
@@ -345,16 +344,11 @@ impl NetLimiter {
         i: &Installed,
         dir: Direction,
         cfg: Option<&IfaceConfig>,
+        ifb_index: Option<u32>,
     ) -> Result<Option<u64>, NetError> {
         let (wanted, queue_index) = match dir {
             Direction::ToPod => (i.to_pod_bps, Some(i.host_index)),
-            Direction::FromPod => {
-                let ifb = match &i.ifb {
-                    Some(n) => rtnl::index_of(n)?,
-                    None => None,
-                };
-                (i.from_pod_bps, ifb)
-            }
+            Direction::FromPod => (i.from_pod_bps, ifb_index),
         };
         if wanted.is_none() {
             return Ok(None);
@@ -429,8 +423,8 @@ impl NetLimiter {
         for (index, g) in governed_directions(&i, ifb_index) {
             self.backend.bursts.found(index, g);
         }
-        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref())?;
-        let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref())?;
+        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref(), ifb_index)?;
+        let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref(), ifb_index)?;
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
         let mut enforced = BTreeMap::new();
         let mut unconstrained = std::collections::BTreeSet::new();

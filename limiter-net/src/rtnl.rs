@@ -16,7 +16,7 @@ use rtnetlink::{
         RouteNetlinkMessage,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
         nsid::{NsidAttribute, NsidMessage},
-        tc::{TcAttribute, TcHandle, TcHeader, TcMessage, TcOption},
+        tc::{TcAttribute, TcHeader, TcMessage, TcOption},
     },
 };
 pub use shareguard_common::limiter::HostIface;
@@ -467,33 +467,45 @@ pub fn htb_classes(
 ) -> Result<std::collections::BTreeMap<u16, HtbClass>, NetError> {
     with_netlink(None, move |h| {
         Box::pin(async move {
-            let index = i32::try_from(ifindex)
-                .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
             let mut out = std::collections::BTreeMap::new();
-            let mut s = h.traffic_class(index).get().execute();
-            while let Some(m) = s
-                .try_next()
-                .await
-                .map_err(|e| nl_err(&format!("classes of #{ifindex}"), e))?
-            {
-                if m.header.handle.major != major
-                    || !m
-                        .attributes
-                        .iter()
-                        .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"))
-                {
-                    continue;
-                }
-                if let Some(c) = htb_options(&m)
-                    .as_deref()
-                    .and_then(|v| parse_htb(v, m.header.parent.minor))
-                {
+            for (m, options) in htb_dump(&h, ifindex, major).await? {
+                if let Some(c) = parse_htb(&options, m.header.parent.minor) {
                     out.insert(m.header.handle.minor, c);
                 }
             }
             Ok(out)
         })
     })
+}
+
+/// Every HTB class of qdisc `major:` on `ifindex` as the kernel sent it, with its
+/// options ([`htb_options`]), in one dump.
+async fn htb_dump(
+    h: &Handle,
+    ifindex: u32,
+    major: u16,
+) -> Result<Vec<(TcMessage, Vec<u8>)>, NetError> {
+    let index =
+        i32::try_from(ifindex).map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
+    let mut out = Vec::new();
+    let mut s = h.clone().traffic_class(index).get().execute();
+    while let Some(m) = s
+        .try_next()
+        .await
+        .map_err(|e| nl_err(&format!("classes of #{ifindex}"), e))?
+    {
+        let htb = m
+            .attributes
+            .iter()
+            .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"));
+        if m.header.handle.major == major
+            && htb
+            && let Some(options) = htb_options(&m)
+        {
+            out.push((m, options));
+        }
+    }
+    Ok(out)
 }
 
 /// HTB's own attributes of a class message, each with its header, as the kernel sent
@@ -521,30 +533,20 @@ fn htb_options(m: &TcMessage) -> Option<Vec<u8>> {
 pub fn set_htb_burst(ifindex: u32, major: u16, minor: u16, bytes: u64) -> Result<(), NetError> {
     with_netlink(None, move |mut h| {
         Box::pin(async move {
-            let index = i32::try_from(ifindex)
-                .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
             let what = || format!("HTB class {major:x}:{minor:x} on #{ifindex}");
-            let mut found = None;
-            let mut s = h.traffic_class(index).get().execute();
-            while let Some(m) = s.try_next().await.map_err(|e| nl_err(&what(), e))? {
-                if m.header.handle.major == major
-                    && m.header.handle.minor == minor
-                    && m.attributes
-                        .iter()
-                        .any(|a| matches!(a, TcAttribute::Kind(k) if k == "htb"))
-                {
-                    found = htb_options(&m).map(|o| (m.header.parent, o));
-                }
-            }
-            let (parent, options) = found.ok_or_else(|| NetError::NotFound(what()))?;
+            let (class, options) = htb_dump(&h, ifindex, major)
+                .await?
+                .into_iter()
+                .find(|(m, _)| m.header.handle.minor == minor)
+                .ok_or_else(|| NetError::NotFound(what()))?;
             let nlas = patch_htb_buffers(&options, bytes)
                 .ok_or_else(|| NetError::Netlink(format!("{}: options not understood", what())))?;
             let mut msg = TcMessage::default();
+            // The class as dumped (interface, handle, parent); tcm_info names a leaf's
+            // qdisc in a dump and means nothing in a change.
             msg.header = TcHeader {
-                index,
-                handle: TcHandle { major, minor },
-                parent,
-                ..TcHeader::default()
+                info: 0,
+                ..class.header
             };
             msg.attributes = vec![
                 TcAttribute::Kind("htb".into()),
@@ -611,7 +613,7 @@ fn attributes(buf: &[u8]) -> Vec<(u16, &[u8])> {
 
 /// Scheduler ticks that `bytes` take at `rate` bytes/s, rounded down as tc rounds them;
 /// saturates at `u32::MAX`, and a zero rate (which HTB refuses anyway) gives the most.
-pub fn ticks_for_bytes(rate: u64, bytes: u64) -> u32 {
+fn ticks_for_bytes(rate: u64, bytes: u64) -> u32 {
     if rate == 0 {
         return u32::MAX;
     }
