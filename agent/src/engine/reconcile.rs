@@ -70,7 +70,7 @@ impl Engine {
         }
         // The claim's lock: a Prepare or Unprepare of the same claim must not interleave
         // with a re-apply here.
-        let _guard = self.locks.lock(claim_uid).await;
+        let guard = self.locks.lock(claim_uid).await;
         // Re-read under the lock: the share may have been released meanwhile.
         let Some(r) = lock(&self.state).records.get(key).cloned() else {
             return;
@@ -107,6 +107,14 @@ impl Engine {
             },
             Err(e) => e.to_string(),
         };
+        // The sandbox may have gone or changed since `converge` looked: a CNI that sets
+        // the pod's network up again deletes the interface the limit was on. That is
+        // the pod moving, not drift: the share follows it as on any other pass.
+        if !self.on_same_sandbox(&r).await {
+            drop(guard);
+            self.converge(key, claim_uid).await;
+            return;
+        }
         // Drift: record it before trying to repair, so a crash in between is explained.
         if r.phase == Phase::Enforced {
             stats.drifted += 1;

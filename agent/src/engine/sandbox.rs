@@ -66,12 +66,7 @@ impl Engine {
             n.sandbox = None;
             return self.apply_to(n).await;
         }
-        let d = self.discovery.clone();
-        let (target, current) = (r.target.clone(), r.sandbox.clone());
-        let found = tokio::task::spawn_blocking(move || d.find(&target, needs, current.as_ref()))
-            .await
-            .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")));
-        match found {
+        match self.find_sandbox(r, needs).await {
             Found::One(sb) => {
                 let same = r.sandbox.as_ref() == Some(&sb.record);
                 if same && !force && matches!(r.phase, Phase::Enforced | Phase::Degraded) {
@@ -111,6 +106,26 @@ impl Engine {
                     .await
             }
         }
+    }
+
+    /// What discovery finds now for `r`'s pods.
+    async fn find_sandbox(&self, r: &ShareRecord, needs: Needs) -> Found {
+        let d = self.discovery.clone();
+        let (target, current) = (r.target.clone(), r.sandbox.clone());
+        tokio::task::spawn_blocking(move || d.find(&target, needs, current.as_ref()))
+            .await
+            .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")))
+    }
+
+    /// Whether discovery still finds exactly the sandbox `r` is enforced on (always true
+    /// for a share that needs nothing of its pod).
+    pub(super) async fn on_same_sandbox(&self, r: &ShareRecord) -> bool {
+        let needs = self.needs(r);
+        if needs == Needs::Nothing {
+            return true;
+        }
+        matches!(self.find_sandbox(r, needs).await,
+            Found::One(sb) if r.sandbox.as_ref() == Some(&sb.record))
     }
 
     /// Applies `n` (its sandbox set) and judges the read-back.

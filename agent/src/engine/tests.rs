@@ -69,6 +69,9 @@ struct FakeKernel {
     removes: Mutex<Vec<String>>,
     /// What the fake needs of the pod (default: nothing).
     needs: Mutex<Option<Needs>>,
+    /// A pod cgroup the next read-back removes first, with the share's limit: a sandbox
+    /// that goes while the reconciler reads it back.
+    vanish_on_verify: Mutex<Option<std::path::PathBuf>>,
 }
 
 struct FakeLimiter(Arc<FakeKernel>);
@@ -114,6 +117,10 @@ impl Limiter for FakeLimiter {
         self.verify(spec)
     }
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        if let Some(cgroup) = lock(&self.0.vanish_on_verify).take() {
+            std::fs::remove_dir(&cgroup).unwrap();
+            lock(&self.0.installed).remove(&spec.share_key);
+        }
         match lock(&self.0.installed).get(&spec.share_key) {
             Some((l, _)) => Ok(Enforcement {
                 mechanism: "fake".into(),
@@ -426,6 +433,35 @@ fn a_share_follows_its_pods_sandbox() {
         3,
         "every transition is audited:\n{audit}"
     );
+}
+
+/// A sandbox that goes between the reconciler's look at it and its read-back (a CNI
+/// deleting the interface to set the pod's network up again) is the pod moving, not
+/// drift: the share waits for its pod, and no drift is counted or repaired.
+#[test]
+fn a_sandbox_gone_during_a_read_back_is_not_drift() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    *lock(&k.needs) = Some(Needs::Cgroup);
+    let e = open(&cfg, Some(&k), "boot-a");
+    let rt = rt();
+    let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    let out = rt
+        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+        .unwrap();
+    assert_eq!(out[0].shares[0].phase, Phase::Enforced);
+
+    *lock(&k.vanish_on_verify) = Some(pod_dir(dir.path()));
+    let stats = rt.block_on(e.reconcile());
+    assert!(lock(&k.vanish_on_verify).is_none(), "the read-back ran");
+    assert_eq!((stats.drifted, stats.repaired), (0, 0), "{stats:?}");
+    let r = e.get_share(&share(1)).unwrap();
+    assert_eq!(r.phase, Phase::Pending, "{}", r.reason);
+    assert!(r.reason.contains(POD), "{}", r.reason);
+    assert!(r.sandbox.is_none());
+    assert_eq!(allocated(&e, "gen-0"), q("1Gi"), "capacity held");
 }
 
 #[test]
