@@ -4,7 +4,7 @@
 //!
 //! Goodput can never reach the configured rate: HTB counts whole Ethernet frames, TCP
 //! delivers 1448 payload bytes of each 1514, so a perfect shaper gives 0.956 of the
-//! limit. The band, 0.92 to 1.00 (`net::GOODPUT_LOW`, `GOODPUT_HIGH`), leaves room for
+//! limit. The band, 0.93 to 0.97 (`net::GOODPUT_LOW`, `GOODPUT_HIGH`), leaves room for
 //! that and for a noisy machine.
 
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
@@ -493,6 +493,8 @@ fn class_sent(dev: &str, classid: &str) -> (u64, u64) {
 
 #[tokio::test]
 async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
+    /// Half of tbf's p99 at 50M (see the assertion).
+    const MAX_PING_P99_MS: f64 = 5.0;
     if !net::privileged("sparse_flows_go_first_and_bulk_flows_stay_in_their_classes") {
         return;
     }
@@ -524,10 +526,18 @@ async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
     };
     assert_within(&bulk, 50e6, "bulk flow beside the pings");
     assert!(rtts.len() >= 95, "{} of 100 pings answered", rtts.len());
+    let p99 = net::percentile(&rtts, 99.0);
     eprintln!(
-        "ping beside a 50M bulk flow: p50 {:.3} ms, p99 {:.3} ms",
+        "ping beside a 50M bulk flow: p50 {:.3} ms, p99 {p99:.3} ms",
         net::percentile(&rtts, 50.0),
-        net::percentile(&rtts, 99.0)
+    );
+    // The latency goal is half of tbf's p99 with the CNI plugin's settings, which the
+    // benchmark measures side by side: 11 ms at 50M, and 13 ms for one HTB class with
+    // its default 1000-packet queue. Pings that waited behind the bulk flow would take
+    // that long; through the priority class they took 0.1 to 0.8 ms in the benchmark.
+    assert!(
+        p99 < MAX_PING_P99_MS,
+        "ping p99 beside a 50M bulk flow {p99:.3} ms, at least {MAX_PING_P99_MS} ms"
     );
     // The echo requests went to the pod through the priority class, the replies came
     // back through the ifb's; the bulk flow (31 MB in 5 s) through its flow class, with
@@ -759,6 +769,58 @@ async fn policer_fallback_limits_both_directions() {
             d > 0.0
         });
         assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+    }
+    let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
+    assert_eq!(links, 0, "detach means unpin");
+}
+
+/// `edt-fq` end to end, wherever the kernel has `sch_fq`: the programs stamp each packet's
+/// departure time, a root `fq` on the veth (to the pod) and on the share's ifb (from it)
+/// holds it until then, and TCP gets the limit in both directions. On a kernel without
+/// `sch_fq` the mechanism cannot exist, so there is nothing to run; the test says so and
+/// ends (`net_devices` checks that such a device fails its shares for good instead).
+/// Its band is the shapers' band; `edt-fq`'s own figures are not measured yet.
+#[tokio::test]
+async fn edt_fq_limits_both_directions_where_the_kernel_has_sch_fq() {
+    const TEST: &str = "edt_fq_limits_both_directions_where_the_kernel_has_sch_fq";
+    if !net::privileged(TEST) {
+        return;
+    }
+    let kernel = shareguard_limiter_net::probe::probe().unwrap();
+    if !kernel.fq {
+        eprintln!("SKIP {TEST}: this kernel has no sch_fq, so edt-fq cannot run here");
+        return;
+    }
+    let (a, pins) = start_with(net::net_device(
+        "nic-0",
+        &format!("mechanism = \"edt-fq\"\n{}", net::bandwidth_capacity("10G")),
+    ));
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let mut c = a.client().await;
+    assert_eq!(device(&mut c, "nic-0").await.mechanisms, ["edt-fq"]);
+    let before = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
+    for (i, rate) in ["50M", "500M", "2G"].into_iter().enumerate() {
+        let uid = format!("edt-{i}");
+        let id = share_id();
+        let r = prepare_one(&mut c, 1, bw_claim(&uid, &pod, &id, rate)).await;
+        enforced_share_by(&r, rate, "edt-fq");
+        let ifb = shareguard_limiter_net::state::ifb_name(&id);
+        for dev in [pod.host_if(), ifb.as_str()] {
+            let root = net::sh(&["tc", "qdisc", "show", "dev", dev, "root"]);
+            assert!(root.starts_with("qdisc fq "), "{dev}: {root}");
+        }
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let _lock = TrafficLock::acquire();
+            let m = server.measure(&Iperf::new(dir));
+            assert_within(&m, rate_bps(rate), &format!("edt-fq {rate} {dir}"));
+        }
+        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+        assert!(!net::link_exists(&ifb), "the share's ifb {ifb} is gone");
+        assert_eq!(
+            net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
+            before
+        );
     }
     let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
     assert_eq!(links, 0, "detach means unpin");
