@@ -6,7 +6,9 @@
 //!
 //! Each pass first brings every share in line with its pod's sandbox (as the discovery
 //! loop does on events), so a sandbox whose event was lost is still followed: gone, the
-//! share waits again (PENDING); replaced, it is enforced on the new one. PREPARING
+//! share waits again (PENDING); replaced, it is enforced on the new one. A read-back
+//! that does not match asks discovery once more before it calls anything drift: an
+//! interface deleted between the two is the pod moving, followed the same way. PREPARING
 //! shares left by a crash are taken on the same way. UNKNOWN shares (not verifiable
 //! since a restart) are re-applied: their target is the sandbox discovery finds now,
 //! never a stale one.

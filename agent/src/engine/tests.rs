@@ -370,20 +370,35 @@ fn pod_dir(dir: &std::path::Path) -> std::path::PathBuf {
         .join(format!("pod{POD}"))
 }
 
-#[test]
-fn a_share_follows_its_pods_sandbox() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("cgroup/kubepods/burstable")).unwrap();
-    let cfg = config(dir.path(), "1h");
+/// An engine whose fake limiter needs the pod's cgroup, and the answer to a Prepare of
+/// one claim with `share(1)` on `gen-0`.
+fn prepared_for_a_pod(
+    dir: &std::path::Path,
+    rt: &tokio::runtime::Runtime,
+) -> (
+    Arc<Config>,
+    Arc<FakeKernel>,
+    Engine,
+    Vec<super::PrepareOutcome>,
+) {
+    std::fs::create_dir_all(dir.join("cgroup/kubepods/burstable")).unwrap();
+    let cfg = config(dir, "1h");
     let k = Arc::new(FakeKernel::default());
     *lock(&k.needs) = Some(Needs::Cgroup);
     let e = open(&cfg, Some(&k), "boot-a");
-    let rt = rt();
-    // Prepared before the pod's sandbox exists: admitted, waiting, capacity held.
     let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
     let out = rt
         .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
         .unwrap();
+    (cfg, k, e, out)
+}
+
+#[test]
+fn a_share_follows_its_pods_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    // Prepared before the pod's sandbox exists: admitted, waiting, capacity held.
+    let (cfg, k, e, out) = prepared_for_a_pod(dir.path(), &rt);
     assert_eq!(out[0].error, None);
     assert_eq!(out[0].shares[0].phase, Phase::Pending);
     assert!(
@@ -442,15 +457,8 @@ fn a_share_follows_its_pods_sandbox() {
 fn a_sandbox_gone_during_a_read_back_is_not_drift() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
-    let cfg = config(dir.path(), "1h");
-    let k = Arc::new(FakeKernel::default());
-    *lock(&k.needs) = Some(Needs::Cgroup);
-    let e = open(&cfg, Some(&k), "boot-a");
     let rt = rt();
-    let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-    let out = rt
-        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
-        .unwrap();
+    let (_cfg, k, e, out) = prepared_for_a_pod(dir.path(), &rt);
     assert_eq!(out[0].shares[0].phase, Phase::Enforced);
 
     *lock(&k.vanish_on_verify) = Some(pod_dir(dir.path()));
