@@ -266,6 +266,16 @@ impl Registry {
         }
     }
 
+    /// Whether a governed share needs the governor every [`TICK`]: one that is not idle
+    /// (an idle one wakes it through the ring) and not waiting after a failure (the
+    /// once-a-second look retries it).
+    pub fn ticking(&self) -> bool {
+        let now_ns = monotonic_ns();
+        self.map()
+            .values()
+            .any(|g| g.bucket != Bucket::Idle && now_ns >= g.retry_after_ns)
+    }
+
     /// Starts a window for each of `woken` (counter indices from the ring) that was idle.
     pub fn woken(&self, bpf: &mut Bpf, woken: &[u32]) {
         let mut shares = self.map();
@@ -370,14 +380,25 @@ pub fn spawn(backend: Weak<NetBackend>, wake: Wakeups) -> Result<(), NetError> {
         .map_err(|e| NetError::Bpf(format!("cannot start the burst governor: {e}")))
 }
 
+/// `poll`'s timeout for `wait`, rounded up to whole milliseconds: rounded down, the last
+/// fraction of a millisecond before every tick would be spent polling with a zero
+/// timeout, thousands of times a second.
+fn poll_timeout(wait: Duration) -> PollTimeout {
+    u32::try_from(wait.as_micros().div_ceil(1000))
+        .ok()
+        .and_then(|ms| PollTimeout::try_from(ms).ok())
+        .unwrap_or(PollTimeout::MAX)
+}
+
 fn run(backend: &Weak<NetBackend>, mut wake: Wakeups) {
-    let mut next_tick = Instant::now() + TICK;
     let mut next_full = Instant::now() + RETRY_AFTER;
+    // While every governed share is idle, only the once-a-second look is due: a share
+    // that starts sending wakes the thread through the ring.
+    let mut next_tick = next_full;
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
-        let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::ZERO);
         let mut fds = [PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-        if let Err(e) = nix::poll::poll(&mut fds, timeout)
+        if let Err(e) = nix::poll::poll(&mut fds, poll_timeout(wait))
             && e != nix::errno::Errno::EINTR
         {
             warn!(error = %e, "waiting for wake-ups; ticking only");
@@ -391,6 +412,7 @@ fn run(backend: &Weak<NetBackend>, mut wake: Wakeups) {
         if woken.is_empty() && !due {
             continue;
         }
+        let mut ticking = false;
         backend.govern(|bpf, registry| {
             if !woken.is_empty() {
                 registry.woken(bpf, &woken);
@@ -402,16 +424,73 @@ fn run(backend: &Weak<NetBackend>, mut wake: Wakeups) {
                     next_full = Instant::now() + RETRY_AFTER;
                 }
             }
+            ticking = registry.ticking();
         });
-        if due {
-            next_tick = Instant::now() + TICK;
-        }
+        let now = Instant::now();
+        next_tick = match (ticking, due) {
+            (true, true) => now + TICK,
+            (true, false) => next_tick.min(now + TICK),
+            (false, _) => next_full,
+        };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_poll_timeout_rounds_up_so_the_thread_never_spins() {
+        let ms = |t: PollTimeout| u32::try_from(t).unwrap();
+        assert_eq!(ms(poll_timeout(Duration::from_micros(300))), 1);
+        assert_eq!(ms(poll_timeout(Duration::from_micros(1001))), 2);
+        assert_eq!(ms(poll_timeout(TICK)), 20);
+        assert_eq!(ms(poll_timeout(Duration::ZERO)), 0);
+        assert_eq!(poll_timeout(Duration::MAX), PollTimeout::MAX);
+    }
+
+    #[test]
+    fn only_shares_that_are_not_idle_keep_the_governor_ticking() {
+        let r = Registry::default();
+        assert!(!r.ticking(), "nothing governed");
+        let g = |bucket, retry_after_ns| Governed {
+            share_key: "k".into(),
+            direction: Direction::ToPod,
+            ifindex: 1,
+            bytes_per_sec: RATE,
+            busy_bytes: 2_500_000,
+            idle_bytes: 16_384,
+            bucket,
+            retry_after_ns,
+        };
+        r.map().insert(0, g(Bucket::Idle, 0));
+        assert!(
+            !r.ticking(),
+            "an idle share wakes the governor through the ring"
+        );
+        r.map().insert(1, g(Bucket::Unknown, u64::MAX));
+        assert!(
+            !r.ticking(),
+            "a share waiting after a failure is retried once a second"
+        );
+        r.map().insert(
+            2,
+            g(
+                Bucket::Waking {
+                    since_ns: 0,
+                    bytes: 0,
+                },
+                0,
+            ),
+        );
+        assert!(r.ticking());
+        r.forget(2);
+        r.map().insert(1, g(Bucket::Unknown, 0));
+        assert!(
+            r.ticking(),
+            "a share found after a restart is judged at the next tick"
+        );
+    }
 
     const MS: u64 = 1_000_000;
     /// 2 Gbit/s.
