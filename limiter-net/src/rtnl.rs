@@ -9,14 +9,15 @@
 use std::{fs::File, future::Future, os::fd::AsRawFd, pin::Pin};
 
 use futures::{StreamExt, TryStreamExt};
+use nix::errno::Errno;
 use rtnetlink::{
     Handle, LinkGetRequest, LinkIfb, LinkUnspec, MulticastGroup,
-    packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload},
+    packet_core::{NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload},
     packet_route::{
         RouteNetlinkMessage,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
         nsid::{NsidAttribute, NsidMessage},
-        tc::{TcAttribute, TcHeader, TcMessage, TcOption},
+        tc::{TcAttribute, TcHandle, TcHeader, TcMessage, TcOption},
     },
 };
 pub use shareguard_common::limiter::HostIface;
@@ -403,44 +404,73 @@ pub struct RootQdisc {
 }
 
 /// The root qdisc of `ifindex`, if the kernel reports one.
+///
+/// Asked for by itself (RTM_GETQDISC for the root, not a dump): the kernel's qdisc dump
+/// ignores the interface it is given and returns every qdisc of every interface, so a
+/// read per share cost the square of the number of shares (with 100 shares, two
+/// hundred dumps of some 4,000 qdiscs on every counters period).
 pub fn root_qdisc(ifindex: u32) -> Result<Option<RootQdisc>, NetError> {
-    with_netlink(None, move |h| {
+    with_netlink(None, move |mut h| {
         Box::pin(async move {
+            let what = || format!("RTM_GETQDISC root of #{ifindex}");
             let index = i32::try_from(ifindex)
                 .map_err(|_| NetError::NotFound(format!("link #{ifindex}")))?;
-            let mut s = h.qdisc().get().index(index).execute();
-            while let Some(m) = s
-                .try_next()
-                .await
-                .map_err(|e| nl_err(&format!("qdiscs of #{ifindex}"), e))?
-            {
-                // TC_H_ROOT is parent ffff:ffff.
-                if m.header.index != index
-                    || m.header.parent.major != 0xffff
-                    || m.header.parent.minor != 0xffff
-                {
-                    continue;
+            let mut msg = TcMessage::default();
+            msg.header.index = index;
+            msg.header.parent = TcHandle::ROOT;
+            let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(msg));
+            // The kernel answers a single qdisc's request as a notification: to the asker
+            // only with NLM_F_ECHO, else to the TC multicast group alone.
+            req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO;
+            let mut answers = h
+                .request(req)
+                .map_err(|e| NetError::Netlink(format!("{}: {e}", what())))?;
+            let mut root = None;
+            while let Some(m) = answers.next().await {
+                match m.payload {
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(m))
+                        if m.header.index == index =>
+                    {
+                        root = root_of(&m);
+                    }
+                    NetlinkPayload::Error(e) => match e.raw_code() {
+                        0 => {}
+                        // No such interface, no root, or the kernel's built-in one (which
+                        // it does not report): no root qdisc, as a dump would show.
+                        c if [Errno::ENODEV, Errno::ENOENT, Errno::EINVAL]
+                            .iter()
+                            .any(|n| c == -(*n as i32)) =>
+                        {
+                            return Ok(None);
+                        }
+                        _ => return Err(NetError::Netlink(format!("{}: {e}", what()))),
+                    },
+                    _ => {}
                 }
-                let kind = m.attributes.iter().find_map(|a| match a {
-                    TcAttribute::Kind(k) => Some(k.clone()),
-                    _ => None,
-                });
-                let drops = m
-                    .attributes
-                    .iter()
-                    .find_map(|a| match a {
-                        TcAttribute::Stats(st) => Some(u64::from(st.drops)),
-                        _ => None,
-                    })
-                    .unwrap_or(0);
-                return Ok(kind.map(|kind| RootQdisc {
-                    kind,
-                    major: m.header.handle.major,
-                    drops,
-                }));
             }
-            Ok(None)
+            Ok(root)
         })
+    })
+}
+
+/// `m` as a root qdisc, if it says its kind.
+fn root_of(m: &TcMessage) -> Option<RootQdisc> {
+    let kind = m.attributes.iter().find_map(|a| match a {
+        TcAttribute::Kind(k) => Some(k.clone()),
+        _ => None,
+    })?;
+    let drops = m
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            TcAttribute::Stats(st) => Some(u64::from(st.drops)),
+            _ => None,
+        })
+        .unwrap_or(0);
+    Some(RootQdisc {
+        kind,
+        major: m.header.handle.major,
+        drops,
     })
 }
 

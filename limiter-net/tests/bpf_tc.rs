@@ -732,3 +732,60 @@ fn policer_and_edt_horizon_drop_what_exceeds_the_rate() {
     bpf.clear_iface(ifindex).unwrap();
     assert_eq!(pod.ping(5), 5, "unconfigured: nothing is dropped");
 }
+
+/// A root qdisc is read for its interface alone (the kernel's qdisc dump ignores the
+/// interface it is given and returns every interface's): each of two interfaces reads
+/// as what was installed on it, one with none as none, and one deleted as none.
+#[test]
+fn the_root_qdisc_is_read_for_one_interface_alone() {
+    use shareguard_limiter_net::rtnl::root_qdisc;
+    if !privileged("the_root_qdisc_is_read_for_one_interface_alone") {
+        return;
+    }
+    let (a, b) = (Pod::new(), Pod::new());
+    let (ia, ib) = (a.host_ifindex(), b.host_ifindex());
+    let before = root_qdisc(ia).unwrap();
+    assert!(
+        before.as_ref().is_none_or(|q| q.major == 0),
+        "a veth as created has no root qdisc of its own: {before:?}"
+    );
+    run(
+        "tc",
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            &a.host_veth,
+            "root",
+            "handle",
+            "1:",
+            "htb",
+        ],
+    );
+    run(
+        "tc",
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            &b.host_veth,
+            "root",
+            "handle",
+            "7:",
+            "tbf",
+            "rate",
+            "1mbit",
+            "burst",
+            "10k",
+            "latency",
+            "10ms",
+        ],
+    );
+    let qa = root_qdisc(ia).unwrap().expect("a's root");
+    let qb = root_qdisc(ib).unwrap().expect("b's root");
+    assert_eq!((qa.kind.as_str(), qa.major), ("htb", 1), "{qa:?}");
+    assert_eq!((qb.kind.as_str(), qb.major), ("tbf", 7), "{qb:?}");
+    drop(a);
+    assert_eq!(root_qdisc(ia).unwrap(), None, "a deleted interface");
+    assert_eq!(root_qdisc(ib).unwrap().map(|q| q.major), Some(7));
+}
