@@ -10,7 +10,11 @@
 //!    to the share's ENFORCED event on a WatchShares stream is one sample. Each pod
 //!    joins the ones before it, so the last is found among 99 others. The rescan period
 //!    is an hour: every detection comes from the kernel's events.
-//! 2. Prepare under scrapes: with those shares live (their counters read on the
+//! 2. The agent's CPU with those shares live: over 20 s with no traffic, then while
+//!    `SHAREGUARD_BENCH_BUSY` (10) of the pods each receive one TCP flow at their
+//!    share's limit, from `/proc/PID/stat`. That is mostly the burst governor's cost: it
+//!    reads a busy share's counters every 20 ms and an idle one's once a second.
+//! 3. Prepare under scrapes: with those shares live (their counters read on the
 //!    agent's period), sequential Prepare+Unprepare of an accounting share, in rounds
 //!    without scrapers, with 8 threads each scraping /metrics every 100 ms (80 scrapes
 //!    a second: far more than any Prometheus setup), and with 8 threads scraping as fast
@@ -62,7 +66,9 @@ async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
     let uids: Vec<String> = (0..pods).map(|_| pod_uid()).collect();
     let ids: Vec<String> = (0..pods).map(|_| share_id()).collect();
     for (i, (u, id)) in uids.iter().zip(&ids).enumerate() {
-        let cl = net::bw_claim_for(&format!("p{i}"), "bench", "nic-0", u, id, "10M");
+        // 50M: a rate whose 10 ms bucket is above the idle one, so that the burst
+        // governor keeps these shares (at 10M it would have nothing to do).
+        let cl = net::bw_claim_for(&format!("p{i}"), "bench", "nic-0", u, id, "50M");
         let r = c
             .prepare(pb::PrepareRequest {
                 epoch: 1,
@@ -115,6 +121,72 @@ async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
         live.push(pod);
     }
     (out, live)
+}
+
+/// The CPU time (user and system, of all its threads, also those that ended) process
+/// `pid` has used so far, from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The command name (field 2) may hold spaces: count from its closing parenthesis,
+    // after which field 3 comes first, so utime and stime (14 and 15) are the 12th and
+    // 13th.
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse::<u64>().unwrap())
+        .sum();
+    let hz = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .unwrap();
+    let hz: u64 = String::from_utf8(hz.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
+}
+
+/// The agent's CPU use, as a fraction of one core, over a span.
+struct AgentCpu {
+    idle: f64,
+    idle_span: Duration,
+    busy: f64,
+    busy_span: Duration,
+}
+
+/// The agent's CPU use with its shares idle, then while each of `busy` pods receives one
+/// TCP flow at its share's limit (the burst governor reads those shares' counters every
+/// tick; the others it looks at once a second).
+fn agent_cpu(a: &Agent, busy: &[Pod]) -> AgentCpu {
+    let (c0, t0) = (cpu_time(a.pid()), Instant::now());
+    // A span to average over, not a wait for a condition.
+    std::thread::sleep(Duration::from_secs(20));
+    let idle_span = t0.elapsed();
+    let idle = (cpu_time(a.pid()) - c0).as_secs_f64() / idle_span.as_secs_f64();
+    let servers: Vec<_> = busy.iter().map(Pod::iperf_server).collect();
+    let (c0, t0) = (cpu_time(a.pid()), Instant::now());
+    std::thread::scope(|s| {
+        for server in &servers {
+            // As long as the idle span, so that both hold as many of the agent's periodic
+            // passes (counters, reconciler).
+            let run = net::Iperf {
+                seconds: 19,
+                ..net::Iperf::new(net::Direction::ToPod)
+            };
+            s.spawn(move || server.measure(&run));
+        }
+    });
+    let busy_span = t0.elapsed();
+    let busy = (cpu_time(a.pid()) - c0).as_secs_f64() / busy_span.as_secs_f64();
+    AgentCpu {
+        idle,
+        idle_span,
+        busy,
+        busy_span,
+    }
 }
 
 /// How the scrapers of one round behave.
@@ -252,6 +324,31 @@ fn main() {
         ms(tenth(0)),
         ms(tenth(9)),
         pods - 1
+    );
+    let busy = env_usize("SHAREGUARD_BENCH_BUSY", 10).min(pods);
+    let cpu = agent_cpu(&a, &pods_live[..busy]);
+    println!("\n## The agent's CPU with {pods} live bandwidth shares\n");
+    println!(
+        "| shares carrying traffic | span | agent CPU, ms per s | of one core |\n|---|---|---|---|"
+    );
+    for (what, span, per_s) in [
+        ("none", cpu.idle_span, cpu.idle),
+        (
+            &*format!("{busy}, a TCP flow each at its limit"),
+            cpu.busy_span,
+            cpu.busy,
+        ),
+    ] {
+        println!(
+            "| {what} | {:.1} s | {:.2} | {:.2}% |",
+            span.as_secs_f64(),
+            per_s * 1e3,
+            per_s * 1e2
+        );
+    }
+    println!(
+        "\nper busy share: {:.2} ms of CPU per s more than idle",
+        (cpu.busy - cpu.idle) * 1e3 / busy.max(1) as f64
     );
     let modes = [
         Scraping::None,
