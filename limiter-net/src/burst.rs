@@ -29,8 +29,9 @@
 //! small again.
 //!
 //! The governor is one thread per agent:
-//! - every [`TICK`], it reads each governed share's counters and decides from the last
-//!   window ([`at_tick`]);
+//! - every [`TICK`], it reads the counters of each governed share that is not idle and
+//!   decides from the last window ([`at_tick`]); idle shares it looks at once every
+//!   [`RETRY_AFTER`], and while all are idle it sleeps that long;
 //! - a share with the idle bucket whose traffic stopped is *armed*: its next packet sends
 //!   its counter index on the wake-up ring (`shareguard_ebpf_common::activity`), which
 //!   wakes the governor at once, so that the window that may give the bucket back starts
