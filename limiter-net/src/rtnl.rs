@@ -419,8 +419,10 @@ pub fn root_qdisc(ifindex: u32) -> Result<Option<RootQdisc>, NetError> {
             msg.header.index = index;
             msg.header.parent = TcHandle::ROOT;
             let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(msg));
-            // The kernel answers a single qdisc's request as a notification: to the asker
-            // only with NLM_F_ECHO, else to the TC multicast group alone.
+            // The kernel answers a single qdisc's request as a notification: to the TC
+            // multicast group, and to the asker only with NLM_F_ECHO. The group's
+            // listeners (`tc monitor`) therefore see each read as an unchanged qdisc,
+            // which is the price of not walking every interface's qdiscs.
             req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO;
             let mut answers = h
                 .request(req)
