@@ -444,15 +444,11 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         assert!(Instant::now() < deadline, "no new daemon within 20s: {s:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, metrics) = a.http("/metrics");
-    let repairs = metric_sample(
-        &metrics,
+    // Counted once the repair is persisted, which the share's status shows first.
+    a.wait_metric(
         "shareguard_reconcile_repairs_total",
         &[("device", "gpu-0")],
-    );
-    assert!(
-        repairs.is_some_and(|n| n >= 1.0),
-        "repair counted: {repairs:?}"
+        |n| n >= 1.0,
     );
 
     // The pod's process, reported by the simulated GPU as a client of the daemon: the
