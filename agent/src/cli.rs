@@ -57,6 +57,12 @@ pub enum Cmd {
     Agent {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
+        /// This node's name, as the API server knows it: the pool of every device that
+        /// sets none, and the `[[node]]` table that applies. `[agent] node_name` comes
+        /// first (the two may not differ); without either, the host name, lower-cased,
+        /// as kubelet's default.
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
     },
     /// Run the DRA kubelet plugin: a separate, unprivileged process that registers the
     /// agent's drivers with kubelet and speaks to the API server.

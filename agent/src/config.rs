@@ -4,6 +4,9 @@
 //! A bad configuration is refused at start with the file, the line and the reason, and
 //! nothing is started: an agent that guesses at its inventory would hand out capacity
 //! the node does not have.
+//!
+//! A device's pool is the node's name unless set, and `[[node]]` tables change devices
+//! on one node, so that one file serves every node ([`crate::config_node`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,6 +23,7 @@ use toml::Spanned;
 
 use crate::{
     config_gpu::{GpuConfig, RawGpu, RawSimulated, RawWatchdog},
+    config_node::{NodeName, NodeNameSources, Problem},
     policy::Policy,
     validate::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
 };
@@ -34,6 +38,10 @@ pub struct Config {
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
+    /// The node's name: `[agent] node_name`, else `--node-name`/`NODE_NAME`, else the
+    /// host name. None only where none of them gives a valid name and nothing needed
+    /// one (every device sets its pool and there is no `[[node]]` table).
+    pub node_name: Option<String>,
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub metrics_addr: SocketAddr,
@@ -93,6 +101,7 @@ impl DeviceKind {
 pub struct DeviceConfig {
     pub name: String,
     pub driver: String,
+    /// As configured, else the node's name.
     pub pool: String,
     pub kind: DeviceKind,
     /// Namespaces that may use the device; `*` allows all.
@@ -148,6 +157,7 @@ struct RawConfig {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
+    node_name: Option<Spanned<String>>,
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     metrics_addr: Option<Spanned<String>>,
@@ -188,7 +198,8 @@ enum RawBytes {
 struct RawDevice {
     name: Spanned<String>,
     driver: Spanned<String>,
-    pool: Spanned<String>,
+    /// The node's name unless set.
+    pool: Option<Spanned<String>>,
     kind: Spanned<String>,
     #[serde(default)]
     allowed_namespaces: Vec<Spanned<String>>,
@@ -239,29 +250,84 @@ pub const MAX_CAPACITIES: usize = 32;
 pub const DEFAULT_MAX_CLAIMS: usize = 128;
 
 impl Config {
+    /// The node's name from `[agent] node_name`, else this host's name.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_for(path, &NodeNameSources::this_host(None))
+    }
+
+    /// [`Config::load`] with the node's name from `node` where `[agent] node_name`
+    /// does not give it.
+    pub fn load_for(path: &Path, node: &NodeNameSources) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: path.display().to_string(),
             line: 0,
             message: format!("cannot read: {e}"),
         })?;
-        Config::parse(&text, &path.display().to_string())
+        Config::parse_for(&text, &path.display().to_string(), node)
     }
 
+    /// The node's name from `[agent] node_name`, else this host's name.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_for(text, origin, &NodeNameSources::this_host(None))
+    }
+
+    /// Parses `text` as the config of the node `node` names where `[agent] node_name`
+    /// does not: its `[[node]]` table applied, its devices' pools defaulted to its name.
+    pub fn parse_for(
+        text: &str,
+        origin: &str,
+        node: &NodeNameSources,
+    ) -> Result<Config, ConfigError> {
         let err = |span: std::ops::Range<usize>, message: String| ConfigError {
             path: origin.to_owned(),
             line: line_of(text, span.start),
             message,
         };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
-            ConfigError {
-                path: origin.to_owned(),
-                line,
-                message: e.message().to_owned(),
+        let problem = |(span, message): Problem| ConfigError {
+            path: origin.to_owned(),
+            line: span.map_or(0, |s| line_of(text, s.start)),
+            message,
+        };
+        let toml_err = |prefix: &str, e: toml::de::Error| ConfigError {
+            path: origin.to_owned(),
+            line: e.span().map(|s| line_of(text, s.start)).unwrap_or(0),
+            message: format!("{prefix}{}", e.message()),
+        };
+        let deserialize = |doc: Spanned<toml::de::DeTable<'_>>, prefix: &str| {
+            RawConfig::deserialize(toml::de::Deserializer::from(doc))
+                .map_err(|e| toml_err(prefix, e))
+        };
+        let mut doc = toml::de::DeTable::parse(text).map_err(|e| toml_err("", e))?;
+        let overrides = crate::config_node::take_overrides(doc.get_mut()).map_err(problem)?;
+        // What every node shares, checked on every node: `[agent]` (which no [[node]]
+        // table changes) and the devices as they are without a [[node]] table.
+        let base = deserialize(doc.clone(), "")?;
+        let node_name = NodeName::resolve(base.agent.node_name.as_ref(), node).map_err(problem)?;
+        // Every [[node]] table is checked here, not only where it applies: a misspelt
+        // field or device would otherwise surface only when that node's agent restarts.
+        for o in &overrides {
+            let mut theirs = doc.clone();
+            crate::config_node::apply(theirs.get_mut(), o).map_err(problem)?;
+            deserialize(theirs, &format!("[[node]] {}: ", o.name.get_ref()))?;
+        }
+        let raw = match overrides.first() {
+            None => base,
+            Some(first) => {
+                let name = node_name.need().map_err(|why| {
+                    err(
+                        first.name.span(),
+                        format!("[[node]] tables are matched against the node's name, and {why}"),
+                    )
+                })?;
+                match overrides.iter().find(|o| o.name.get_ref() == name) {
+                    None => base,
+                    Some(o) => {
+                        crate::config_node::apply(doc.get_mut(), o).map_err(problem)?;
+                        deserialize(doc, "")?
+                    }
+                }
             }
-        })?;
+        };
 
         let a = raw.agent;
         let metrics_addr = match a.metrics_addr {
@@ -419,6 +485,7 @@ impl Config {
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
         let agent = AgentConfig {
+            node_name: node_name.known().map(str::to_owned),
             socket: a
                 .socket
                 .unwrap_or_else(|| PathBuf::from("/run/shareguard/agent.sock")),
@@ -481,20 +548,31 @@ impl Config {
                     ),
                 ));
             }
-            if !is_pool_name(d.pool.get_ref()) {
-                return Err(err(
-                    d.pool.span(),
-                    format!(
-                        "device {name}: pool {:?} is not a valid pool name",
-                        d.pool.get_ref()
-                    ),
-                ));
-            }
-            if !ids.insert((
-                d.driver.get_ref().clone(),
-                d.pool.get_ref().clone(),
-                name.clone(),
-            )) {
+            let pool = match &d.pool {
+                Some(p) if !is_pool_name(p.get_ref()) => {
+                    return Err(err(
+                        p.span(),
+                        format!(
+                            "device {name}: pool {:?} is not a valid pool name: one or more DNS subdomains joined by '/', at most 253 characters",
+                            p.get_ref()
+                        ),
+                    ));
+                }
+                Some(p) => p.get_ref().clone(),
+                // Node names are DNS subdomains, so a valid one is a valid pool name.
+                None => node_name
+                    .need()
+                    .map_err(|why| {
+                        err(
+                            d.name.span(),
+                            format!(
+                                "device {name}: sets no pool, so its pool is the node's name, and {why}"
+                            ),
+                        )
+                    })?
+                    .to_owned(),
+            };
+            if !ids.insert((d.driver.get_ref().clone(), pool.clone(), name.clone())) {
                 return Err(err(
                     dspan.clone(),
                     format!("device {name}: driver/pool/name is not unique"),
@@ -502,15 +580,14 @@ impl Config {
             }
             // The plugin publishes a pool as one ResourceSlice.
             let in_pool = pool_sizes
-                .entry((d.driver.get_ref().clone(), d.pool.get_ref().clone()))
+                .entry((d.driver.get_ref().clone(), pool.clone()))
                 .or_insert(0usize);
             *in_pool += 1;
             if *in_pool > slice::MAX_DEVICES_PER_SLICE {
                 return Err(err(
                     dspan.clone(),
                     format!(
-                        "device {name}: pool {:?} of driver {:?} has more than {} devices, which resource.k8s.io takes in one ResourceSlice",
-                        d.pool.get_ref(),
+                        "device {name}: pool {pool:?} of driver {:?} has more than {} devices, which resource.k8s.io takes in one ResourceSlice",
                         d.driver.get_ref(),
                         slice::MAX_DEVICES_PER_SLICE
                     ),
@@ -752,7 +829,7 @@ impl Config {
             devices.push(DeviceConfig {
                 name,
                 driver: d.driver.into_inner(),
-                pool: d.pool.into_inner(),
+                pool,
                 kind,
                 allowed_namespaces: allowed,
                 admin_namespaces: admin,

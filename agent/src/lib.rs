@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod config_gpu;
+pub mod config_node;
 pub mod convert;
 pub mod device_status;
 pub mod discovery;

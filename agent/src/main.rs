@@ -32,9 +32,9 @@ fn main() -> ExitCode {
         }
     };
     let result = match &cli.cmd {
-        Cmd::Agent { config } => {
+        Cmd::Agent { config, node_name } => {
             init_logs();
-            rt.block_on(shareguard::server::run(config))
+            rt.block_on(shareguard::server::run(config, node_name.clone()))
                 .map(|()| ExitCode::SUCCESS)
         }
         #[cfg(feature = "kubelet-plugin")]

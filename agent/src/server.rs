@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::Config,
+    config_node::{NodeNameSources, pool_belongs_to},
     engine::{Engine, now_ms},
     grpc::Api,
     http,
@@ -62,6 +63,29 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(l)
 }
 
+/// The node and each device's pool, once at start. A pool that is not the node's own
+/// is served (outside Kubernetes the pool is only a name), but said loudly: the
+/// admission policy of deploy/admission.yaml refuses its ResourceSlice, and if another
+/// node had it too the scheduler would count both nodes' capacity as one.
+fn log_pools(cfg: &Config) {
+    let node = cfg.agent.node_name.as_deref();
+    info!(node = node.unwrap_or("(unknown)"), "node name");
+    for d in &cfg.devices {
+        let own = node.is_some_and(|n| pool_belongs_to(&d.pool, n));
+        if own {
+            info!(device = %d.name, driver = %d.driver, pool = %d.pool, "device");
+        } else {
+            warn!(
+                device = %d.name,
+                driver = %d.driver,
+                pool = %d.pool,
+                node = node.unwrap_or("(unknown)"),
+                "the device's pool is neither the node's name nor below it (\"<node>/...\"): its ResourceSlice is refused by the admission policy, and a pool another node also has is counted as one"
+            );
+        }
+    }
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(SignalKind::terminate()) {
@@ -78,9 +102,12 @@ pub async fn shutdown_signal() {
     }
 }
 
-pub async fn run(config_path: &Path) -> anyhow::Result<()> {
+/// Where the agent's node name comes from when `[agent] node_name` does not give it:
+/// `node_name` (`--node-name` or `NODE_NAME`), else the host name.
+pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut cfg = Config::load(config_path)?;
+    let mut cfg = Config::load_for(config_path, &NodeNameSources::this_host(node_name))?;
+    log_pools(&cfg);
     std::fs::create_dir_all(&cfg.agent.state_dir)
         .with_context(|| format!("creating state_dir {}", cfg.agent.state_dir.display()))?;
     std::fs::set_permissions(&cfg.agent.state_dir, std::fs::Permissions::from_mode(0o700))
