@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_yaml::Value;
 use shareguard::config::{Config, DeviceKind};
 use shareguard::config_gpu::GpuBackendKind;
+use shareguard::config_node::{NodeNameSources, pool_belongs_to};
 use shareguard_tests::{Agent, Options, agent_bin, generic_device};
 
 /// What the agent needs and nothing more; the unit's comments say why for each.
@@ -325,9 +326,24 @@ fn agent_container(ds: &Value) -> Value {
         .expect("a container named agent")
 }
 
+/// The ConfigMap's agent.toml.
+fn configmap_text(docs: &[(String, Value)]) -> String {
+    s(&the(docs, "ConfigMap")["data"]["agent.toml"]).to_owned()
+}
+
+/// The ConfigMap's config as the agent on `node` reads it (NODE_NAME from the
+/// downward API, as the DaemonSet gives it).
+fn config_on(text: &str, node: &str) -> Result<Config, shareguard::config::ConfigError> {
+    let sources = NodeNameSources {
+        given: Some(node.to_owned()),
+        // Not this machine's: the test must not depend on where it runs.
+        host: Some("the-test-host".to_owned()),
+    };
+    Config::parse_for(text, "configmap agent.toml", &sources)
+}
+
 fn configmap_config(docs: &[(String, Value)]) -> Config {
-    let cm = the(docs, "ConfigMap");
-    Config::parse(s(&cm["data"]["agent.toml"]), "configmap agent.toml")
+    config_on(&configmap_text(docs), "worker-1")
         .unwrap_or_else(|e| panic!("the agent refuses the ConfigMap's config: {e}"))
 }
 
@@ -587,6 +603,104 @@ fn configmap_config_is_accepted_by_the_agent_and_has_a_net_and_an_nvml_gpu_devic
         GpuBackendKind::Nvml
     ));
     assert_eq!(cfg.agent.allowed_uids, [0]);
+}
+
+/// The scheduler names a device by driver, pool and device name only: one ConfigMap
+/// that gave every node the same pool would have capacity used on one node subtracted
+/// on all of them.
+#[test]
+fn configmap_config_gives_each_node_a_pool_of_its_own() {
+    let docs = manifests();
+    let text = configmap_text(&docs);
+    let mut seen = BTreeSet::new();
+    for node in ["worker-1", "gpu-node-2"] {
+        let cfg = config_on(&text, node).unwrap_or_else(|e| panic!("{node}: {e}"));
+        assert_eq!(cfg.agent.node_name.as_deref(), Some(node));
+        assert!(!cfg.devices.is_empty());
+        for d in &cfg.devices {
+            assert_eq!(d.pool, node, "{node}: device {}", d.name);
+            assert!(pool_belongs_to(&d.pool, node));
+            assert!(
+                seen.insert((d.driver.clone(), d.pool.clone(), d.name.clone())),
+                "{node}: {}/{}/{} is another node's device too",
+                d.driver,
+                d.pool,
+                d.name
+            );
+        }
+    }
+
+    // A [[node]] table in the same ConfigMap changes its node's devices, and only its.
+    let nic = configmap_config(&docs)
+        .devices
+        .iter()
+        .find(|d| d.kind == DeviceKind::Net)
+        .unwrap()
+        .name
+        .clone();
+    let with = format!(
+        "{text}\n[[node]]\nname = \"worker-7\"\n[node.device.{nic}]\npool = \"worker-7/nics\"\nline_rate = \"25G\"\n"
+    );
+    let there = config_on(&with, "worker-7").unwrap();
+    let d = there.devices.iter().find(|d| d.name == nic).unwrap();
+    assert_eq!(
+        (d.pool.as_str(), d.net_line_rate_bps),
+        ("worker-7/nics", Some(25_000_000_000))
+    );
+    for elsewhere in ["worker-70", "worker-1"] {
+        let cfg = config_on(&with, elsewhere).unwrap();
+        let d = cfg.devices.iter().find(|d| d.name == nic).unwrap();
+        assert_eq!((d.pool.as_str(), d.net_line_rate_bps), (elsewhere, None));
+    }
+    // A device the ConfigMap lacks is refused on every node.
+    let e = config_on(
+        &format!(
+            "{text}\n[[node]]\nname = \"worker-7\"\n[node.device.nic-99]\ninterface = \"ens5\"\n"
+        ),
+        "worker-1",
+    )
+    .unwrap_err();
+    assert!(e.message.contains("\"nic-99\""), "{e}");
+}
+
+#[test]
+fn the_agent_is_told_its_node_as_the_plugin_is() {
+    use k8s_openapi::api::core::v1::Container;
+    let docs = manifests();
+    let ds = daemonset(&docs);
+    let agent = pod_spec(&ds)
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .expect("a container named agent");
+    let from_field = |c: &Container| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "NODE_NAME")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.clone())
+    };
+    assert_eq!(
+        from_field(agent).as_deref(),
+        Some("spec.nodeName"),
+        "the agent's NODE_NAME (its devices' pools) from the downward API"
+    );
+    assert_eq!(from_field(agent), from_field(plugin_container(&ds)));
+    // No node_name in the shared config (it would give every node one pool): the agent
+    // refuses a config whose node_name differs from NODE_NAME, so two nodes would not
+    // both start.
+    for node in ["worker-1", "worker-2"] {
+        let cfg = config_on(&configmap_text(&docs), node).unwrap();
+        assert_eq!(cfg.agent.node_name.as_deref(), Some(node));
+    }
+    // And no flag that would say something else than the environment.
+    let cmd = agent.command.as_deref().unwrap_or_default();
+    assert!(
+        cmd.iter().all(|a| a != "--node-name"),
+        "the agent's command: {cmd:?}"
+    );
 }
 
 #[test]
@@ -1361,6 +1475,38 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
         .into_iter()
         .collect();
     assert_eq!(drivers, configmap_drivers(&cfg));
+    // Pool: the token's node name, or that name and "/" before the rest, as the agent
+    // names pools (config_node::pool_belongs_to); never a looser match such as a
+    // prefix without the "/" ("worker-1" would own "worker-10").
+    let node = "request.userInfo.extra[\"authentication.kubernetes.io/node-name\"][0]";
+    let pool_rules: Vec<String> = spec
+        .validations
+        .iter()
+        .flatten()
+        .map(|v| {
+            v.expression
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|e| e.contains("spec.pool.name"))
+        .collect();
+    let [rule] = &pool_rules[..] else {
+        panic!("one validation of spec.pool.name: {pool_rules:?}")
+    };
+    // What is created or updated; a stale slice of this node (the node rule holds the
+    // old slice to it) stays deletable whatever its pool.
+    assert_eq!(
+        rule,
+        &format!(
+            "request.operation == \"DELETE\" || (variables.hasNode && (object.spec.pool.name == {node} || object.spec.pool.name.startsWith({node} + \"/\")))"
+        )
+    );
+    // The ConfigMap's pools pass that rule on any node.
+    for node in ["worker-1", "worker-2"] {
+        let cfg = config_on(&configmap_text(&docs), node).unwrap();
+        assert!(cfg.devices.iter().all(|d| pool_belongs_to(&d.pool, node)));
+    }
     // Bound, denying.
     let bspec = b.spec.as_ref().unwrap();
     assert_eq!(bspec.policy_name, p.metadata.name);
