@@ -28,10 +28,14 @@ const CALL_DEADLINE: Duration = Duration::from_secs(35);
 /// One device of a prepared claim, as kubelet gets it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceAnswer {
+    /// The claim's request as a container names it (`resources.claims[].request`): the
+    /// parent request of a `firstAvailable` subrequest, since kubelet matches the names
+    /// exactly.
     pub request: String,
     pub pool: String,
     pub device: String,
-    pub share_id: String,
+    /// None for a whole device.
+    pub share_id: Option<String>,
     pub cdi_device_ids: Vec<String>,
 }
 
@@ -157,7 +161,7 @@ impl Driver {
             };
             match &answer {
                 Ok(d) => info!(
-                    shares = ?d.iter().map(|d| d.share_id.as_str()).collect::<Vec<_>>(),
+                    shares = ?d.iter().filter_map(|d| d.share_id.as_deref()).collect::<Vec<_>>(),
                     "prepared"
                 ),
                 Err(e) => warn!(error = %e, "the agent refused the claim"),
@@ -235,7 +239,9 @@ fn all_failed(claims: &[pb::ClaimRef], why: &str) -> Answers<()> {
         .collect()
 }
 
-/// kubelet's devices for an accepted claim, each with its share's CDI device ids.
+/// kubelet's devices for an accepted claim, each with its share's CDI device ids. The
+/// agent's shares are matched by the allocation result's full request name (a
+/// subrequest's `req/sub`); kubelet gets the parent request's name.
 fn answer_devices(devices: Vec<KubeletDevice>, r: &pb::ClaimResult) -> Vec<DeviceAnswer> {
     devices
         .into_iter()
@@ -252,12 +258,66 @@ fn answer_devices(devices: Vec<KubeletDevice>, r: &pb::ClaimResult) -> Vec<Devic
                 .map(|s| s.cdi_device_ids.clone())
                 .unwrap_or_default();
             DeviceAnswer {
-                request: d.request,
+                request: claims::base_request(&d.request).to_owned(),
                 pool: d.pool,
                 device: d.device,
-                share_id: d.share_id,
+                share_id: (!d.share_id.is_empty()).then_some(d.share_id),
                 cdi_device_ids,
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(request: &str, share_id: &str) -> KubeletDevice {
+        KubeletDevice {
+            request: request.into(),
+            pool: "node-a".into(),
+            device: "nic-0".into(),
+            share_id: share_id.into(),
+        }
+    }
+
+    fn result(request: &str, share_id: &str, cdi: &str) -> pb::ClaimResult {
+        pb::ClaimResult {
+            shares: vec![pb::ShareStatus {
+                request: request.into(),
+                pool: "node-a".into(),
+                device: "nic-0".into(),
+                share_id: share_id.into(),
+                cdi_device_ids: vec![cdi.into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// A `firstAvailable` subrequest's result names `req/sub`; kubelet matches a
+    /// container's `resources.claims[].request` ("req") against the names it gets, so it
+    /// must get "req". The agent's share (under the full name) still finds its CDI ids.
+    #[test]
+    fn a_subrequest_answers_with_its_parent_request() {
+        let share = "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d";
+        let got = answer_devices(
+            vec![device("net/fast", share)],
+            &result("net/fast", share, "shareguard.example.com/share=x"),
+        );
+        assert_eq!(
+            got,
+            [DeviceAnswer {
+                request: "net".into(),
+                pool: "node-a".into(),
+                device: "nic-0".into(),
+                share_id: Some(share.into()),
+                cdi_device_ids: vec!["shareguard.example.com/share=x".into()],
+            }]
+        );
+        let plain = answer_devices(vec![device("net", "")], &result("net", "", "c"));
+        assert_eq!(plain[0].request, "net");
+        assert_eq!(plain[0].share_id, None, "a whole device has no share id");
+        assert_eq!(plain[0].cdi_device_ids, ["c"]);
+    }
 }

@@ -100,7 +100,10 @@ async fn main() {
     for d in &answer.devices {
         println!(
             "  -> device {}/{} share {} for request {:?}",
-            d.pool_name, d.device_name, d.share_id, d.request_names
+            d.pool_name,
+            d.device_name,
+            d.share_id.as_deref().unwrap_or("(whole device)"),
+            d.request_names
         );
     }
 

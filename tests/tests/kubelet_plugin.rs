@@ -185,7 +185,7 @@ async fn prepares_and_unprepares_through_v1() {
             pool_name: POOL.into(),
             device_name: "mem-0".into(),
             cdi_device_ids: vec![],
-            share_id: share.clone(),
+            share_id: Some(share.clone()),
         }]
     );
     assert!(
@@ -476,4 +476,45 @@ async fn a_restarted_plugin_registers_again_and_doubles_nothing() {
         get_share(&mut agent.client().await, s1).await.phase,
         pb::Phase::Accounted as i32
     );
+}
+
+/// A `firstAvailable` request's allocation result names the subrequest the scheduler
+/// took (`mem/small`); kubelet matches the request names it gets exactly against the
+/// containers' `resources.claims[].request`, which name the parent (`mem`), so that is
+/// what it gets. The agent keeps the full name, which says which alternative it was.
+#[tokio::test]
+async fn a_subrequest_is_answered_with_its_parent_request() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (uid, share) = (share_id(), share_id());
+    api.put(&claim(
+        NS,
+        "c1",
+        &uid,
+        Some(vec![result(
+            "mem/small",
+            DRIVER,
+            POOL,
+            "mem-0",
+            Some(&share),
+            &[("memory", "1Gi")],
+        )]),
+        &[("p1", &pod_uid)],
+    ));
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = &r.claims[&uid];
+    assert_eq!(entry.error, "", "{r:?}\n{}", p.log_text());
+    assert_eq!(entry.devices.len(), 1, "{r:?}");
+    assert_eq!(entry.devices[0].request_names, ["mem"]);
+    assert_eq!(entry.devices[0].share_id.as_deref(), Some(share.as_str()));
+    let s = get_share(&mut agent.client().await, share).await;
+    assert_eq!(s.request, "mem/small", "{s:?}");
 }

@@ -12,6 +12,10 @@ use crate::{error::ClaimError, inventory::DriverDevices, policy::PolicySnapshot}
 /// One device of kubelet's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeletDevice {
+    /// The allocation result's request as the claim has it: `req/sub` for a
+    /// `firstAvailable` subrequest. The agent gets the full name too (it is part of the
+    /// allocation, and the audit then says which alternative the scheduler took); only
+    /// kubelet's answer is cut to the parent request ([`super::base_request`]).
     pub request: String,
     pub pool: String,
     pub device: String,

@@ -87,17 +87,65 @@ macro_rules! dra_service {
     };
 }
 
-dra_service!(V1, v1, |d| v1::Device {
-    request_names: vec![d.request],
-    pool_name: d.pool,
-    device_name: d.device,
-    cdi_device_ids: d.cdi_device_ids,
-    share_id: d.share_id,
-});
+/// A device of a prepared claim as kubelet's v1 API has it: `share_id` is `optional`
+/// there, so a whole device sends none.
+fn v1_device(d: DeviceAnswer) -> v1::Device {
+    v1::Device {
+        request_names: vec![d.request],
+        pool_name: d.pool,
+        device_name: d.device,
+        cdi_device_ids: d.cdi_device_ids,
+        share_id: d.share_id,
+    }
+}
 
-dra_service!(V1Beta1, v1beta1, |d| v1beta1::Device {
-    request_names: vec![d.request],
-    pool_name: d.pool,
-    device_name: d.device,
-    cdi_device_ids: d.cdi_device_ids,
-});
+/// v1beta1 has no share id: kubelets that speak only v1beta1 predate consumable capacity.
+fn v1beta1_device(d: DeviceAnswer) -> v1beta1::Device {
+    v1beta1::Device {
+        request_names: vec![d.request],
+        pool_name: d.pool,
+        device_name: d.device,
+        cdi_device_ids: d.cdi_device_ids,
+    }
+}
+
+dra_service!(V1, v1, v1_device);
+
+dra_service!(V1Beta1, v1beta1, v1beta1_device);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(share_id: Option<&str>) -> DeviceAnswer {
+        DeviceAnswer {
+            request: "bw".into(),
+            pool: "node-a".into(),
+            device: "nic-0".into(),
+            share_id: share_id.map(str::to_owned),
+            cdi_device_ids: vec![],
+        }
+    }
+
+    /// kubelet's proto has `optional string share_id`: a whole device sends none at
+    /// all, a share sends its id, and the two are told apart on the wire.
+    #[test]
+    fn a_whole_device_sends_no_share_id_and_a_share_sends_its_own() {
+        use prost::Message;
+        let whole = v1_device(answer(None));
+        assert_eq!(whole.share_id, None);
+        let decoded = v1::Device::decode(whole.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.share_id, None);
+        let id = "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d";
+        let share = v1_device(answer(Some(id)));
+        let decoded = v1::Device::decode(share.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.share_id.as_deref(), Some(id));
+        // Set but empty is still set: proto3 `optional` keeps presence.
+        let empty = v1::Device {
+            share_id: Some(String::new()),
+            ..whole
+        };
+        let decoded = v1::Device::decode(empty.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.share_id, Some(String::new()));
+    }
+}
