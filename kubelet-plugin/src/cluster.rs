@@ -1,18 +1,14 @@
-//! The plugin's reads from the API server: the claim kubelet asked about and its pods.
+//! The plugin's reads from the API server: the claim kubelet asked about.
 
 use std::{path::Path, time::Duration};
 
-use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{
     Api, Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
 };
-use tracing::warn;
 
-use crate::{
-    claims::ReservedPod,
-    error::{ClaimError, PluginError},
-};
+use crate::error::{ClaimError, PluginError};
 
 /// Builds the client: the kubeconfig given, else the in-cluster config, else the
 /// kubeconfig `$KUBECONFIG` names.
@@ -70,40 +66,5 @@ impl Cluster {
                 what: format!("ResourceClaim {namespace}/{name}"),
                 source,
             })
-    }
-
-    /// The uids of the reserved pods that are bound to this node. A pod that is gone or
-    /// was replaced (another uid under the name) is left out: its sandbox will never
-    /// appear here.
-    pub async fn pods_on_node(
-        &self,
-        namespace: &str,
-        pods: &[ReservedPod],
-    ) -> Result<Vec<String>, ClaimError> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
-        let mut out = Vec::new();
-        for p in pods {
-            let pod = match api.get_opt(&p.name).await {
-                Ok(Some(pod)) => pod,
-                Ok(None) => {
-                    warn!(pod = %p.name, uid = %p.uid, "reserved pod not found; left out");
-                    continue;
-                }
-                Err(source) => {
-                    return Err(ClaimError::Api {
-                        what: format!("Pod {namespace}/{}", p.name),
-                        source,
-                    });
-                }
-            };
-            let uid = pod.metadata.uid.as_deref().unwrap_or("");
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-            if uid != p.uid {
-                warn!(pod = %p.name, reserved = %p.uid, found = %uid, "reserved pod was replaced; left out");
-            } else if node == Some(self.node.as_str()) {
-                out.push(p.uid.clone());
-            }
-        }
-        Ok(out)
     }
 }

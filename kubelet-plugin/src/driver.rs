@@ -1,6 +1,6 @@
-//! One driver's NodePrepareResources and NodeUnprepareResources: read each claim and its
-//! pods from the API server, check them against this node's devices, and hand the
-//! claims to the agent in one call. Every claim kubelet named gets an answer.
+//! One driver's NodePrepareResources and NodeUnprepareResources: read each claim from
+//! the API server, check it against this node's devices, and hand the claims to the
+//! agent in one call. Every claim kubelet named gets an answer.
 
 use std::{
     collections::HashMap,
@@ -180,8 +180,12 @@ impl Driver {
             ));
         }
         let claim = self.cluster.claim(&c.namespace, &c.name).await?;
-        let reserved = claims::reserved_pods(&claim);
-        let pods = self.cluster.pods_on_node(&c.namespace, &reserved).await?;
+        // The pods are taken from the claim as they are, with no read of the Pods
+        // (claims::pods says why that is enough).
+        let pods = claims::reserved_pods(&claim)
+            .into_iter()
+            .map(|p| p.uid)
+            .collect();
         claims::build(
             &claim,
             c,

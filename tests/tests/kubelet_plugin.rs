@@ -143,9 +143,10 @@ async fn a_refused_registration_stops_the_plugin_with_the_reason() {
 async fn prepares_and_unprepares_through_v1() {
     let agent = agent();
     let (api, pod_uid) = api_with_pod();
-    // A second pod of the claim runs on another node: its sandbox never appears here.
-    let elsewhere = share_id();
-    api.put(&pod(NS, "p2", &elsewhere, "node-b"));
+    // A second pod the claim is reserved for: the scheduler reserves a claim of this
+    // node's devices only for pods it binds here. Its uid goes to the agent as
+    // reservedFor has it; no Pod is read (the plugin needs no `pods: get`).
+    let second = share_id();
     let (uid, share) = share_claim(&api, "c1", &pod_uid, "2Gi");
     let mut c = api
         .get::<k8s_openapi::api::resource::v1::ResourceClaim>(NS, "c1")
@@ -161,7 +162,7 @@ async fn prepares_and_unprepares_through_v1() {
                 api_group: None,
                 resource: "pods".into(),
                 name: "p2".into(),
-                uid: elsewhere.clone(),
+                uid: second.clone(),
             },
         );
     api.put(&c);
@@ -198,7 +199,16 @@ async fn prepares_and_unprepares_through_v1() {
     let mut client = agent.client().await;
     let s = get_share(&mut client, share.clone()).await;
     assert_eq!(s.phase, pb::Phase::Accounted as i32, "{s:?}");
-    assert_eq!(s.pod_uids, [pod_uid], "only the pod bound to this node");
+    assert_eq!(
+        s.pod_uids,
+        [pod_uid, second],
+        "the pods of status.reservedFor"
+    );
+    assert!(
+        !api.requests().iter().any(|r| r.contains("/pods")),
+        "no Pod read: {:?}",
+        api.requests()
+    );
     assert_eq!(
         s.claim,
         Some(pb::ClaimRef {

@@ -30,8 +30,7 @@ pub struct Prepared {
 }
 
 /// Checks the claim against what kubelet asked for and this node's devices, and builds
-/// the agent's request. `pod_uids` are the claim's pods already verified to run on this
-/// node.
+/// the agent's request. `pod_uids` are the claim's pods (from `status.reservedFor`).
 pub fn build(
     claim: &ResourceClaim,
     asked: &pb::ClaimRef,
