@@ -34,8 +34,9 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     if args.node_name.is_empty() {
         anyhow::bail!("--node-name (or $NODE_NAME): empty; the plugin serves one named node");
     }
-    let client = cluster::client(args.kubeconfig.as_deref()).await?;
-    let cluster = Cluster::new(client, args.node_name.clone());
+    let config = cluster::config(args.kubeconfig.as_deref()).await?;
+    let clients = cluster::Clients::new(config, cluster::Timeouts::default())?;
+    let cluster = Cluster::new(clients, args.node_name.clone());
     tokio::pin!(shutdown);
     let (agent, inventory) = tokio::select! {
         r = Agent::start(&args.agent_socket) => r.map_err(|e| PluginError::AgentRefused {
@@ -68,7 +69,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     let mut registrations = Vec::new();
     background.spawn(
         StatusWriter::new(
-            cluster.client().clone(),
+            cluster.clients().clone(),
             agent.clone(),
             inventory.drivers.keys().cloned().collect(),
         )
@@ -214,7 +215,7 @@ async fn keep_published(
     const FULL_PASS_EVERY: u32 = 10;
     let retry = period.min(Duration::from_secs(5));
     let publisher = loop {
-        match Publisher::new(cluster.client().clone(), driver.name(), cluster.node()).await {
+        match Publisher::new(cluster.clients().clone(), driver.name(), cluster.node()).await {
             Ok(p) => break p,
             Err(e) => {
                 warn!(node = %cluster.node(), error = %e, "reading the Node for the ResourceSlices' owner; retrying")

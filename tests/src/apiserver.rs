@@ -336,8 +336,8 @@ fn not_found(key: &Key) -> Response {
     )
 }
 
-/// The uid precondition of an apply body or DeleteOptions: a claim or slice deleted and
-/// created anew under its name is not the one the client meant.
+/// The uid precondition of DeleteOptions: a slice deleted and created anew under its
+/// name is not the one the client meant. kube-apiserver answers 409 Conflict.
 fn uid_conflict(current: &Value, wanted: Option<&str>) -> Option<Response> {
     let wanted = wanted.filter(|u| !u.is_empty())?;
     let have = current["metadata"]["uid"].as_str().unwrap_or("");
@@ -350,6 +350,54 @@ fn uid_conflict(current: &Value, wanted: Option<&str>) -> Option<Response> {
             ),
         )
     })
+}
+
+/// A `metadata.uid` in a server-side apply body that is not the stored object's (the
+/// claim was deleted and created anew under its name). kube-apiserver has no
+/// precondition for it on a patch: the uid is applied like any field, and the update's
+/// validation refuses the change of an immutable field, 422 Invalid with the cause on
+/// `metadata.uid` (kubernetes/kubernetes#127625 shows the message).
+fn uid_invalid(current: &Value, wanted: Option<&str>) -> Option<Response> {
+    let wanted = wanted.filter(|u| !u.is_empty())?;
+    let have = current["metadata"]["uid"].as_str().unwrap_or("");
+    if have == wanted {
+        return None;
+    }
+    let kind = current["kind"].as_str().unwrap_or("");
+    let group = current["apiVersion"]
+        .as_str()
+        .and_then(|v| v.split_once('/'))
+        .map_or("", |(g, _)| g);
+    let name = current["metadata"]["name"].as_str().unwrap_or("");
+    let detail = format!("Invalid value: {wanted:?}: field is immutable");
+    let qualified = if group.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}.{group}")
+    };
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("{qualified} {name:?} is invalid: metadata.uid: {detail}"),
+        "reason": "Invalid",
+        "details": {
+            "name": name,
+            "group": group,
+            "kind": kind,
+            "causes": [{"reason": "FieldValueInvalid", "message": detail, "field": "metadata.uid"}],
+        },
+        "code": 422,
+    });
+    Some(
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response(),
+    )
 }
 
 impl Objects {
@@ -425,7 +473,7 @@ impl Objects {
     fn apply(&mut self, key: Key, manager: &str, body: Value) -> Response {
         let now = self.items.get(&key).cloned();
         if let Some(cur) = &now
-            && let Some(r) = uid_conflict(cur, body["metadata"]["uid"].as_str())
+            && let Some(r) = uid_invalid(cur, body["metadata"]["uid"].as_str())
         {
             return r;
         }
@@ -466,7 +514,7 @@ impl Objects {
         let Some(mut cur) = self.items.get(&key).cloned() else {
             return not_found(&key);
         };
-        if let Some(r) = uid_conflict(&cur, body["metadata"]["uid"].as_str()) {
+        if let Some(r) = uid_invalid(&cur, body["metadata"]["uid"].as_str()) {
             return r;
         }
         let entry_key = |d: &Value| -> String {

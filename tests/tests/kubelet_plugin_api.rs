@@ -469,3 +469,74 @@ async fn a_new_driver_in_the_agent_stops_the_plugin_to_register_it() {
     );
     assert!(!reg.exists(), "sockets removed at the stop");
 }
+
+/// The claim deleted and created anew under its name while its share is live: the
+/// API server refuses the apply that names the old uid (422 Invalid, the cause on
+/// metadata.uid, as kube-apiserver answers), and the plugin stops writing that claim
+/// instead of trying again with backoff; the new claim is left alone.
+#[tokio::test]
+async fn a_replaced_claim_is_not_written_again() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = share_id();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let (uid, share) = (share_id(), share_id());
+    let allocated = |uid: &str| {
+        claim(
+            NS,
+            "c1",
+            uid,
+            Some(vec![result(
+                "mem",
+                DRIVER,
+                POOL,
+                "mem-0",
+                Some(&share),
+                &[("memory", "1Gi")],
+            )]),
+            &[("p1", &pod_uid)],
+        )
+    };
+    api.put(&allocated(&uid));
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = prepare_v1(&mut kubelet, NS, "c1", &uid).await;
+    assert_eq!(r.error, "", "{r:?}");
+    wait_for("the status written", WAIT, || {
+        entries(&api, "c1").len() == 1
+    });
+
+    // Deleted and created anew (another uid, no status of ours). The restarted plugin
+    // marks the share's claim again from the agent's snapshot and tries to write it.
+    p.kill9();
+    api.delete::<ResourceClaim>(NS, "c1");
+    api.put(&allocated(&share_id()));
+    let status_path = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/c1/status");
+    let writes = || {
+        api.applies()
+            .iter()
+            .filter(|a| a.path == status_path)
+            .count()
+    };
+    let before = writes();
+    p.restart();
+    wait_for("the refused write", WAIT, || writes() > before);
+    // Backoff would try again after 1 s, 2 s, ...: nothing comes.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(writes(), before + 1, "{}", p.log_text());
+    let log = p.log_text();
+    assert!(
+        log.contains("claim deleted or replaced; its status is not written any more")
+            && log.contains("metadata.uid"),
+        "{log}"
+    );
+    assert!(!log.contains("writing claim status failed"), "{log}");
+    assert_eq!(entries(&api, "c1"), [], "the new claim is left alone");
+}

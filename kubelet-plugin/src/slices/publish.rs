@@ -13,14 +13,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceSlice};
 use kube::{
-    Api, Client,
+    Api,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
     runtime::watcher,
 };
 use tracing::{info, warn};
 
 use super::build::{self, Desired, NodeRef, digest_annotation};
-use crate::inventory::DriverDevices;
+use crate::{cluster::Clients, inventory::DriverDevices};
 
 /// What one pass changed, for logs and tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,20 +33,25 @@ pub struct Pass {
 pub struct Publisher {
     driver: String,
     node: NodeRef,
+    clients: Clients,
+    /// Calls: list, apply, delete.
     api: Api<ResourceSlice>,
 }
 
 impl Publisher {
     /// Reads the Node, whose uid the slices' owner reference needs.
-    pub async fn new(client: Client, driver: &str, node: &str) -> Result<Self, kube::Error> {
-        let n = Api::<Node>::all(client.clone()).get(node).await?;
+    pub async fn new(clients: Clients, driver: &str, node: &str) -> Result<Self, kube::Error> {
+        let n = clients
+            .bounded(Api::<Node>::all(clients.calls.clone()).get(node))
+            .await?;
         Ok(Self {
             driver: driver.to_owned(),
             node: NodeRef {
                 name: node.to_owned(),
                 uid: n.metadata.uid.unwrap_or_default(),
             },
-            api: Api::all(client),
+            api: Api::all(clients.calls.clone()),
+            clients,
         })
     }
 
@@ -62,8 +67,10 @@ impl Publisher {
         &self,
     ) -> impl futures::Stream<Item = Result<watcher::Event<ResourceSlice>, watcher::Error>> + Send + use<>
     {
+        // On the watch client: a watch idles between events for minutes, which the
+        // calls client's read timeout would cut.
         watcher::watcher(
-            self.api.clone(),
+            Api::all(self.clients.watches.clone()),
             watcher::Config::default().fields(&self.selector()),
         )
     }
@@ -76,8 +83,11 @@ impl Publisher {
             warn!(driver = %self.driver, device = %s.device, reason = %s.reason, "device not published");
         }
         let listed = self
-            .api
-            .list(&ListParams::default().fields(&self.selector()))
+            .clients
+            .bounded(
+                self.api
+                    .list(&ListParams::default().fields(&self.selector())),
+            )
             .await?
             .items;
         let mut pass = Pass::default();
@@ -127,7 +137,7 @@ impl Publisher {
                 }),
                 ..DeleteParams::default()
             };
-            match self.api.delete(name, &dp).await {
+            match self.clients.bounded(self.api.delete(name, &dp)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e),
@@ -144,8 +154,8 @@ impl Publisher {
         let name = slice.metadata.name.clone().unwrap_or_default();
         // force: this driver owns its slices; a field another manager set is taken over.
         let params = PatchParams::apply(&self.driver).force();
-        self.api
-            .patch(&name, &params, &Patch::Apply(&slice))
+        self.clients
+            .bounded(self.api.patch(&name, &params, &Patch::Apply(&slice)))
             .await?;
         Ok(())
     }

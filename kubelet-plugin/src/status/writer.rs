@@ -12,7 +12,7 @@ use std::{
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams},
 };
 use serde_json::Value;
@@ -21,7 +21,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::build::{self, Target};
-use crate::agent::Agent;
+use crate::{agent::Agent, cluster::Clients};
 
 /// A claim's status is written at most this often; changes in between are merged.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,10 +36,47 @@ struct ClaimState {
     not_before: Option<Instant>,
     backoff: Duration,
     last_written: Option<Value>,
+    /// The API server has no claim of this uid any more (deleted, or deleted and created
+    /// anew under the name): nothing is written to it again.
+    gone: bool,
+}
+
+/// What a failed apply of a claim's status means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyFailure {
+    /// No claim of that name (404): it was deleted.
+    Deleted,
+    /// A claim of that name with another uid: the one the shares belong to was deleted
+    /// and another created under its name. The uid in the apply body is checked against
+    /// the stored one: the API server answers 422 Invalid with a cause on
+    /// `metadata.uid` ("field is immutable"), and 409 Conflict where the uid is an
+    /// explicit precondition.
+    Replaced,
+    /// Anything else: tried again with backoff.
+    Retry,
+}
+
+impl ApplyFailure {
+    pub fn of(e: &kube::Error) -> Self {
+        let kube::Error::Api(s) = e else {
+            return Self::Retry;
+        };
+        let uid_cause = s
+            .details
+            .iter()
+            .flat_map(|d| &d.causes)
+            .any(|c| c.field == "metadata.uid");
+        match s.code {
+            404 => Self::Deleted,
+            409 => Self::Replaced,
+            422 if uid_cause => Self::Replaced,
+            _ => Self::Retry,
+        }
+    }
 }
 
 pub struct StatusWriter {
-    client: Client,
+    clients: Clients,
     agent: Arc<Agent>,
     drivers: BTreeSet<String>,
     /// The latest status of each share, by its claim and then its key: a claim's write
@@ -75,9 +112,9 @@ fn share_key(s: &pb::ShareStatus) -> String {
 }
 
 impl StatusWriter {
-    pub fn new(client: Client, agent: Arc<Agent>, drivers: BTreeSet<String>) -> Self {
+    pub fn new(clients: Clients, agent: Arc<Agent>, drivers: BTreeSet<String>) -> Self {
         Self {
-            client,
+            clients,
             agent,
             drivers,
             shares: HashMap::new(),
@@ -169,7 +206,7 @@ impl StatusWriter {
         let due: Vec<Target> = self
             .claims
             .iter()
-            .filter(|(_, c)| c.dirty && c.not_before.is_none_or(|t| t <= now))
+            .filter(|(_, c)| c.dirty && (c.gone || c.not_before.is_none_or(|t| t <= now)))
             .map(|(t, _)| t.clone())
             .collect();
         for t in due {
@@ -186,15 +223,24 @@ impl StatusWriter {
                 continue;
             };
             state.dirty = false;
+            if state.gone {
+                // Written no more; forgotten once its shares are released.
+                if !live {
+                    self.claims.remove(&t);
+                    self.shares.remove(&t);
+                }
+                continue;
+            }
             if state.last_written.as_ref() == Some(&body) {
                 continue;
             }
-            let api = Api::<ResourceClaim>::namespaced(self.client.clone(), &t.namespace);
+            let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &t.namespace);
             let params = PatchParams::apply(&t.driver).force();
-            match api
-                .patch_status(&t.name, &params, &Patch::Apply(&body))
-                .await
-            {
+            let applied = self
+                .clients
+                .bounded(api.patch_status(&t.name, &params, &Patch::Apply(&body)))
+                .await;
+            match applied {
                 Ok(_) => {
                     debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
                     state.last_written = Some(body);
@@ -208,14 +254,15 @@ impl StatusWriter {
                     }
                 }
                 // The claim is gone, or was created anew under the name (the uid in the
-                // body no longer matches): nothing to write for this one.
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
-                    debug!(claim = %t.name, namespace = %t.namespace, code = e.code, "claim gone or replaced; status not written");
-                    if !live {
+                // body no longer matches): no write to this uid can succeed again, so
+                // none is tried, with or without backoff.
+                Err(e) if ApplyFailure::of(&e) != ApplyFailure::Retry => {
+                    info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?ApplyFailure::of(&e), error = %e, "claim deleted or replaced; its status is not written any more");
+                    if live {
+                        state.gone = true;
+                    } else {
                         self.claims.remove(&t);
                         self.shares.remove(&t);
-                    } else {
-                        state.last_written = Some(body);
                     }
                 }
                 Err(e) => {
@@ -226,5 +273,58 @@ impl StatusWriter {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(json: serde_json::Value) -> kube::Error {
+        kube::Error::Api(Box::new(serde_json::from_value(json).unwrap()))
+    }
+
+    /// What kube-apiserver answers a server-side apply whose `metadata.uid` is not the
+    /// stored object's (kubernetes/kubernetes#127625): 422 Invalid, the cause on
+    /// `metadata.uid`.
+    fn uid_invalid() -> serde_json::Value {
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "ResourceClaim.resource.k8s.io \"c1\" is invalid: metadata.uid: Invalid value: \"0b6a4c9e-1111-4c3e-9f00-000000000001\": field is immutable",
+            "reason": "Invalid",
+            "details": {
+                "name": "c1", "group": "resource.k8s.io", "kind": "ResourceClaim",
+                "causes": [{
+                    "reason": "FieldValueInvalid",
+                    "message": "Invalid value: \"0b6a4c9e-1111-4c3e-9f00-000000000001\": field is immutable",
+                    "field": "metadata.uid",
+                }],
+            },
+            "code": 422,
+        })
+    }
+
+    #[test]
+    fn a_uid_refusal_means_replaced_and_other_refusals_are_retried() {
+        assert_eq!(
+            ApplyFailure::of(&api_error(uid_invalid())),
+            ApplyFailure::Replaced
+        );
+        let conflict = serde_json::json!({"status": "Failure", "reason": "Conflict", "code": 409,
+            "message": "Precondition failed: UID in precondition: a, UID in object meta: b"});
+        assert_eq!(
+            ApplyFailure::of(&api_error(conflict)),
+            ApplyFailure::Replaced
+        );
+        let gone = serde_json::json!({"status": "Failure", "reason": "NotFound", "code": 404});
+        assert_eq!(ApplyFailure::of(&api_error(gone)), ApplyFailure::Deleted);
+        // A 422 on anything else (a status the API server finds invalid) is not a
+        // replaced claim.
+        let mut other = uid_invalid();
+        other["details"]["causes"][0]["field"] = "status.devices[0].data".into();
+        assert_eq!(ApplyFailure::of(&api_error(other)), ApplyFailure::Retry);
+        let busy =
+            serde_json::json!({"status": "Failure", "reason": "TooManyRequests", "code": 429});
+        assert_eq!(ApplyFailure::of(&api_error(busy)), ApplyFailure::Retry);
     }
 }
