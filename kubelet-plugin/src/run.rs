@@ -12,7 +12,7 @@ use shareguard_proto::kubelet::{
     pluginregistration::registration_server::RegistrationServer,
 };
 use tokio::{sync::watch, task::JoinSet};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
     PluginArgs,
@@ -22,7 +22,7 @@ use crate::{
     error::PluginError,
     inventory::{DriverDevices, Inventory},
     kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
-    slices::Publisher,
+    slices::{PublishError, Publisher},
     status::StatusWriter,
 };
 
@@ -270,6 +270,13 @@ async fn keep_published(
                         info!(applied = pass.applied.len(), deleted = pass.deleted.len(), "ResourceSlices up to date");
                     }
                     Ok(_) => {}
+                    // Published, but not as applied: the slices do not offer what the
+                    // agent enforces. Applying again changes nothing, so the check runs
+                    // again each period (and on every change), failing loudly each time.
+                    Err(e @ PublishError::FieldsDropped(_)) => {
+                        error!(error = %e, check_again_in = ?period, "ResourceSlices published without fields the API server dropped");
+                        due = Some(tokio::time::Instant::now() + period);
+                    }
                     Err(e) => {
                         warn!(error = %e, retry_in = ?retry, "publishing ResourceSlices failed");
                         due = Some(tokio::time::Instant::now() + retry);

@@ -2,7 +2,9 @@
 //! ships a kube-apiserver, so the kubelet plugin is tested against this instead. It
 //! serves the endpoints the plugin uses, over plain HTTP on loopback, from an in-memory
 //! object store with resourceVersions, and keeps every object as the JSON of its
-//! k8s-openapi type. It is not an API server: no admission, no validation beyond what
+//! k8s-openapi type. Where the plugin depends on how kube-apiserver refuses or rewrites
+//! a write (a uid that is not the stored object's; fields of a feature gate that is
+//! off), it answers as kube-apiserver does. It is not an API server: no admission, no validation beyond what
 //! the types parse, no authentication.
 
 use std::{
@@ -51,6 +53,9 @@ struct Objects {
     events: Vec<(u64, &'static str, Key, Value)>,
     /// The newest resourceVersion, for watches waiting for a change.
     changed: Option<tokio::sync::watch::Sender<u64>>,
+    /// Drop the consumable-capacity fields of ResourceSlices as they are written, as a
+    /// real API server does with the `DRAConsumableCapacity` feature gate off.
+    without_consumable_capacity: bool,
 }
 
 /// One PATCH the stand-in received.
@@ -207,6 +212,37 @@ impl ApiServer {
     /// "METHOD path" of every request so far.
     pub fn requests(&self) -> Vec<String> {
         self.objects.lock().unwrap().requests.clone()
+    }
+
+    /// From now on, ResourceSlices are stored without `allowMultipleAllocations` and
+    /// without their capacities' `requestPolicy`, the apply still answering 200 with the
+    /// object as stored: what kube-apiserver does with the `DRAConsumableCapacity`
+    /// feature gate off (alpha and off by default in 1.34 and 1.35), whose strategy
+    /// drops a disabled feature's fields on every write.
+    pub fn drop_consumable_capacity_fields(&self) {
+        self.objects.lock().unwrap().without_consumable_capacity = true;
+    }
+}
+
+/// Strips what an API server without `DRAConsumableCapacity` does not store.
+fn strip_consumable_capacity(slice: &mut Value) {
+    for d in slice["spec"]["devices"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(d) = d.as_object_mut() {
+            d.remove("allowMultipleAllocations");
+        }
+        for c in d["capacity"]
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|m| m.values_mut())
+        {
+            if let Some(c) = c.as_object_mut() {
+                c.remove("requestPolicy");
+            }
+        }
     }
 }
 
@@ -501,6 +537,9 @@ impl Objects {
         v["metadata"]["managedFields"] = json!([{
             "manager": manager, "operation": "Apply", "apiVersion": v["apiVersion"], "fieldsType": "FieldsV1",
         }]);
+        if self.without_consumable_capacity && key.plural == "resourceslices" {
+            strip_consumable_capacity(&mut v);
+        }
         self.bump(&mut v);
         self.insert(key, v.clone());
         ok(&v)

@@ -540,3 +540,61 @@ async fn a_replaced_claim_is_not_written_again() {
     assert!(!log.contains("writing claim status failed"), "{log}");
     assert_eq!(entries(&api, "c1"), [], "the new claim is left alone");
 }
+
+/// An API server that drops the consumable-capacity fields (the DRAConsumableCapacity
+/// gate off) stores the slices without `allowMultipleAllocations` and `requestPolicy`,
+/// and answers the apply with 200. The plugin reads back what was stored, names each
+/// dropped field with its slice and device at error level with the likely cause, does
+/// not call the publish done, and says so again on later passes without applying the
+/// same content over and over.
+#[tokio::test]
+async fn fields_the_api_server_drops_are_reported_loudly() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    api.drop_consumable_capacity_fields();
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let slice = format!("{NODE}-{DRIVER}-{POOL}");
+    let reports = |field: &str| {
+        p.log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("ERROR")
+                    && l.contains("did not store a field of the ResourceSlice")
+                    && l.contains(&format!("slice={slice}"))
+                    && l.contains("device=mem-0")
+                    && l.contains(&format!("field={field}"))
+                    && l.contains("DRAConsumableCapacity feature gate")
+            })
+            .count()
+    };
+    // --resync-seconds 1: the check runs again every second.
+    wait_for("the dropped fields reported on two passes", WAIT, || {
+        reports("allowMultipleAllocations") >= 2 && reports("capacity[memory].requestPolicy") >= 2
+    });
+    let log = p.log_text();
+    assert!(
+        log.contains("ResourceSlices published without fields the API server dropped"),
+        "{log}"
+    );
+    assert!(!log.contains("ResourceSlices up to date"), "{log}");
+    let stored = ours(&api);
+    assert_eq!(stored.len(), 1);
+    let d = &stored[0].spec.devices.as_ref().unwrap()[0];
+    assert_eq!(
+        d.allow_multiple_allocations, None,
+        "the stand-in dropped it"
+    );
+    let applies = api
+        .applies()
+        .iter()
+        .filter(|a| a.path.ends_with(&format!("/resourceslices/{slice}")))
+        .count();
+    assert_eq!(applies, 1, "the same content is not applied again");
+}

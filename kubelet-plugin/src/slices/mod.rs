@@ -1,6 +1,7 @@
 //! ResourceSlices: the agent's inventory published for the scheduler.
 
 pub mod build;
+pub mod compare;
 mod publish;
 
-pub use publish::{Pass, Publisher};
+pub use publish::{Dropped, Pass, PublishError, Publisher, dropped_cause};

@@ -9,7 +9,7 @@
 //! slices on this node once its registration socket has been gone for 30 s; a rolling
 //! update comes back well within that.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Mutex};
 
 use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceSlice};
 use kube::{
@@ -17,10 +17,67 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
     runtime::watcher,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::build::{self, Desired, NodeRef, digest_annotation};
+use super::{
+    build::{self, Desired, NodeRef, digest_annotation},
+    compare::{Difference, differences},
+};
 use crate::{cluster::Clients, inventory::DriverDevices};
+
+/// One field the API server did not store as applied, with its slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub slice: String,
+    pub difference: Difference,
+}
+
+/// Why a pass did not leave the slices as they should be.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("ResourceSlices: {0}")]
+    Api(#[from] kube::Error),
+    /// The API server stored the slices without fields the plugin applied. Applying
+    /// again changes nothing, so it is not retried at once; every pass reports it
+    /// again until the stored slices are whole.
+    #[error("{}", dropped_message(.0))]
+    FieldsDropped(Vec<Dropped>),
+}
+
+/// The likely cause, by what was dropped.
+pub fn dropped_cause(dropped: &[Dropped]) -> &'static str {
+    if dropped
+        .iter()
+        .any(|d| d.difference.is_consumable_capacity())
+    {
+        "the API server drops consumable-capacity fields: is the DRAConsumableCapacity \
+         feature gate on (kube-apiserver, kube-scheduler and kubelet; alpha and off by default \
+         in 1.34 and 1.35)? Without them the scheduler allocates each device whole, to one \
+         claim, and no share is ever made"
+    } else {
+        "the API server keeps other values than were applied: an admission webhook or \
+         mutating policy may rewrite ResourceSlices, or the API server is older than the \
+         resource.k8s.io/v1 fields the plugin publishes"
+    }
+}
+
+fn dropped_message(dropped: &[Dropped]) -> String {
+    let fields: Vec<String> = dropped
+        .iter()
+        .map(|d| {
+            format!(
+                "{} device {} {}",
+                d.slice, d.difference.device, d.difference.field
+            )
+        })
+        .collect();
+    format!(
+        "the API server did not store {} field(s) of the published ResourceSlices as applied ({}): {}",
+        dropped.len(),
+        fields.join(", "),
+        dropped_cause(dropped)
+    )
+}
 
 /// What one pass changed, for logs and tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +93,11 @@ pub struct Publisher {
     clients: Clients,
     /// Calls: list, apply, delete.
     api: Api<ResourceSlice>,
+    /// Slice name -> the digest of the content the API server was seen to store
+    /// without some applied fields. Such a slice is not applied again for the same
+    /// content (it would come back the same, with a new generation and a watch event
+    /// each time); it is reported every pass instead.
+    dropped: Mutex<BTreeMap<String, String>>,
 }
 
 impl Publisher {
@@ -52,6 +114,7 @@ impl Publisher {
             },
             api: Api::all(clients.calls.clone()),
             clients,
+            dropped: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -76,8 +139,10 @@ impl Publisher {
     }
 
     /// One pass: list this driver's slices of this node, apply what differs, delete
-    /// what is no longer a pool here.
-    pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, kube::Error> {
+    /// what is no longer a pool here, and check that the API server stores each slice
+    /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
+    /// [`PublishError::FieldsDropped`] once everything else is done.
+    pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
         let (desired, skipped) = build::desired(&self.driver, &self.node, devices);
         for s in &skipped {
             warn!(driver = %self.driver, device = %s.device, reason = %s.reason, "device not published");
@@ -91,21 +156,33 @@ impl Publisher {
             .await?
             .items;
         let mut pass = Pass::default();
+        let mut dropped = Vec::new();
         let annotation = digest_annotation(&self.driver);
         for d in desired.iter() {
             let name = d.slice.metadata.name.clone().unwrap_or_default();
             let current = listed
                 .iter()
                 .find(|s| s.metadata.name.as_deref() == Some(name.as_str()));
-            let same = current.is_some_and(|s| {
+            let same = current.filter(|s| {
                 s.metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(&annotation))
                     == Some(&d.digest)
             });
-            if same {
-                continue;
+            if let Some(stored) = same {
+                let diffs = differences(&d.slice.spec, &stored.spec);
+                if diffs.is_empty() {
+                    self.forget_dropped(&name);
+                    continue;
+                }
+                if self.known_dropped(&name, &d.digest) {
+                    dropped.extend(self.report(&name, diffs));
+                    continue;
+                }
+                // Our content by its annotation but not in its fields: someone edited
+                // it, or the server dropped fields of an apply before this process
+                // started. One apply tells which.
             }
             // Any change of a pool's devices is a new generation: the scheduler uses only
             // the newest generation of a pool, and this pool is one slice.
@@ -115,9 +192,17 @@ impl Publisher {
                 .map(|s| s.spec.pool.generation)
                 .max()
                 .map_or(1, |g| g + 1);
-            self.apply(d, generation).await?;
+            let stored = self.apply(d, generation).await?;
             info!(driver = %self.driver, slice = %name, pool = %d.pool, generation, "published ResourceSlice");
-            pass.applied.push((name, generation));
+            pass.applied.push((name.clone(), generation));
+            // The apply's answer is the object as stored.
+            let diffs = differences(&d.slice.spec, &stored.spec);
+            if diffs.is_empty() {
+                self.forget_dropped(&name);
+            } else {
+                self.remember_dropped(&name, &d.digest);
+                dropped.extend(self.report(&name, diffs));
+            }
         }
         let wanted: BTreeMap<String, ()> = desired
             .iter()
@@ -140,15 +225,21 @@ impl Publisher {
             match self.clients.bounded(self.api.delete(name, &dp)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
+            self.forget_dropped(name);
             info!(driver = %self.driver, slice = %name, "deleted ResourceSlice of a pool no longer here");
             pass.deleted.push(name.to_owned());
         }
-        Ok(pass)
+        if dropped.is_empty() {
+            Ok(pass)
+        } else {
+            Err(PublishError::FieldsDropped(dropped))
+        }
     }
 
-    async fn apply(&self, d: &Desired, generation: i64) -> Result<(), kube::Error> {
+    /// Applies the slice; the answer is the object as the API server stored it.
+    async fn apply(&self, d: &Desired, generation: i64) -> Result<ResourceSlice, kube::Error> {
         let mut slice = d.slice.clone();
         slice.spec.pool.generation = generation;
         let name = slice.metadata.name.clone().unwrap_or_default();
@@ -156,7 +247,52 @@ impl Publisher {
         let params = PatchParams::apply(&self.driver).force();
         self.clients
             .bounded(self.api.patch(&name, &params, &Patch::Apply(&slice)))
-            .await?;
-        Ok(())
+            .await
+    }
+
+    /// Logs each dropped field at error level, naming the slice, device and field, and
+    /// the likely cause.
+    fn report(&self, slice: &str, diffs: Vec<Difference>) -> Vec<Dropped> {
+        let dropped: Vec<Dropped> = diffs
+            .into_iter()
+            .map(|difference| Dropped {
+                slice: slice.to_owned(),
+                difference,
+            })
+            .collect();
+        let cause = dropped_cause(&dropped);
+        for d in &dropped {
+            error!(
+                driver = %self.driver,
+                slice = %d.slice,
+                device = %d.difference.device,
+                field = %d.difference.field,
+                applied = %d.difference.applied,
+                stored = %d.difference.stored,
+                cause,
+                "the API server did not store a field of the ResourceSlice as applied"
+            );
+        }
+        dropped
+    }
+
+    fn dropped_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        // A poisoned lock only means a panic elsewhere while it was held; the map is whole.
+        self.dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn known_dropped(&self, slice: &str, digest: &str) -> bool {
+        self.dropped_map().get(slice).map(String::as_str) == Some(digest)
+    }
+
+    fn remember_dropped(&self, slice: &str, digest: &str) {
+        self.dropped_map()
+            .insert(slice.to_owned(), digest.to_owned());
+    }
+
+    fn forget_dropped(&self, slice: &str) {
+        self.dropped_map().remove(slice);
     }
 }
