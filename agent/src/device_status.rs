@@ -55,7 +55,11 @@ pub fn render(r: &ShareRecord, observed: &[(String, String)]) -> String {
             "status": if r.phase == Phase::Enforced { "True" } else { "False" },
             "reason": reason_of(r.phase),
             "message": message,
-            "lastTransitionTime": rfc3339_seconds(r.updated_at_ms),
+            "lastTransitionTime": rfc3339_seconds(if r.condition_since_ms != 0 {
+                r.condition_since_ms
+            } else {
+                r.updated_at_ms
+            }),
         }],
         "data": {
             "phase": r.phase.name(),
@@ -119,6 +123,7 @@ mod tests {
             released_at_ms: None,
             sandbox: None,
             device_kind: "gpu".into(),
+            condition_since_ms: 0,
         }
     }
 

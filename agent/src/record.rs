@@ -202,9 +202,38 @@ pub struct ShareRecord {
     /// written before it was kept.
     #[serde(default)]
     pub device_kind: String,
+    /// When the share's `Enforced` condition last took its status (True while ENFORCED,
+    /// False otherwise): its `lastTransitionTime` in the claim's `status.devices`, which
+    /// by the API's conventions moves only when the status flips, not with every
+    /// reason or message. 0 in records written before it was kept.
+    #[serde(default)]
+    pub condition_since_ms: u64,
 }
 
 impl ShareRecord {
+    /// The status of the share's `Enforced` condition: True only while ENFORCED.
+    pub fn condition_true(&self) -> bool {
+        self.phase == Phase::Enforced
+    }
+
+    /// Sets [`Self::condition_since_ms`] for this record replacing `prev` (None: a new
+    /// share): kept while the condition's status is the same, this record's update time
+    /// when it flipped.
+    pub fn carry_condition_since(&mut self, prev: Option<&ShareRecord>) {
+        self.condition_since_ms = match prev {
+            Some(p) if p.condition_true() == self.condition_true() => {
+                // A record from before the field was kept: its last update is the best
+                // estimate of when the status was taken.
+                if p.condition_since_ms != 0 {
+                    p.condition_since_ms
+                } else {
+                    p.updated_at_ms
+                }
+            }
+            _ => self.updated_at_ms,
+        };
+    }
+
     /// Cuts the free-text fields (reason, error message) to their bound: they carry what
     /// limiters and the kernel said, which nothing else bounds.
     pub fn bound(&mut self) {

@@ -506,6 +506,7 @@ mod tests {
             released_at_ms: None,
             sandbox: None,
             device_kind: "generic".into(),
+            condition_since_ms: 0,
         }
     }
 

@@ -262,6 +262,7 @@ fn record_seeds(dir: &Path) {
         released_at_ms: None,
         sandbox: None,
         device_kind: "generic".into(),
+        condition_since_ms: 1_700_000_000_000,
     };
     let enforced = ShareRecord {
         key: SHARE_B.into(),

@@ -271,6 +271,9 @@ impl Engine {
         };
         for r in &mut batch.put_shares {
             r.bound();
+            // Here, where every change of a share passes, rather than at each place that
+            // changes a phase.
+            r.carry_condition_since(st.records.get(&r.key));
         }
         // Refused here, before memory changes, rather than by the writer, where a failed
         // write stops the store for good.

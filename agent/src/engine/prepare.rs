@@ -346,6 +346,7 @@ impl Engine {
             created_at_ms: now,
             updated_at_ms: now,
             released_at_ms: None,
+            condition_since_ms: now,
         }
     }
 

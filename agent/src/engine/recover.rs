@@ -43,6 +43,7 @@ pub(super) fn recover(
                 None,
                 None,
             );
+            let before = r.clone();
             r.phase = phase;
             r.reason = reason;
             if phase == Phase::Pending {
@@ -50,6 +51,8 @@ pub(super) fn recover(
                 r.enforced.clear();
             }
             r.updated_at_ms = now;
+            // Written to the store directly, not through commit_locked.
+            r.carry_condition_since(Some(&before));
             batch.put_shares.push(r.clone());
         }
         state.put(r);

@@ -450,6 +450,73 @@ fn a_share_follows_its_pods_sandbox() {
     );
 }
 
+/// The `Enforced` condition's `lastTransitionTime` (the claim's status shows it) moves
+/// when its status flips between True and False, not when only the phase, the reason or
+/// the message changes under the same status.
+#[test]
+fn the_conditions_transition_time_moves_only_when_its_status_flips() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let tick = || std::thread::sleep(std::time::Duration::from_millis(5));
+    let since = |e: &Engine| {
+        let r = e.get_share(&share(1)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&crate::device_status::render(&r, &[])).unwrap();
+        let shown = v["conditions"][0]["lastTransitionTime"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (r, shown)
+    };
+    let (_cfg, _k, e, _out) = prepared_for_a_pod(dir.path(), &rt);
+    let (admitted, _) = since(&e);
+    assert_eq!(admitted.phase, Phase::Pending);
+    assert_eq!(
+        admitted.condition_since_ms, admitted.created_at_ms,
+        "False from admission on, PREPARING and PENDING alike"
+    );
+
+    // False -> True: the sandbox appears and the limit is read back.
+    tick();
+    std::fs::create_dir_all(pod_dir(dir.path())).unwrap();
+    rt.block_on(e.discover());
+    let (enforced, _) = since(&e);
+    assert_eq!(enforced.phase, Phase::Enforced);
+    assert_eq!(enforced.condition_since_ms, enforced.updated_at_ms);
+    assert!(enforced.condition_since_ms > admitted.condition_since_ms);
+
+    // True -> False: the sandbox goes.
+    tick();
+    std::fs::remove_dir(pod_dir(dir.path())).unwrap();
+    rt.block_on(e.discover());
+    let (waiting, _) = since(&e);
+    assert_eq!(waiting.phase, Phase::Pending);
+    assert_eq!(waiting.condition_since_ms, waiting.updated_at_ms);
+    assert!(waiting.condition_since_ms > enforced.condition_since_ms);
+
+    // False -> False with another phase and reason: Unprepare. Seconds apart (the
+    // condition's time has second resolution), so a moved time would show.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let refs = [pb::ClaimRef {
+        uid: "c1".into(),
+        ..Default::default()
+    }];
+    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    assert!(out[0].1.is_none(), "{out:?}");
+    let (released, shown) = since(&e);
+    assert_eq!(released.phase, Phase::Released);
+    assert_ne!(released.reason, waiting.reason);
+    assert!(released.updated_at_ms >= waiting.updated_at_ms + 1000);
+    assert_eq!(released.condition_since_ms, waiting.condition_since_ms);
+    assert_eq!(
+        shown,
+        humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(waiting.condition_since_ms)
+        )
+        .to_string()
+    );
+}
+
 /// A sandbox that goes between the reconciler's look at it and its read-back (a CNI
 /// deleting the interface to set the pod's network up again) is the pod moving, not
 /// drift: the share waits for its pod, and no drift is counted or repaired.
