@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds the test cluster's programs from the pinned upstream modules in this folder and
+# prints the directory that holds them. Each module's programs are cached under
+# $SGC_CACHE (default /var/cache/shareguard-cluster) in a folder named by its release and
+# a digest of its go.mod, go.sum and the Go version, so a rerun (or a fresh clone on the
+# same machine) builds nothing, and a changed pin builds anew.
+#
+#   kubernetes  kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy
+#               kubectl, etcd (the release k8s.io/kubernetes requires), pause
+#   containerd  containerd containerd-shim-runc-v2 ctr
+#   runc        runc (with seccomp, as distributions build it)
+#   cni         bridge host-local loopback portmap
+#
+# Usage: build.sh            build what is missing; print the bin directory
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${SGC_CACHE:-/var/cache/shareguard-cluster}"
+bin="$cache/bin"
+mkdir -p "$bin"
+
+go_version="$(go env GOVERSION)"
+# The release a module pins for a program: the version of `mod` in that go.mod.
+pinned() { awk -v m="$1" '$1 == m { print $2; exit }' "$2"; }
+
+# build NAME DIR VERSION CGO TAGS LDFLAGS PACKAGES...: build into $cache/NAME-VERSION-DIGEST
+# unless it is there, then link each program into $bin.
+build() {
+  local name="$1" dir="$2" version="$3" cgo="$4" tags="$5" ldflags="$6"
+  shift 6
+  local digest out
+  digest="$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$go_version $cgo $tags $ldflags $*") |
+    sha256sum | cut -c1-12)"
+  out="$cache/$name-$version-$digest"
+  if [ ! -f "$out/.done" ]; then
+    echo "==> building $name $version ($*) into $out" >&2
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    (cd "$dir" && CGO_ENABLED="$cgo" go build -trimpath -tags "$tags" -ldflags "$ldflags" \
+      -o "$out.tmp/" "$@")
+    touch "$out.tmp/.done"
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
+  fi
+  local f
+  for f in "$out"/*; do
+    ln -sfn "$f" "$bin/$(basename "$f")"
+  done
+}
+
+k8s="$(pinned k8s.io/kubernetes "$here/go.mod")"
+# What upstream's release build stamps into its programs (hack/lib/version.sh): kubelet
+# reports it as the node's kubeletVersion, and kubectl version prints it.
+k8s_minor="$(echo "$k8s" | cut -d. -f2)"
+ld="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ld="$ld -X $p.gitVersion=$k8s -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor -X $p.gitTreeState=clean"
+done
+build kubernetes "$here" "$k8s" 0 "" "$ld" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl ./cmd/etcd ./cmd/pause
+
+ctrd="$(pinned github.com/containerd/containerd/v2 "$here/containerd/go.mod")"
+build containerd "$here/containerd" "$ctrd" 0 "" \
+  "-s -w -X github.com/containerd/containerd/v2/version.Version=$ctrd" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+
+runc="$(pinned github.com/opencontainers/runc "$here/runc/go.mod")"
+# runc's nsenter is C, so cgo is on; seccomp needs libseccomp (Debian's libseccomp-dev).
+build runc "$here/runc" "$runc" 1 seccomp "-s -w -X main.version=${runc#v}" \
+  github.com/opencontainers/runc
+
+cni="$(pinned github.com/containernetworking/plugins "$here/cni/go.mod")"
+build cni "$here/cni" "$cni" 0 "" "-s -w" \
+  github.com/containernetworking/plugins/plugins/main/bridge \
+  github.com/containernetworking/plugins/plugins/ipam/host-local \
+  github.com/containernetworking/plugins/plugins/main/loopback \
+  github.com/containernetworking/plugins/plugins/meta/portmap
+
+echo "$bin"
