@@ -148,6 +148,19 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
     }
     let mut capacity = BTreeMap::new();
     for (name, value) in &d.capacity {
+        // A size the agent could not learn (a GPU whose NVML is missing reports 0) is
+        // no device to share, and the API server refuses a request policy above the
+        // capacity, which would refuse the pool's whole slice and hide every other
+        // device of the pool with it (seen on the test cluster: a GPU without NVML kept
+        // the NIC beside it from being published).
+        let known = shareguard_common::Quantity::parse(value)
+            .is_ok_and(|q| !q.is_zero());
+        if !known {
+            return Err(format!(
+                "capacity {name} is {value:?}, not a size (mechanism {:?}): nothing to share",
+                d.mechanism
+            ));
+        }
         let policy = d.policy.get(name).map(request_policy);
         capacity.insert(
             name.clone(),
@@ -272,6 +285,24 @@ mod tests {
             "cut to the API's bound"
         );
         assert_eq!(devs[0].allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn a_device_of_unknown_size_is_skipped_and_the_rest_of_its_pool_published() {
+        let mut devices = inventory(&["gpu-0", "gpu-1"]);
+        for ((_, name), d) in &mut devices.devices {
+            if name == "gpu-1" {
+                d.capacity.insert("memory".into(), "0".into());
+                d.mechanism = "unavailable".into();
+            }
+        }
+        let (desired, skipped) = desired("d.example.com", &node(), &devices);
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert_eq!(skipped[0].device, "gpu-1");
+        assert!(skipped[0].reason.contains("memory"), "{}", skipped[0].reason);
+        let devs = desired[0].slice.spec.devices.as_ref().unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].name, "gpu-0");
     }
 
     #[test]
