@@ -153,8 +153,7 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
         // capacity, which would refuse the pool's whole slice and hide every other
         // device of the pool with it (seen on the test cluster: a GPU without NVML kept
         // the NIC beside it from being published).
-        let known = shareguard_common::Quantity::parse(value)
-            .is_ok_and(|q| !q.is_zero());
+        let known = shareguard_common::Quantity::parse(value).is_ok_and(|q| !q.is_zero());
         if !known {
             return Err(format!(
                 "capacity {name} is {value:?}, not a size (mechanism {:?}): nothing to share",
@@ -299,7 +298,11 @@ mod tests {
         let (desired, skipped) = desired("d.example.com", &node(), &devices);
         assert_eq!(skipped.len(), 1, "{skipped:?}");
         assert_eq!(skipped[0].device, "gpu-1");
-        assert!(skipped[0].reason.contains("memory"), "{}", skipped[0].reason);
+        assert!(
+            skipped[0].reason.contains("memory"),
+            "{}",
+            skipped[0].reason
+        );
         let devs = desired[0].slice.spec.devices.as_ref().unwrap();
         assert_eq!(devs.len(), 1);
         assert_eq!(devs[0].name, "gpu-0");
