@@ -506,7 +506,8 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
     assert!(a.audit_log.starts_with("/var/lib/shareguard"));
     assert!(a.bpffs_dir.starts_with("/sys/fs/bpf/"));
     assert_eq!(a.cdi_dir, Path::new("/var/run/cdi"));
-    assert_eq!(a.cgroup_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
+    // Found from the mount table: a fixed path is wrong on either v2 or hybrid nodes.
+    assert_eq!(a.cgroup_root, None);
 }
 
 #[test]
@@ -1355,7 +1356,6 @@ fn cluster_role_grants_exactly_the_verbs_the_plugin_uses() {
     // rbac.yaml says why for each. Adding a verb fails here until it is justified.
     let mut want: BTreeSet<(String, String, String, String)> = [
         ("resource.k8s.io", "resourceclaims", "get"),
-        ("", "pods", "get"),
         ("", "nodes", "get"),
         ("resource.k8s.io", "resourceslices", "list"),
         ("resource.k8s.io", "resourceslices", "watch"),
