@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmark and fuzzing.
-.PHONY: showcase test bench fuzz
+.PHONY: showcase test bench fuzz cluster-up cluster-down e2e
 
 showcase:
 	./scripts/showcase.sh
@@ -13,3 +13,17 @@ bench:
 # Each fuzz target for FUZZ_SECONDS (default 60) from fuzz/corpus (docs/fuzzing.md).
 fuzz:
 	./scripts/fuzz.sh
+
+# A two-node Kubernetes cluster built from upstream's modules (tests/cluster/, pinned),
+# with shareguard installed from deploy/ (docs/kubernetes.md, "The test cluster").
+# cluster-up leaves it running and prints KUBECONFIG= and KUBECTL= last; cluster-down
+# removes everything it made.
+cluster-up:
+	./tests/cluster/up.sh
+
+cluster-down:
+	./tests/cluster/down.sh
+
+# The scenarios on the real cluster: a fresh cluster, the tests, and the cluster removed.
+e2e:
+	./tests/cluster/e2e.sh

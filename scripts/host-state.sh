@@ -17,7 +17,18 @@ cg2=$(awk '$9 == "cgroup2" { print $5; exit }' /proc/self/mountinfo)
 if [ -n "$cg2" ]; then
   for d in "$cg2"/*/; do [ -d "$d" ] && echo "cgroup $d"; done
 fi
-awk '{print "mount " $5}' /proc/self/mountinfo | grep -E '/(tmp|run/shareguard)/' || true
+# The test cluster's too (tests/cluster/): its bridge, its nodes' cgroup roots in the v1
+# hierarchies, its mounts, and processes of the programs it built.
+ip -o link show type bridge 2>/dev/null | awk -F': ' '{print "bridge " $2}'
+for d in /sys/fs/cgroup/*/*/; do
+  case "$d" in "$cg2"/*) ;; *) [ -e "$d/cgroup.procs" ] && echo "cgroup $d" ;; esac
+done
+awk '{print "mount " $5}' /proc/self/mountinfo |
+  grep -E '/(tmp|run/shareguard)/|shareguard-cluster' || true
+for p in /proc/[0-9]*; do
+  exe=$(readlink "$p/exe" 2>/dev/null) || continue
+  case "$exe" in /var/cache/shareguard-cluster/*) echo "process $exe" ;; esac
+done
 for d in /run/shareguard/mps/*; do [ -e "$d" ] && echo "mps $d"; done
 tc qdisc show 2>/dev/null | sed 's/^/tc /'
 tc filter show dev lo ingress 2>/dev/null | sed 's/^/tc-filter lo /'

@@ -1,0 +1,66 @@
+# The test cluster's names, addresses and paths, shared by up.sh, down.sh and the e2e
+# scenarios. One cluster per machine: a second `up` replaces the first.
+#
+# Layout (docs/kubernetes.md, "The test cluster"):
+#   host network namespace  bridge sgc0 198.18.0.1/24; etcd (loopback), kube-apiserver
+#                           (198.18.0.1:6443), kube-controller-manager, kube-scheduler
+#   node N (N = 1, 2)       its own network, mount and UTS namespaces: eth0 198.18.0.1N
+#                           on sgc0, pods in 198.18.(15+N).0/24 on the CNI bridge cni0;
+#                           containerd, kubelet and kube-proxy, with kubelet's,
+#                           containerd's and shareguard's usual host paths bound to
+#                           folders of its own, a bpffs of its own, and cgroup root
+#                           /sgc-node-N in every hierarchy.
+# Every address is in 198.18.0.0/15, the range reserved for benchmarking.
+
+SGC_STATE="${SGC_STATE:-/var/lib/shareguard-cluster}"
+SGC_CACHE="${SGC_CACHE:-/var/cache/shareguard-cluster}"
+SGC_BRIDGE=sgc0
+SGC_HOST_IP=198.18.0.1
+SGC_API_PORT=6443
+SGC_ETCD_PORT=12379
+SGC_SERVICE_CIDR=198.19.0.0/24
+SGC_SERVICE_IP=198.19.0.1
+SGC_CLUSTER_CIDR=198.18.16.0/20
+SGC_NODES=(sgc-node-1 sgc-node-2)
+# Named explicitly, although 1.36 has each of them on by default, so that the cluster
+# keeps testing what it says it tests when defaults move.
+SGC_FEATURE_GATES="DynamicResourceAllocation=true,DRAConsumableCapacity=true,DRAPrioritizedList=true,DRAResourceClaimDeviceStatus=true,DRAResourceClaimGranularStatusAuthorization=true"
+
+sgc_node_index() { echo "${1##*-}"; }
+sgc_node_ip() { echo "198.18.0.1$(sgc_node_index "$1")"; }
+sgc_node_pod_cidr() { echo "198.18.$((15 + $(sgc_node_index "$1"))).0/24"; }
+sgc_node_dir() { echo "$SGC_STATE/nodes/$1"; }
+sgc_ns_dir() { echo "$SGC_STATE/ns"; }
+
+# The host paths each node has of its own: its kubelet, containerd, CNI, CDI and
+# shareguard folders, bound over the host's in the node's mount namespace.
+SGC_NODE_PATHS=(
+  /var/lib/kubelet /var/lib/containerd /run/containerd /var/lib/shareguard /run/shareguard
+  /run/cdi /etc/cni/net.d /var/lib/cni /var/log/pods /var/log/containers /run/netns
+  /etc/containerd /opt/cni/bin /etc/kubernetes
+)
+
+# Run a command inside node $1's namespaces.
+sgc_in_node() {
+  local node="$1" ns
+  shift
+  ns="$(sgc_ns_dir)"
+  nsenter --net="$ns/$node.net" --mount="$ns/$node.mnt" --uts="$ns/$node.uts" -- "$@"
+}
+
+sgc_log() { echo "[cluster $(date +%T)] $*" >&2; }
+
+# Wait until `$@` succeeds, up to $SGC_WAIT seconds (default 120), polling every 0.5 s;
+# fails with the description $desc.
+sgc_wait() {
+  local desc="$1" deadline
+  shift
+  deadline=$((SECONDS + ${SGC_WAIT:-120}))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      sgc_log "timed out waiting for $desc"
+      return 1
+    fi
+    sleep 0.5
+  done
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Starts the two-node test cluster (lib.sh has the layout), installs shareguard from
+# deploy/ as a user would, waits until both nodes are Ready and shareguard has published
+# its ResourceSlices, and prints KUBECONFIG=<path> and KUBECTL=<path> as its last two
+# lines. The cluster stays up; down.sh removes it. Whatever a killed run left is removed
+# first.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+. "$here/lib.sh"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "the test cluster needs root (namespaces, mounts, cgroups, containers)" >&2
+  exit 1
+fi
+
+"$here/down.sh"
+. "$repo/scripts/lib.sh"
+# libseccomp for runc; nftables for kube-proxy; openssl for the certificates; busybox
+# for the test images' shell; iproute2 (tc) and iperf3 go into the images too.
+ensure_debs libseccomp-dev nftables conntrack openssl busybox-static iproute2 iperf3 \
+  iputils-ping ca-certificates
+
+bin="$("$here/build.sh" | tail -n 1)"
+export PATH="$bin:$PATH"
+mkdir -p "$SGC_STATE"/{logs,run}
+"$here/pki.sh"
+pki="$SGC_STATE/pki"
+kc="$SGC_STATE/kubeconfig"
+
+# sgc_start NAME COMMAND...: a daemon in its own session, its output in logs/NAME.log.
+sgc_start() {
+  local name="$1"
+  shift
+  setsid "$@" >"$SGC_STATE/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$SGC_STATE/run/$name.pid"
+}
+
+# ---- the host's side: the bridge the nodes hang on -------------------------------
+sgc_log "network: bridge $SGC_BRIDGE $SGC_HOST_IP/24"
+ip link add "$SGC_BRIDGE" type bridge
+ip addr add "$SGC_HOST_IP/24" dev "$SGC_BRIDGE"
+ip link set "$SGC_BRIDGE" up
+
+# ---- control plane --------------------------------------------------------------
+sgc_log "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
+sgc_start etcd etcd --name sgc --data-dir "$SGC_STATE/etcd" \
+  --listen-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
+  --advertise-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
+  --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
+  --initial-cluster sgc=http://127.0.0.1:12380 --listen-metrics-urls http://127.0.0.1:12381 \
+  --unsafe-no-fsync
+sgc_start kube-apiserver kube-apiserver \
+  --etcd-servers "http://127.0.0.1:$SGC_ETCD_PORT" \
+  --bind-address "$SGC_HOST_IP" --advertise-address "$SGC_HOST_IP" --secure-port "$SGC_API_PORT" \
+  --service-cluster-ip-range "$SGC_SERVICE_CIDR" \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/ca.crt" \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc \
+  --kubelet-preferred-address-types InternalIP \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --allow-privileged=true --feature-gates "$SGC_FEATURE_GATES" --profiling=false
+export KUBECONFIG="$kc/admin.kubeconfig"
+SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
+sgc_start kube-controller-manager kube-controller-manager \
+  --kubeconfig "$kc/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$kc/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$kc/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
+  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --feature-gates "$SGC_FEATURE_GATES" --profiling=false
+sgc_start kube-scheduler kube-scheduler \
+  --kubeconfig "$kc/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$kc/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$kc/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --leader-elect=false --feature-gates "$SGC_FEATURE_GATES" \
+  --profiling=false
+
+# ---- nodes -----------------------------------------------------------------------
+"$here/node.sh" "$bin"
+
+# ---- images and shareguard --------------------------------------------------------
+"$here/images.sh" "$bin"
+"$here/install.sh"
+
+echo "KUBECONFIG=$kc/admin.kubeconfig"
+echo "KUBECTL=$bin/kubectl"
