@@ -1,0 +1,188 @@
+//! The real test cluster (tests/cluster/, `make e2e`): kube-apiserver, the scheduler,
+//! two kubelets with containerd, and shareguard installed from deploy/. The scenarios
+//! drive it the way a user does, with kubectl, and read what it says as JSON.
+//!
+//! `tests/cluster/e2e.sh` starts a fresh cluster and runs the scenarios with
+//! `SGC_KUBECONFIG` and `SGC_KUBECTL` set; the scenarios are `#[ignore]`d in a plain
+//! `cargo test`, which has no cluster. Run by hand against a cluster of
+//! `make cluster-up`:
+//!
+//! ```sh
+//! SGC_KUBECONFIG=... SGC_KUBECTL=... cargo test -p shareguard-tests --test e2e -- --ignored
+//! ```
+//!
+//! Every namespace a scenario makes is a [`Namespace`] guard, deleted when it drops, also
+//! when the scenario panics; its name is unique per process and object.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// The driver shareguard's deploy/ configures.
+pub const DRIVER: &str = "shareguard.example.com";
+/// The nodes of tests/cluster/lib.sh.
+pub const NODES: [&str; 2] = ["sgc-node-1", "sgc-node-2"];
+/// The test-workload image (tests/cluster/images.sh): a shell, iperf3, ping, ip.
+pub const TOOLS_IMAGE: &str = "localhost/shareguard-e2e-tools:latest";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// kubectl on the test cluster.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// The cluster e2e.sh started. Panics with what to run when there is none: the
+    /// scenarios only run where e2e.sh (or a person) points them at a cluster.
+    pub fn from_env() -> Cluster {
+        let var = |name: &str| {
+            std::env::var_os(name).map(PathBuf::from).unwrap_or_else(|| {
+                panic!("{name} is not set: run the scenarios with `make e2e` (tests/cluster/e2e.sh)")
+            })
+        };
+        Cluster {
+            kubectl: var("SGC_KUBECTL"),
+            kubeconfig: var("SGC_KUBECONFIG"),
+        }
+    }
+
+    /// kubectl with these arguments, its output whatever it is.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.env("KUBECONFIG", &self.kubeconfig).args(args);
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {}: {e}", self.kubectl.display()));
+        if let Some(input) = stdin {
+            use std::io::Write;
+            // take(): stdin was set to piped just above.
+            let mut pipe = child.stdin.take().expect("piped stdin");
+            pipe.write_all(input.as_bytes())
+                .unwrap_or_else(|e| panic!("write kubectl's stdin: {e}"));
+        }
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("wait for kubectl: {e}"))
+    }
+
+    /// kubectl's stdout; panics with its stderr when it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of these documents.
+    pub fn apply(&self, yaml: &str) {
+        let out = self.run(&["apply", "-f", "-"], Some(yaml));
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `kubectl get ... -o json`, parsed.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let text = self.ok(&all);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("kubectl {} gave no JSON: {e}\n{text}", args.join(" ")))
+    }
+
+    /// The object, or None when the API server says it is not there.
+    pub fn get(&self, args: &[&str]) -> Option<Value> {
+        let mut all = vec!["get"];
+        all.extend(args);
+        all.extend(["-o", "json", "--ignore-not-found"]);
+        let out = self.run(&all, None);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed: {}",
+            all.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.trim().is_empty() {
+            return None;
+        }
+        Some(
+            serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("kubectl {} gave no JSON: {e}", all.join(" "))),
+        )
+    }
+
+    /// A fresh namespace, deleted when the guard drops.
+    pub fn namespace(&self, prefix: &str) -> Namespace {
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        self.ok(&["create", "namespace", &name]);
+        Namespace {
+            cluster: self.clone(),
+            name,
+        }
+    }
+}
+
+/// A namespace of one scenario; deleting it deletes its pods and claims, and so makes
+/// kubelet unprepare them.
+#[derive(Debug)]
+pub struct Namespace {
+    cluster: Cluster,
+    pub name: String,
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        // --wait=false: the guard also runs while a failing scenario unwinds, and the
+        // namespace's finalizers need not hold that up; the cluster goes after the run.
+        let _ = self
+            .cluster
+            .run(&["delete", "namespace", &self.name, "--wait=false"], None);
+    }
+}
+
+/// Polls `f` every 250 ms until it returns Ok, for at most `timeout`; panics naming
+/// `what` and the last state `f` described when it never does.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last: {last}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// A JSON field by path (`a.b.c`), or Null.
+pub fn field<'a>(v: &'a Value, path: &str) -> &'a Value {
+    path.split('.').fold(v, |v, k| &v[k])
+}
