@@ -159,11 +159,18 @@ pub struct Namespace {
 
 impl Drop for Namespace {
     fn drop(&mut self) {
-        // --wait=false: the guard also runs while a failing scenario unwinds, and the
-        // namespace's finalizers need not hold that up; the cluster goes after the run.
-        let _ = self
-            .cluster
-            .run(&["delete", "namespace", &self.name, "--wait=false"], None);
+        // Waits (bounded) until its pods and claims are gone, so that the next scenario
+        // finds the nodes' capacity free again.
+        let _ = self.cluster.run(
+            &[
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=true",
+                "--timeout=120s",
+            ],
+            None,
+        );
     }
 }
 
