@@ -4,8 +4,9 @@
 #
 #   localhost/shareguard-pause:1                 the pod sandbox (cmd/pause)
 #   localhost/shareguard-e2e-tools:latest        a shell (busybox), iperf3, ping, ip
-#   localhost/shareguard:$SGC_SHAREGUARD_TAG     the release binary and tc, the same
-#     (default "dev")                            content as the repository's Dockerfile
+#   localhost/shareguard:$SGC_SHAREGUARD_TAG     the release binary, tc, unshare and
+#     (default "dev")                            mount: what the repository's Dockerfile
+#                                                holds
 #
 # Each image is one layer of host binaries and the shared libraries they load (read
 # with ldd), written by oci_image.py. Usage: images.sh BIN_DIR
@@ -70,7 +71,8 @@ sg="$work/shareguard"
 skeleton "$sg"
 install -D -m 0755 "$repo/target/release/shareguard" "$sg/usr/local/bin/shareguard"
 libs "$sg" "$sg/usr/local/bin/shareguard"
-add "$sg" "$(command -v tc)"
+# tc for the agent's qdisc work; unshare and mount for each MPS daemon's /dev/shm.
+add "$sg" "$(command -v tc)" "$(command -v unshare)" "$(command -v mount)" "$(command -v umount)"
 python3 "$here/oci_image.py" --root "$sg" --name "localhost/shareguard:$tag" \
   --entrypoint /usr/local/bin/shareguard --out "$work/shareguard.tar"
 

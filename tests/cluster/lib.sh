@@ -48,6 +48,26 @@ sgc_in_node() {
   nsenter --net="$ns/$node.net" --mount="$ns/$node.mnt" --uts="$ns/$node.uts" -- "$@"
 }
 
+# sgc_start_in_node NODE NAME COMMAND...: a daemon in node NODE's namespaces, in a
+# session of its own, its output appended to logs/NODE-NAME.log.
+sgc_start_in_node() {
+  local node="$1" name="$2" ns
+  shift 2
+  ns="$(sgc_ns_dir)"
+  setsid nsenter --net="$ns/$node.net" --mount="$ns/$node.mnt" --uts="$ns/$node.uts" -- \
+    "$@" >>"$SGC_STATE/logs/$node-$name.log" 2>&1 </dev/null &
+  echo $! >"$SGC_STATE/run/$node-$name.pid"
+}
+
+# kubelet of node $1, with the config node.sh wrote (also used to restart it).
+sgc_start_kubelet() {
+  local node="$1"
+  sgc_start_in_node "$node" kubelet "$SGC_CACHE/bin/kubelet" \
+    --config /etc/kubernetes/kubelet.yaml \
+    --kubeconfig "$SGC_STATE/kubeconfig/kubelet-$node.kubeconfig" --hostname-override "$node" \
+    --node-ip "$(sgc_node_ip "$node")" --v=2
+}
+
 sgc_log() { echo "[cluster $(date +%T)] $*" >&2; }
 
 # Wait until `$@` succeeds, up to $SGC_WAIT seconds (default 120), polling every 0.5 s;

@@ -17,14 +17,6 @@ mkdir -p "$ns"
 mount --bind "$ns" "$ns"
 mount --make-private "$ns"
 
-sgc_start_in_node() {
-  local node="$1" name="$2"
-  shift 2
-  setsid nsenter --net="$ns/$node.net" --mount="$ns/$node.mnt" --uts="$ns/$node.uts" -- \
-    "$@" >"$SGC_STATE/logs/$node-$name.log" 2>&1 </dev/null &
-  echo $! >"$SGC_STATE/run/$node-$name.pid"
-}
-
 for node in "${SGC_NODES[@]}"; do
   dir="$(sgc_node_dir "$node")"
   ip="$(sgc_node_ip "$node")"
@@ -44,10 +36,17 @@ for node in "${SGC_NODES[@]}"; do
   # A mount point that the host lacks is made here and noted, so that down.sh removes
   # exactly what was made.
   for p in "${SGC_NODE_PATHS[@]}"; do
-    if [ ! -e "$p" ]; then
-      mkdir -p "$p"
-      echo "$p" >>"$SGC_STATE/made-on-host"
-    fi
+    # Each folder made, parents too (/etc/cni for /etc/cni/net.d), deepest last.
+    missing=()
+    q="$p"
+    while [ ! -e "$q" ]; do
+      missing=("$q" "${missing[@]}")
+      q="$(dirname "$q")"
+    done
+    for q in "${missing[@]}"; do
+      mkdir "$q"
+      echo "$q" >>"$SGC_STATE/made-on-host"
+    done
     mkdir -p "$dir/root$p"
   done
   cp "$bin"/{bridge,host-local,loopback,portmap} "$dir/root/opt/cni/bin/"
@@ -178,9 +177,7 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available:
 serializeImagePulls: false
 resolvConf: /etc/resolv.conf
 EOF
-  sgc_start_in_node "$node" kubelet kubelet --config /etc/kubernetes/kubelet.yaml \
-    --kubeconfig "$kc/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" \
-    --v=2
+  sgc_start_kubelet "$node"
   cat >"$dir/root/etc/kubernetes/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
