@@ -1,0 +1,283 @@
+//! Pod start on the real test cluster, with and without a share (docs/benchmarks.md,
+//! "On the test cluster"). A benchmark, not a test: it prints figures and asserts
+//! nothing about speed. Run it with `tests/cluster/bench.sh` (a fresh cluster, this,
+//! the cluster removed), or against a cluster of `make cluster-up` with SGC_KUBECONFIG
+//! and SGC_KUBECTL set, as root:
+//!
+//! ```sh
+//! cargo bench -p shareguard-tests --bench cluster
+//! ```
+//!
+//! One pod at a time, alternating between the two nodes, `SGC_BENCH_PODS` (20) of each
+//! kind: the baseline pods have no claim; the share pods each take 100M of their node's
+//! NIC from a claim template. For each pod: created (kubectl apply returned) to Running
+//! as kubectl sees it, polled every 50 ms; for share pods also created to the claim's
+//! `Enforced` condition True, and the agent's ENFORCED (the share's `updatedAt`) to the
+//! moment the condition was seen. Last, kubelet's own DRA operation durations from each
+//! node's metrics.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use shareguard_tests::cluster::{Cluster, DRIVER, NODES, TOOLS_IMAGE, field};
+
+const POLL: Duration = Duration::from_millis(50);
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn pod_yaml(ns: &str, name: &str, node: &str, claim: bool) -> String {
+    let (claims, uses, template) = if claim {
+        (
+            format!("  resourceClaims:\n  - name: net\n    resourceClaimTemplateName: {name}\n"),
+            "    resources:\n      claims:\n      - name: net\n",
+            format!(
+                "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: net\n        exactly:\n          deviceClassName: shareguard-net-bandwidth\n          capacity:\n            requests: {{bandwidth: 100M}}\n---\n"
+            ),
+        )
+    } else {
+        (String::new(), "", String::new())
+    };
+    format!(
+        "{template}apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 1\n{claims}  containers:\n  - name: tools\n    image: {TOOLS_IMAGE}\n    imagePullPolicy: Never\n    command: [sleep, \"86400\"]\n{uses}"
+    )
+}
+
+/// Polls `f` until it gives Some, returning that and the time since `start`.
+fn until<T>(what: &str, start: Instant, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    loop {
+        if let Some(v) = f() {
+            return (v, start.elapsed());
+        }
+        assert!(start.elapsed() < TIMEOUT, "timed out waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
+fn running(c: &Cluster, ns: &str, pod: &str) -> Option<()> {
+    let p = c.get(&["pod", "-n", ns, pod])?;
+    (field(&p, "status.phase") == "Running").then_some(())
+}
+
+fn agent_cli(c: &Cluster, node: &str, args: &[&str]) -> Value {
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-n",
+        "shareguard-system",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+    ]);
+    let pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut all = vec![
+        "exec",
+        "-n",
+        "shareguard-system",
+        &pod,
+        "-c",
+        "agent",
+        "--",
+        "shareguard",
+        "-o",
+        "json",
+    ];
+    all.extend(args);
+    serde_json::from_str(&c.ok(&all)).unwrap_or(Value::Null)
+}
+
+/// RFC 3339 with milliseconds, as the agent writes `updatedAt`, to a SystemTime.
+fn parse_time(s: &str) -> Option<SystemTime> {
+    // 2026-12-02T16:33:34.900+00:00
+    let (date, rest) = s.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let time = rest.get(..12)?;
+    let (h, mi, sec) = (
+        time.get(0..2)?.parse::<i64>().ok()?,
+        time.get(3..5)?.parse::<i64>().ok()?,
+        time.get(6..12)?.parse::<f64>().ok()?,
+    );
+    if !rest.ends_with("+00:00") && !rest.ends_with('Z') {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60;
+    let ms = u64::try_from(secs).ok()? * 1000 + (sec * 1000.0).round() as u64;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    // Nearest rank.
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn row(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "| {name} | {} | {:.2} | {:.2} | {:.2} |",
+        v.len(),
+        quantile(&v, 0.5).as_secs_f64(),
+        quantile(&v, 0.99).as_secs_f64(),
+        v.last().copied().unwrap_or_default().as_secs_f64()
+    );
+}
+
+/// kubelet's `dra_operations_duration_seconds` of `node`: (operation, count, sum) per
+/// operation.
+fn dra_metrics(c: &Cluster, node: &str) -> Vec<(String, f64, f64)> {
+    let text = c.ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/metrics"),
+    ]);
+    let mut out: Vec<(String, f64, f64)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("dra_operations_duration_seconds_") else {
+            continue;
+        };
+        let Some((kind, rest)) = rest.split_once('{') else {
+            continue;
+        };
+        let Some(op) = rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("operation_name=\""))
+            .and_then(|v| v.split('"').next())
+        else {
+            continue;
+        };
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let key = format!(
+            "{op}{}",
+            if rest.contains("is_error=\"true\"") {
+                " (error)"
+            } else {
+                ""
+            }
+        );
+        let slot = match out.iter().position(|(k, _, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                out.push((key, 0.0, 0.0));
+                out.len() - 1
+            }
+        };
+        match kind {
+            "count" => out[slot].1 += value,
+            "sum" => out[slot].2 += value,
+            _ => {}
+        }
+    }
+    out
+}
+
+fn main() {
+    if std::env::var_os("SGC_KUBECONFIG").is_none() {
+        eprintln!(
+            "SKIP cluster bench: no test cluster (run tests/cluster/bench.sh, or set SGC_KUBECONFIG and SGC_KUBECTL)"
+        );
+        return;
+    }
+    let c = Cluster::from_env();
+    let n: usize = std::env::var("SGC_BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let ns = c.namespace("bench-pods");
+    let mut baseline = Vec::new();
+    let mut share_running = Vec::new();
+    let mut share_enforced = Vec::new();
+    let mut convergence = Vec::new();
+    for i in 0..n {
+        for claim in [false, true] {
+            let node = NODES[i % NODES.len()];
+            let name = format!("{}-{i}", if claim { "share" } else { "plain" });
+            let start = Instant::now();
+            if claim {
+                // The template first, so that the pod's own time starts with the pod.
+                let doc = pod_yaml(&ns.name, &name, node, true);
+                let (template, pod) = doc.split_once("---\n").unwrap_or_default();
+                c.apply(template);
+                let start = Instant::now();
+                c.apply(pod);
+                let ((), t) = until("Running", start, || running(&c, &ns.name, &name));
+                share_running.push(t);
+                let ((share, seen), t) =
+                    until("Enforced", start, || enforced_of(&c, &ns.name, &name));
+                share_enforced.push(t);
+                let at = agent_cli(&c, node, &["share", &share]);
+                if let Some(agent_at) = at["updatedAt"].as_str().and_then(parse_time) {
+                    convergence.push(seen.duration_since(agent_at).unwrap_or_default());
+                }
+            } else {
+                c.apply(&pod_yaml(&ns.name, &name, node, false));
+                let ((), t) = until("Running", start, || running(&c, &ns.name, &name));
+                baseline.push(t);
+            }
+        }
+    }
+    println!("| pods, one at a time | n | p50 s | p99 s | max s |");
+    println!("|---|---:|---:|---:|---:|");
+    row("no claim: created -> Running", baseline);
+    row("100M share: created -> Running", share_running);
+    row(
+        "100M share: created -> Enforced in the claim",
+        share_enforced,
+    );
+    row("agent ENFORCED -> condition seen in the API", convergence);
+    println!();
+    println!("| node | kubelet DRA operation | count | mean ms |");
+    println!("|---|---|---:|---:|");
+    for node in NODES {
+        for (op, count, sum) in dra_metrics(&c, node) {
+            let mean = if count > 0.0 {
+                sum / count * 1000.0
+            } else {
+                0.0
+            };
+            println!("| {node} | {op} | {count} | {mean:.1} |");
+        }
+    }
+}
+
+/// The Enforced entry of the claim made for pod `pod` (its claims are named after it).
+fn enforced_of(c: &Cluster, ns: &str, pod: &str) -> Option<(String, SystemTime)> {
+    let p = c.get(&["pod", "-n", ns, pod])?;
+    let claim = field(&p, "status.resourceClaimStatuses")
+        .as_array()?
+        .first()?
+        .get("resourceClaimName")?
+        .as_str()?
+        .to_string();
+    let claim = c.get(&["resourceclaim", "-n", ns, &claim])?;
+    let entry = field(&claim, "status.devices")
+        .as_array()?
+        .iter()
+        .find(|d| d["driver"] == DRIVER)?
+        .clone();
+    let ok = entry["conditions"]
+        .as_array()?
+        .iter()
+        .any(|k| k["type"] == "Enforced" && k["status"] == "True");
+    ok.then(|| {
+        (
+            entry["shareID"].as_str().unwrap_or_default().to_string(),
+            SystemTime::now(),
+        )
+    })
+}
