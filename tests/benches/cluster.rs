@@ -18,7 +18,6 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::Value;
 use shareguard_tests::cluster::{Cluster, DRIVER, NODES, TOOLS_IMAGE, field};
 
 const POLL: Duration = Duration::from_millis(50);
@@ -55,35 +54,6 @@ fn until<T>(what: &str, start: Instant, mut f: impl FnMut() -> Option<T>) -> (T,
 fn running(c: &Cluster, ns: &str, pod: &str) -> Option<()> {
     let p = c.get(&["pod", "-n", ns, pod])?;
     (field(&p, "status.phase") == "Running").then_some(())
-}
-
-fn agent_cli(c: &Cluster, node: &str, args: &[&str]) -> Value {
-    let pods = c.json(&[
-        "get",
-        "pods",
-        "-n",
-        "shareguard-system",
-        "--field-selector",
-        &format!("spec.nodeName={node}"),
-    ]);
-    let pod = pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let mut all = vec![
-        "exec",
-        "-n",
-        "shareguard-system",
-        &pod,
-        "-c",
-        "agent",
-        "--",
-        "shareguard",
-        "-o",
-        "json",
-    ];
-    all.extend(args);
-    serde_json::from_str(&c.ok(&all)).unwrap_or(Value::Null)
 }
 
 /// RFC 3339 with milliseconds, as the agent writes `updatedAt`, to a SystemTime.
@@ -220,7 +190,7 @@ fn main() {
                 let ((share, seen), t) =
                     until("Enforced", start, || enforced_of(&c, &ns.name, &name));
                 share_enforced.push(t);
-                let at = agent_cli(&c, node, &["share", &share]);
+                let at = c.agent_cli(node, &["share", &share]);
                 if let Some(agent_at) = at["updatedAt"].as_str().and_then(parse_time) {
                     convergence.push(seen.duration_since(agent_at).unwrap_or_default());
                 }

@@ -134,6 +134,44 @@ impl Cluster {
         )
     }
 
+    /// The shareguard agent pod (DaemonSet `shareguard-agent`) on `node`.
+    pub fn agent_pod(&self, node: &str) -> String {
+        let pods = self.json(&[
+            "get",
+            "pods",
+            "-n",
+            "shareguard-system",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+        ]);
+        pods["items"][0]["metadata"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no shareguard pod on {node}: {pods}"))
+            .to_string()
+    }
+
+    /// `shareguard -o json ARGS` in the agent container on `node`: the SRE's CLI on the
+    /// agent's socket.
+    pub fn agent_cli(&self, node: &str, args: &[&str]) -> Value {
+        let pod = self.agent_pod(node);
+        let mut all = vec![
+            "exec",
+            "-n",
+            "shareguard-system",
+            &pod,
+            "-c",
+            "agent",
+            "--",
+            "shareguard",
+            "-o",
+            "json",
+        ];
+        all.extend(args);
+        let text = self.ok(&all);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("shareguard {args:?} gave no JSON: {e}: {text}"))
+    }
+
     /// A fresh namespace, deleted when the guard drops.
     pub fn namespace(&self, prefix: &str) -> Namespace {
         let name = format!(

@@ -109,42 +109,6 @@ fn wait_running(c: &Cluster, ns: &str, pod: &str) -> Value {
     })
 }
 
-/// The shareguard agent pod on `node`.
-fn agent_pod(c: &Cluster, node: &str) -> String {
-    let pods = c.json(&[
-        "get",
-        "pods",
-        "-n",
-        "shareguard-system",
-        "--field-selector",
-        &format!("spec.nodeName={node}"),
-    ]);
-    pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no shareguard pod on {node}: {pods}"))
-        .to_string()
-}
-
-/// `shareguard -o json ARGS` in the agent container on `node`.
-fn agent_cli(c: &Cluster, node: &str, args: &[&str]) -> Value {
-    let pod = agent_pod(c, node);
-    let mut all = vec![
-        "exec",
-        "-n",
-        "shareguard-system",
-        &pod,
-        "-c",
-        "agent",
-        "--",
-        "shareguard",
-        "-o",
-        "json",
-    ];
-    all.extend(args);
-    let text = c.ok(&all);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("shareguard {args:?}: {e}: {text}"))
-}
-
 /// The single claim of a namespace (made from its pod's template).
 fn only_claim(c: &Cluster, ns: &str) -> Value {
     let claims = c.json(&["get", "resourceclaims", "-n", ns]);
@@ -203,6 +167,57 @@ fn pod_ip(p: &Value) -> String {
     field(p, "status.podIP")
         .as_str()
         .unwrap_or_else(|| panic!("pod has no IP: {p}"))
+        .to_string()
+}
+
+/// An iperf3 server pod on `node` (no claim), in a namespace of its own: the guard and
+/// the server's address once it runs.
+fn iperf_server(c: &Cluster, node: &str) -> (Namespace, String) {
+    let ns = c.namespace("e2e-iperf");
+    c.apply(&tools_pod(
+        &ns.name,
+        "server",
+        node,
+        None,
+        &["iperf3", "-s"],
+    ));
+    let ip = pod_ip(&wait_running(c, &ns.name, "server"));
+    (ns, ip)
+}
+
+/// iperf3 from `ns/pod` to `server` (or back, with `reverse`) measures goodput within
+/// the band the other bandwidth tests hold shaped shares to. Call under the traffic lock.
+fn assert_in_band(
+    c: &Cluster,
+    ns: &str,
+    pod: &str,
+    server: &str,
+    reverse: bool,
+    limit_bits: f64,
+    what: &str,
+) {
+    let way = if reverse {
+        "into the pod"
+    } else {
+        "out of the pod"
+    };
+    let rate = iperf(c, ns, pod, server, reverse);
+    let ratio = rate / limit_bits;
+    eprintln!(
+        "{what} {way}: {:.1} Mbit/s, {ratio:.3} of the limit",
+        rate / 1e6
+    );
+    assert!(
+        (GOODPUT_LOW..=GOODPUT_HIGH).contains(&ratio),
+        "{what} {way}: goodput {ratio:.3} of the limit, outside {GOODPUT_LOW}..{GOODPUT_HIGH}"
+    );
+}
+
+/// The shareID of a claim's first allocation result.
+fn first_share_id(claim: &Value) -> String {
+    field(claim, "status.allocation.devices.results")[0]["shareID"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no shareID in the allocation: {claim}"))
         .to_string()
 }
 
@@ -267,14 +282,7 @@ fn a_each_node_publishes_its_own_pool_with_every_field_kept() {
 fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
     let c = Cluster::from_env();
     let node = NODES[0];
-    let server_ns = c.namespace("e2e-iperf");
-    c.apply(&tools_pod(
-        &server_ns.name,
-        "server",
-        node,
-        None,
-        &["iperf3", "-s"],
-    ));
+    let (_server_ns, server) = iperf_server(&c, node);
     let allocated_before = allocated_bandwidth(&c, node);
     let tenants: Vec<(Namespace, &str, f64)> = [
         ("e2e-a", "200M", 200e6, ClaimKind::Template),
@@ -287,7 +295,6 @@ fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
         (ns, amount, bits)
     })
     .collect();
-    let server = pod_ip(&wait_running(&c, &server_ns.name, "server"));
 
     for (ns, amount, bits) in &tenants {
         let pod = wait_running(&c, &ns.name, "client");
@@ -326,21 +333,7 @@ fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
 
         let _lock = TrafficLock::acquire();
         for reverse in [false, true] {
-            let way = if reverse {
-                "into the pod"
-            } else {
-                "out of the pod"
-            };
-            let rate = iperf(&c, &ns.name, "client", &server, reverse);
-            let ratio = rate / bits;
-            eprintln!(
-                "{amount} {way}: {:.1} Mbit/s, {ratio:.3} of the limit",
-                rate / 1e6
-            );
-            assert!(
-                (GOODPUT_LOW..=GOODPUT_HIGH).contains(&ratio),
-                "{amount} {way}: goodput {ratio:.3} of the limit, outside {GOODPUT_LOW}..{GOODPUT_HIGH}"
-            );
+            assert_in_band(&c, &ns.name, "client", &server, reverse, *bits, amount);
         }
     }
     let allocated_all = allocated_bandwidth(&c, node);
@@ -357,16 +350,13 @@ fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let share_id = field(&claim, "status.allocation.devices.results")[0]["shareID"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let share_id = first_share_id(&claim);
     c.ok(&["delete", "pod", "-n", &ns.name, "client", "--wait=true"]);
     wait_for(
         &format!("share {share_id} ({amount}) released on {node}"),
         STATUS_TIMEOUT,
         || {
-            let s = agent_cli(&c, node, &["share", &share_id]);
+            let s = c.agent_cli(node, &["share", &share_id]);
             if s["phase"] == "PHASE_RELEASED" {
                 Ok(())
             } else {
@@ -402,7 +392,7 @@ fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
 
 /// The bandwidth nic-0 of `node` has allocated, in bit/s, from the agent's ledger.
 fn allocated_bandwidth(c: &Cluster, node: &str) -> u64 {
-    let devices = agent_cli(c, node, &["devices"]);
+    let devices = c.agent_cli(node, &["devices"]);
     let nic = devices["devices"]
         .as_array()
         .into_iter()
@@ -524,14 +514,7 @@ fn d_two_tenants_race_for_the_last_share_and_the_loser_waits() {
         ClaimKind::Template,
     ));
     wait_running(&c, &filler.name, "fill");
-    let server_ns = c.namespace("e2e-iperf");
-    c.apply(&tools_pod(
-        &server_ns.name,
-        "server",
-        node,
-        None,
-        &["iperf3", "-s"],
-    ));
+    let (_server_ns, server) = iperf_server(&c, node);
     // Both at once: 200M is left, each asks 200M.
     let racers: Vec<Namespace> = ["e2e-d1", "e2e-d2"].map(|p| c.namespace(p)).into();
     let docs: Vec<String> = racers
@@ -584,13 +567,15 @@ fn d_two_tenants_race_for_the_last_share_and_the_loser_waits() {
     let loser_ns = &racers[loser].name;
     wait_running(&c, loser_ns, "racer");
     wait_enforced_status(&c, loser_ns);
-    let server = pod_ip(&wait_running(&c, &server_ns.name, "server"));
     let _lock = TrafficLock::acquire();
-    let ratio = iperf(&c, loser_ns, "racer", &server, true) / 200e6;
-    eprintln!("the loser, once scheduled: {ratio:.3} of 200M into the pod");
-    assert!(
-        (GOODPUT_LOW..=GOODPUT_HIGH).contains(&ratio),
-        "the loser's goodput {ratio:.3} of its limit, outside {GOODPUT_LOW}..{GOODPUT_HIGH}"
+    assert_in_band(
+        &c,
+        loser_ns,
+        "racer",
+        &server,
+        true,
+        200e6,
+        "the loser's 200M, once scheduled",
     );
 }
 
@@ -622,7 +607,7 @@ fn i_an_amount_off_the_step_grid_is_rounded_up_everywhere() {
     assert_eq!(field(&entry, "data.requested.bandwidth"), "210M", "{entry}");
     assert_eq!(field(&entry, "data.enforced.bandwidth"), "210M", "{entry}");
     let share_id = result["shareID"].as_str().unwrap_or_default();
-    let share = agent_cli(&c, node, &["share", share_id]);
+    let share = c.agent_cli(node, &["share", share_id]);
     assert_eq!(share["limits"][0]["requested"], "210M", "{share}");
     assert_eq!(allocated_bandwidth(&c, node), before + 210_000_000);
 }
@@ -630,7 +615,7 @@ fn i_an_amount_off_the_step_grid_is_rounded_up_everywhere() {
 /// The host pid of the shareguard agent in its pod on `node`: the process whose command
 /// line is `shareguard agent ...` and whose cgroup is that pod's.
 fn agent_host_pid(c: &Cluster, node: &str) -> u32 {
-    let pod = agent_pod(c, node);
+    let pod = c.agent_pod(node);
     let uid = field(
         &c.json(&["get", "pod", "-n", "shareguard-system", &pod]),
         "metadata.uid",
@@ -663,7 +648,7 @@ fn agent_host_pid(c: &Cluster, node: &str) -> u32 {
 
 /// The agent container's restart count and readiness on `node`.
 fn agent_container(c: &Cluster, node: &str) -> (u64, bool) {
-    let pod = c.json(&["get", "pod", "-n", "shareguard-system", &agent_pod(c, node)]);
+    let pod = c.json(&["get", "pod", "-n", "shareguard-system", &c.agent_pod(node)]);
     let status = field(&pod, "status.containerStatuses")
         .as_array()
         .into_iter()
@@ -678,7 +663,7 @@ fn agent_container(c: &Cluster, node: &str) -> (u64, bool) {
 }
 
 fn share_phase(c: &Cluster, node: &str, share_id: &str) -> String {
-    agent_cli(c, node, &["share", share_id])["phase"]
+    c.agent_cli(node, &["share", share_id])["phase"]
         .as_str()
         .unwrap_or_default()
         .to_string()
@@ -692,14 +677,7 @@ fn share_phase(c: &Cluster, node: &str, share_id: &str) -> String {
 fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     let c = Cluster::from_env();
     let node = NODES[1];
-    let server_ns = c.namespace("e2e-iperf");
-    c.apply(&tools_pod(
-        &server_ns.name,
-        "server",
-        node,
-        None,
-        &["iperf3", "-s"],
-    ));
+    let (_server_ns, server) = iperf_server(&c, node);
     let ns = c.namespace("e2e-f");
     c.apply(&bandwidth_pod(
         &ns.name,
@@ -711,11 +689,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     wait_running(&c, &ns.name, "client");
     wait_enforced_status(&c, &ns.name);
     let claim = only_claim(&c, &ns.name);
-    let share_id = field(&claim, "status.allocation.devices.results")[0]["shareID"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let server = pod_ip(&wait_running(&c, &server_ns.name, "server"));
+    let share_id = first_share_id(&claim);
 
     let (restarts, _) = agent_container(&c, node);
     let pid = agent_host_pid(&c, node);
@@ -727,11 +701,14 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     {
         // Right away, while kubelet brings the container back.
         let _lock = TrafficLock::acquire();
-        let ratio = iperf(&c, &ns.name, "client", &server, true) / 200e6;
-        eprintln!("200M into the pod while the agent was killed: {ratio:.3} of the limit");
-        assert!(
-            (GOODPUT_LOW..=GOODPUT_HIGH).contains(&ratio),
-            "with the agent killed, goodput {ratio:.3} of the limit, outside {GOODPUT_LOW}..{GOODPUT_HIGH}"
+        assert_in_band(
+            &c,
+            &ns.name,
+            "client",
+            &server,
+            true,
+            200e6,
+            "200M with the agent killed",
         );
     }
     wait_for(
