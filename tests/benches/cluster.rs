@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use shareguard_tests::cluster::{Cluster, DRIVER, NODES, TOOLS_IMAGE, field};
+use shareguard_tests::cluster::{Cluster, NODES, TOOLS_IMAGE, driver_entry, field, is_enforced};
 
 const POLL: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -235,16 +235,8 @@ fn enforced_of(c: &Cluster, ns: &str, pod: &str) -> Option<(String, SystemTime)>
         .as_str()?
         .to_string();
     let claim = c.get(&["resourceclaim", "-n", ns, &claim])?;
-    let entry = field(&claim, "status.devices")
-        .as_array()?
-        .iter()
-        .find(|d| d["driver"] == DRIVER)?
-        .clone();
-    let ok = entry["conditions"]
-        .as_array()?
-        .iter()
-        .any(|k| k["type"] == "Enforced" && k["status"] == "True");
-    ok.then(|| {
+    let entry = driver_entry(&claim)?;
+    is_enforced(entry).then(|| {
         (
             entry["shareID"].as_str().unwrap_or_default().to_string(),
             SystemTime::now(),

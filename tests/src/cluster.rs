@@ -227,6 +227,23 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<
     }
 }
 
+/// The claim's `status.devices` entry written by shareguard's driver, if any.
+pub fn driver_entry(claim: &Value) -> Option<&Value> {
+    field(claim, "status.devices")
+        .as_array()?
+        .iter()
+        .find(|d| d["driver"] == DRIVER)
+}
+
+/// Whether a `status.devices` entry has its `Enforced` condition True.
+pub fn is_enforced(entry: &Value) -> bool {
+    entry["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|k| k["type"] == "Enforced" && k["status"] == "True")
+}
+
 /// A JSON field by path (`a.b.c`), or Null.
 pub fn field<'a>(v: &'a Value, path: &str) -> &'a Value {
     path.split('.').fold(v, |v, k| &v[k])

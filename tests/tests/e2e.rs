@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use shareguard_tests::{
-    cluster::{Cluster, DRIVER, NODES, Namespace, TOOLS_IMAGE, field, wait_for},
+    cluster::{
+        Cluster, DRIVER, NODES, Namespace, TOOLS_IMAGE, driver_entry, field, is_enforced, wait_for,
+    },
     net::{GOODPUT_HIGH, GOODPUT_LOW, TrafficLock},
 };
 
@@ -124,20 +126,9 @@ fn wait_enforced_status(c: &Cluster, ns: &str) -> Value {
         STATUS_TIMEOUT,
         || {
             let claim = only_claim(c, ns);
-            let devices = field(&claim, "status.devices")
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let entry = devices
-                .iter()
-                .find(|d| d["driver"] == DRIVER)
+            let entry = driver_entry(&claim)
                 .ok_or_else(|| format!("no {DRIVER} entry: {}", field(&claim, "status")))?;
-            let enforced = entry["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|k| k["type"] == "Enforced" && k["status"] == "True");
-            if enforced {
+            if is_enforced(entry) {
                 Ok(entry.clone())
             } else {
                 Err(format!("{entry}"))
