@@ -3,13 +3,13 @@
 
 use std::{
     path::Path,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::{Duration, Instant},
 };
 
 use shareguard_proto::v1::{self as pb, node_agent_client::NodeAgentClient};
 use tonic::{Code, transport::Channel};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::ClaimError;
 
@@ -17,45 +17,50 @@ use crate::error::ClaimError;
 /// 45 s; the agent answers Prepare once the claim is durable, in milliseconds, and its
 /// own deadline for anything slow (a GPU driver call) is below this.
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a Prepare or Unprepare waits for an agent that cannot be reached: well
+/// inside the plugin's own deadline for kubelet's call (`driver::CALL_DEADLINE`).
+const AGENT_WAIT: Duration = Duration::from_secs(25);
 
 pub struct Agent {
     client: NodeAgentClient<Channel>,
-    epoch: u64,
+    /// Set by [`Agent::take_epoch`]; 0 until then, and no Prepare or Unprepare goes out
+    /// with 0 (`Agent::check_epoch`).
+    epoch: AtomicU64,
     fenced: AtomicBool,
 }
 
+/// Refusals that waiting does not cure: the agent refuses the plugin (its uid is not
+/// in the agent's `allowed_uids`) or does not know the call (an older agent).
+fn refuses_for_good(code: Code) -> bool {
+    matches!(
+        code,
+        Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
+    )
+}
+
 impl Agent {
-    /// Waits for the agent, takes a new epoch, which fences the instance this one
-    /// replaces at once, and reads the inventory.
-    /// Fails at once when the agent answers but refuses the plugin (its uid is not in
-    /// the agent's `allowed_uids`) or does not know the calls (an older agent): waiting
-    /// would not help.
-    pub async fn start(socket: &Path) -> Result<(Self, pb::ListDevicesResponse), tonic::Status> {
+    /// Waits for the agent and reads its inventory. Takes no epoch yet: the instance
+    /// this one replaces keeps serving until [`Agent::take_epoch`].
+    pub async fn connect(socket: &Path) -> Result<(Self, pb::ListDevicesResponse), tonic::Status> {
         let client = NodeAgentClient::new(shareguard_uds::client::lazy(socket));
         let mut delay = Duration::from_millis(100);
         let mut waited = Duration::ZERO;
         let mut warned = false;
         loop {
-            match Self::first_calls(&client).await {
-                Ok((epoch, inventory)) => {
-                    info!(epoch, socket = %socket.display(), "connected to the node agent");
+            match client.clone().list_devices(pb::ListDevicesRequest {}).await {
+                Ok(inventory) => {
+                    info!(socket = %socket.display(), "connected to the node agent");
                     let agent = Self {
                         client,
-                        epoch,
+                        epoch: AtomicU64::new(0),
                         fenced: AtomicBool::new(false),
                     };
-                    return Ok((agent, inventory));
+                    return Ok((agent, inventory.into_inner()));
                 }
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
-                    ) =>
-                {
-                    return Err(e);
-                }
+                Err(e) if refuses_for_good(e.code()) => return Err(e),
                 Err(e) => {
-                    // The agent is a sibling container or unit that may start later.
+                    // The agent runs in a pod of its own that may start later, or be
+                    // replaced meanwhile (an update of its DaemonSet).
                     if !warned || waited >= Duration::from_secs(30) {
                         warn!(socket = %socket.display(), error = %e.message(), "waiting for the node agent");
                         warned = true;
@@ -69,25 +74,34 @@ impl Agent {
         }
     }
 
-    async fn first_calls(
-        client: &NodeAgentClient<Channel>,
-    ) -> Result<(u64, pb::ListDevicesResponse), tonic::Status> {
-        let epoch = client
-            .clone()
-            .new_epoch(pb::NewEpochRequest {})
-            .await?
-            .into_inner()
-            .epoch;
-        let inventory = client
-            .clone()
-            .list_devices(pb::ListDevicesRequest {})
-            .await?
-            .into_inner();
-        Ok((epoch, inventory))
+    /// Takes a new epoch, above every one the agent accepted. From here on the agent
+    /// refuses the instance this one replaces, which passes kubelet's calls on to this
+    /// one until kubelet has switched (`kubelet::forward`). Waits out an agent restart.
+    pub async fn take_epoch(&self) -> Result<u64, tonic::Status> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.client.clone().new_epoch(pb::NewEpochRequest {}).await {
+                Ok(r) => {
+                    let epoch = r.into_inner().epoch;
+                    self.epoch.store(epoch, Ordering::Release);
+                    info!(
+                        epoch,
+                        "took a new epoch; earlier plugin instances are fenced"
+                    );
+                    return Ok(epoch);
+                }
+                Err(e) if refuses_for_good(e.code()) => return Err(e),
+                Err(e) => {
+                    warn!(error = %e.message(), "taking an epoch from the node agent; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
     }
 
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::Acquire)
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -109,40 +123,75 @@ impl Agent {
         &self,
         claims: Vec<pb::ClaimPrepare>,
     ) -> Result<pb::PrepareResponse, ClaimError> {
-        if self.is_fenced() {
-            return Err(ClaimError::Fenced(self.epoch));
-        }
-        let mut req = tonic::Request::new(pb::PrepareRequest {
-            epoch: self.epoch,
-            claims,
-        });
-        req.set_timeout(CALL_TIMEOUT);
-        self.client
-            .clone()
-            .prepare(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| self.call_error(&s))
+        self.check_epoch()?;
+        self.waiting_for_agent(|| {
+            let mut req = tonic::Request::new(pb::PrepareRequest {
+                epoch: self.epoch(),
+                claims: claims.clone(),
+            });
+            req.set_timeout(CALL_TIMEOUT);
+            let mut client = self.client.clone();
+            async move { client.prepare(req).await }
+        })
+        .await
     }
 
     pub async fn unprepare(
         &self,
         claims: Vec<pb::ClaimRef>,
     ) -> Result<pb::UnprepareResponse, ClaimError> {
+        self.check_epoch()?;
+        self.waiting_for_agent(|| {
+            let mut req = tonic::Request::new(pb::UnprepareRequest {
+                epoch: self.epoch(),
+                claims: claims.clone(),
+            });
+            req.set_timeout(CALL_TIMEOUT);
+            let mut client = self.client.clone();
+            async move { client.unprepare(req).await }
+        })
+        .await
+    }
+
+    /// Refuses a mutating call of a fenced instance, or of one that has no epoch yet
+    /// (its DRA socket serves from before it takes one, see `run`).
+    fn check_epoch(&self) -> Result<(), ClaimError> {
         if self.is_fenced() {
-            return Err(ClaimError::Fenced(self.epoch));
+            return Err(ClaimError::Fenced(self.epoch()));
         }
-        let mut req = tonic::Request::new(pb::UnprepareRequest {
-            epoch: self.epoch,
-            claims,
-        });
-        req.set_timeout(CALL_TIMEOUT);
-        self.client
-            .clone()
-            .unprepare(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| self.call_error(&s))
+        if self.epoch() == 0 {
+            return Err(ClaimError::Agent {
+                code: Code::Unavailable,
+                message: "this kubelet plugin instance has not taken its epoch yet".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes `call` until the agent answers, for at most [`AGENT_WAIT`]: an update of the
+    /// agent's DaemonSet replaces its pod in seconds, and kubelet's call should not fail
+    /// meanwhile. Calling again is safe: a Prepare or Unprepare the agent already did is
+    /// answered from its store with no second effect.
+    async fn waiting_for_agent<T, F, Fut>(&self, call: F) -> Result<T, ClaimError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match call().await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s)
+                    if s.code() == Code::Unavailable && started.elapsed() + delay < AGENT_WAIT =>
+                {
+                    debug!(error = %s.message(), retry_in = ?delay, "the node agent is unavailable; waiting for it");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                Err(s) => return Err(self.call_error(&s)),
+            }
+        }
     }
 
     /// A stream of share changes: the snapshot, its end marker, then every change.
@@ -159,7 +208,7 @@ impl Agent {
     pub fn claim_error(&self, e: &pb::Error) -> ClaimError {
         if is_stale_epoch(&e.code, &e.field) {
             self.fence();
-            return ClaimError::Fenced(self.epoch);
+            return ClaimError::Fenced(self.epoch());
         }
         let mut text = format!("{}: {}", e.code, e.message);
         if !e.field.is_empty() {
@@ -176,7 +225,7 @@ impl Agent {
         // epoch (see its RequestError::code).
         if s.code() == Code::FailedPrecondition {
             self.fence();
-            return ClaimError::Fenced(self.epoch);
+            return ClaimError::Fenced(self.epoch());
         }
         ClaimError::Agent {
             code: s.code(),
@@ -187,7 +236,7 @@ impl Agent {
     fn fence(&self) {
         if !self.fenced.swap(true, Ordering::Relaxed) {
             warn!(
-                epoch = self.epoch,
+                epoch = self.epoch(),
                 "the agent follows a newer kubelet plugin instance; this one is fenced"
             );
         }

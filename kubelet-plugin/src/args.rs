@@ -19,6 +19,17 @@ pub struct PluginArgs {
     /// kubelet's plugins directory; the plugin serves `<driver>/dra.sock` there.
     #[arg(long, default_value = "/var/lib/kubelet/plugins")]
     pub plugins_dir: PathBuf,
+    /// Names this instance's sockets `<driver>-<id>-reg.sock` and `<driver>/dra-<id>.sock`
+    /// instead of `<driver>-reg.sock` and `<driver>/dra.sock`, so that a new instance
+    /// can serve beside the one it replaces (kubelet 1.33 and later keep several
+    /// instances of one driver and call the newest). The pod's uid in a DaemonSet.
+    #[arg(long, env = "POD_UID", value_parser = instance_id)]
+    pub instance_id: Option<String>,
+    /// Serves `/healthz` and `/readyz` here (for example `0.0.0.0:9465` in the pod's own
+    /// network namespace). Ready once the instance holds the agent's epoch and kubelet
+    /// registered every driver; not ready once a newer instance fenced it.
+    #[arg(long)]
+    pub health_addr: Option<std::net::SocketAddr>,
     /// A kubeconfig; without it, the in-cluster config, then `$KUBECONFIG`.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -27,4 +38,34 @@ pub struct PluginArgs {
     /// against the API server every ten of these periods regardless.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub resync_seconds: u64,
+}
+
+/// A pod uid, or anything that makes one file name: lowercase letters, digits and `-`,
+/// 1 to 63 characters.
+fn instance_id(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?}: 1 to 63 lowercase letters, digits or '-' (a pod uid), since it becomes part of a socket's file name"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_id_is_one_safe_file_name_part() {
+        assert!(instance_id("0f5e3d1c-7b2a-4c9d-8e6f-1a2b3c4d5e6f").is_ok());
+        for bad in ["", "../x", "a/b", "A", "a.b", &"a".repeat(64)] {
+            let e = instance_id(bad).unwrap_err();
+            assert!(e.contains("socket"), "{bad:?}: {e}");
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, RwLock},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::future::join_all;
@@ -18,6 +18,7 @@ use crate::{
     cluster::Cluster,
     error::ClaimError,
     inventory::DriverDevices,
+    kubelet::Successors,
     policy::PolicySnapshot,
 };
 
@@ -58,18 +59,36 @@ pub struct Driver {
     agent: Arc<Agent>,
     cluster: Cluster,
     devices: RwLock<Arc<Devices>>,
+    /// Where calls go once this instance is fenced.
+    successors: Successors,
+}
+
+/// Where a call came from: kubelet, or a fenced instance that passed it on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    Kubelet,
+    /// Never passed on again.
+    FencedInstance,
 }
 
 /// Claim uid (kubelet's key) -> the answer for it.
 pub type Answers<T> = Vec<(String, Result<T, String>)>;
 
 impl Driver {
-    pub fn new(name: &str, agent: Arc<Agent>, cluster: Cluster, devices: Devices) -> Self {
+    /// `successors` finds the instances that may replace this one.
+    pub fn new(
+        name: &str,
+        agent: Arc<Agent>,
+        cluster: Cluster,
+        devices: Devices,
+        successors: Successors,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             agent,
             cluster,
             devices: RwLock::new(Arc::new(devices)),
+            successors,
         }
     }
 
@@ -97,7 +116,42 @@ impl Driver {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(devices);
     }
 
-    pub async fn prepare(&self, claims: &[pb::ClaimRef]) -> Answers<Vec<DeviceAnswer>> {
+    pub async fn prepare(
+        &self,
+        claims: &[pb::ClaimRef],
+        caller: Caller,
+    ) -> Answers<Vec<DeviceAnswer>> {
+        let started = Instant::now();
+        if caller == Caller::Kubelet
+            && self.agent.is_fenced()
+            && let Some(a) = self.pass_on_prepare(claims, started).await
+        {
+            return a;
+        }
+        let answers = self.prepare_bounded(claims).await;
+        // Fenced during this call: the agent refused the whole request before it
+        // changed anything, so the successor can do all of it.
+        if caller == Caller::Kubelet
+            && self.agent.is_fenced()
+            && let Some(a) = self.pass_on_prepare(claims, started).await
+        {
+            return a;
+        }
+        answers
+    }
+
+    async fn pass_on_prepare(
+        &self,
+        claims: &[pb::ClaimRef],
+        started: Instant,
+    ) -> Option<Answers<Vec<DeviceAnswer>>> {
+        let left = CALL_DEADLINE.checked_sub(started.elapsed())?;
+        self.successors
+            .prepare(claims, self.agent.epoch(), left)
+            .await
+    }
+
+    async fn prepare_bounded(&self, claims: &[pb::ClaimRef]) -> Answers<Vec<DeviceAnswer>> {
         match tokio::time::timeout(CALL_DEADLINE, self.prepare_all(claims)).await {
             Ok(answers) => answers,
             Err(_) => claims
@@ -196,7 +250,36 @@ impl Driver {
         )
     }
 
-    pub async fn unprepare(&self, claims: &[pb::ClaimRef]) -> Answers<()> {
+    pub async fn unprepare(&self, claims: &[pb::ClaimRef], caller: Caller) -> Answers<()> {
+        let started = Instant::now();
+        if caller == Caller::Kubelet
+            && self.agent.is_fenced()
+            && let Some(a) = self.pass_on_unprepare(claims, started).await
+        {
+            return a;
+        }
+        let answers = self.unprepare_own(claims).await;
+        if caller == Caller::Kubelet
+            && self.agent.is_fenced()
+            && let Some(a) = self.pass_on_unprepare(claims, started).await
+        {
+            return a;
+        }
+        answers
+    }
+
+    async fn pass_on_unprepare(
+        &self,
+        claims: &[pb::ClaimRef],
+        started: Instant,
+    ) -> Option<Answers<()>> {
+        let left = CALL_DEADLINE.checked_sub(started.elapsed())?;
+        self.successors
+            .unprepare(claims, self.agent.epoch(), left)
+            .await
+    }
+
+    async fn unprepare_own(&self, claims: &[pb::ClaimRef]) -> Answers<()> {
         let span = info_span!("unprepare", claims = claims.len());
         async {
             let results = match tokio::time::timeout(

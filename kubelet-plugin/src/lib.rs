@@ -13,6 +13,7 @@ pub mod claims;
 mod cluster;
 mod driver;
 pub mod error;
+mod health;
 pub mod inventory;
 pub mod kubelet;
 pub mod policy;

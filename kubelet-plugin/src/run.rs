@@ -1,7 +1,8 @@
 //! The plugin process: wait for the agent, learn its drivers, serve kubelet one
-//! registration socket and one DRA socket per driver, and stop cleanly.
+//! registration socket and one DRA socket per driver, and stop cleanly, beside the
+//! instance it replaces during a rolling update.
 
-use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -20,33 +21,71 @@ use crate::{
     cluster::{self, Cluster},
     driver::{Devices, Driver},
     error::PluginError,
+    health::{self, Readiness},
     inventory::{DriverDevices, Inventory},
-    kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
+    kubelet::{Registration, RegistrationState, SocketFile, Successors, V1, V1Beta1},
     slices::{PublishError, Publisher},
     status::StatusWriter,
 };
 
-/// How long a stop waits for calls in flight.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long a stop waits for calls in flight, once the registration sockets are gone.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The file names of one driver's sockets: `<driver>-reg.sock` and `dra.sock`, or with
+/// `--instance-id` `<driver>-<id>-reg.sock` and `dra-<id>.sock` (the names kubelet's own
+/// Go helper uses for rolling updates), so that two instances never share a file.
+fn socket_paths(args: &PluginArgs, driver: &str) -> (PathBuf, PathBuf) {
+    let part = args
+        .instance_id
+        .as_deref()
+        .map(|id| format!("-{id}"))
+        .unwrap_or_default();
+    (
+        args.plugins_dir
+            .join(driver)
+            .join(format!("dra{part}.sock")),
+        args.registry_dir.join(format!("{driver}{part}-reg.sock")),
+    )
+}
 
 /// Runs until `shutdown` resolves, kubelet refuses a registration, or a server fails.
+///
+/// The order of the start is what lets a new instance replace a running one with no
+/// call refused: its DRA sockets serve first, then it takes the agent's epoch (the old
+/// instance, fenced from then on, passes kubelet's calls on to the new sockets), then
+/// it registers with kubelet, which calls the newest registered instance.
 pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     if args.node_name.is_empty() {
         anyhow::bail!("--node-name (or $NODE_NAME): empty; the plugin serves one named node");
+    }
+    let readiness = Arc::new(Readiness::default());
+    if let Some(addr) = args.health_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --health-addr {addr}"))?;
+        info!(addr = %listener.local_addr()?, "serving /healthz and /readyz");
+        let app = health::router(readiness.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "health server stopped");
+            }
+        });
     }
     let config = cluster::config(args.kubeconfig.as_deref()).await?;
     let clients = cluster::Clients::new(config, cluster::Timeouts::default())?;
     let cluster = Cluster::new(clients, args.node_name.clone());
     tokio::pin!(shutdown);
+    let refused = |e: tonic::Status| PluginError::AgentRefused {
+        socket: args.agent_socket.display().to_string(),
+        code: e.code(),
+        message: e.message().to_owned(),
+    };
     let (agent, inventory) = tokio::select! {
-        r = Agent::start(&args.agent_socket) => r.map_err(|e| PluginError::AgentRefused {
-            socket: args.agent_socket.display().to_string(),
-            code: e.code(),
-            message: e.message().to_owned(),
-        })?,
+        r = Agent::connect(&args.agent_socket) => r.map_err(refused)?,
         () = &mut shutdown => return Ok(()),
     };
     let agent = Arc::new(agent);
+    readiness.set_agent(agent.clone());
     let inventory = Inventory::from_agent(&inventory);
     if inventory.drivers.is_empty() {
         return Err(PluginError::NoDrivers.into());
@@ -54,47 +93,20 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
-    let mut sockets = Vec::new();
-    let period = Duration::from_secs(args.resync_seconds);
-    // One reading of the agent's inventory a period, for every driver's slices and the
-    // check of the driver set alike.
-    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory.clone()));
-    // Background tasks: the inventory poller, ResourceSlices and claim status. Their
-    // failures are logged and retried, never a reason to stop serving kubelet.
-    let mut background = JoinSet::new();
-    background.spawn(
-        poll_inventory(agent.clone(), period, inventory_tx, stop_rx.clone())
-            .instrument(info_span!("inventory")),
-    );
-    let mut registrations = Vec::new();
-    background.spawn(
-        StatusWriter::new(
-            cluster.clients().clone(),
-            agent.clone(),
-            inventory.drivers.keys().cloned().collect(),
-        )
-        .run(stop_rx.clone()),
-    );
+    let mut dra_sockets = Vec::new();
+    let mut reg_sockets = Vec::new();
+    let mut drivers = Vec::new();
     for (name, devices) in &inventory.drivers {
         check_driver_name(name)?;
+        let (dra_path, _) = socket_paths(&args, name);
         let driver = Arc::new(Driver::new(
             name,
             agent.clone(),
             cluster.clone(),
             Devices::new(devices.clone()),
+            Successors::new(&dra_path),
         ));
-        // The DRA socket first: kubelet calls the endpoint as soon as it has registered.
-        let dra_path = args.plugins_dir.join(name).join("dra.sock");
         let (dra_listener, dra_socket) = SocketFile::bind(&dra_path)?;
-        let reg_path = args.registry_dir.join(format!("{name}-reg.sock"));
-        let (reg_listener, reg_socket) = SocketFile::bind(&reg_path)?;
-        let endpoint = dra_path.to_str().with_context(|| {
-            format!("--plugins-dir: {} is not UTF-8", args.plugins_dir.display())
-        })?;
-        let (registration, state) = Registration::new(name, endpoint);
-        registrations.push((name.clone(), state));
-
-        let span = info_span!("driver", driver = %name);
         let dra = tonic::transport::Server::builder()
             .add_service(V1Server::new(V1(driver.clone())))
             .add_service(V1Beta1Server::new(V1Beta1(driver.clone())))
@@ -108,8 +120,46 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
                 dra.await
                     .map_err(|source| PluginError::Serve { what, source })
             }
-            .instrument(span.clone()),
+            .instrument(info_span!("driver", driver = %name)),
         );
+        dra_sockets.push(dra_socket);
+        drivers.push(driver);
+    }
+
+    let epoch = tokio::select! {
+        r = agent.take_epoch() => r.map_err(refused)?,
+        () = &mut shutdown => return Ok(()),
+    };
+
+    let period = Duration::from_secs(args.resync_seconds);
+    // One reading of the agent's inventory a period, for every driver's slices and the
+    // check of the driver set alike.
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory.clone()));
+    // Background tasks: the inventory poller, ResourceSlices and claim status. Their
+    // failures are logged and retried, never a reason to stop serving kubelet.
+    let mut background = JoinSet::new();
+    background.spawn(
+        poll_inventory(agent.clone(), period, inventory_tx, stop_rx.clone())
+            .instrument(info_span!("inventory")),
+    );
+    background.spawn(
+        StatusWriter::new(
+            cluster.clients().clone(),
+            agent.clone(),
+            inventory.drivers.keys().cloned().collect(),
+        )
+        .run(stop_rx.clone()),
+    );
+    let mut registrations = Vec::new();
+    for driver in &drivers {
+        let name = driver.name();
+        let (dra_path, reg_path) = socket_paths(&args, name);
+        let endpoint = dra_path.to_str().with_context(|| {
+            format!("--plugins-dir: {} is not UTF-8", args.plugins_dir.display())
+        })?;
+        let (reg_listener, reg_socket) = SocketFile::bind(&reg_path)?;
+        let (registration, state) = Registration::new(name, endpoint);
+        registrations.push((name.to_owned(), state));
         let reg = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(registration))
             .serve_with_incoming_shutdown(
@@ -122,7 +172,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
                 reg.await
                     .map_err(|source| PluginError::Serve { what, source })
             }
-            .instrument(span),
+            .instrument(info_span!("driver", driver = %name)),
         );
         background.spawn(
             keep_published(
@@ -135,27 +185,30 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             )
             .instrument(info_span!("slices", driver = %name)),
         );
-        info!(driver = %name, registration = %reg_path.display(), endpoint = %dra_path.display(), epoch = agent.epoch(), "serving kubelet");
-        sockets.push(dra_socket);
-        sockets.push(reg_socket);
+        info!(driver = %name, registration = %reg_path.display(), endpoint = %dra_path.display(), epoch, "serving kubelet");
+        reg_sockets.push(reg_socket);
     }
+    readiness.set_registrations(registrations.clone());
 
     let registered: BTreeSet<String> = inventory.drivers.keys().cloned().collect();
     let outcome: anyhow::Result<()> = tokio::select! {
         () = &mut shutdown => Ok(()),
         e = drivers_changed(inventory_rx, &registered) => Err(e.into()),
-        e = refused(registrations) => Err(e.into()),
+        e = refused_registration(registrations) => Err(e.into()),
         Some(r) = servers.join_next() => match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.into()),
             Err(e) => Err(anyhow::anyhow!("a server task ended: {e}")),
         },
     };
+    // The registration sockets go first: kubelet's plugin watcher sees them go and
+    // stops calling this instance (a newer one, if any, serves on).
+    drop(reg_sockets);
     stop_tx.send_replace(true);
     // A graceful stop waits for clients to close their connections, and kubelet keeps
-    // its open: calls in flight get a moment to finish, then the servers are dropped.
-    // An interrupted Prepare is safe, since the agent finishes what it started and
-    // kubelet calls again.
+    // its open until it has dropped the registration: calls in flight get a moment to
+    // finish, then the servers are dropped. An interrupted Prepare is safe, since the
+    // agent finishes what it started and kubelet calls again.
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while servers.join_next().await.is_some() {}
     })
@@ -165,8 +218,8 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         servers.shutdown().await;
     }
     background.shutdown().await;
-    // Removes the socket files (those still ours).
-    drop(sockets);
+    // Removes the DRA socket files (those still ours).
+    drop(dra_sockets);
     info!("stopped");
     outcome
 }
@@ -345,7 +398,9 @@ fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {
 }
 
 /// Resolves when kubelet refuses any of the registrations.
-async fn refused(regs: Vec<(String, watch::Receiver<RegistrationState>)>) -> PluginError {
+async fn refused_registration(
+    regs: Vec<(String, watch::Receiver<RegistrationState>)>,
+) -> PluginError {
     let waits = regs.into_iter().map(|(driver, mut rx)| {
         Box::pin(async move {
             loop {

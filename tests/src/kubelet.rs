@@ -33,7 +33,14 @@ impl Kubelet {
     /// What the plugin watcher does on finding the socket: GetInfo, then (when it
     /// accepts the plugin) NotifyRegistrationStatus.
     pub async fn register(&self, driver: &str, accept: Result<(), &str>) -> reg::PluginInfo {
-        let mut c = RegistrationClient::new(channel(&self.registration_socket(driver)).await);
+        self.register_at(&self.registration_socket(driver), accept)
+            .await
+    }
+
+    /// [`Kubelet::register`] through the registration socket at `socket`, one of
+    /// several instances' (kubelet finds each in its registry directory).
+    pub async fn register_at(&self, socket: &Path, accept: Result<(), &str>) -> reg::PluginInfo {
+        let mut c = RegistrationClient::new(channel(socket).await);
         let info = c.get_info(reg::InfoRequest {}).await.unwrap().into_inner();
         let status = match accept {
             Ok(()) => reg::RegistrationStatus {

@@ -24,6 +24,8 @@ pub struct Plugin {
     child: Option<Child>,
     resync_seconds: u64,
     starts: u32,
+    /// `--instance-id`: the sockets' names carry it.
+    instance_id: Option<String>,
 }
 
 impl Plugin {
@@ -85,7 +87,41 @@ impl Plugin {
             child: None,
             starts: 0,
             resync_seconds: 1,
+            instance_id: None,
         }
+    }
+
+    /// A second instance of `first`'s plugin, as a rolling update starts it: the same
+    /// kubelet directories, its own `--instance-id` (and so its own sockets), and
+    /// `/readyz` on a port of its own. `first` must have an instance id too.
+    pub fn start_beside(
+        first: &Plugin,
+        agent: &Agent,
+        api: &ApiServer,
+        instance_id: &str,
+    ) -> Plugin {
+        let drivers: Vec<&str> = first.drivers.iter().map(String::as_str).collect();
+        let mut p = Self::create(&agent.socket, api, &first.node, &drivers);
+        p.kubelet = first.kubelet.clone();
+        p.instance_id = Some(instance_id.to_owned());
+        p.launch();
+        p.wait_ready();
+        p
+    }
+
+    /// [`Plugin::start`] with `--instance-id` and a health server.
+    pub fn start_instance(
+        agent: &Agent,
+        api: &ApiServer,
+        node: &str,
+        drivers: &[&str],
+        instance_id: &str,
+    ) -> Plugin {
+        let mut p = Self::create(&agent.socket, api, node, drivers);
+        p.instance_id = Some(instance_id.to_owned());
+        p.launch();
+        p.wait_ready();
+        p
     }
 
     /// Starts the process without waiting.
@@ -105,6 +141,11 @@ impl Plugin {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--resync-seconds", &self.resync_seconds.to_string()])
+            .args(
+                self.instance_id
+                    .iter()
+                    .flat_map(|id| ["--instance-id", id, "--health-addr", "127.0.0.1:0"]),
+            )
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -147,12 +188,48 @@ impl Plugin {
     }
 
     pub fn endpoint(&self, driver: &str) -> String {
+        let file = match &self.instance_id {
+            Some(id) => format!("dra-{id}.sock"),
+            None => "dra.sock".to_owned(),
+        };
         self.kubelet
             .plugins_dir
             .join(driver)
-            .join("dra.sock")
+            .join(file)
             .display()
             .to_string()
+    }
+
+    /// This instance's registration socket for `driver`.
+    pub fn registration_socket(&self, driver: &str) -> PathBuf {
+        match &self.instance_id {
+            Some(id) => self
+                .kubelet
+                .registry_dir
+                .join(format!("{driver}-{id}-reg.sock")),
+            None => self.kubelet.registration_socket(driver),
+        }
+    }
+
+    /// The address of `/healthz` and `/readyz`, from the log (the port is the kernel's
+    /// choice); only with an instance id.
+    pub fn health_addr(&self) -> std::net::SocketAddr {
+        let log = self.log_text();
+        let line = log
+            .lines()
+            .find(|l| l.contains("serving /healthz and /readyz"))
+            .unwrap_or_else(|| panic!("no health server in the log:\n{log}"));
+        let addr = line
+            .split("addr=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        addr.parse().unwrap()
+    }
+
+    /// `GET /readyz`: the status code and the body.
+    pub fn readyz(&self) -> (u16, String) {
+        crate::http_get(self.health_addr(), "/readyz").expect("health server answers")
     }
 
     /// SIGTERM, and the exit status once the process is gone.

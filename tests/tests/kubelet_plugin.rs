@@ -405,6 +405,124 @@ async fn a_newer_instance_fences_the_one_it_replaces() {
     assert_eq!(r.claims[&c2].error, "", "{r:?}");
 }
 
+/// A rolling update: the new instance serves beside the old one on sockets of its own,
+/// and once it has taken the epoch the old one passes kubelet's calls on to it instead
+/// of refusing them (kubelet keeps calling the old one until it has registered the new
+/// one). Readiness follows: the new one is ready once kubelet registered it, the old one
+/// not any more. The old one's stop removes its own sockets only.
+#[tokio::test]
+async fn a_replaced_instance_passes_kubelets_calls_on_to_its_successor() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, s1) = share_claim(&api, "c1", &pod_uid, "1Gi");
+    let (c2, s2) = share_claim(&api, "c2", &pod_uid, "1Gi");
+    let mut old = Plugin::start_instance(&agent, &api, NODE, &[DRIVER], "old-0");
+    old.kubelet
+        .register_at(&old.registration_socket(DRIVER), Ok(()))
+        .await;
+    assert_eq!(old.readyz().0, 200, "{:?}", old.readyz());
+    let mut old_kubelet = old.kubelet.v1(&old.endpoint(DRIVER)).await;
+    let r = old_kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &c1)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c1].error, "", "{r:?}");
+
+    let new = Plugin::start_beside(&old, &agent, &api, "new-1");
+    assert_ne!(new.endpoint(DRIVER), old.endpoint(DRIVER));
+    let (code, body) = new.readyz();
+    assert_eq!(code, 503, "ready before kubelet registered it: {body}");
+    assert!(body.contains("waiting for kubelet"), "{body}");
+    // kubelet has not switched yet: the old instance gets the call, and it succeeds.
+    let r = old_kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c2", &c2)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c2].error, "", "{r:?}\n{}", old.log_text());
+    assert_eq!(
+        r.claims[&c2].devices[0].share_id.as_deref(),
+        Some(s2.as_str())
+    );
+    assert!(
+        old.log_text()
+            .contains("passed kubelet's NodePrepareResources on"),
+        "{}",
+        old.log_text()
+    );
+    let (code, body) = old.readyz();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("fenced"), "{body}");
+    new.kubelet
+        .register_at(&new.registration_socket(DRIVER), Ok(()))
+        .await;
+    assert_eq!(new.readyz().0, 200, "{:?}", new.readyz());
+
+    // Unprepare goes the same way.
+    let r = old_kubelet
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &c1)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&c1].error, "", "{r:?}");
+    let mut client = agent.client().await;
+    assert_eq!(
+        get_share(&mut client, s1).await.phase,
+        pb::Phase::Released as i32
+    );
+    assert_eq!(
+        get_share(&mut client, s2).await.phase,
+        pb::Phase::Accounted as i32
+    );
+
+    // The old one stops (SIGTERM, as the DaemonSet controller stops it): its sockets
+    // go, the new one's stay.
+    assert!(old.terminate().success(), "{}", old.log_text());
+    assert!(!old.registration_socket(DRIVER).exists());
+    assert!(!std::path::Path::new(&old.endpoint(DRIVER)).exists());
+    assert!(new.registration_socket(DRIVER).exists());
+    assert!(std::path::Path::new(&new.endpoint(DRIVER)).exists());
+    assert_eq!(new.readyz().0, 200);
+}
+
+/// A call already passed on once is answered, never passed on again: two fenced
+/// instances cannot send it back and forth.
+#[tokio::test]
+async fn a_call_is_passed_on_at_most_once() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, _) = share_claim(&api, "c1", &pod_uid, "1Gi");
+    let a = Plugin::start_instance(&agent, &api, NODE, &[DRIVER], "a-0");
+    let b = Plugin::start_beside(&a, &agent, &api, "b-1");
+    // A third instance takes the epoch in a directory of its own: a and b are both
+    // fenced and know only each other.
+    let _c = Plugin::start_instance(&agent, &api, NODE, &[DRIVER], "c-2");
+    let mut a_kubelet = a.kubelet.v1(&a.endpoint(DRIVER)).await;
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        a_kubelet.node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "c1", &c1)],
+        }),
+    )
+    .await
+    .expect("the call came back")
+    .unwrap()
+    .into_inner();
+    assert!(
+        r.claims[&c1].error.contains("was replaced by a newer one"),
+        "{r:?}\n{}\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+}
+
 #[tokio::test]
 async fn the_plugin_outlives_an_agent_restart() {
     let mut agent = agent();

@@ -9,7 +9,16 @@ use shareguard_proto::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::driver::{DeviceAnswer, Driver};
+use super::forward::FORWARDED_BY;
+use crate::driver::{Caller, DeviceAnswer, Driver};
+
+fn caller<T>(req: &Request<T>) -> Caller {
+    if req.metadata().contains_key(FORWARDED_BY) {
+        Caller::FencedInstance
+    } else {
+        Caller::Kubelet
+    }
+}
 
 /// `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`.
 pub struct V1(pub Arc<Driver>);
@@ -38,6 +47,7 @@ macro_rules! dra_service {
                 &self,
                 req: Request<$api::NodePrepareResourcesRequest>,
             ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let caller = caller(&req);
                 let claims: Vec<pb::ClaimRef> = req
                     .into_inner()
                     .claims
@@ -47,7 +57,7 @@ macro_rules! dra_service {
                 let to_device: fn(DeviceAnswer) -> $api::Device = $device;
                 let claims = self
                     .0
-                    .prepare(&claims)
+                    .prepare(&claims, caller)
                     .await
                     .into_iter()
                     .map(|(uid, r)| {
@@ -63,6 +73,7 @@ macro_rules! dra_service {
                 &self,
                 req: Request<$api::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let caller = caller(&req);
                 let claims: Vec<pb::ClaimRef> = req
                     .into_inner()
                     .claims
@@ -71,7 +82,7 @@ macro_rules! dra_service {
                     .collect();
                 let claims = self
                     .0
-                    .unprepare(&claims)
+                    .unprepare(&claims, caller)
                     .await
                     .into_iter()
                     .map(|(uid, r)| {
