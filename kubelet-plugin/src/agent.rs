@@ -20,6 +20,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a Prepare or Unprepare waits for an agent that cannot be reached: well
 /// inside the plugin's own deadline for kubelet's call (`driver::CALL_DEADLINE`).
 const AGENT_WAIT: Duration = Duration::from_secs(25);
+const FIRST_RETRY: Duration = Duration::from_millis(50);
 
 pub struct Agent {
     client: NodeAgentClient<Channel>,
@@ -178,14 +179,20 @@ impl Agent {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let started = Instant::now();
-        let mut delay = Duration::from_millis(50);
+        let mut delay = FIRST_RETRY;
         loop {
             match call().await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s)
                     if s.code() == Code::Unavailable && started.elapsed() + delay < AGENT_WAIT =>
                 {
-                    debug!(error = %s.message(), retry_in = ?delay, "the node agent is unavailable; waiting for it");
+                    // Once per call at info: an agent restart is worth a line, its
+                    // retries are not.
+                    if delay == FIRST_RETRY {
+                        info!(error = %s.message(), wait_at_most = ?AGENT_WAIT, "the node agent is unavailable; waiting for it");
+                    } else {
+                        debug!(error = %s.message(), retry_in = ?delay, "the node agent is still unavailable");
+                    }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(1));
                 }

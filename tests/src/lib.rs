@@ -176,6 +176,13 @@ impl Agent {
         self.wait_ready();
     }
 
+    /// Starts the agent again after [`Agent::kill9`], on the same config, store and
+    /// socket, and waits until it is ready.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the agent is still running");
+        self.spawn();
+    }
+
     /// Starts the process without waiting for it to be ready.
     fn launch(&mut self) {
         self.log = self.dir.path().join(format!("agent-{}.log", self.starts));

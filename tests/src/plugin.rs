@@ -146,7 +146,10 @@ impl Plugin {
                     .iter()
                     .flat_map(|id| ["--instance-id", id, "--health-addr", "127.0.0.1:0"]),
             )
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SG_PLUGIN_LOG").unwrap_or("info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

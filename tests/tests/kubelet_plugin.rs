@@ -557,6 +557,50 @@ async fn the_plugin_outlives_an_agent_restart() {
     }
 }
 
+/// The agent's own pod is replaced (an update of its DaemonSet): a call kubelet makes
+/// meanwhile waits for the new agent instead of failing.
+#[tokio::test]
+async fn a_call_waits_for_an_agent_that_is_being_replaced() {
+    let mut agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c1, s1) = share_claim(&api, "c1", &pod_uid, "1Gi");
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    agent.kill9();
+    let (kubelet, endpoint) = (p.kubelet.clone(), p.endpoint(DRIVER));
+    let call = tokio::spawn(async move {
+        kubelet
+            .v1(&endpoint)
+            .await
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![v1_claim(NS, "c1", &c1)],
+            })
+            .await
+            .map(|r| (c1, r.into_inner()))
+    });
+    // The call is waiting, not failed, while no agent answers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !p
+        .log_text()
+        .contains("the node agent is unavailable; waiting for it")
+    {
+        assert!(
+            !call.is_finished(),
+            "the call ended with no agent:\n{}",
+            p.log_text()
+        );
+        assert!(std::time::Instant::now() < deadline, "{}", p.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(!call.is_finished());
+    agent.start_again();
+    let (c1, r) = call.await.unwrap().unwrap();
+    assert_eq!(r.claims[&c1].error, "", "{r:?}\n{}", p.log_text());
+    assert_eq!(
+        get_share(&mut agent.client().await, s1).await.phase,
+        pb::Phase::Accounted as i32
+    );
+}
+
 #[tokio::test]
 async fn a_restarted_plugin_registers_again_and_doubles_nothing() {
     let agent = agent();
