@@ -86,6 +86,9 @@ fn log_pools(cfg: &Config) {
     }
 }
 
+/// How long a stop waits for calls in flight once the socket stopped accepting.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(SignalKind::terminate()) {
@@ -238,14 +241,34 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         startup_ms = started.elapsed().as_millis() as u64,
         "ready"
     );
-    tonic::transport::Server::builder()
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(NodeAgentServer::new(Api::new(engine.clone())))
         // Normalised connections: clients that send the socket path as the HTTP/2
         // authority (grpc C-core, grpc-java, kubelet) are answered too (shareguard-uds).
-        .serve_with_incoming_shutdown(shareguard_uds::incoming(listener), shutdown_signal())
-        .await?;
+        .serve_with_incoming_shutdown(shareguard_uds::incoming(listener), async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => r?,
+        () = shutdown_signal() => {
+            // A graceful stop waits for every connection to close, and the kubelet
+            // plugin keeps a WatchShares stream open for good: without a bound the
+            // agent would wait for the SIGKILL at the end of the pod's grace period,
+            // and an update of the DaemonSet would take that long on every node.
+            // Unary calls finish in milliseconds; one cut short ends as at a crash
+            // (nothing is acknowledged before it is durable) and its client calls
+            // again (every call is idempotent).
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(STOP_GRACE, &mut server).await {
+                Ok(r) => r?,
+                Err(_) => info!(grace = ?STOP_GRACE, "streams still open; closing them"),
+            }
+        }
+    }
     ready.store(false, Ordering::Release);
     let _ = std::fs::remove_file(&cfg.agent.socket);
     info!("stopped");

@@ -176,6 +176,26 @@ impl Agent {
         self.wait_ready();
     }
 
+    /// SIGTERM, as kubelet stops the agent's pod; the exit status and how long the
+    /// agent took to exit, or None when it is still running after `within`.
+    pub fn terminate(&mut self, within: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let c = self.child.as_mut().expect("agent not running");
+        let status = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM failed");
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if let Some(s) = c.try_wait().unwrap() {
+                self.child = None;
+                return Some((s, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Starts the agent again after [`Agent::kill9`], on the same config, store and
     /// socket, and waits until it is ready.
     pub fn start_again(&mut self) {

@@ -56,6 +56,40 @@ async fn changed(s: &mut Streaming<pb::WatchSharesResponse>, id: &str) -> pb::Sh
     }
 }
 
+/// The kubelet plugin keeps a watch open for good: a stopping agent must not wait for
+/// it to close (it would wait for the SIGKILL at the end of its pod's grace period, on
+/// every node of a DaemonSet update).
+#[tokio::test]
+async fn an_open_watch_does_not_hold_a_stopping_agent() {
+    let mut agent = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "10Gi",
+        "1Gi",
+        &["*"],
+        &[],
+    )));
+    let mut client = agent.client().await;
+    let mut stream = client
+        .watch_shares(pb::WatchSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    snapshot(&mut stream).await;
+    // Blocks this test's runtime while the agent stops; the stream stays open.
+    let stopped = agent.terminate(Duration::from_secs(20));
+    let (status, _) =
+        stopped.unwrap_or_else(|| panic!("the agent did not stop:\n{}", agent.log_text()));
+    assert!(status.success(), "{status}:\n{}", agent.log_text());
+    assert!(
+        agent
+            .log_text()
+            .contains("streams still open; closing them"),
+        "{}",
+        agent.log_text()
+    );
+    drop(stream);
+}
+
 #[tokio::test]
 async fn watch_sends_snapshot_marker_then_prepare_and_release() {
     let a = Agent::start(Options::new(generic_device(
