@@ -30,6 +30,13 @@ pub struct Agent {
     fenced: AtomicBool,
 }
 
+/// What a call gets from the transport when the agent is not there or stopped in the
+/// middle of it (its pod replaced): no connection, or one closed under the call. The
+/// agent itself answers with none of these (its errors map to other codes).
+fn agent_went_away(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::Cancelled | Code::Unknown)
+}
+
 /// Refusals that waiting does not cure: the agent refuses the plugin (its uid is not
 /// in the agent's `allowed_uids`) or does not know the call (an older agent).
 fn refuses_for_good(code: Code) -> bool {
@@ -183,9 +190,7 @@ impl Agent {
         loop {
             match call().await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s)
-                    if s.code() == Code::Unavailable && started.elapsed() + delay < AGENT_WAIT =>
-                {
+                Err(s) if agent_went_away(s.code()) && started.elapsed() + delay < AGENT_WAIT => {
                     // Once per call at info: an agent restart is worth a line, its
                     // retries are not.
                     if delay == FIRST_RETRY {
