@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs shareguard on the test cluster as a user would: deploy/ applied with kubectl
 # through a kustomization of the user's own that names the image built here (no
-# registry) and adds nothing else, then waits until the DaemonSet's pods are ready on
-# both nodes and each node has published its ResourceSlices.
+# registry) and adds nothing else, then waits until both DaemonSets' pods (the agent's
+# and the kubelet plugin's) are ready on both nodes and each node has published its
+# ResourceSlices.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -34,7 +35,9 @@ done
 
 sgc_log "kubectl apply -k (deploy/ with image localhost/shareguard:$tag)"
 kubectl apply -k "$overlay" >&2
-kubectl -n shareguard-system rollout status daemonset/shareguard-agent --timeout=180s >&2
+for ds in shareguard-agent shareguard-kubelet-plugin; do
+  kubectl -n shareguard-system rollout status "daemonset/$ds" --timeout=180s >&2
+done
 
 # Each node's slices: the plugin publishes one per pool of each driver, owned by the
 # node. Wait for at least one from each node.

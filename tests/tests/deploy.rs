@@ -289,6 +289,22 @@ fn manifests() -> Vec<(String, Value)> {
     docs
 }
 
+/// The agent's DaemonSet (daemonset.yaml) and the kubelet plugin's (kubelet-plugin.yaml):
+/// two, because they are updated differently.
+const AGENT_DS: &str = "shareguard-agent";
+const PLUGIN_DS: &str = "shareguard-kubelet-plugin";
+
+/// The one DaemonSet called `name`.
+fn ds_named(docs: &[(String, Value)], name: &str) -> Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["kind"] == "DaemonSet" && v["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one DaemonSet {name}");
+    found[0].clone()
+}
+
 fn the(docs: &[(String, Value)], kind: &str) -> Value {
     let found: Vec<&Value> = docs
         .iter()
@@ -360,7 +376,7 @@ fn metrics_port(cfg: &Config) -> u16 {
 #[test]
 fn daemonset_mounts_the_host_paths_the_agent_uses() {
     let docs = manifests();
-    let ds = the(&docs, "DaemonSet");
+    let ds = ds_named(&docs, AGENT_DS);
     let pod = &ds["spec"]["template"]["spec"];
     let c = agent_container(&ds);
 
@@ -513,7 +529,7 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
 #[test]
 fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespaces() {
     let docs = manifests();
-    let ds = the(&docs, "DaemonSet");
+    let ds = ds_named(&docs, AGENT_DS);
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(pod["hostPID"], true);
@@ -550,12 +566,13 @@ fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespace
     assert_eq!(strings(&sc["capabilities"]["add"]), unit_caps);
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
 
-    // The agent never calls the API server: no token in its container, and none
-    // mounted automatically into the pod (which would reach every container). The
-    // plugin's projected token is checked in only_the_kubelet_plugin_container_*.
-    let sa = the(&docs, "ServiceAccount");
-    assert_eq!(sa["automountServiceAccountToken"], false);
-    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    // The agent never calls the API server: no identity of its own, no token in its
+    // container, and none mounted automatically. The plugin's projected token is
+    // checked in only_the_kubelet_plugin_container_*.
+    assert!(
+        pod.get("serviceAccountName").is_none(),
+        "the agent's pod has an API identity"
+    );
     let agent = agent_container(&ds);
     for m in agent["volumeMounts"].as_sequence().unwrap() {
         let mpath = s(&m["mountPath"]);
@@ -582,6 +599,37 @@ fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespace
             "the agent container reads a secret: {e:?}"
         );
     }
+}
+
+/// A new plugin pod starts beside the old one and the old one stops only once the new
+/// one is ready (kubelet never has no instance to call, and wipes no slice); a new
+/// agent only once the old one stopped (two cannot open one store).
+#[test]
+fn the_plugin_is_updated_with_a_surge_and_the_agent_without() {
+    let docs = manifests();
+    let plugin = ds_named(&docs, PLUGIN_DS);
+    let u = &plugin["spec"]["updateStrategy"];
+    assert_eq!(u["type"], "RollingUpdate");
+    assert_eq!(u["rollingUpdate"]["maxSurge"], 1);
+    assert_eq!(u["rollingUpdate"]["maxUnavailable"], 0);
+    let c = &containers(&plugin)[0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let agent = ds_named(&docs, AGENT_DS);
+    let u = &agent["spec"]["updateStrategy"];
+    assert_eq!(u["type"], "RollingUpdate");
+    assert_eq!(u["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(u["rollingUpdate"]["maxUnavailable"], 1);
+    // Each its own pods: the selectors must not overlap, or each DaemonSet would count
+    // the other's pods as its own.
+    let sel = |ds: &Value| ds["spec"]["selector"]["matchLabels"].clone();
+    assert_ne!(sel(&plugin), sel(&agent));
+    for ds in [&plugin, &agent] {
+        for (k, v) in sel(ds).as_mapping().unwrap() {
+            assert_eq!(&ds["spec"]["template"]["metadata"]["labels"][k], v);
+        }
+    }
+    assert_eq!(containers(&plugin).len(), 1);
+    assert_eq!(containers(&agent).len(), 1);
 }
 
 #[test]
@@ -668,7 +716,7 @@ fn configmap_config_gives_each_node_a_pool_of_its_own() {
 fn the_agent_is_told_its_node_as_the_plugin_is() {
     use k8s_openapi::api::core::v1::Container;
     let docs = manifests();
-    let ds = daemonset(&docs);
+    let ds = daemonset_named(&docs, AGENT_DS);
     let agent = pod_spec(&ds)
         .containers
         .iter()
@@ -688,7 +736,10 @@ fn the_agent_is_told_its_node_as_the_plugin_is() {
         Some("spec.nodeName"),
         "the agent's NODE_NAME (its devices' pools) from the downward API"
     );
-    assert_eq!(from_field(agent), from_field(plugin_container(&ds)));
+    assert_eq!(
+        from_field(agent),
+        from_field(plugin_container(&daemonset_named(&docs, PLUGIN_DS)))
+    );
     // No node_name in the shared config (it would give every node one pool): the agent
     // refuses a config whose node_name differs from NODE_NAME, so two nodes would not
     // both start.
@@ -707,7 +758,7 @@ fn the_agent_is_told_its_node_as_the_plugin_is() {
 #[test]
 fn probes_and_scrape_targets_are_what_the_agent_serves() {
     let docs = manifests();
-    let ds = the(&docs, "DaemonSet");
+    let ds = ds_named(&docs, AGENT_DS);
     let c = agent_container(&ds);
     let cfg = configmap_config(&docs);
     let port = metrics_port(&cfg);
@@ -953,6 +1004,7 @@ fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
             "daemonset.yaml",
             "deviceclasses.yaml",
             "examples/bandwidth-200m.yaml",
+            "kubelet-plugin.yaml",
             "podmonitor.yaml",
             "rbac.yaml",
         ])
@@ -1022,8 +1074,8 @@ fn the_typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &st
     all.pop().unwrap()
 }
 
-fn daemonset(docs: &[(String, Value)]) -> k8s_openapi::api::apps::v1::DaemonSet {
-    the_typed(docs, "DaemonSet")
+fn daemonset_named(docs: &[(String, Value)], name: &str) -> k8s_openapi::api::apps::v1::DaemonSet {
+    serde_json::from_value(json(&ds_named(docs, name))).unwrap()
 }
 
 fn pod_spec(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> &k8s_openapi::api::core::v1::PodSpec {
@@ -1069,7 +1121,7 @@ fn flags(args: &[String]) -> BTreeMap<String, String> {
 #[test]
 fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     let docs = manifests();
-    let ds = daemonset(&docs);
+    let ds = daemonset_named(&docs, PLUGIN_DS);
     let pod = pod_spec(&ds);
     let c = plugin_container(&ds);
     let cfg = configmap_config(&docs);
@@ -1107,7 +1159,15 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         "SELinux type changed: {:?}",
         sc.se_linux_options
     );
-    assert!(c.ports.is_none(), "the plugin listens on unix sockets only");
+    // Its one TCP port is the health server's, in the pod's own network namespace.
+    assert_ne!(
+        pod.host_network,
+        Some(true),
+        "two instances' health ports would collide"
+    );
+    let ports = c.ports.as_deref().unwrap_or_default();
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    assert_eq!(ports[0].name.as_deref(), Some("health"));
 
     // The subcommand, with every path given.
     let cmd = c.command.as_ref().expect("a command");
@@ -1118,6 +1178,8 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
         BTreeSet::from([
             "--agent-socket",
+            "--health-addr",
+            "--instance-id",
             "--node-name",
             "--plugins-dir",
             "--registry-dir"
@@ -1142,6 +1204,41 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         .and_then(|v| v.field_ref.as_ref())
         .expect("NODE_NAME from a fieldRef");
     assert_eq!(field.field_path, "spec.nodeName");
+    // Sockets named after the pod, so that two generations never share one.
+    assert_eq!(f["--instance-id"], "$(POD_UID)");
+    let uid = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_UID")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .expect("POD_UID from a fieldRef");
+    assert_eq!(uid.field_path, "metadata.uid");
+    // The probes ask the health server the flag names, on the port the pod declares.
+    let health: std::net::SocketAddr = f["--health-addr"].parse().unwrap();
+    assert!(
+        health.ip().is_unspecified(),
+        "the kubelet's probes reach it"
+    );
+    assert_eq!(
+        ports[0].container_port,
+        i32::from(health.port()),
+        "--health-addr and the health port"
+    );
+    for (probe, path) in [
+        (c.liveness_probe.as_ref(), "/healthz"),
+        (c.readiness_probe.as_ref(), "/readyz"),
+    ] {
+        let get = probe
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("an httpGet probe on {path}"));
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("health".into())
+        );
+    }
 
     // Volume name -> (host path, type) of the pod's hostPath volumes.
     let host: BTreeMap<&str, (&str, &str)> = pod
@@ -1171,7 +1268,7 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         );
     }
 
-    // The agent's socket: the agent container's volume, read-only here.
+    // The agent's socket: the host directory the agent's pod mounts, read-only here.
     let sock_dir = cfg.agent.socket.parent().unwrap();
     let sock = mount_at(sock_dir);
     assert_eq!(
@@ -1179,16 +1276,25 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         Some(true),
         "the plugin only connects to the socket"
     );
-    let agent_sock = agent_container(&ds_value(&docs))["volumeMounts"]
+    let agent_ds = ds_named(&docs, AGENT_DS);
+    let agent_sock = agent_container(&agent_ds)["volumeMounts"]
         .as_sequence()
         .unwrap()
         .iter()
         .find(|m| Path::new(s(&m["mountPath"])) == sock_dir)
         .map(|m| s(&m["name"]).to_owned())
         .expect("the agent mounts its socket's directory");
+    let agent_host_path = agent_ds["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == agent_sock.as_str())
+        .map(|v| s(&v["hostPath"]["path"]).to_owned())
+        .expect("the agent's socket directory is a hostPath");
     assert_eq!(
-        sock.name, agent_sock,
-        "the same volume as the agent's socket"
+        host.get(sock.name.as_str()).map(|(p, _)| *p),
+        Some(agent_host_path.as_str()),
+        "the same host directory as the agent's socket"
     );
 
     // kubelet's directories, at the same paths as on the host (kubelet is told the
@@ -1220,15 +1326,11 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     assert_eq!(mounted, plugin_host_mounts, "the plugin's hostPath mounts");
 }
 
-fn ds_value(docs: &[(String, Value)]) -> Value {
-    the(docs, "DaemonSet")
-}
-
 #[test]
 fn only_the_kubelet_plugin_container_holds_api_credentials() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     let docs = manifests();
-    let ds = daemonset(&docs);
+    let ds = daemonset_named(&docs, PLUGIN_DS);
     let pod = pod_spec(&ds);
     let sa: ServiceAccount = the_typed(&docs, "ServiceAccount");
 
@@ -1383,7 +1485,7 @@ fn cluster_role_grants_exactly_the_verbs_the_plugin_uses() {
 fn cluster_role_binding_names_the_daemonsets_service_account() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let docs = manifests();
-    let ds = daemonset(&docs);
+    let ds = daemonset_named(&docs, PLUGIN_DS);
     let role: ClusterRole = the_typed(&docs, "ClusterRole");
     let b: ClusterRoleBinding = the_typed(&docs, "ClusterRoleBinding");
     assert_eq!(b.role_ref.api_group, "rbac.authorization.k8s.io");
@@ -1423,7 +1525,7 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
     let docs = manifests();
-    let ds = daemonset(&docs);
+    let ds = daemonset_named(&docs, PLUGIN_DS);
     let cfg = configmap_config(&docs);
     let p: ValidatingAdmissionPolicy = the_typed(&docs, "ValidatingAdmissionPolicy");
     let b: ValidatingAdmissionPolicyBinding = the_typed(&docs, "ValidatingAdmissionPolicyBinding");
