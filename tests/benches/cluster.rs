@@ -104,58 +104,6 @@ fn row(name: &str, mut v: Vec<Duration>) {
     );
 }
 
-/// kubelet's `dra_operations_duration_seconds` of `node`: (operation, count, sum) per
-/// operation.
-fn dra_metrics(c: &Cluster, node: &str) -> Vec<(String, f64, f64)> {
-    let text = c.ok(&[
-        "get",
-        "--raw",
-        &format!("/api/v1/nodes/{node}/proxy/metrics"),
-    ]);
-    let mut out: Vec<(String, f64, f64)> = Vec::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("dra_operations_duration_seconds_") else {
-            continue;
-        };
-        let Some((kind, rest)) = rest.split_once('{') else {
-            continue;
-        };
-        let Some(op) = rest
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("operation_name=\""))
-            .and_then(|v| v.split('"').next())
-        else {
-            continue;
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        let key = format!(
-            "{op}{}",
-            if rest.contains("is_error=\"true\"") {
-                " (error)"
-            } else {
-                ""
-            }
-        );
-        let slot = match out.iter().position(|(k, _, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                out.push((key, 0.0, 0.0));
-                out.len() - 1
-            }
-        };
-        match kind {
-            "count" => out[slot].1 += value,
-            "sum" => out[slot].2 += value,
-            _ => {}
-        }
-    }
-    out
-}
-
 fn main() {
     if std::env::var_os("SGC_KUBECONFIG").is_none() {
         eprintln!(
@@ -210,11 +158,15 @@ fn main() {
         share_enforced,
     );
     row("agent ENFORCED -> condition seen in the API", convergence);
+    // kubelet unprepares a pod's claims once its containers stopped: the namespace's
+    // deletion (which waits until the pods are gone) comes first, so that the kubelet
+    // figures count UnprepareResources too.
+    drop(ns);
     println!();
     println!("| node | kubelet DRA operation | count | mean ms |");
     println!("|---|---|---:|---:|");
     for node in NODES {
-        for (op, count, sum) in dra_metrics(&c, node) {
+        for (op, count, sum) in c.kubelet_dra_operations(node) {
             let mean = if count > 0.0 {
                 sum / count * 1000.0
             } else {

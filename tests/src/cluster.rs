@@ -54,6 +54,19 @@ impl Cluster {
         }
     }
 
+    /// kubectl with these arguments in the background, its output into `out`; for
+    /// `--watch`, which runs until it is killed.
+    pub fn spawn(&self, args: &[&str], out: std::fs::File) -> std::process::Child {
+        Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting kubectl {}: {e}", args.join(" ")))
+    }
+
     /// kubectl with these arguments, its output whatever it is.
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut cmd = Command::new(&self.kubectl);
@@ -136,17 +149,29 @@ impl Cluster {
 
     /// The shareguard agent pod (DaemonSet `shareguard-agent`) on `node`.
     pub fn agent_pod(&self, node: &str) -> String {
+        self.shareguard_pod(node, "agent")
+    }
+
+    /// The running pod of shareguard's `component` (`agent` or `kubelet-plugin`, the
+    /// DaemonSets' label) on `node`; during an update the newest.
+    pub fn shareguard_pod(&self, node: &str, component: &str) -> String {
         let pods = self.json(&[
             "get",
             "pods",
             "-n",
             "shareguard-system",
+            "-l",
+            &format!("app.kubernetes.io/component={component}"),
             "--field-selector",
-            &format!("spec.nodeName={node}"),
+            &format!("spec.nodeName={node},status.phase=Running"),
+            "--sort-by",
+            ".metadata.creationTimestamp",
         ]);
-        pods["items"][0]["metadata"]["name"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no shareguard pod on {node}: {pods}"))
+        let items = pods["items"].as_array().cloned().unwrap_or_default();
+        items
+            .last()
+            .and_then(|p| p["metadata"]["name"].as_str())
+            .unwrap_or_else(|| panic!("no running shareguard {component} pod on {node}: {pods}"))
             .to_string()
     }
 
@@ -170,6 +195,58 @@ impl Cluster {
         let text = self.ok(&all);
         serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("shareguard {args:?} gave no JSON: {e}: {text}"))
+    }
+
+    /// kubelet's `dra_operations_duration_seconds` of `node`: (operation, count, sum)
+    /// per operation, a failed one as `OPERATION (error)`.
+    pub fn kubelet_dra_operations(&self, node: &str) -> Vec<(String, f64, f64)> {
+        let text = self.ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{node}/proxy/metrics"),
+        ]);
+        let mut out: Vec<(String, f64, f64)> = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("dra_operations_duration_seconds_") else {
+                continue;
+            };
+            let Some((kind, rest)) = rest.split_once('{') else {
+                continue;
+            };
+            let Some(op) = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("operation_name=\""))
+                .and_then(|v| v.split('"').next())
+            else {
+                continue;
+            };
+            let value: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            let key = format!(
+                "{op}{}",
+                if rest.contains("is_error=\"true\"") {
+                    " (error)"
+                } else {
+                    ""
+                }
+            );
+            let slot = match out.iter().position(|(k, _, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    out.push((key, 0.0, 0.0));
+                    out.len() - 1
+                }
+            };
+            match kind {
+                "count" => out[slot].1 += value,
+                "sum" => out[slot].2 += value,
+                _ => {}
+            }
+        }
+        out
     }
 
     /// A fresh namespace, deleted when the guard drops.
