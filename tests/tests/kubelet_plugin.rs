@@ -8,7 +8,9 @@ use shareguard_tests::{
     apiserver::ApiServer,
     generic_device, get_share,
     k8s::{self, claim, pod, result},
-    kubelet::{dra_v1 as v1, dra_v1beta1 as v1beta1, v1_claim, v1beta1_claim},
+    kubelet::{
+        dra_v1 as v1, dra_v1beta1 as v1beta1, prepare_v1, unprepare_v1, v1_claim, v1beta1_claim,
+    },
     plugin::Plugin,
     proto as pb, share_id,
 };
@@ -422,14 +424,8 @@ async fn a_replaced_instance_passes_kubelets_calls_on_to_its_successor() {
         .await;
     assert_eq!(old.readyz().0, 200, "{:?}", old.readyz());
     let mut old_kubelet = old.kubelet.v1(&old.endpoint(DRIVER)).await;
-    let r = old_kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &c1)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&c1].error, "", "{r:?}");
+    let r = prepare_v1(&mut old_kubelet, NS, "c1", &c1).await;
+    assert_eq!(r.error, "", "{r:?}");
 
     let new = Plugin::start_beside(&old, &agent, &api, "new-1");
     assert_ne!(new.endpoint(DRIVER), old.endpoint(DRIVER));
@@ -437,18 +433,9 @@ async fn a_replaced_instance_passes_kubelets_calls_on_to_its_successor() {
     assert_eq!(code, 503, "ready before kubelet registered it: {body}");
     assert!(body.contains("waiting for kubelet"), "{body}");
     // kubelet has not switched yet: the old instance gets the call, and it succeeds.
-    let r = old_kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c2", &c2)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&c2].error, "", "{r:?}\n{}", old.log_text());
-    assert_eq!(
-        r.claims[&c2].devices[0].share_id.as_deref(),
-        Some(s2.as_str())
-    );
+    let r = prepare_v1(&mut old_kubelet, NS, "c2", &c2).await;
+    assert_eq!(r.error, "", "{r:?}\n{}", old.log_text());
+    assert_eq!(r.devices[0].share_id.as_deref(), Some(s2.as_str()));
     assert!(
         old.log_text()
             .contains("passed kubelet's NodePrepareResources on"),
@@ -464,14 +451,8 @@ async fn a_replaced_instance_passes_kubelets_calls_on_to_its_successor() {
     assert_eq!(new.readyz().0, 200, "{:?}", new.readyz());
 
     // Unprepare goes the same way.
-    let r = old_kubelet
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &c1)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&c1].error, "", "{r:?}");
+    let r = unprepare_v1(&mut old_kubelet, NS, "c1", &c1).await;
+    assert_eq!(r.error, "", "{r:?}");
     let mut client = agent.client().await;
     assert_eq!(
         get_share(&mut client, s1).await.phase,
@@ -507,16 +488,12 @@ async fn a_call_is_passed_on_at_most_once() {
     let mut a_kubelet = a.kubelet.v1(&a.endpoint(DRIVER)).await;
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(20),
-        a_kubelet.node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &c1)],
-        }),
+        prepare_v1(&mut a_kubelet, NS, "c1", &c1),
     )
     .await
-    .expect("the call came back")
-    .unwrap()
-    .into_inner();
+    .expect("the call came back");
     assert!(
-        r.claims[&c1].error.contains("was replaced by a newer one"),
+        r.error.contains("was replaced by a newer one"),
         "{r:?}\n{}\n{}",
         a.log_text(),
         b.log_text()

@@ -95,34 +95,23 @@ impl Successors {
             claims: claims.iter().map(kubelet_claim).collect(),
         });
         mark(&mut req, epoch, timeout);
-        match client.node_prepare_resources(req).await {
-            Ok(r) => {
-                info!(socket = %path.display(), claims = claims.len(), "passed kubelet's NodePrepareResources on to the instance that replaced this one");
-                let mut answers = r.into_inner().claims;
-                Some(
-                    claims
-                        .iter()
-                        .map(|c| {
-                            let a = match answers.remove(&c.uid) {
-                                None => Err(NO_ANSWER.to_owned()),
-                                Some(a) if !a.error.is_empty() => Err(a.error),
-                                Some(a) => Ok(a.devices.into_iter().map(device_answer).collect()),
-                            };
-                            (c.uid.clone(), a)
-                        })
-                        .collect(),
-                )
-            }
-            Err(s) => {
-                warn!(socket = %path.display(), error = %s, "the instance that replaced this one failed NodePrepareResources");
-                Some(
-                    claims
-                        .iter()
-                        .map(|c| (c.uid.clone(), Err(failed(&s))))
-                        .collect(),
-                )
-            }
-        }
+        let answered = client
+            .node_prepare_resources(req)
+            .await
+            .map(|r| r.into_inner().claims);
+        Some(per_claim(
+            claims,
+            answered,
+            "NodePrepareResources",
+            &path,
+            |a| {
+                if a.error.is_empty() {
+                    Ok(a.devices.into_iter().map(device_answer).collect())
+                } else {
+                    Err(a.error)
+                }
+            },
+        ))
     }
 
     /// kubelet's NodeUnprepareResources, answered by the successor; None as for
@@ -138,35 +127,55 @@ impl Successors {
             claims: claims.iter().map(kubelet_claim).collect(),
         });
         mark(&mut req, epoch, timeout);
-        let answers = match client.node_unprepare_resources(req).await {
-            Ok(r) => {
-                info!(socket = %path.display(), claims = claims.len(), "passed kubelet's NodeUnprepareResources on to the instance that replaced this one");
-                r.into_inner().claims
-            }
-            Err(s) => {
-                warn!(socket = %path.display(), error = %s, "the instance that replaced this one failed NodeUnprepareResources");
-                return Some(
-                    claims
-                        .iter()
-                        .map(|c| (c.uid.clone(), Err(failed(&s))))
-                        .collect(),
-                );
-            }
-        };
-        let mut answers = answers;
-        Some(
+        let answered = client
+            .node_unprepare_resources(req)
+            .await
+            .map(|r| r.into_inner().claims);
+        Some(per_claim(
+            claims,
+            answered,
+            "NodeUnprepareResources",
+            &path,
+            |a| {
+                if a.error.is_empty() {
+                    Ok(())
+                } else {
+                    Err(a.error)
+                }
+            },
+        ))
+    }
+}
+
+/// The successor's answer, claim by claim in the order kubelet asked: `take` turns a
+/// claim's entry into this instance's answer; a failed call fails every claim.
+fn per_claim<A, T>(
+    claims: &[pb::ClaimRef],
+    answered: Result<std::collections::HashMap<String, A>, tonic::Status>,
+    call: &str,
+    socket: &Path,
+    take: impl Fn(A) -> Result<T, String>,
+) -> Answers<T> {
+    match answered {
+        Ok(mut answers) => {
+            info!(socket = %socket.display(), claims = claims.len(), "passed kubelet's {call} on to the instance that replaced this one");
             claims
                 .iter()
                 .map(|c| {
-                    let a = match answers.remove(&c.uid) {
-                        None => Err(NO_ANSWER.to_owned()),
-                        Some(a) if !a.error.is_empty() => Err(a.error),
-                        Some(_) => Ok(()),
-                    };
+                    let a = answers
+                        .remove(&c.uid)
+                        .map_or_else(|| Err(NO_ANSWER.to_owned()), &take);
                     (c.uid.clone(), a)
                 })
-                .collect(),
-        )
+                .collect()
+        }
+        Err(s) => {
+            warn!(socket = %socket.display(), error = %s, "the instance that replaced this one failed {call}");
+            claims
+                .iter()
+                .map(|c| (c.uid.clone(), Err(failed(&s))))
+                .collect()
+        }
     }
 }
 
