@@ -15,7 +15,7 @@
 //! when the scenario panics; its name is unique per process and object.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
@@ -51,6 +51,31 @@ impl Cluster {
         Cluster {
             kubectl: var("SGC_KUBECTL"),
             kubeconfig: var("SGC_KUBECONFIG"),
+        }
+    }
+
+    /// This cluster as another caller: a kubeconfig in `dir` with the same API server
+    /// and CA, authenticated by `token` alone.
+    pub fn with_token(&self, token: &str, dir: &Path) -> Cluster {
+        let raw = self.json(&["config", "view", "--raw", "--minify"]);
+        let cluster = &raw["clusters"][0]["cluster"];
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {
+                "server": cluster["server"],
+                "certificate-authority": cluster["certificate-authority"],
+            }}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        });
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, config.to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+        Cluster {
+            kubectl: self.kubectl.clone(),
+            kubeconfig,
         }
     }
 

@@ -1430,3 +1430,100 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
         },
     );
 }
+
+/// k. The admission policy (deploy/admission.yaml) evaluated by the real API server on
+/// the plugin's own identity: a token of its ServiceAccount bound to its pod on one
+/// node may write that node's slices of shareguard's driver, and is refused another
+/// node's slice, another node's pool on its own node, and another driver, each with
+/// the policy's reason. Server-side dry runs: admission runs, nothing is stored.
+#[test]
+#[ignore = "needs the test cluster: make e2e"]
+fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
+    let c = Cluster::from_env();
+    let (node, other) = (NODES[0], NODES[1]);
+    let pod = c.shareguard_pod(node, "kubelet-plugin");
+    let pod_uid = c.json(&["get", "pod", "-n", "shareguard-system", &pod])["metadata"]["uid"]
+        .as_str()
+        .expect("the pod's uid")
+        .to_string();
+    let token = c.ok(&[
+        "-n",
+        "shareguard-system",
+        "create",
+        "token",
+        "shareguard-kubelet-plugin",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        &pod,
+        "--bound-object-uid",
+        &pod_uid,
+        "--duration",
+        "10m",
+    ]);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let plugin = c.with_token(token.trim(), dir.path());
+    let slice = |node_name: &str, pool: &str, driver: &str| {
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{generateName: e2e-k-}}\nspec:\n  driver: {driver}\n  nodeName: {node_name}\n  pool: {{name: {pool}, generation: 1, resourceSliceCount: 1}}\n  devices: []\n"
+        )
+    };
+    let create = |doc: String| {
+        let out = plugin.run(&["create", "--dry-run=server", "-f", "-"], Some(&doc));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    let (ok, err) = create(slice(node, node, DRIVER));
+    assert!(ok, "its own node, pool and driver refused: {err}");
+    let (ok, err) = create(slice(node, &format!("{node}/nics"), DRIVER));
+    assert!(ok, "a pool below its node's name refused: {err}");
+    for (doc, reason) in [
+        (
+            slice(other, other, DRIVER),
+            "may write only ResourceSlices of the node its pod runs on",
+        ),
+        (
+            slice(node, other, DRIVER),
+            "may write only ResourceSlices of its own node's pools",
+        ),
+        (
+            slice(node, &format!("{node}0"), DRIVER),
+            "may write only ResourceSlices of its own node's pools",
+        ),
+        (
+            slice(node, node, "other.example.com"),
+            "may write only ResourceSlices of its own driver",
+        ),
+    ] {
+        let (ok, err) = create(doc.clone());
+        assert!(!ok, "allowed:\n{doc}");
+        assert!(
+            err.contains("ValidatingAdmissionPolicy") && err.contains(reason),
+            "{err}"
+        );
+    }
+    // A token that names no node (not bound to a pod) is refused everything.
+    let unbound = c.ok(&[
+        "-n",
+        "shareguard-system",
+        "create",
+        "token",
+        "shareguard-kubelet-plugin",
+        "--duration",
+        "10m",
+    ]);
+    let dir2 = tempfile::tempdir().expect("a temporary directory");
+    let out = c.with_token(unbound.trim(), dir2.path()).run(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&slice(node, node, DRIVER)),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("must call with a pod-bound ServiceAccount token"),
+        "{err}"
+    );
+}
