@@ -222,6 +222,11 @@ impl ApiServer {
     pub fn drop_consumable_capacity_fields(&self) {
         self.objects.lock().unwrap().without_consumable_capacity = true;
     }
+
+    /// Stores those fields again from now on: the gate turned on.
+    pub fn keep_consumable_capacity_fields(&self) {
+        self.objects.lock().unwrap().without_consumable_capacity = false;
+    }
 }
 
 /// Strips what an API server without `DRAConsumableCapacity` does not store.

@@ -591,10 +591,23 @@ async fn fields_the_api_server_drops_are_reported_loudly() {
         d.allow_multiple_allocations, None,
         "the stand-in dropped it"
     );
-    let applies = api
-        .applies()
-        .iter()
-        .filter(|a| a.path.ends_with(&format!("/resourceslices/{slice}")))
-        .count();
-    assert_eq!(applies, 1, "the same content is not applied again");
+    let generation = stored[0].spec.pool.generation;
+
+    // The gate turned on: the next check's apply is stored whole, at the same
+    // generation (its content is what that generation always meant).
+    api.keep_consumable_capacity_fields();
+    wait_for("the slice stored whole again", WAIT, || {
+        let s = ours(&api);
+        s.len() == 1
+            && s[0].spec.devices.as_ref().unwrap()[0].allow_multiple_allocations == Some(true)
+    });
+    assert_eq!(
+        ours(&api)[0].spec.pool.generation,
+        generation,
+        "a new generation"
+    );
+    wait_for("the plugin to say so", WAIT, || {
+        p.log_text()
+            .contains("the API server now stores every field of the ResourceSlice")
+    });
 }

@@ -141,7 +141,8 @@ impl Publisher {
     /// One pass: list this driver's slices of this node, apply what differs, delete
     /// what is no longer a pool here, and check that the API server stores each slice
     /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
-    /// [`PublishError::FieldsDropped`] once everything else is done.
+    /// [`PublishError::FieldsDropped`] once everything else is done; such a slice is
+    /// applied again at every pass, at its generation, until it is stored whole.
     pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
         let (desired, skipped) = build::desired(&self.driver, &self.node, devices);
         for s in &skipped {
@@ -177,7 +178,21 @@ impl Publisher {
                     continue;
                 }
                 if self.known_dropped(&name, &d.digest) {
-                    dropped.extend(self.report(&name, diffs));
+                    // Applied again at every check, at the generation it has: its
+                    // content is what that generation was always meant to be, so the
+                    // scheduler sees no new generation, and once the API server keeps
+                    // the fields (the gate turned on) the slice is whole again without
+                    // a restart of the plugin.
+                    let stored = self.apply(d, stored.spec.pool.generation).await?;
+                    let diffs = differences(&d.slice.spec, &stored.spec);
+                    if diffs.is_empty() {
+                        self.forget_dropped(&name);
+                        info!(driver = %self.driver, slice = %name, "the API server now stores every field of the ResourceSlice");
+                        pass.applied
+                            .push((name.clone(), stored.spec.pool.generation));
+                    } else {
+                        dropped.extend(self.report(&name, diffs));
+                    }
                     continue;
                 }
                 // Our content by its annotation but not in its fields: someone edited
