@@ -60,6 +60,34 @@ sgc_start_in_node() {
 }
 
 # kubelet of node $1, with the config node.sh wrote (also used to restart it).
+# sgc_start NAME COMMAND...: a daemon on the host in its own session, its output
+# appended to logs/NAME.log.
+sgc_start() {
+  local name="$1"
+  shift
+  setsid "$@" >>"$SGC_STATE/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$SGC_STATE/run/$name.pid"
+}
+
+# sgc_start_apiserver GATES: kube-apiserver with the feature gates GATES (up.sh gives
+# $SGC_FEATURE_GATES; restart-apiserver.sh others).
+sgc_start_apiserver() {
+  local pki="$SGC_STATE/pki"
+  sgc_start kube-apiserver "$SGC_CACHE/bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$SGC_ETCD_PORT" \
+    --bind-address "$SGC_HOST_IP" --advertise-address "$SGC_HOST_IP" --secure-port "$SGC_API_PORT" \
+    --service-cluster-ip-range "$SGC_SERVICE_CIDR" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --kubelet-preferred-address-types InternalIP \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --allow-privileged=true --feature-gates "$1" --profiling=false
+}
+
 sgc_start_kubelet() {
   local node="$1"
   sgc_start_in_node "$node" kubelet "$SGC_CACHE/bin/kubelet" \

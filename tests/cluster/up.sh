@@ -28,14 +28,6 @@ mkdir -p "$SGC_STATE"/{logs,run}
 pki="$SGC_STATE/pki"
 kc="$SGC_STATE/kubeconfig"
 
-# sgc_start NAME COMMAND...: a daemon in its own session, its output in logs/NAME.log.
-sgc_start() {
-  local name="$1"
-  shift
-  setsid "$@" >"$SGC_STATE/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$SGC_STATE/run/$name.pid"
-}
-
 # ---- the host's side: the bridge the nodes hang on -------------------------------
 sgc_log "network: bridge $SGC_BRIDGE $SGC_HOST_IP/24"
 ip link add "$SGC_BRIDGE" type bridge
@@ -50,19 +42,7 @@ sgc_start etcd etcd --name sgc --data-dir "$SGC_STATE/etcd" \
   --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
   --initial-cluster sgc=http://127.0.0.1:12380 --listen-metrics-urls http://127.0.0.1:12381 \
   --unsafe-no-fsync
-sgc_start kube-apiserver kube-apiserver \
-  --etcd-servers "http://127.0.0.1:$SGC_ETCD_PORT" \
-  --bind-address "$SGC_HOST_IP" --advertise-address "$SGC_HOST_IP" --secure-port "$SGC_API_PORT" \
-  --service-cluster-ip-range "$SGC_SERVICE_CIDR" \
-  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-  --client-ca-file "$pki/ca.crt" \
-  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
-  --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
-  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-  --service-account-issuer https://kubernetes.default.svc \
-  --kubelet-preferred-address-types InternalIP \
-  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-  --allow-privileged=true --feature-gates "$SGC_FEATURE_GATES" --profiling=false
+sgc_start_apiserver "$SGC_FEATURE_GATES"
 export KUBECONFIG="$kc/admin.kubeconfig"
 SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
 sgc_start kube-controller-manager kube-controller-manager \

@@ -1527,3 +1527,170 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
         "{err}"
     );
 }
+
+/// tests/cluster/restart-apiserver.sh with these gate changes (none: the usual gates).
+fn restart_apiserver(changes: &[&str]) {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/restart-apiserver.sh");
+    let status = std::process::Command::new(&script)
+        .args(changes)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        status.success(),
+        "{} {changes:?}: {status}",
+        script.display()
+    );
+}
+
+/// Puts the API server back on the usual feature gates, also when the scenario failed.
+struct UsualApiServer;
+
+impl Drop for UsualApiServer {
+    fn drop(&mut self) {
+        restart_apiserver(&[]);
+    }
+}
+
+/// Whether every device of `node`'s shareguard slice has `allowMultipleAllocations`
+/// (what the DRAConsumableCapacity gate guards), and the slice's name.
+fn slice_whole(c: &Cluster, node: &str) -> Option<(String, bool)> {
+    let slices = c.json(&[
+        "get",
+        "resourceslices",
+        "--field-selector",
+        &format!("spec.nodeName={node},spec.driver={DRIVER}"),
+    ]);
+    let s = slices["items"].as_array()?.first()?.clone();
+    let devices = field(&s, "spec.devices")
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let whole = !devices.is_empty()
+        && devices
+            .iter()
+            .all(|d| d["allowMultipleAllocations"] == true);
+    Some((field(&s, "metadata.name").as_str()?.to_string(), whole))
+}
+
+/// l. An API server with DRAConsumableCapacity off (a cluster where the gate was
+/// never turned on) drops the consumable-capacity fields from every slice written,
+/// without an error, and the scheduler would then give each device to one claim
+/// whole. The plugin notices: it reads back what was stored and says loudly which
+/// fields are gone and the likely cause; once the gate is on again its next check
+/// publishes the slice whole again.
+#[test]
+#[ignore = "needs the test cluster: make e2e"]
+fn l_an_api_server_without_consumable_capacity_is_noticed() {
+    let c = Cluster::from_env();
+    let node = NODES[0];
+    let (name, whole) = slice_whole(&c, node).expect("the node's slice");
+    assert!(
+        whole,
+        "the slice lacks allowMultipleAllocations before the scenario"
+    );
+    let pod = c.shareguard_pod(node, "kubelet-plugin");
+    let _usual = UsualApiServer;
+    restart_apiserver(&["DRAConsumableCapacity=false"]);
+    // Stored objects keep the fields until they are written again: delete the slice,
+    // and the plugin writes it anew through this API server.
+    c.ok(&["delete", "resourceslice", &name]);
+    let logs = wait_for(
+        "the plugin to report the dropped fields",
+        STATUS_TIMEOUT,
+        || {
+            let logs = c.ok(&["logs", "-n", "shareguard-system", &pod]);
+            if logs.contains("published without fields the API server dropped") {
+                Ok(logs)
+            } else {
+                Err("not yet".to_string())
+            }
+        },
+    );
+    assert!(logs.contains("DRAConsumableCapacity"), "{logs}");
+    assert!(logs.contains("allowMultipleAllocations"), "{logs}");
+    let (_, whole) = slice_whole(&c, node).expect("the slice published again");
+    assert!(!whole, "the API server kept the fields with the gate off");
+
+    restart_apiserver(&[]);
+    // The plugin checks again every --resync-seconds (30 s in deploy/).
+    wait_for(
+        "the slice published whole again",
+        POD_TIMEOUT,
+        || match slice_whole(&c, node) {
+            Some((_, true)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+}
+
+/// z (last: it removes shareguard). The uninstall docs/kubernetes.md gives: the pods
+/// with shareguard's claims deleted first, then `kubectl delete -k` of the install's
+/// kustomization (tests/cluster/uninstall.sh). Every object of deploy/ goes (the
+/// namespace with both DaemonSets, the cluster-wide RBAC, admission policy and
+/// DeviceClasses), no shareguard pod is left, and kubelet deletes the driver's
+/// ResourceSlices on both nodes once no plugin is registered.
+#[test]
+#[ignore = "needs the test cluster: make e2e"]
+fn z_an_uninstall_leaves_no_object_and_no_slice() {
+    let c = Cluster::from_env();
+    {
+        // A pod with a share, gone before the uninstall as the docs say.
+        let ns = c.namespace("e2e-z");
+        c.apply(&bandwidth_pod(
+            &ns.name,
+            "p",
+            NODES[0],
+            "10M",
+            ClaimKind::Template,
+        ));
+        wait_running(&c, &ns.name, "p");
+        wait_enforced_status(&c, &ns.name);
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/uninstall.sh");
+    let status = std::process::Command::new(&script)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(status.success(), "{}: {status}", script.display());
+
+    for (kind, name) in [
+        ("namespace", "shareguard-system"),
+        ("clusterrole", "shareguard-kubelet-plugin"),
+        ("clusterrolebinding", "shareguard-kubelet-plugin"),
+        (
+            "validatingadmissionpolicy",
+            "shareguard-kubelet-plugin-resourceslices",
+        ),
+        (
+            "validatingadmissionpolicybinding",
+            "shareguard-kubelet-plugin-resourceslices",
+        ),
+        ("deviceclass", "shareguard-net-bandwidth"),
+        ("deviceclass", "shareguard-gpu-memory"),
+        ("deviceclass", "shareguard-accounted"),
+    ] {
+        assert!(
+            c.get(&[kind, name]).is_none(),
+            "{kind} {name} is still there"
+        );
+    }
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        "app.kubernetes.io/name=shareguard",
+    ]);
+    assert_eq!(pods["items"].as_array().map_or(0, Vec::len), 0, "{pods}");
+    // kubelet's 30 s after the last plugin went.
+    wait_for(
+        "kubelet to wipe the driver's slices",
+        POD_TIMEOUT,
+        || match slice_uids(&c, None).len() {
+            0 => Ok(()),
+            n => Err(format!("{n} slices")),
+        },
+    );
+}
