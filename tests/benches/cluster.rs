@@ -116,6 +116,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    // kubelet's counters run from its start: the bench's own operations are the
+    // difference from here.
+    let before: Vec<Vec<(String, f64, f64)>> =
+        NODES.iter().map(|n| c.kubelet_dra_operations(n)).collect();
     let ns = c.namespace("bench-pods");
     let mut baseline = Vec::new();
     let mut share_running = Vec::new();
@@ -165,8 +169,13 @@ fn main() {
     println!();
     println!("| node | kubelet DRA operation | count | mean ms |");
     println!("|---|---|---:|---:|");
-    for node in NODES {
+    for (node, before) in NODES.iter().zip(&before) {
         for (op, count, sum) in c.kubelet_dra_operations(node) {
+            let (c0, s0) = before
+                .iter()
+                .find(|(o, _, _)| *o == op)
+                .map_or((0.0, 0.0), |(_, c, s)| (*c, *s));
+            let (count, sum) = (count - c0, sum - s0);
             let mean = if count > 0.0 {
                 sum / count * 1000.0
             } else {
