@@ -314,6 +314,24 @@ impl Drop for Namespace {
     }
 }
 
+/// One of tests/cluster/'s scripts with its arguments, stdin closed, to run or spawn.
+pub fn script(name: &str, args: &[&str]) -> Command {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("cluster")
+        .join(name);
+    let mut cmd = Command::new(path);
+    cmd.args(args).stdin(Stdio::null());
+    cmd
+}
+
+/// Runs one of tests/cluster/'s scripts to its end; panics unless it succeeds.
+pub fn run_script(name: &str, args: &[&str]) {
+    let status = script(name, args)
+        .status()
+        .unwrap_or_else(|e| panic!("tests/cluster/{name}: {e}"));
+    assert!(status.success(), "tests/cluster/{name} {args:?}: {status}");
+}
+
 /// Polls `f` every 250 ms until it returns Ok, for at most `timeout`; panics naming
 /// `what` and the last state `f` described when it never does.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 use shareguard_tests::{
     cluster::{
-        Cluster, DRIVER, NODES, Namespace, TOOLS_IMAGE, driver_entry, field, is_enforced, wait_for,
+        Cluster, DRIVER, NODES, Namespace, TOOLS_IMAGE, driver_entry, field, is_enforced,
+        run_script, script, wait_for,
     },
     net::{GOODPUT_HIGH, GOODPUT_LOW, TrafficLock},
 };
@@ -724,12 +725,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     });
     wait_enforced_status(&c, &ns.name);
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/cluster/restart-kubelet.sh");
-    let restarted = std::process::Command::new(script)
-        .arg(node)
-        .status()
-        .expect("run restart-kubelet.sh");
-    assert!(restarted.success(), "{script} {node}");
+    run_script("restart-kubelet.sh", &[node]);
     // A claim prepared after the restart: kubelet found the plugin again.
     let after = c.namespace("e2e-f2");
     c.apply(&bandwidth_pod(
@@ -1134,12 +1130,9 @@ fn kubelet_dra_errors(c: &Cluster) -> Vec<(String, String, f64)> {
 /// tests/cluster/update.sh TAG: the image under a new tag on every node, the install
 /// applied again with it, both rollouts waited for.
 fn update_to(tag: &str) -> std::process::Child {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/update.sh");
-    std::process::Command::new(&script)
-        .arg(tag)
-        .stdin(std::process::Stdio::null())
+    script("update.sh", &[tag])
         .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", script.display()))
+        .unwrap_or_else(|e| panic!("tests/cluster/update.sh: {e}"))
 }
 
 /// Puts the install back on the tag the other scenarios use, also when the scenario
@@ -1530,18 +1523,7 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
 
 /// tests/cluster/restart-apiserver.sh with these gate changes (none: the usual gates).
 fn restart_apiserver(changes: &[&str]) {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/restart-apiserver.sh");
-    let status = std::process::Command::new(&script)
-        .args(changes)
-        .stdin(std::process::Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-    assert!(
-        status.success(),
-        "{} {changes:?}: {status}",
-        script.display()
-    );
+    run_script("restart-apiserver.sh", changes);
 }
 
 /// Puts the API server back on the usual feature gates, also when the scenario failed.
@@ -1648,12 +1630,7 @@ fn z_an_uninstall_leaves_no_object_and_no_slice() {
         wait_running(&c, &ns.name, "p");
         wait_enforced_status(&c, &ns.name);
     }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/uninstall.sh");
-    let status = std::process::Command::new(&script)
-        .stdin(std::process::Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-    assert!(status.success(), "{}: {status}", script.display());
+    run_script("uninstall.sh", &[]);
 
     for (kind, name) in [
         ("namespace", "shareguard-system"),
