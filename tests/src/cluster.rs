@@ -282,10 +282,22 @@ impl Cluster {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         self.ok(&["create", "namespace", &name]);
-        Namespace {
+        let ns = Namespace {
             cluster: self.clone(),
             name,
-        }
+        };
+        // kube-controller-manager makes the namespace's `default` ServiceAccount a
+        // moment later, and until then the API server refuses every pod in it (seen
+        // right after a restart of kube-apiserver, when its informers reconnect).
+        wait_for(
+            &format!("the default ServiceAccount of {}", ns.name),
+            Duration::from_secs(60),
+            || match self.get(&["serviceaccount", "default", "-n", &ns.name]) {
+                Some(_) => Ok(()),
+                None => Err("not yet".to_string()),
+            },
+        );
+        ns
     }
 }
 
