@@ -27,6 +27,12 @@ use crate::{
 const MAX_FRAME: usize = 1 << 20;
 /// A header block larger than this likewise (h2 refuses header lists long before).
 const MAX_BLOCK: usize = 1 << 20;
+/// The largest header list this decodes, counted as HPACK counts a table entry (name,
+/// value and 32 bytes each). HPACK lets a few bytes name a large table entry again and
+/// again: a 1 MiB block of one-byte references to a 4 KiB entry decodes to 4 GiB. A
+/// gRPC request's headers take a few hundred bytes; h2 refuses lists above its own
+/// limit (16 KiB in hyper's server), so nothing legitimate is near this.
+const MAX_HEADER_LIST: usize = 64 << 10;
 /// The dynamic table size h2 lets a client's encoder use (its SETTINGS_HEADER_TABLE_SIZE,
 /// which tonic leaves at the default): a larger size update is the client's error.
 const TABLE_SIZE: usize = 4096;
@@ -187,10 +193,29 @@ impl Normalizer {
             self.block = Some(b);
             return true;
         }
-        match self.decoder.decode(&b.fragment) {
-            Ok(headers) => {
+        // The decoder hands each field over borrowed; only fields within the bound are
+        // copied, so what the block expands to never has to fit in memory.
+        let mut headers = Vec::new();
+        let mut size = 0usize;
+        let decoded = self.decoder.decode_with_cb(&b.fragment, |name, value| {
+            size = size.saturating_add(name.len() + value.len() + 32);
+            if size <= MAX_HEADER_LIST {
+                headers.push((name.into_owned(), value.into_owned()));
+            }
+        });
+        match decoded {
+            Ok(()) if size <= MAX_HEADER_LIST => {
                 self.write_block(&b, headers, out);
                 true
+            }
+            Ok(()) => {
+                tracing::debug!(
+                    size,
+                    max = MAX_HEADER_LIST,
+                    "a unix socket client's header list is too large to normalise"
+                );
+                out.extend_from_slice(&b.raw);
+                false
             }
             Err(e) => {
                 tracing::debug!(error = ?e, "a unix socket client's header block does not decode");

@@ -252,3 +252,48 @@ fn a_frame_in_the_middle_of_a_block_gives_up_without_losing_bytes() {
     assert!(n.gave_up());
     assert_eq!(out, input);
 }
+
+/// An HPACK bomb: one 4 KiB header added to the dynamic table, then a 1 MiB block of
+/// one-byte references to it, which would decode to 4 GiB. The normaliser stops counting
+/// at its bound, copies nothing past it, and passes the bytes on for h2 to refuse.
+#[test]
+fn a_header_block_that_expands_past_the_bound_is_passed_on_undecoded() {
+    let mut block = Vec::new();
+    // Literal with incremental indexing, new name: 0x40, name length, name, value
+    // length (as a 7-bit prefix integer), value.
+    block.extend_from_slice(&[0x40, 1, b'x']);
+    let value = vec![b'v'; 4000];
+    // 4000 = 127 + 3873: the prefix saturates, then 3873 in 7-bit groups.
+    block.extend_from_slice(&[0x7f, (3873 % 128) as u8 | 0x80, (3873 / 128) as u8]);
+    block.extend_from_slice(&value);
+    // Index 62: the newest dynamic entry.
+    block.resize(block.len() + (1 << 20) - 8192, 0x80 | 62);
+    let mut input = PREFACE.to_vec();
+    let mut chunks = block.chunks(MAX_PAYLOAD).peekable();
+    let first = chunks.next().unwrap();
+    let last_flag = |more: bool| if more { 0 } else { END_HEADERS };
+    FrameHeader::write(
+        HEADERS,
+        last_flag(chunks.peek().is_some()),
+        1,
+        first,
+        &mut input,
+    );
+    while let Some(c) = chunks.next() {
+        FrameHeader::write(
+            CONTINUATION,
+            last_flag(chunks.peek().is_some()),
+            1,
+            c,
+            &mut input,
+        );
+    }
+    let mut n = Normalizer::new();
+    let mut out = Vec::new();
+    n.feed(&input, &mut out);
+    assert!(
+        n.gave_up(),
+        "a 1 GiB header list was decoded and encoded again"
+    );
+    assert_eq!(out, input, "passed on as sent");
+}
