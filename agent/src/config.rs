@@ -248,6 +248,8 @@ pub const MAX_CAPACITIES: usize = 32;
 
 /// Maximum claims in one Prepare or Unprepare unless the config says otherwise.
 pub const DEFAULT_MAX_CLAIMS: usize = 128;
+/// The most `WatchShares` streams `[agent] max_watchers` may allow.
+pub const MAX_WATCHERS: usize = 65_536;
 
 impl Config {
     /// The node's name from `[agent] node_name`, else this host's name.
@@ -349,6 +351,18 @@ impl Config {
                 return Err(err(
                     n.span(),
                     "agent.max_watchers: must be at least 1".into(),
+                ));
+            }
+            // Each open stream holds a semaphore permit, and a semaphore takes at most
+            // `usize::MAX >> 3` (it panics above); far below that, every stream costs a
+            // task and a queue, so the bound is what one node can really serve.
+            Some(n) if *n.get_ref() > MAX_WATCHERS => {
+                return Err(err(
+                    n.span(),
+                    format!(
+                        "agent.max_watchers: {} is more than the {MAX_WATCHERS} streams one agent serves at once",
+                        n.get_ref()
+                    ),
                 ));
             }
             Some(n) => n.into_inner(),

@@ -38,6 +38,35 @@ fn bad_config_is_refused_with_file_line_and_reason() {
     assert!(!dir.path().join("s.sock").exists());
 }
 
+/// A `max_watchers` above what one agent can serve used to pass the config and panic
+/// when the semaphore that bounds the streams was made: a config error now, at start.
+#[test]
+fn too_many_watchers_is_a_config_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("watchers.toml");
+    let text = format!(
+        "[agent]\nsocket = {:?}\nstate_dir = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nmax_watchers = {}\n{}",
+        dir.path().join("s.sock"),
+        dir.path().join("state"),
+        u64::MAX >> 1,
+        generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[])
+    );
+    std::fs::write(&path, &text).unwrap();
+    let out = Command::new(agent_bin())
+        .args(["agent", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:5:", path.display())) && stderr.contains("max_watchers"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("s.sock").exists());
+}
+
 #[test]
 fn socket_is_private_and_a_second_agent_is_refused() {
     let a = Agent::start(Options::new(generic_device(
