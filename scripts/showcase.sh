@@ -154,7 +154,7 @@ uuid() { cat /proc/sys/kernel/random/uuid; }
 # prepare NAMESPACE CLAIM_UID SHARE_ID AMOUNT: one claim with one share on gen-0.
 prepare() {
   sg prepare -f - <<JSON
-{"epoch": "1", "claims": [{
+{"epoch": "0", "claims": [{
   "claim": {"uid": "$2", "namespace": "$1", "name": "$2"},
   "allocationId": "alloc-$2",
   "allocations": [{"request": "mem", "driver": "shareguard.example.com", "pool": "showcase-node",
@@ -207,7 +207,7 @@ step "bandwidth: two pods share nic-0 (1G); kubelet prepares a claim before the 
 pod_a=$(uuid); pod_b=$(uuid)
 bw_prepare() { # NAMESPACE CLAIM POD_UID RATE: the pod's uid is all kubelet's plugin knows
   sg prepare -f - <<JSON
-{"epoch": "1", "claims": [{
+{"epoch": "0", "claims": [{
   "claim": {"uid": "$2", "namespace": "$1", "name": "$2"},
   "allocationId": "alloc-$2",
   "target": {"podUids": ["$3"]},
@@ -290,7 +290,7 @@ echo "$gpu_pid" >"$cg2/$gpu_cg/cgroup.procs"
 echo "pod $gpu_pod_uid: process $gpu_pid in cgroup $gpu_cg"
 gpu_share=$(uuid)
 sg prepare -f - <<JSON
-{"epoch": "1", "claims": [{
+{"epoch": "0", "claims": [{
   "claim": {"uid": "gpu-a", "namespace": "team-a", "name": "gpu-a"},
   "allocationId": "alloc-gpu-a",
   "target": {"podUids": ["$gpu_pod_uid"]},
@@ -319,7 +319,7 @@ step "Kubernetes: the kubelet plugin between kubelet and an API-server STAND-IN 
 # The real `shareguard kubelet-plugin` over this agent: it registers with "kubelet" (calls
 # made from kubelet's own API definitions), publishes nic-0 as a ResourceSlice, prepares
 # a claim for 200M before the pod's sandbox exists, and writes the enforced limit into the
-# ResourceClaim's status. Its instance takes a new epoch, which fences the CLI's epoch 1,
+# ResourceClaim's status. Its instance takes a new epoch, which fences the CLI's epoch 0 (the fresh agent's),
 # so this comes after the steps above.
 "$PWD/target/release/examples/kubernetes" "$work/agent.sock"
 

@@ -15,6 +15,7 @@ use tokio_stream::StreamExt;
 use crate::{
     audit::{
         Decision,
+        bound::printable,
         query::{self, Entry, Filter},
     },
     client::connect,
@@ -136,6 +137,11 @@ pub struct AuditArgs {
     /// Only the most recent N matching lines.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Check the log's hash chain instead of printing lines: exit 0 when every line
+    /// follows the one before it, 1 (naming file and line) where one was removed or
+    /// edited.
+    #[arg(long, conflicts_with_all = ["claim", "share", "namespace", "device", "decision", "since", "limit"])]
+    pub verify: bool,
 }
 
 fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
@@ -302,19 +308,54 @@ fn audit_rows(entries: &[Entry]) -> String {
     for e in entries {
         let r = &e.record;
         let amounts: Vec<String> = r.amounts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        // The agent writes printable text, but the file is only a file: whatever it
+        // holds, a control character or a newline never reaches the terminal raw.
+        let p = |s: &str| printable(s).into_owned();
         rows.push(vec![
-            r.time.clone(),
-            r.decision.clone(),
-            dash(&r.tenant),
-            dash(&r.claim_uid),
-            dash(&r.share_id),
-            dash(&r.device),
-            dash(&amounts.join(",")),
-            // One row per line: a reason with a newline would break the table.
-            r.reason.replace('\n', " "),
+            p(&r.time),
+            p(&r.decision),
+            p(&dash(&r.tenant)),
+            p(&dash(&r.claim_uid)),
+            p(&dash(&r.share_id)),
+            p(&dash(&r.device)),
+            p(&dash(&amounts.join(","))),
+            p(&r.reason),
         ]);
     }
     table(rows)
+}
+
+/// `shareguard audit --verify`.
+fn verify_audit(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let v = crate::audit::chain::verify(path)?;
+    for b in &v.breaks {
+        // Paths and reasons only: nothing of the lines themselves reaches the terminal.
+        eprintln!("shareguard audit: {}", printable(&b.to_string()));
+    }
+    let start = if v.from_genesis {
+        "from the first line ever written"
+    } else {
+        "from the oldest line kept (older ones were rotated away)"
+    };
+    let unchained = if v.unchained > 0 {
+        format!("; {} older lines carry no chain", v.unchained)
+    } else {
+        String::new()
+    };
+    if v.breaks.is_empty() {
+        println!(
+            "audit log intact: {} lines follow the line before them, {start}{unchained}",
+            v.chained
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "audit log BROKEN in {} places (above); {} lines follow the line before them",
+            v.breaks.len(),
+            v.chained
+        );
+        Ok(ExitCode::FAILURE)
+    }
 }
 
 /// `shareguard audit`: reads the log's files (oldest first), reports malformed lines on
@@ -335,6 +376,9 @@ fn run_audit(a: AuditArgs, out: Output) -> anyhow::Result<ExitCode> {
                 .audit_log
         }
     };
+    if a.verify {
+        return verify_audit(&path);
+    }
     let since = a
         .since
         .as_deref()

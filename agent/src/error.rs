@@ -128,6 +128,11 @@ impl From<StoreError> for ClaimError {
 pub enum RequestError {
     #[error("epoch: {got} is older than the highest accepted epoch {current}")]
     StaleEpoch { got: u64, current: u64 },
+    /// Only `NewEpoch` issues epochs; a caller cannot name one of its own.
+    #[error(
+        "epoch: {got} was never issued (the current epoch is {current}); only NewEpoch issues epochs"
+    )]
+    UnknownEpoch { got: u64, current: u64 },
     #[error("{field}: {count} entries, more than the limit of {max} per request")]
     BatchTooLarge {
         field: &'static str,
@@ -149,7 +154,11 @@ pub enum RequestError {
 impl RequestError {
     pub fn code(&self) -> tonic::Code {
         match self {
-            RequestError::StaleEpoch { .. } => tonic::Code::FailedPrecondition,
+            // The plugin takes either as "fenced": it hands over to, or is replaced by,
+            // an instance that takes a new epoch.
+            RequestError::StaleEpoch { .. } | RequestError::UnknownEpoch { .. } => {
+                tonic::Code::FailedPrecondition
+            }
             RequestError::BatchTooLarge { .. } | RequestError::Invalid { .. } => {
                 tonic::Code::InvalidArgument
             }

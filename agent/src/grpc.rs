@@ -267,7 +267,7 @@ impl NodeAgent for Api {
             .map_err(|e| self.refuse("NewEpoch", None, 0, e))?;
         // On a task of its own, as Prepare: a taken epoch is made durable to the end.
         let engine = self.engine.clone();
-        let epoch = tokio::spawn(async move { engine.new_epoch().await })
+        let epoch = tokio::spawn(async move { engine.new_epoch(Some(uid)).await })
             .await
             .map_err(|e| Status::internal(format!("new epoch task failed: {e}")))?
             .map_err(|e| self.refuse("NewEpoch", Some(uid), 0, e))?;

@@ -3,11 +3,12 @@
 
 use std::{
     path::Path,
-    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
 use shareguard_proto::v1::{self as pb, node_agent_client::NodeAgentClient};
+use tokio::sync::watch;
 use tonic::{Code, transport::Channel};
 use tracing::{debug, info, warn};
 
@@ -27,7 +28,8 @@ pub struct Agent {
     /// Set by [`Agent::take_epoch`]; 0 until then, and no Prepare or Unprepare goes out
     /// with 0 (`Agent::check_epoch`).
     epoch: AtomicU64,
-    fenced: AtomicBool,
+    /// Set once the agent follows a newer epoch than this instance's; never cleared.
+    fenced: watch::Sender<bool>,
 }
 
 /// What a call gets from the transport when the agent is not there or stopped in the
@@ -61,7 +63,7 @@ impl Agent {
                     let agent = Self {
                         client,
                         epoch: AtomicU64::new(0),
-                        fenced: AtomicBool::new(false),
+                        fenced: watch::Sender::new(false),
                     };
                     return Ok((agent, inventory.into_inner()));
                 }
@@ -113,7 +115,29 @@ impl Agent {
     }
 
     pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::Relaxed)
+        *self.fenced.borrow()
+    }
+
+    /// Resolves once this instance is fenced.
+    pub async fn fenced(&self) {
+        let mut rx = self.fenced.subscribe();
+        // The sender lives as long as `self`, so the wait ends only by a fence.
+        let _ = rx.wait_for(|f| *f).await;
+    }
+
+    /// Notes the epoch a reading of the agent reported: one other than this instance's
+    /// means a newer instance (or someone else) took an epoch since, or the agent lost
+    /// its store; either way this instance's calls would be refused from now on.
+    pub fn saw_epoch(&self, agent_epoch: u64) {
+        let own = self.epoch();
+        if own != 0 && agent_epoch != own {
+            warn!(
+                own,
+                agent = agent_epoch,
+                "the agent's epoch is no longer this instance's"
+            );
+            self.fence();
+        }
     }
 
     pub async fn list_devices(&self) -> Result<pb::ListDevicesResponse, ClaimError> {
@@ -246,7 +270,7 @@ impl Agent {
     }
 
     fn fence(&self) {
-        if !self.fenced.swap(true, Ordering::Relaxed) {
+        if !self.fenced.send_replace(true) {
             warn!(
                 epoch = self.epoch(),
                 "the agent follows a newer kubelet plugin instance; this one is fenced"

@@ -96,6 +96,10 @@ impl Driver {
         &self.name
     }
 
+    pub fn successors(&self) -> &Successors {
+        &self.successors
+    }
+
     /// The devices and policy snapshot served now.
     pub fn devices_now(&self) -> Arc<Devices> {
         self.devices()

@@ -72,6 +72,12 @@ pub enum PluginError {
         added: Vec<String>,
         removed: Vec<String>,
     },
+    /// Nothing this instance sends would be accepted again, and no newer instance
+    /// serves in its place.
+    #[error(
+        "fenced: the agent no longer accepts this instance's epoch {epoch} (a newer epoch was taken, or the agent lost its store) and no other instance serves the driver; exiting so that a new instance takes a new epoch"
+    )]
+    Fenced { epoch: u64 },
     #[error("serving {what}: {source}")]
     Serve {
         what: String,

@@ -195,6 +195,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         () = &mut shutdown => Ok(()),
         e = drivers_changed(inventory_rx, &registered) => Err(e.into()),
         e = refused_registration(registrations) => Err(e.into()),
+        e = fenced_for_good(&agent, drivers.iter().map(|d| d.successors().clone()).collect()) => Err(e.into()),
         Some(r) = servers.join_next() => match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.into()),
@@ -224,6 +225,34 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     outcome
 }
 
+/// How often a fenced instance checks that an instance that replaced it still serves.
+const SUCCESSOR_CHECK: Duration = Duration::from_secs(2);
+
+/// Resolves once this instance is fenced and no other instance serves any of its
+/// drivers on this node. While a successor serves (a rolling update: it took the epoch
+/// and kubelet is switching to it), this one passes kubelet's calls on to it and waits
+/// to be stopped. With none (an epoch taken by something other than a plugin instance,
+/// or an agent that lost its store), every call would fail: exiting with the reason
+/// lets the DaemonSet start an instance that takes a new epoch.
+async fn fenced_for_good(agent: &Agent, successors: Vec<Successors>) -> PluginError {
+    agent.fenced().await;
+    loop {
+        let mut served = false;
+        for s in &successors {
+            if s.any_live(SUCCESSOR_CHECK).await {
+                served = true;
+                break;
+            }
+        }
+        if !served {
+            return PluginError::Fenced {
+                epoch: agent.epoch(),
+            };
+        }
+        tokio::time::sleep(SUCCESSOR_CHECK).await;
+    }
+}
+
 /// Reads the agent's inventory every `period` and hands each reading to the watchers
 /// (a restarted agent may have a new config). A failed reading is skipped: the agent
 /// may be restarting, and the last inventory stays in force until the next one.
@@ -245,6 +274,7 @@ async fn poll_inventory(
         match agent.list_devices().await {
             // Every reading goes out, changed or not: the watchers compare.
             Ok(r) => {
+                agent.saw_epoch(r.epoch);
                 readings.send_replace(Arc::new(Inventory::from_agent(&r)));
             }
             Err(e) => warn!(error = %e, "reading the agent's inventory; keeping the last one"),

@@ -41,7 +41,8 @@ use tokio::{runtime::Runtime, task::JoinSet};
 
 const DEVICE: &str = "gen-0";
 const NAMESPACE: &str = "bench";
-const EPOCH: u64 = 1;
+/// The fresh agent's epoch: only NewEpoch moves it.
+const EPOCH: u64 = 0;
 /// Big enough for 10,000 preloaded shares plus every share the measurements add on top.
 const CAPACITY: &str = "100000Gi";
 /// Every share takes one step: the smallest amount the policy allows.

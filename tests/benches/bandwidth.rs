@@ -152,7 +152,7 @@ fn main() {
             }
             for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
                 let uid = format!("bench-{device}-{}-{dir}", rate.to_lowercase());
-                let r = rt.block_on(prepare_one(&mut client, 1, share(&pod, device, &uid, rate)));
+                let r = rt.block_on(prepare_one(&mut client, 0, share(&pod, device, &uid, rate)));
                 assert_eq!(r.error, None, "{r:?}");
                 assert_eq!(r.shares[0].mechanism, name);
                 let (m, rtts) = measure_under_load(&server, &pod, dir);
@@ -164,7 +164,7 @@ fn main() {
                         net::two_flows(&server, Direction::ToPod, bps),
                     ));
                 }
-                assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+                assert_eq!(rt.block_on(unprepare_one(&mut client, 0, &uid)).code, "");
             }
             if dir == Direction::ToPod {
                 let burst = (bps / 8 / 100).max(2 * 1514);
@@ -204,7 +204,7 @@ fn main() {
         }
         for (device, name) in [(AUTO, auto.as_str()), (POLICER, "bpf-policer")] {
             let uid = format!("bench-first-{device}-{}", rate.to_lowercase());
-            let r = rt.block_on(prepare_one(&mut client, 1, share(&pod, device, &uid, rate)));
+            let r = rt.block_on(prepare_one(&mut client, 0, share(&pod, device, &uid, rate)));
             assert_eq!(r.error, None, "{r:?}");
             first.push((
                 rate,
@@ -218,7 +218,7 @@ fn main() {
                     net::first_100ms(&server, Direction::ToPod, MANY, bps),
                 ));
             }
-            assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+            assert_eq!(rt.block_on(unprepare_one(&mut client, 0, &uid)).code, "");
         }
     }
 
@@ -243,7 +243,7 @@ fn main() {
             let uid = format!("bench-high-{device}-{round}");
             let r = rt.block_on(prepare_one(
                 &mut client,
-                1,
+                0,
                 share(&pod, device, &uid, "100G"),
             ));
             assert_eq!(r.error, None, "{r:?}");
@@ -260,7 +260,7 @@ fn main() {
                     .measure(&Iperf::new(Direction::ToPod))
                     .bits_per_second,
             );
-            assert_eq!(rt.block_on(unprepare_one(&mut client, 1, &uid)).code, "");
+            assert_eq!(rt.block_on(unprepare_one(&mut client, 0, &uid)).code, "");
         }
     }
 

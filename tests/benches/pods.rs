@@ -71,7 +71,7 @@ async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
         let cl = net::bw_claim_for(&format!("p{i}"), "bench", "nic-0", u, id, "50M");
         let r = c
             .prepare(pb::PrepareRequest {
-                epoch: 1,
+                epoch: 0,
                 claims: vec![cl],
             })
             .await
@@ -247,7 +247,7 @@ async fn prepare_under_scrapes(
             for i in 0..n {
                 let uid = format!("s{round}-{m}-{i}");
                 let req = pb::PrepareRequest {
-                    epoch: 1,
+                    epoch: 0,
                     claims: vec![claim(
                         &uid,
                         "bench",
@@ -260,7 +260,7 @@ async fn prepare_under_scrapes(
                 lat.push(t.elapsed());
                 assert_eq!(r.claims[&uid].error, None);
                 c.unprepare(pb::UnprepareRequest {
-                    epoch: 1,
+                    epoch: 0,
                     claims: vec![shareguard_tests::claim_ref(&uid)],
                 })
                 .await

@@ -479,6 +479,24 @@ pub fn claim_ref(uid: &str) -> pb::ClaimRef {
     }
 }
 
+/// Takes epochs with `NewEpoch`, as a plugin instance does at its start, until the
+/// agent's epoch is `epoch` (only `NewEpoch` moves it); returns `epoch`.
+pub async fn take_epoch(c: &mut NodeAgentClient<Channel>, epoch: u64) -> u64 {
+    loop {
+        let now = c
+            .list_devices(pb::ListDevicesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .epoch;
+        assert!(now <= epoch, "the agent is at epoch {now}, past {epoch}");
+        if now == epoch {
+            return epoch;
+        }
+        c.new_epoch(pb::NewEpochRequest {}).await.unwrap();
+    }
+}
+
 /// Prepares one claim and returns its result (the request itself must be accepted).
 pub async fn prepare_one(
     c: &mut NodeAgentClient<Channel>,

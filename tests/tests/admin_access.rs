@@ -24,7 +24,7 @@ async fn admin_share_in_an_admin_namespace_consumes_nothing() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "fill",
             "team-a",
@@ -39,7 +39,7 @@ async fn admin_share_in_an_admin_namespace_consumes_nothing() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "observe",
             "ops",

@@ -22,7 +22,7 @@ async fn refused_claim_holds_nothing(first_fits: bool) {
     // Fill gen-1 so that any further share of it does not fit.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "filler",
             "team-a",
@@ -44,7 +44,7 @@ async fn refused_claim_holds_nothing(first_fits: bool) {
         allocations.reverse();
     }
     let full_index = if first_fits { 1 } else { 0 };
-    let r = prepare_one(&mut c, 1, claim("both", "team-a", "alloc-1", allocations)).await;
+    let r = prepare_one(&mut c, 0, claim("both", "team-a", "alloc-1", allocations)).await;
     let e = r.error.clone().expect("the claim does not fit on gen-1");
     assert_eq!(e.code, "ResourceExhausted", "{e:?}");
     assert_eq!(
@@ -102,7 +102,7 @@ async fn two_allocations_of_one_claim_on_one_device_are_summed() {
     // claim's own allocations, not check each against the same free amount.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "pair",
             "team-a",

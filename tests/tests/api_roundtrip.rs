@@ -4,7 +4,7 @@
 
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, all_shares, alloc, claim, claim_ref, device, generic_device,
-    get_share, prepare_one, proto as pb, share_id, unprepare_one,
+    get_share, prepare_one, proto as pb, share_id, take_epoch, unprepare_one,
 };
 
 fn two_devices() -> Options {
@@ -22,7 +22,7 @@ async fn prepare_then_get_share_reports_the_admitted_share() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "rt-get",
             "team-a",
@@ -97,7 +97,7 @@ async fn unprepare_releases_and_frees_the_capacity() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "rt-unprep",
             "team-a",
@@ -111,7 +111,7 @@ async fn unprepare_releases_and_frees_the_capacity() {
 
     let out = c
         .unprepare(pb::UnprepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![claim_ref("rt-unprep")],
         })
         .await
@@ -146,13 +146,13 @@ async fn list_shares_filters_by_device_namespace_and_phase() {
     ] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(uid, ns, "alloc-1", vec![alloc(dev, id, "5Gi")]),
         )
         .await;
         assert_eq!(r.error, None, "{uid}: {r:?}");
     }
-    assert_eq!(unprepare_one(&mut c, 1, "ls-gone").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "ls-gone").await.code, "");
 
     let mut list = async |device: &str, namespace: &str, phase: pb::Phase| {
         let req = pb::ListSharesRequest {
@@ -238,6 +238,7 @@ async fn list_devices_reports_inventory_allocation_and_epoch() {
         generic_device("gen-1", "20Gi", "5Gi", &["team-a"], &[])
     )));
     let mut c = a.client().await;
+    take_epoch(&mut c, 3).await;
     let r = prepare_one(
         &mut c,
         3,
@@ -298,7 +299,7 @@ async fn prepare_batch_answers_every_claim_separately() {
     let ok = share_id();
     let r = c
         .prepare(pb::PrepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![
                 claim(
                     "batch-ok",
@@ -334,7 +335,7 @@ async fn duplicate_claim_uid_in_one_request_is_refused_whole() {
     let mut c = a.client().await;
     let e = c
         .prepare(pb::PrepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![
                 claim(
                     "dup",

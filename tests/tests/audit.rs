@@ -3,7 +3,8 @@
 
 use serde_json::json;
 use shareguard_tests::{
-    Agent, Options, alloc, claim, generic_device, prepare_one, share_id, unprepare_one,
+    Agent, Options, alloc, claim, generic_device, prepare_one, proto as pb, share_id, take_epoch,
+    unprepare_one,
 };
 
 #[tokio::test]
@@ -16,6 +17,7 @@ async fn admit_refuse_and_release_are_each_audited_in_full() {
         &[],
     )));
     let mut c = a.client().await;
+    take_epoch(&mut c, 4).await;
     let (ok, full) = (share_id(), share_id());
     let r = prepare_one(
         &mut c,
@@ -60,7 +62,7 @@ async fn admit_refuse_and_release_are_each_audited_in_full() {
         ("share_id", json!(ok)),
         ("device", json!("gen-0")),
         ("amounts", json!({"memory": "20Gi"})),
-        ("policy_version", json!("v1")),
+        ("caller_policy_version", json!("v1")),
         ("allocation_id", json!("alloc-1")),
         ("epoch", json!(4)),
         ("caller_uid", json!(0)),
@@ -103,5 +105,99 @@ async fn admit_refuse_and_release_are_each_audited_in_full() {
             .iter()
             .all(|l| l["decision"] != "admit" || l["claim_uid"] != "aud-full"),
         "a refused claim was also admitted"
+    );
+}
+
+/// One request under the message size limit used to write a line per allocation, each
+/// repeating the request's strings unchecked: megabytes of log, enough to rotate every
+/// earlier decision away. Now a request writes at most one line per claim, each line is
+/// small whatever the request held, and nothing in it can drive a terminal.
+#[tokio::test]
+async fn one_request_cannot_flood_the_audit_log() {
+    let a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "20Gi",
+        "5Gi",
+        &["team-a"],
+        &[],
+    )));
+    let before = std::fs::read(&a.audit_log).unwrap_or_default().len();
+    // Escape, C1 CSI, DEL and a bidi override: what a terminal would act on.
+    let nasty = "\u{1b}[2J\u{9b}31m\u{7f}\u{202e}";
+    // One claim with 10,000 allocations (the bound is 32), each with a 200-byte shareID.
+    let wide = claim(
+        "flood-wide",
+        "team-a",
+        "alloc-1",
+        (0..10_000)
+            .map(|i| alloc("gen-0", &format!("{nasty}{i:0>190}"), "5Gi"))
+            .collect(),
+    );
+    // And as many claims as a request may carry, each with an 8 KiB namespace.
+    let mut claims = vec![wide];
+    for i in 1..128 {
+        claims.push(claim(
+            &format!("flood-{i}"),
+            &format!("{nasty}{}", "n".repeat(8 << 10)),
+            "alloc-1",
+            vec![alloc("gen-0", &share_id(), "5Gi")],
+        ));
+    }
+    let r = a
+        .client()
+        .await
+        .prepare(pb::PrepareRequest { epoch: 0, claims })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims.len(), 128);
+    assert!(r.claims.values().all(|c| c.error.is_some()), "all refused");
+
+    let text = std::fs::read(&a.audit_log).unwrap();
+    let new = &text[before..];
+    let lines: Vec<&[u8]> = new
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 128, "one line per refused claim");
+    let longest = lines.iter().map(|l| l.len()).max().unwrap();
+    assert!(longest < 3 << 10, "a line of {longest} bytes");
+    let s = String::from_utf8(new.to_vec()).unwrap();
+    for c in ['\u{1b}', '\u{9b}', '\u{7f}', '\u{202e}'] {
+        assert!(!s.contains(c), "{c:?} written raw into the audit log");
+    }
+    let wide: serde_json::Value = serde_json::from_slice(lines[0]).unwrap();
+    assert_eq!(wide["claim_uid"], "flood-wide", "{wide}");
+    assert!(
+        wide["reason"].as_str().unwrap().contains("allocations"),
+        "the reason names the field: {wide}"
+    );
+
+    // The table a person reads shows no control character either, whatever the file
+    // holds: a line written by hand into the file is escaped too.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&a.audit_log)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        format!(
+            "{}\n",
+            json!({"time": "2026-01-01T00:00:00Z", "decision": "refuse", "tenant": nasty, "reason": "a\nb"})
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let o = a.cli(&["audit", "--file", a.audit_log.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8(o.stdout).unwrap();
+    for c in ['\u{1b}', '\u{9b}', '\u{7f}', '\u{202e}'] {
+        assert!(!table.contains(c), "{c:?} printed raw:\n{table}");
+    }
+    let written = text.iter().filter(|b| **b == b'\n').count();
+    assert_eq!(
+        table.lines().count(),
+        1 + written + 1,
+        "a header, the agent's lines and the hand-written one, one row each:\n{table}"
     );
 }

@@ -86,7 +86,7 @@ async fn a_bounded_log_rotates_and_audit_reads_it_back_in_order() {
         let sid = share_id();
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(&uid(i), ns, "alloc-1", vec![alloc("gen-0", &sid, "1Gi")]),
         )
         .await;
@@ -97,21 +97,21 @@ async fn a_bounded_log_rotates_and_audit_reads_it_back_in_order() {
         let amount = if ns == "team-c" { "1Gi" } else { "1000Gi" };
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(u, ns, "alloc-1", vec![alloc("gen-0", &sid, amount)]),
         )
         .await;
         assert!(r.error.is_some(), "{u} must be refused: {r:?}");
     }
     for i in (0..12).step_by(2) {
-        assert_eq!(unprepare_one(&mut c, 1, &uid(i)).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &uid(i)).await.code, "");
     }
 
     // A crash and restart on the same log: the agent continues the current file, and
     // what it writes afterwards lands after everything from before.
     a.restart();
     let mut c = a.client().await;
-    assert_eq!(unprepare_one(&mut c, 1, &uid(1)).await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, &uid(1)).await.code, "");
 
     let disk = lines_on_disk(&a.audit_log);
     let files: Vec<&String> = {
@@ -240,7 +240,7 @@ async fn a_malformed_line_is_reported_and_skipped_and_keep_is_honoured() {
         let u = format!("keep-{i:02}");
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(&u, "team-a", "alloc-1", vec![alloc("gen-0", &sid, "1Gi")]),
         )
         .await;
@@ -281,4 +281,87 @@ async fn a_malformed_line_is_reported_and_skipped_and_keep_is_honoured() {
     let out = a.cli(&["audit", "--config", config, "--decision", "admitted"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("admitted"));
+}
+
+/// Each line carries the hash of the one before it, across rotations and a restart:
+/// `shareguard audit --verify` passes on the log as written and names the place where a
+/// line was removed or edited. Every file of the log is private to root.
+#[tokio::test]
+async fn the_chain_finds_a_removed_or_edited_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut opts = Options::new(generic_device("gen-0", "100Gi", "1Gi", &["team-a"], &[]));
+    opts.agent_extra = format!("audit_max_bytes = {BOUND}\naudit_keep = 100\n");
+    let mut a = Agent::start(opts);
+    let mut c = a.client().await;
+    for i in 0..6 {
+        let r = prepare_one(
+            &mut c,
+            0,
+            claim(
+                &format!("chain-{i}"),
+                "team-a",
+                "alloc-1",
+                vec![alloc("gen-0", &share_id(), "1Gi")],
+            ),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+    }
+    a.restart();
+    let mut c = a.client().await;
+    for i in 0..6 {
+        assert_eq!(
+            unprepare_one(&mut c, 0, &format!("chain-{i}")).await.code,
+            ""
+        );
+    }
+    let verify = |a: &Agent| {
+        let config = a.config.to_str().unwrap().to_owned();
+        let o = a.cli(&["audit", "--config", &config, "--verify"]);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = verify(&a);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("intact") && out.contains("first line ever written"),
+        "{out}"
+    );
+
+    let disk = lines_on_disk(&a.audit_log);
+    assert!(disk.len() >= 12, "{disk:?}");
+    let mut files: Vec<String> = disk.iter().map(|(f, _)| f.clone()).collect();
+    files.dedup();
+    assert!(files.len() >= 3, "rotated several times: {files:?}");
+    for f in &files {
+        let mode = fs::metadata(a.dir.path().join(f))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{f}: mode {mode:o}");
+    }
+
+    // Remove the first line of a rotated file in the middle of the log: the chain breaks
+    // at the line that followed it.
+    let victim = &files[1];
+    let path = a.dir.path().join(victim);
+    let original = fs::read_to_string(&path).unwrap();
+    let rest: String = original.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    fs::write(&path, &rest).unwrap();
+    let (code, _, err) = verify(&a);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("{victim}:1:")), "{err}");
+
+    // Put it back and edit a decision instead.
+    fs::write(&path, &original).unwrap();
+    assert_eq!(verify(&a).0, Some(0));
+    fs::write(&path, original.replacen("\"admit\"", "\"refuse\"", 1)).unwrap();
+    let (code, _, err) = verify(&a);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("edited"), "{err}");
+    fs::write(&path, &original).unwrap();
 }

@@ -96,14 +96,14 @@ async fn limits_hold_in_both_directions_at_50m_500m_2g() {
     let mut c = a.client().await;
     for (i, rate) in ["50M", "500M", "2G"].into_iter().enumerate() {
         let uid = format!("bw-{i}");
-        let r = prepare_one(&mut c, 1, bw_claim(&uid, &pod, &share_id(), rate)).await;
+        let r = prepare_one(&mut c, 0, bw_claim(&uid, &pod, &share_id(), rate)).await;
         enforced_share(&r, rate);
         for dir in [Direction::ToPod, Direction::FromPod] {
             let _lock = TrafficLock::acquire();
             let m = server.measure(&Iperf::new(dir));
             assert_within(&m, rate_bps(rate), &format!("{rate} {dir}"));
         }
-        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &uid).await.code, "");
     }
 }
 
@@ -117,16 +117,16 @@ async fn two_pods_share_one_device_each_within_its_share() {
     let (s1, s2) = (p1.iperf_server(), p2.iperf_server());
     let mut c = a.client().await;
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("pod-a", &p1, &share_id(), "300M")).await,
+        &prepare_one(&mut c, 0, bw_claim("pod-a", &p1, &share_id(), "300M")).await,
         "300M",
     );
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("pod-b", &p2, &share_id(), "200M")).await,
+        &prepare_one(&mut c, 0, bw_claim("pod-b", &p2, &share_id(), "200M")).await,
         "200M",
     );
     // The device is full: a third share is refused by the ledger, not squeezed in.
     let p3 = Pod::new();
-    let r = prepare_one(&mut c, 1, bw_claim("pod-c", &p3, &share_id(), "10M")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("pod-c", &p3, &share_id(), "10M")).await;
     assert_eq!(r.error.unwrap().code, "ResourceExhausted");
 
     // Both pods receive at the same time, each as fast as TCP lets it.
@@ -154,7 +154,7 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     let id = share_id();
     let mut c = a.client().await;
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("k1", &pod, &id, "100M")).await,
+        &prepare_one(&mut c, 0, bw_claim("k1", &pod, &id, "100M")).await,
         "100M",
     );
     a.kill9();
@@ -179,7 +179,7 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     );
     // A repeated Prepare after the restart adopts the pinned links: still one per hook.
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("k1", &pod, &id, "100M")).await,
+        &prepare_one(&mut c, 0, bw_claim("k1", &pod, &id, "100M")).await,
         "100M",
     );
     let links: Vec<_> = fs::read_dir(pins.0.join("net/links")).unwrap().collect();
@@ -218,14 +218,14 @@ async fn release_lifts_the_limit_and_leaves_the_interface_as_found() {
     let id = share_id();
     let ifb = shareguard_limiter_net::state::ifb_name(&id);
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("rel", &pod, &id, "100M")).await,
+        &prepare_one(&mut c, 0, bw_claim("rel", &pod, &id, "100M")).await,
         "100M",
     );
     assert!(
         net::link_exists(&ifb),
         "the share's ifb {ifb} exists while enforced"
     );
-    assert_eq!(unprepare_one(&mut c, 1, "rel").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "rel").await.code, "");
     assert_eq!(
         net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
         before
@@ -259,7 +259,7 @@ async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
     let mut c = a.client().await;
     let before = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
     let id = share_id();
-    let r = prepare_one(&mut c, 1, bw_claim("free", &pod, &id, "40G")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("free", &pod, &id, "40G")).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -298,18 +298,18 @@ async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
             |v| v > m.bits_per_second * 5.0 / 8.0 * 0.9,
         );
     }
-    assert_eq!(unprepare_one(&mut c, 1, "free").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "free").await.code, "");
     assert_eq!(fs::read_dir(pins.0.join("net/links")).unwrap().count(), 0);
 
     // Just below the line rate is shaped by the device's mechanism, read back as such.
-    let r = prepare_one(&mut c, 1, bw_claim("below", &pod, &share_id(), "24G")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("below", &pod, &share_id(), "24G")).await;
     enforced_share(&r, "24G");
     assert_ne!(
         net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
         before,
         "a shaped share installs its qdisc"
     );
-    assert_eq!(unprepare_one(&mut c, 1, "below").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "below").await.code, "");
 }
 
 #[tokio::test]
@@ -321,7 +321,7 @@ async fn many_new_flows_after_idle_get_the_limit_and_one_burst() {
     let pod = Pod::new();
     let server = pod.iperf_server();
     let mut c = a.client().await;
-    let r = prepare_one(&mut c, 1, bw_claim("burst", &pod, &share_id(), "200M")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("burst", &pod, &share_id(), "200M")).await;
     enforced_share(&r, "200M");
     for dir in [Direction::ToPod, Direction::FromPod] {
         let _lock = TrafficLock::acquire();
@@ -344,7 +344,7 @@ async fn many_new_flows_after_idle_get_the_limit_and_one_burst() {
             "{dir}: {bytes:.0} of {allowed:.0}: did they run?"
         );
     }
-    assert_eq!(unprepare_one(&mut c, 1, "burst").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "burst").await.code, "");
 }
 
 /// The bucket of the share's class on `ifindex`, bytes, as the kernel has it.
@@ -373,7 +373,7 @@ async fn a_new_flow_after_idle_gets_the_limit_and_no_burst() {
     let server = pod.iperf_server();
     let mut c = a.client().await;
     let id = share_id();
-    let r = prepare_one(&mut c, 1, bw_claim("idle", &pod, &id, "2G")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("idle", &pod, &id, "2G")).await;
     enforced_share(&r, "2G");
     // HTB's buckets follow the share's use of its rate; EDT has none to follow, and the
     // bound holds for it all the same.
@@ -445,7 +445,7 @@ async fn a_new_flow_after_idle_gets_the_limit_and_no_burst() {
             idle,
         );
     }
-    assert_eq!(unprepare_one(&mut c, 1, "idle").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "idle").await.code, "");
 }
 
 #[tokio::test]
@@ -458,7 +458,7 @@ async fn two_flows_in_one_share_get_equal_parts() {
     let server = pod.iperf_server();
     let mut c = a.client().await;
     for rate in ["200M", "2G"] {
-        let r = prepare_one(&mut c, 1, bw_claim("fair", &pod, &share_id(), rate)).await;
+        let r = prepare_one(&mut c, 0, bw_claim("fair", &pod, &share_id(), rate)).await;
         enforced_share(&r, rate);
         for dir in [Direction::ToPod, Direction::FromPod] {
             let _lock = TrafficLock::acquire();
@@ -475,7 +475,7 @@ async fn two_flows_in_one_share_get_equal_parts() {
                 "{rate} {dir}: together {goodput:.3} of the limit"
             );
         }
-        assert_eq!(unprepare_one(&mut c, 1, "fair").await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, "fair").await.code, "");
     }
 }
 
@@ -509,7 +509,7 @@ async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
     let server = pod.iperf_server();
     let mut c = a.client().await;
     let id = share_id();
-    let r = prepare_one(&mut c, 1, bw_claim("sparse", &pod, &id, "50M")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("sparse", &pod, &id, "50M")).await;
     enforced_share_by(&r, "50M", "htb-ebpf");
     let ifb = shareguard_limiter_net::state::ifb_name(&id);
     let host = pod.host_if().to_owned();
@@ -567,7 +567,7 @@ async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
         in_flows > 20_000_000,
         "{in_flows} bytes in the flow classes"
     );
-    assert_eq!(unprepare_one(&mut c, 1, "sparse").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "sparse").await.code, "");
 }
 
 #[tokio::test]
@@ -584,7 +584,7 @@ async fn failures_are_reported_never_enforced() {
     let mut wrong = bw_claim("wrong-ns", &pod, &share_id(), "50M");
     wrong.target.as_mut().unwrap().netns_path = other.netns_path().display().to_string();
     let before = net::sh(&["tc", "qdisc", "show", "dev", other.host_if()]);
-    let r = prepare_one(&mut c, 1, wrong).await;
+    let r = prepare_one(&mut c, 0, wrong).await;
     let e = r.error.clone().unwrap();
     assert_eq!(e.code, "PermissionDenied", "{e:?}");
     assert_eq!(e.field, "claims[0].target.netns_path", "{e:?}");
@@ -601,7 +601,7 @@ async fn failures_are_reported_never_enforced() {
     let name = shareguard_limiter_net::state::ifb_name(&squatted);
     let _squatter = LinkGuard::add(&name);
     let p = Pod::new();
-    let r = prepare_one(&mut c, 1, bw_claim("squat", &p, &squatted, "50M")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("squat", &p, &squatted, "50M")).await;
     let e = r.error.clone().unwrap();
     assert_eq!(e.code, "FailedPrecondition", "{e:?}");
     assert!(e.message.contains("not the ifb shareguard made"), "{e:?}");
@@ -631,7 +631,7 @@ async fn failures_are_reported_never_enforced() {
         "latency",
         "25ms",
     ]);
-    let r = prepare_one(&mut c, 1, bw_claim("foreign", &foreign, &share_id(), "50M")).await;
+    let r = prepare_one(&mut c, 0, bw_claim("foreign", &foreign, &share_id(), "50M")).await;
     let e = r.error.clone().unwrap();
     assert_eq!(e.code, "FailedPrecondition", "{e:?}");
     assert!(!e.retryable);
@@ -643,7 +643,7 @@ async fn failures_are_reported_never_enforced() {
     let vanishing = Pod::new();
     let id = share_id();
     enforced_share(
-        &prepare_one(&mut c, 1, bw_claim("vanish", &vanishing, &id, "50M")).await,
+        &prepare_one(&mut c, 0, bw_claim("vanish", &vanishing, &id, "50M")).await,
         "50M",
     );
     let ifb = shareguard_limiter_net::state::ifb_name(&id);
@@ -656,7 +656,7 @@ async fn failures_are_reported_never_enforced() {
     assert!(s.reason.contains("waiting"), "{s:?}");
     assert!(!net::link_exists(&ifb), "the dead sandbox's ifb is removed");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "50M");
-    assert_eq!(unprepare_one(&mut c, 1, "vanish").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "vanish").await.code, "");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], "0");
 }
 
@@ -690,7 +690,7 @@ async fn a_dedicated_net_allocation_is_limited_at_the_devices_capacity() {
     let mut c = a.client().await;
     let mut cl = bw_claim("whole", &pod, "", "0");
     cl.allocations[0].consumed_capacity.clear();
-    let r = prepare_one(&mut c, 1, cl).await;
+    let r = prepare_one(&mut c, 0, cl).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -734,7 +734,7 @@ async fn policer_fallback_limits_both_directions() {
     for (i, rate) in ["50M", "500M"].into_iter().enumerate() {
         let uid = format!("pol-{i}");
         let id = share_id();
-        let r = prepare_one(&mut c, 1, bw_claim(&uid, &pod, &id, rate)).await;
+        let r = prepare_one(&mut c, 0, bw_claim(&uid, &pod, &id, rate)).await;
         enforced_share_by(&r, rate, "bpf-policer");
         // No qdisc and no ifb: the programs alone enforce it.
         assert_eq!(
@@ -768,7 +768,7 @@ async fn policer_fallback_limits_both_directions() {
         a.wait_metric("shareguard_share_drops_total", &[("share", &id)], |d| {
             d > 0.0
         });
-        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &uid).await.code, "");
     }
     let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
     assert_eq!(links, 0, "detach means unpin");
@@ -803,7 +803,7 @@ async fn edt_fq_limits_both_directions_where_the_kernel_has_sch_fq() {
     for (i, rate) in ["50M", "500M", "2G"].into_iter().enumerate() {
         let uid = format!("edt-{i}");
         let id = share_id();
-        let r = prepare_one(&mut c, 1, bw_claim(&uid, &pod, &id, rate)).await;
+        let r = prepare_one(&mut c, 0, bw_claim(&uid, &pod, &id, rate)).await;
         enforced_share_by(&r, rate, "edt-fq");
         let ifb = shareguard_limiter_net::state::ifb_name(&id);
         for dev in [pod.host_if(), ifb.as_str()] {
@@ -815,7 +815,7 @@ async fn edt_fq_limits_both_directions_where_the_kernel_has_sch_fq() {
             let m = server.measure(&Iperf::new(dir));
             assert_within(&m, rate_bps(rate), &format!("edt-fq {rate} {dir}"));
         }
-        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &uid).await.code, "");
         assert!(!net::link_exists(&ifb), "the share's ifb {ifb} is gone");
         assert_eq!(
             net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),

@@ -8,7 +8,7 @@ use std::process::Output;
 use serde_json::{Value, json};
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, agent_bin, all_shares, alloc, claim, device, generic_device,
-    get_share, prepare_one, proto as pb, share_id, unprepare_one,
+    get_share, prepare_one, proto as pb, share_id, take_epoch, unprepare_one,
 };
 
 fn two_devices() -> Options {
@@ -72,6 +72,7 @@ fn row<'a>(table: &'a str, first: &str) -> &'a str {
 #[tokio::test]
 async fn devices_in_table_and_json() {
     let a = Agent::start(two_devices());
+    take_epoch(&mut a.client().await, 2).await;
     let r = prepare_one(
         &mut a.client().await,
         2,
@@ -133,13 +134,13 @@ async fn shares_in_table_and_json_with_filters() {
     ] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(uid, ns, "alloc-1", vec![alloc(dev, id, "10Gi")]),
         )
         .await;
         assert_eq!(r.error, None, "{r:?}");
     }
-    assert_eq!(unprepare_one(&mut c, 1, "cli-gone").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "cli-gone").await.code, "");
 
     let table = ok(&a, &["shares"]);
     assert!(table.starts_with("SHARE"), "a header first:\n{table}");
@@ -221,7 +222,7 @@ async fn one_share_in_table_and_json() {
     let id = share_id();
     let r = prepare_one(
         &mut a.client().await,
-        1,
+        0,
         claim(
             "cli-one",
             "team-a",
@@ -284,6 +285,7 @@ fn prepare_json(uid: &str, id: &str, memory: &str) -> String {
 #[tokio::test]
 async fn prepare_reads_camel_case_json_from_stdin() {
     let a = Agent::start(two_devices());
+    take_epoch(&mut a.client().await, 3).await;
     let id = share_id();
     let o = a.cli_with_stdin(
         &["-o", "json", "prepare", "-f", "-"],
@@ -318,6 +320,7 @@ async fn prepare_reads_camel_case_json_from_stdin() {
 #[tokio::test]
 async fn prepare_from_a_file_exits_1_with_the_reason_for_a_refusal() {
     let a = Agent::start(two_devices());
+    take_epoch(&mut a.client().await, 3).await;
     let file = a.dir.path().join("too-big.json");
     std::fs::write(&file, prepare_json("cli-refused", &share_id(), "45Gi")).unwrap();
     let o = a.cli(&["prepare", "-f", file.to_str().unwrap()]);
@@ -369,6 +372,7 @@ async fn prepare_of_malformed_json_fails_without_calling_the_agent() {
 async fn release_without_epoch_reuses_the_agents_epoch() {
     let a = Agent::start(two_devices());
     let mut c = a.client().await;
+    take_epoch(&mut c, 7).await;
     let id = share_id();
     // Epoch 7: a release sent with epoch 0 would be refused as stale.
     let r = prepare_one(

@@ -35,7 +35,7 @@ async fn sixty_four_racing_prepares_admit_exactly_what_fits() {
                 start.wait().await;
                 let r = prepare_one(
                     &mut c,
-                    1,
+                    0,
                     claim(&uid, "team-a", "alloc-1", vec![alloc("gen-0", &id, "5Gi")]),
                 )
                 .await;
@@ -111,7 +111,7 @@ async fn racing_retries_of_one_claim_count_it_once() {
             tokio::spawn(async move {
                 prepare_one(
                     &mut c,
-                    1,
+                    0,
                     claim(
                         "retry",
                         "team-a",
@@ -164,7 +164,7 @@ async fn many_concurrent_durable_prepares_and_releases_all_complete() {
                 let uid = format!("load-{i}-{round}");
                 let r = prepare_one(
                     &mut c,
-                    1,
+                    0,
                     claim(
                         &uid,
                         "team-a",
@@ -175,7 +175,7 @@ async fn many_concurrent_durable_prepares_and_releases_all_complete() {
                 .await;
                 assert_eq!(r.error, None, "{r:?}");
                 if round % 2 == 1 {
-                    let u = shareguard_tests::unprepare_one(&mut c, 1, &uid).await;
+                    let u = shareguard_tests::unprepare_one(&mut c, 0, &uid).await;
                     assert_eq!(u.code, "", "{u:?}");
                 }
             }

@@ -52,7 +52,7 @@ async fn worker(
             .attempted
             .insert(uid.clone(), (id.clone(), amount));
         let req = pb::PrepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![claim(
                 &uid,
                 "team-a",
@@ -73,7 +73,7 @@ async fn worker(
             let prev = format!("crash-{w}-{}", k - 1);
             journal.lock().unwrap().releasing.insert(prev.clone());
             let req = pb::UnprepareRequest {
-                epoch: 1,
+                epoch: 0,
                 claims: vec![claim_ref(&prev)],
             };
             let Ok(r) = c.unprepare(req).await else {
@@ -202,7 +202,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_operation() {
     for chunk in live.chunks(100) {
         let r = c
             .unprepare(pb::UnprepareRequest {
-                epoch: 1,
+                epoch: 0,
                 claims: chunk.to_vec(),
             })
             .await

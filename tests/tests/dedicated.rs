@@ -27,7 +27,7 @@ async fn dedicated_allocation_takes_the_device_and_excludes_shares() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("whole", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;
@@ -58,7 +58,7 @@ async fn dedicated_allocation_takes_the_device_and_excludes_shares() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "share",
             "team-a",
@@ -76,13 +76,13 @@ async fn dedicated_allocation_takes_the_device_and_excludes_shares() {
     assert_eq!(device(&mut c, "gen-0").await.live_shares, 1);
 
     // Releasing the dedicated allocation gives the whole device back to shares.
-    assert_eq!(unprepare_one(&mut c, 1, "whole").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "whole").await.code, "");
     let d = device(&mut c, "gen-0").await;
     assert!(!d.dedicated, "{d:?}");
     assert_eq!(d.allocated["memory"], "0");
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "share",
             "team-a",
@@ -100,7 +100,7 @@ async fn a_share_excludes_a_dedicated_allocation() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "small",
             "team-a",
@@ -113,7 +113,7 @@ async fn a_share_excludes_a_dedicated_allocation() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("whole", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;
@@ -132,10 +132,10 @@ async fn a_share_excludes_a_dedicated_allocation() {
     );
 
     // A released share is a tombstone, and a tombstone must not block the device.
-    assert_eq!(unprepare_one(&mut c, 1, "small").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "small").await.code, "");
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("whole", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;
@@ -149,14 +149,14 @@ async fn two_dedicated_allocations_of_one_device_exclude_each_other() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("first", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;
     assert_eq!(r.error, None, "{r:?}");
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("second", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;
@@ -170,7 +170,7 @@ async fn two_dedicated_allocations_of_one_device_exclude_each_other() {
     assert!(device(&mut c, "gen-0").await.dedicated);
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim("third", "team-a", "alloc-1", vec![dedicated("gen-0")]),
     )
     .await;

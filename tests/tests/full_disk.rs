@@ -98,7 +98,7 @@ async fn prepare_until_refused(
     let mut acked = Vec::new();
     for i in 0..most {
         let (cl, id) = gen_claim(&format!("{prefix}-{i}"), "1Mi");
-        let r = prepare_one(c, 1, cl.clone()).await;
+        let r = prepare_one(c, 0, cl.clone()).await;
         match r.error {
             None => acked.push(id),
             Some(e) => return (acked, (cl, e)),
@@ -120,7 +120,7 @@ async fn a_full_disk_acknowledges_nothing_and_recovers_without_a_restart() {
     let mut a = Agent::start(o);
     let mut c = a.client().await;
     let (first, first_id) = gen_claim("before", "1Mi");
-    assert_eq!(prepare_one(&mut c, 1, first).await.error, None);
+    assert_eq!(prepare_one(&mut c, 0, first).await.error, None);
     let mut acked = vec![first_id];
 
     // Full: a Prepare is refused as retryable, the agent stays up and says why.
@@ -137,13 +137,13 @@ async fn a_full_disk_acknowledges_nothing_and_recovers_without_a_restart() {
         "the agent stays up"
     );
     let (cl, _) = gen_claim("while-full", "1Mi");
-    let r = prepare_one(&mut c, 1, cl).await;
+    let r = prepare_one(&mut c, 0, cl).await;
     assert_eq!(r.error.map(|e| e.code).as_deref(), Some("Unavailable"));
 
     // Room again: it works without a restart, and the refused claim can be retried.
     fs::remove_file(&filler).unwrap();
     wait_ready(&a, 200);
-    let r = prepare_one(&mut c, 1, refused.clone()).await;
+    let r = prepare_one(&mut c, 0, refused.clone()).await;
     assert_eq!(r.error, None, "{r:?}");
     acked.push(refused.allocations[0].share_id.clone());
 

@@ -91,7 +91,7 @@ async fn simulated_gpu_share_end_to_end() {
     // The pod's cgroup exists (kubelet makes it before the sandbox): the limit goes on it.
     let sb = Sandbox::cgroup_only(&pod_uid(), Layout::Systemd);
     let pod = sb.uid();
-    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod)).await;
+    let r = prepare_one(&mut c, 0, gpu_claim("g1", &id, "10Gi", pod)).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -120,7 +120,7 @@ async fn simulated_gpu_share_end_to_end() {
     );
 
     // 10Gi + 75Gi > 80Gi: refused, and no spec is written for it.
-    let r = prepare_one(&mut c, 1, gpu_claim("g2", &share_id(), "75Gi", pod)).await;
+    let r = prepare_one(&mut c, 0, gpu_claim("g2", &share_id(), "75Gi", pod)).await;
     assert!(r.error.is_some(), "{r:?}");
     assert!(!spec_path(dir.path(), "g2").exists());
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "10Gi");
@@ -134,11 +134,11 @@ async fn simulated_gpu_share_end_to_end() {
     let mut c = a.client().await;
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
-    let r = prepare_one(&mut c, 1, gpu_claim("g1", &id, "10Gi", pod)).await;
+    let r = prepare_one(&mut c, 0, gpu_claim("g1", &id, "10Gi", pod)).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     assert!(path.exists(), "a repeated Prepare rewrites the CDI spec");
 
-    assert_eq!(unprepare_one(&mut c, 1, "g1").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "g1").await.code, "");
     assert!(!path.exists(), "the spec is removed on release");
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
 }
@@ -161,7 +161,7 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
     let mut c = a.client().await;
     let (id_a, id_b) = (share_id(), share_id());
     for (uid, id, pod) in [("wa", &id_a, &uid_a), ("wb", &id_b, &uid_b)] {
-        let r = prepare_one(&mut c, 1, gpu_claim(uid, id, "10Gi", pod)).await;
+        let r = prepare_one(&mut c, 0, gpu_claim(uid, id, "10Gi", pod)).await;
         assert_eq!(r.error, None, "{r:?}");
         assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     }
@@ -283,7 +283,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         d.capacity["memory"], "0",
         "nothing discovered, nothing to hand out"
     );
-    let r = prepare_one(&mut c, 1, gpu_claim("nv", &share_id(), "1Gi", &pod_uid())).await;
+    let r = prepare_one(&mut c, 0, gpu_claim("nv", &share_id(), "1Gi", &pod_uid())).await;
     assert!(r.error.is_some(), "{r:?}");
     assert!(
         a.log_text().contains("NVML unavailable"),
@@ -292,7 +292,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     // The other device is served as usual.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "g",
             "team-a",
@@ -380,7 +380,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     let id = share_id();
     // MPS needs nothing of the pod: the daemon is there before the pod's containers.
     let pod = pod_uid();
-    let r = prepare_one(&mut c, 1, gpu_claim("m1", &id, "10Gi", &pod)).await;
+    let r = prepare_one(&mut c, 0, gpu_claim("m1", &id, "10Gi", &pod)).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
@@ -524,7 +524,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     drop(proc);
 
     let last = mps.pid(&id).unwrap();
-    assert_eq!(unprepare_one(&mut c, 1, "m1").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "m1").await.code, "");
     assert!(!alive(last), "the daemon quit on release");
     assert!(!mps.0.join(&id).exists(), "its directory is gone");
     assert!(!path.exists(), "the CDI spec is removed");

@@ -36,10 +36,10 @@ async fn repeated_prepare_returns_the_stored_result_and_counts_once() {
         "alloc-1",
         vec![alloc("gen-0", &id, "10Gi")],
     );
-    let first = prepare_one(&mut c, 1, req.clone()).await;
+    let first = prepare_one(&mut c, 0, req.clone()).await;
     assert_eq!(first.error, None, "{first:?}");
 
-    let again = prepare_one(&mut c, 1, req.clone()).await;
+    let again = prepare_one(&mut c, 0, req.clone()).await;
     assert_eq!(again.error, None, "{again:?}");
     assert_eq!(stable(again.shares), stable(first.shares.clone()));
     let d = device(&mut c, "gen-0").await;
@@ -62,7 +62,7 @@ async fn repeated_prepare_returns_the_stored_result_and_counts_once() {
     // The stored result survives a restart, so a retry after a crash is a repeat too.
     a.restart();
     let mut c = a.client().await;
-    let after = prepare_one(&mut c, 1, req).await;
+    let after = prepare_one(&mut c, 0, req).await;
     assert_eq!(after.error, None, "{after:?}");
     assert_eq!(stable(after.shares), stable(first.shares));
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "10Gi");
@@ -75,7 +75,7 @@ async fn same_allocation_with_another_amount_is_already_exists() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "immut-1",
             "team-a",
@@ -89,7 +89,7 @@ async fn same_allocation_with_another_amount_is_already_exists() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "immut-1",
             "team-a",
@@ -121,7 +121,7 @@ async fn share_id_of_another_claim_is_already_exists() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "owner",
             "team-a",
@@ -135,7 +135,7 @@ async fn share_id_of_another_claim_is_already_exists() {
     // Another tenant naming the same shareID must not be handed the first one's share.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "thief",
             "team-b",
@@ -166,7 +166,7 @@ async fn another_allocation_id_while_live_is_failed_precondition() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "realloc",
             "team-a",
@@ -179,7 +179,7 @@ async fn another_allocation_id_while_live_is_failed_precondition() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "realloc",
             "team-a",
@@ -205,10 +205,10 @@ async fn another_allocation_id_while_live_is_failed_precondition() {
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "10Gi");
 
     // Once released, the new allocation is accepted.
-    assert_eq!(unprepare_one(&mut c, 1, "realloc").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "realloc").await.code, "");
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "realloc",
             "team-a",
@@ -228,7 +228,7 @@ async fn unprepare_twice_frees_once() {
     for uid in ["twice", "bystander"] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(
                 uid,
                 "team-a",
@@ -242,7 +242,7 @@ async fn unprepare_twice_frees_once() {
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "20Gi");
     for _ in 0..3 {
         assert_eq!(
-            unprepare_one(&mut c, 1, "twice").await,
+            unprepare_one(&mut c, 0, "twice").await,
             pb::Error::default()
         );
         // Only the released claim's 10Gi is freed, however often it is released.
@@ -265,7 +265,7 @@ async fn unprepare_of_an_unknown_claim_succeeds_and_changes_nothing() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "known",
             "team-a",
@@ -276,7 +276,7 @@ async fn unprepare_of_an_unknown_claim_succeeds_and_changes_nothing() {
     .await;
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(
-        unprepare_one(&mut c, 1, "never-prepared").await,
+        unprepare_one(&mut c, 0, "never-prepared").await,
         pb::Error::default()
     );
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "10Gi");
@@ -293,11 +293,11 @@ async fn released_claim_can_be_prepared_again() {
         "alloc-1",
         vec![alloc("gen-0", &id, "10Gi")],
     );
-    assert_eq!(prepare_one(&mut c, 1, req.clone()).await.error, None);
-    assert_eq!(unprepare_one(&mut c, 1, "again").await.code, "");
+    assert_eq!(prepare_one(&mut c, 0, req.clone()).await.error, None);
+    assert_eq!(unprepare_one(&mut c, 0, "again").await.code, "");
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "0");
 
-    let r = prepare_one(&mut c, 1, req).await;
+    let r = prepare_one(&mut c, 0, req).await;
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(
         r.shares
@@ -324,7 +324,7 @@ async fn repeat_with_the_amount_spelled_differently_is_a_repeat() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "spelled",
             "team-a",
@@ -337,7 +337,7 @@ async fn repeat_with_the_amount_spelled_differently_is_a_repeat() {
     // 5Gi in bytes: quantities compare by value, not by how they are written.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "spelled",
             "team-a",
@@ -361,7 +361,7 @@ async fn same_claim_uid_from_another_namespace_is_not_a_repeat() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "ns-bound",
             "team-a",
@@ -377,7 +377,7 @@ async fn same_claim_uid_from_another_namespace_is_not_a_repeat() {
     // request made for team-b, and audit it as team-a's.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "ns-bound",
             "team-b",

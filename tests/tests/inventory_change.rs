@@ -24,7 +24,7 @@ async fn shares_of_a_removed_device_become_unknown_and_keep_their_capacity() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "inv",
             "team-a",
@@ -69,7 +69,7 @@ async fn shares_of_a_removed_device_become_unknown_and_keep_their_capacity() {
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Accounted as i32, "{s:?}");
 
-    assert_eq!(unprepare_one(&mut c, 1, "inv").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "inv").await.code, "");
     let d = device(&mut c, "gen-1").await;
     assert_eq!(
         (d.allocated["memory"].as_str(), d.live_shares),
@@ -95,7 +95,7 @@ async fn a_capacity_shrunk_under_live_shares_is_over_committed_never_negative() 
     for (uid, amount) in [("oc-1", "20Gi"), ("oc-2", "10Gi")] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(
                 uid,
                 "team-a",
@@ -148,10 +148,10 @@ async fn a_capacity_shrunk_under_live_shares_is_over_committed_never_negative() 
             vec![alloc("gen-0", &share_id(), "5Gi")],
         )
     };
-    let r = prepare_one(&mut c, 1, five()).await;
+    let r = prepare_one(&mut c, 0, five()).await;
     assert_eq!(r.error.unwrap().code, "ResourceExhausted");
-    assert_eq!(unprepare_one(&mut c, 1, "oc-2").await.code, "");
-    let r = prepare_one(&mut c, 1, five()).await;
+    assert_eq!(unprepare_one(&mut c, 0, "oc-2").await.code, "");
+    let r = prepare_one(&mut c, 0, five()).await;
     assert_eq!(r.error, None, "{r:?}");
     let (_, body) = a.http("/metrics");
     assert_eq!(
@@ -225,12 +225,12 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         pod_uids: vec![shareguard_tests::pod::pod_uid()],
         ..Default::default()
     });
-    assert_eq!(prepare_one(&mut c, 1, g).await.error, None);
+    assert_eq!(prepare_one(&mut c, 0, g).await.error, None);
     let nid = share_id();
     assert_eq!(
         prepare_one(
             &mut c,
-            1,
+            0,
             claim("n", "team-a", "a1", vec![alloc("gen-0", &nid, "5Gi")])
         )
         .await

@@ -375,36 +375,45 @@ async fn every_claim_gets_an_answer_and_only_the_good_one_holds_capacity() {
     assert_eq!(live, [good_share.as_str()], "{shares:?}");
 }
 
+/// A fenced instance that no newer instance serves beside (the new one runs elsewhere,
+/// or someone other than a plugin took the epoch) would fail every kubelet call from
+/// then on: it exits with the reason instead, so that a new instance takes over.
 #[tokio::test]
-async fn a_newer_instance_fences_the_one_it_replaces() {
+async fn a_fenced_instance_with_no_successor_exits_with_the_reason() {
     let agent = agent();
     let (api, pod_uid) = api_with_pod();
-    let (c1, _) = share_claim(&api, "c1", &pod_uid, "1Gi");
     let (c2, _) = share_claim(&api, "c2", &pod_uid, "1Gi");
-    let old = Plugin::start(&agent, &api, NODE, &[DRIVER]);
-    // The new instance takes its epoch at start; it need not call anything else first.
-    let new = Plugin::start(&agent, &api, NODE, &[DRIVER]);
-    let mut old_kubelet = old.kubelet.v1(&old.endpoint(DRIVER)).await;
-    let r = old_kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c1", &c1)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut old = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    // The new instance takes its epoch at start, in a directory of its own.
+    let mut new = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let status = old.wait_exit();
+    assert!(!status.success(), "{status:?}");
     assert!(
-        r.claims[&c1].error.contains("was replaced by a newer one"),
-        "{r:?}"
+        old.log_text()
+            .contains("exiting so that a new instance takes a new epoch"),
+        "{}",
+        old.log_text()
     );
     let mut new_kubelet = new.kubelet.v1(&new.endpoint(DRIVER)).await;
-    let r = new_kubelet
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1_claim(NS, "c2", &c2)],
-        })
+    let r = prepare_v1(&mut new_kubelet, NS, "c2", &c2).await;
+    assert_eq!(r.error, "", "{r:?}");
+
+    // An epoch taken by something other than a plugin instance fences it the same way.
+    agent
+        .client()
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims[&c2].error, "", "{r:?}");
+        .new_epoch(pb::NewEpochRequest {})
+        .await
+        .unwrap();
+    let status = new.wait_exit();
+    assert!(!status.success(), "{status:?}");
+    assert!(new.log_text().contains("fenced"), "{}", new.log_text());
+    // Its restart takes a new epoch and serves again.
+    new.launch();
+    new.wait_ready();
+    let mut new_kubelet = new.kubelet.v1(&new.endpoint(DRIVER)).await;
+    let r = prepare_v1(&mut new_kubelet, NS, "c2", &c2).await;
+    assert_eq!(r.error, "", "a repeated Prepare after the restart: {r:?}");
 }
 
 /// A rolling update: the new instance serves beside the old one on sockets of its own,

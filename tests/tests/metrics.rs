@@ -38,7 +38,7 @@ async fn ledger_gauges_match_list_devices() {
     for (uid, amount) in [("m-1", "5Gi"), ("m-2", "10Gi")] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(
                 uid,
                 "team-a",
@@ -76,7 +76,7 @@ async fn ledger_gauges_match_list_devices() {
     );
 
     // The gauges follow a release, so they are computed from the ledger, not remembered.
-    assert_eq!(unprepare_one(&mut c, 1, "m-2").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "m-2").await.code, "");
     let body = a.http("/metrics").1;
     assert_eq!(memory(&body, "shareguard_device_allocated"), 5.0 * GIB);
     assert_eq!(memory(&body, "shareguard_device_free"), 15.0 * GIB);
@@ -98,7 +98,7 @@ async fn refusal_counter_counts_refusals_by_code() {
     let mut c = a.client().await;
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "rc-fill",
             "team-a",
@@ -116,7 +116,7 @@ async fn refusal_counter_counts_refusals_by_code() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "rc-full",
             "team-a",
@@ -133,7 +133,7 @@ async fn refusal_counter_counts_refusals_by_code() {
 
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "rc-bad",
             "team-a",
@@ -205,7 +205,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     let gen_share = share_id();
     prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "m1",
             "team-a",
@@ -217,7 +217,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     // Refused: 7Gi is off the policy's steps.
     prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "m2",
             "team-a",
@@ -242,7 +242,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         pod_uids: vec![sb.uid().to_owned()],
         ..Default::default()
     });
-    let r = prepare_one(&mut c, 1, g).await;
+    let r = prepare_one(&mut c, 0, g).await;
     assert_eq!(r.error, None, "{r:?}");
 
     // Wait for a watchdog poll to be counted, with a deadline: its families are then
@@ -357,7 +357,7 @@ async fn scrapes_within_the_max_age_share_one_render() {
         let mut c = a.client().await;
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(
                 "mc",
                 "team-a",

@@ -78,7 +78,7 @@ async fn lifecycle(layout: Layout) {
     let id = share_id();
 
     // kubelet prepares the claim before the sandbox exists: admitted, waiting, held.
-    let r = prepare_one(&mut c, 1, claim_for("life", "team-a", &uid, &id, "200M")).await;
+    let r = prepare_one(&mut c, 0, claim_for("life", "team-a", &uid, &id, "200M")).await;
     assert_eq!(r.error, None, "{r:?}");
     let s = &r.shares[0];
     assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
@@ -117,7 +117,7 @@ async fn lifecycle(layout: Layout) {
     measure_both(&pod, 200e6, &format!("{layout:?}, new sandbox"));
 
     // Unprepare: nothing left, the interface as found.
-    assert_eq!(unprepare_one(&mut c, 1, "life").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "life").await.code, "");
     nothing_left(&a, &pins, &id);
     let qdiscs = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
     assert!(!qdiscs.contains("htb"), "{qdiscs}");
@@ -163,7 +163,7 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim_for("hostnet", "team-a", sb.uid(), &id, "50M"),
     )
     .await;
@@ -173,7 +173,7 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     assert!(s.limits[0].enforced.is_empty(), "{s:?}");
     assert_eq!(host_qdiscs(), qdiscs_before);
     assert!(!net::link_exists(&ifb_name(&id)));
-    assert_eq!(unprepare_one(&mut c, 1, "hostnet").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "hostnet").await.code, "");
 }
 
 /// A share used by two pods is not enforced per pod (they could reach twice the share
@@ -194,7 +194,7 @@ async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
         .unwrap()
         .pod_uids
         .push(p2.uid().to_owned());
-    assert_eq!(prepare_one(&mut c, 1, cl).await.error, None);
+    assert_eq!(prepare_one(&mut c, 0, cl).await.error, None);
     let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
     assert!(s.reason.contains("2 pods"), "{s:?}");
     assert!(
@@ -204,7 +204,7 @@ async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
     drop(p2);
     let s = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
     assert_eq!(s.sandbox.unwrap().host_interface, p1.host_if());
-    assert_eq!(unprepare_one(&mut c, 1, "two").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "two").await.code, "");
 }
 
 /// Targets are verified, never trusted: a pod uid already named by another namespace's
@@ -224,7 +224,7 @@ async fn targets_are_verified_never_trusted() {
     assert_eq!(
         prepare_one(
             &mut c,
-            1,
+            0,
             claim_for("v", "team-a", victim.uid(), &id, "100M")
         )
         .await
@@ -236,7 +236,7 @@ async fn targets_are_verified_never_trusted() {
     // Another namespace's claim for the victim's pod.
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim_for("x", "team-b", victim.uid(), &share_id(), "10M"),
     )
     .await;
@@ -250,7 +250,7 @@ async fn targets_are_verified_never_trusted() {
     // A cgroup hint that is the other pod's cgroup.
     let mut cl = claim_for("y", "team-a", attacker.uid(), &share_id(), "10M");
     cl.target.as_mut().unwrap().cgroup_paths = vec![victim.sandbox().unwrap().pod_cgroup()];
-    let e = prepare_one(&mut c, 1, cl).await.error.unwrap();
+    let e = prepare_one(&mut c, 0, cl).await.error.unwrap();
     assert_eq!(
         (e.code.as_str(), e.field.as_str()),
         ("PermissionDenied", "claims[0].target.cgroup_paths[0]"),
@@ -263,7 +263,7 @@ async fn targets_are_verified_never_trusted() {
     let zid = share_id();
     let mut cl = claim_for("z", "team-a", attacker.uid(), &zid, "10M");
     cl.target.as_mut().unwrap().interface = victim.host_if().to_owned();
-    assert_eq!(prepare_one(&mut c, 1, cl).await.error, None);
+    assert_eq!(prepare_one(&mut c, 0, cl).await.error, None);
     let s = get_share(&mut c, zid.clone()).await;
     assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
     assert!(s.reason.contains(victim.host_if()), "{s:?}");
@@ -292,7 +292,7 @@ async fn a_veth_at_a_high_ifindex_is_enforced_and_counted() {
     let pod = Pod::with_host_index(&uid, 20_000 + std::process::id() % 5_000, Layout::Systemd);
     assert!(pod.host_ifindex() >= 20_000);
     let id = share_id();
-    let r = prepare_one(&mut c, 1, claim_for("hi", "team-a", &uid, &id, "100M")).await;
+    let r = prepare_one(&mut c, 0, claim_for("hi", "team-a", &uid, &id, "100M")).await;
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     {
@@ -305,7 +305,7 @@ async fn a_veth_at_a_high_ifindex_is_enforced_and_counted() {
         &[("share", &id), ("direction", "to_pod")],
         |b| b > 1e6,
     );
-    assert_eq!(unprepare_one(&mut c, 1, "hi").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "hi").await.code, "");
     nothing_left(&a, &pins, &id);
 }
 
@@ -331,7 +331,7 @@ async fn a_cancelled_prepare_runs_to_a_consistent_end() {
         .collect();
     let mut c = a.client().await;
     let mut req = tonic::Request::new(pb::PrepareRequest {
-        epoch: 1,
+        epoch: 0,
         claims: claims.clone(),
     });
     // Enforcing six shares takes several times this (tc, netlink, BPF per share).
@@ -350,7 +350,7 @@ async fn a_cancelled_prepare_runs_to_a_consistent_end() {
         wait_phase(&mut c, id, pb::Phase::Enforced).await;
     }
     let r = c
-        .prepare(pb::PrepareRequest { epoch: 1, claims })
+        .prepare(pb::PrepareRequest { epoch: 0, claims })
         .await
         .unwrap()
         .into_inner();
@@ -367,7 +367,7 @@ async fn a_cancelled_prepare_runs_to_a_consistent_end() {
         "one pinned link per share and direction, never two"
     );
     for i in 0..N {
-        assert_eq!(unprepare_one(&mut c, 1, &format!("cx-{i}")).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &format!("cx-{i}")).await.code, "");
     }
     for (p, id) in pods.iter().zip(&ids) {
         nothing_left(&a, &pins, id);

@@ -18,7 +18,7 @@ async fn prepare_survives_sigkill() {
         .client()
         .await
         .prepare(pb::PrepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![claim(
                 "c1",
                 "team-a",

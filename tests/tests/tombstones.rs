@@ -23,11 +23,11 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
         "alloc-1",
         vec![alloc("gen-0", &gone, "10Gi")],
     );
-    assert_eq!(prepare_one(&mut c, 1, gone_claim.clone()).await.error, None);
+    assert_eq!(prepare_one(&mut c, 0, gone_claim.clone()).await.error, None);
     assert_eq!(
         prepare_one(
             &mut c,
-            1,
+            0,
             claim(
                 "tomb-kept",
                 "team-a",
@@ -39,7 +39,7 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
         .error,
         None
     );
-    assert_eq!(unprepare_one(&mut c, 1, "tomb-gone").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "tomb-gone").await.code, "");
 
     // Right after the release the tombstone is there, for audit.
     let s = get_share(&mut c, gone.clone()).await;
@@ -84,7 +84,7 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
         "the sweep was not persisted: {e:?}"
     );
     // With its records gone, the claim can be prepared again from scratch.
-    let r = prepare_one(&mut c, 1, gone_claim).await;
+    let r = prepare_one(&mut c, 0, gone_claim).await;
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "15Gi");
 }

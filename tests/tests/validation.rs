@@ -39,7 +39,7 @@ async fn agent_with_a_share(opts: Options) -> Agent {
     let a = Agent::start(opts);
     let r = prepare_one(
         &mut a.client().await,
-        1,
+        0,
         claim(
             "existing",
             "team-a",
@@ -333,7 +333,7 @@ async fn bad_claims_are_refused_naming_the_field_and_change_nothing() {
         let tenant = cl.claim.as_ref().unwrap().namespace.clone();
         // An edit may change the uid itself.
         let uid = cl.claim.as_ref().unwrap().uid.clone();
-        let r = prepare_one(&mut c, 1, cl).await;
+        let r = prepare_one(&mut c, 0, cl).await;
         let what = case.what;
         let e = r
             .error
@@ -380,7 +380,7 @@ async fn one_bad_claim_does_not_spoil_the_rest_of_its_batch() {
     let good = share_id();
     let r = c
         .prepare(pb::PrepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![
                 claim(
                     "batch-bad",
@@ -545,7 +545,7 @@ async fn unprepare_of_a_malformed_uid_is_refused_per_claim() {
     let before = state(&a).await;
     let r = c
         .unprepare(pb::UnprepareRequest {
-            epoch: 1,
+            epoch: 0,
             claims: vec![claim_ref("bad/uid"), claim_ref("")],
         })
         .await
@@ -561,7 +561,11 @@ async fn unprepare_of_a_malformed_uid_is_refused_per_claim() {
         ("InvalidArgument", "claims[0].uid"),
         "{r:?}"
     );
-    assert_eq!(fields[""], ("InvalidArgument", "claims[1].uid"), "{r:?}");
+    assert_eq!(
+        fields["claims[1]"],
+        ("InvalidArgument", "claims[1].uid"),
+        "{r:?}"
+    );
     assert_eq!(state(&a).await, before);
     // I7: a refused Unprepare is a decision like a refused Prepare.
     let refused = refusals_of(&a, "bad/uid");
@@ -570,4 +574,74 @@ async fn unprepare_of_a_malformed_uid_is_refused_per_claim() {
         "the refused Unprepare left no refuse line in the audit log: {:?}",
         a.audit_lines()
     );
+}
+
+/// Claims with no ClaimRef (or an empty uid) used to be answered under one key `""`, so
+/// all but one refusal vanished from the answer. Each is refused under its index.
+#[tokio::test]
+async fn claims_without_a_uid_are_refused_one_by_one() {
+    let a = Agent::start(Options::new(inventory()));
+    let before = state(&a).await;
+    let mut c = a.client().await;
+    let mut no_ref = claim(
+        "x",
+        "team-a",
+        "alloc-1",
+        vec![alloc("gen-0", &share_id(), "5Gi")],
+    );
+    no_ref.claim = None;
+    let mut empty_uid = claim(
+        "",
+        "team-a",
+        "alloc-1",
+        vec![alloc("gen-0", &share_id(), "5Gi")],
+    );
+    empty_uid.claim.as_mut().unwrap().uid.clear();
+    let good = claim(
+        "named",
+        "team-a",
+        "alloc-1",
+        vec![alloc("gen-0", &share_id(), "5Gi")],
+    );
+    let r = c
+        .prepare(pb::PrepareRequest {
+            epoch: 0,
+            claims: vec![no_ref, good, empty_uid],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut keys: Vec<&str> = r.claims.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["claims[0]", "claims[2]", "named"], "{r:?}");
+    for k in ["claims[0]", "claims[2]"] {
+        let e = r.claims[k].error.as_ref().expect("refused");
+        assert_eq!(e.code, "InvalidArgument", "{e:?}");
+        assert!(e.field.starts_with(k), "{e:?}");
+    }
+    assert_eq!(r.claims["named"].error, None);
+    c.unprepare(pb::UnprepareRequest {
+        epoch: 0,
+        claims: vec![claim_ref("named")],
+    })
+    .await
+    .unwrap();
+
+    let r = c
+        .unprepare(pb::UnprepareRequest {
+            epoch: 0,
+            claims: vec![claim_ref(""), claim_ref("")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut keys: Vec<&str> = r.claims.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["claims[0]", "claims[1]"], "{r:?}");
+    assert!(
+        r.claims.values().all(|e| e.code == "InvalidArgument"),
+        "{r:?}"
+    );
+    let after = state(&a).await;
+    assert_eq!(after.0.devices, before.0.devices, "the ledger is as before");
 }

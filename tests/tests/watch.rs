@@ -103,7 +103,7 @@ async fn watch_sends_snapshot_marker_then_prepare_and_release() {
     let before = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "w-before",
             "team-a",
@@ -131,7 +131,7 @@ async fn watch_sends_snapshot_marker_then_prepare_and_release() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "w-new",
             "team-a",
@@ -145,7 +145,7 @@ async fn watch_sends_snapshot_marker_then_prepare_and_release() {
     assert_eq!(admitted.phase, pb::Phase::Accounted as i32, "{admitted:?}");
     assert_eq!(admitted.limits[0].requested, "10Gi");
 
-    assert_eq!(unprepare_one(&mut c, 1, "w-new").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "w-new").await.code, "");
     let released = changed(&mut w, &id).await;
     assert_eq!(released.phase, pb::Phase::Released as i32, "{released:?}");
 }
@@ -179,7 +179,7 @@ async fn watch_filters_by_device_and_namespace() {
     ] {
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(uid, ns, "alloc-1", vec![alloc(dev, &share_id(), "5Gi")]),
         )
         .await;
@@ -188,7 +188,7 @@ async fn watch_filters_by_device_and_namespace() {
     let id = share_id();
     let r = prepare_one(
         &mut c,
-        1,
+        0,
         claim(
             "wf-4",
             "team-b",
@@ -254,12 +254,12 @@ async fn many_watchers_see_every_transition_and_a_stuck_one_blocks_nothing() {
         let uid = format!("many-{i}");
         let r = prepare_one(
             &mut c,
-            1,
+            0,
             claim(&uid, "team-a", "a", vec![alloc("gen-0", id, "5Gi")]),
         )
         .await;
         assert_eq!(r.error, None, "{r:?}");
-        assert_eq!(unprepare_one(&mut c, 1, &uid).await.code, "");
+        assert_eq!(unprepare_one(&mut c, 0, &uid).await.code, "");
     }
     for r in readers {
         r.await.expect("a watcher missed or reordered a transition");
@@ -330,7 +330,7 @@ async fn watchers_are_bounded_and_a_closed_one_frees_its_slot() {
     let id = share_id();
     prepare_one(
         &mut c,
-        1,
+        0,
         claim("w-b", "team-a", "a1", vec![alloc("gen-0", &id, "5Gi")]),
     )
     .await;

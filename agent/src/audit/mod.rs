@@ -10,13 +10,22 @@
 //! lock as the writes. A line is never split across files; a single line longer than the
 //! bound is written whole into a file of its own, which is then the only file that may
 //! exceed the bound. [`query`] reads the files back for `shareguard audit`.
+//!
+//! Each line ends with `"prev"`: the SHA-256 of the line before it (its bytes without the
+//! newline; 64 zeros for the first line ever written), across rotations and restarts.
+//! `shareguard audit --verify` ([`chain`]) recomputes the chain, so a line removed from or
+//! edited in the middle of the log is found. The newest line is covered once the next one
+//! is written. Files are created 0600: the log names tenants and claims.
 
+pub mod bound;
+pub mod chain;
 pub mod query;
 
 use std::{
     collections::BTreeMap,
     fs::{File, OpenOptions},
     io::Write,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::Mutex,
     time::SystemTime,
@@ -38,6 +47,8 @@ pub enum Decision {
     Release,
     /// A restart changed what the agent believes about a share.
     Recover,
+    /// A control-plane instance took a new epoch (`NewEpoch`), fencing every older one.
+    Epoch,
     /// The GPU watchdog saw a share's processes use more memory than its limit.
     OverLimit,
     /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
@@ -47,39 +58,59 @@ pub enum Decision {
     Sandbox,
 }
 
+/// One decision. Every string may come from a caller: each is capped and made printable
+/// as it is written ([`bound`]), so a line stays small whatever the request held.
 #[derive(Debug, Serialize)]
 pub struct AuditLine<'a> {
     pub time: String,
     pub decision: Decision,
+    #[serde(serialize_with = "bound::reason")]
     pub reason: &'a str,
+    #[serde(serialize_with = "bound::field")]
     pub tenant: &'a str,
+    #[serde(serialize_with = "bound::field")]
     pub claim_uid: &'a str,
+    #[serde(serialize_with = "bound::field")]
     pub claim_name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
+    #[serde(skip_serializing_if = "str::is_empty", serialize_with = "bound::field")]
     pub share_id: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
+    #[serde(skip_serializing_if = "str::is_empty", serialize_with = "bound::field")]
     pub device: &'a str,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "bound::amounts"
+    )]
     pub amounts: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "str::is_empty")]
+    /// The policy version the caller says the scheduler used: the caller's word, which
+    /// the agent compares with its own config but cannot prove.
+    #[serde(
+        rename = "caller_policy_version",
+        skip_serializing_if = "str::is_empty",
+        serialize_with = "bound::field"
+    )]
     pub policy_version: &'a str,
+    #[serde(serialize_with = "bound::field")]
     pub allocation_id: &'a str,
     pub epoch: u64,
     /// None for decisions the agent took by itself (restart recovery).
     pub caller_uid: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "bound::opt_field"
+    )]
     pub code: Option<&'a str>,
 }
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 9] = [
+    pub const ALL: [Decision; 10] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
         Decision::Fail,
         Decision::Release,
         Decision::Recover,
+        Decision::Epoch,
         Decision::OverLimit,
         Decision::Terminate,
         Decision::Sandbox,
@@ -94,6 +125,7 @@ impl Decision {
             Decision::Fail => "fail",
             Decision::Release => "release",
             Decision::Recover => "recover",
+            Decision::Epoch => "epoch",
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
             Decision::Sandbox => "sandbox",
@@ -103,7 +135,7 @@ impl Decision {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, over_limit, terminate, sandbox)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, over_limit, terminate, sandbox)"
 )]
 pub struct UnknownDecision(pub String);
 
@@ -151,6 +183,8 @@ struct Current {
     /// rotation one bound further, so a broken directory costs one attempt (and one error
     /// line) per bound's worth of lines rather than one per line.
     rotate_at: u64,
+    /// The hash of the last line written, which the next line carries.
+    prev: chain::Hash,
 }
 
 pub struct AuditLog {
@@ -174,6 +208,8 @@ impl AuditLog {
             std::fs::create_dir_all(dir)?;
         }
         let mut file = open_append(path)?;
+        // A file from before files were made private, or one someone opened up.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         let mut size = file.metadata()?.len();
         if size > 0 && !ends_with_newline(path, size)? {
             // A power loss can leave a partial last line; without this the next line would
@@ -181,6 +217,12 @@ impl AuditLog {
             file.write_all(b"\n")?;
             size += 1;
         }
+        // The chain goes on from the last line written, in this file or, right after a
+        // rotation, in the one before it.
+        let prev = match chain::last_line_hash(path)? {
+            Some(h) => h,
+            None => chain::last_line_hash(&rotated_path(path, 1))?.unwrap_or(chain::GENESIS),
+        };
         // The config refuses zeros; clamping keeps a zero from a caller from rotating
         // before every line or deleting every rotated file.
         let bound = Bound {
@@ -194,6 +236,7 @@ impl AuditLog {
                 file,
                 size,
                 rotate_at: bound.max_bytes,
+                prev,
             }),
         })
     }
@@ -202,23 +245,31 @@ impl AuditLog {
     /// the audit disk is full would turn a logging problem into an outage, and the share
     /// store still has the decision.
     pub fn write(&self, line: &AuditLine<'_>) {
-        let mut buf = match serde_json::to_vec(line) {
+        let buf = match serde_json::to_vec(line) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "audit line does not serialize");
                 return;
             }
         };
-        buf.push(b'\n');
-        self.append(&buf);
+        self.append(buf);
     }
 
-    /// Appends one whole line (with its newline), rotating first if it would not fit.
-    /// Rotation happens under the write lock, so no other writer can put a line into the
-    /// file being moved aside, and every line lies whole in exactly one file.
-    fn append(&self, buf: &[u8]) {
-        let len = buf.len() as u64;
+    /// Chains the serialized object `obj` to the line before it and appends it whole
+    /// (with its newline), rotating first if it would not fit. Chaining and rotation
+    /// happen under the write lock, so lines are chained in the order they are written,
+    /// no other writer can put a line into the file being moved aside, and every line
+    /// lies whole in exactly one file.
+    fn append(&self, obj: Vec<u8>) {
         let mut cur = crate::sync::lock(&self.current);
+        let Some(mut buf) = chain::chained(obj, &cur.prev) else {
+            tracing::error!("audit line is not a JSON object");
+            return;
+        };
+        let hash = chain::hash(&buf);
+        buf.push(b'\n');
+        let buf = &buf[..];
+        let len = buf.len() as u64;
         // An empty file takes any line, even one longer than the bound: splitting or
         // dropping it would lose part of a decision.
         if cur.size > 0 && cur.size.saturating_add(len) > cur.rotate_at {
@@ -228,6 +279,7 @@ impl AuditLog {
                         file,
                         size: 0,
                         rotate_at: self.bound.max_bytes,
+                        prev: cur.prev,
                     };
                 }
                 Err(e) => {
@@ -241,7 +293,10 @@ impl AuditLog {
             }
         }
         match cur.file.write_all(buf) {
-            Ok(()) => cur.size += len,
+            Ok(()) => {
+                cur.size += len;
+                cur.prev = hash;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "audit log write failed");
                 // A short write may have left part of the line; count what is really there.
@@ -293,7 +348,11 @@ impl AuditLog {
 }
 
 fn open_append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 fn ends_with_newline(path: &Path, size: u64) -> std::io::Result<bool> {

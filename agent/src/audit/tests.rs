@@ -30,8 +30,13 @@ fn line(uid: &str) -> AuditLine<'_> {
     }
 }
 
+/// As written: with its `prev` and its newline.
 fn line_len() -> u64 {
-    serde_json::to_vec(&line("c-0000")).unwrap().len() as u64 + 1
+    let obj = serde_json::to_vec(&line("c-0000")).unwrap();
+    super::chain::chained(obj, &super::chain::GENESIS)
+        .unwrap()
+        .len() as u64
+        + 1
 }
 
 /// A bound that fits exactly `n` lines of [`line`].
@@ -243,4 +248,27 @@ fn rotated_files_past_a_lowered_keep_are_removed_at_the_next_rotation() {
     assert!(rotated_path(&path, 2).exists());
     assert!(!rotated_path(&path, 3).exists() && !rotated_path(&path, 6).exists());
     assert_eq!(uids(&path), expected("c", 5..8));
+}
+
+/// The chain goes on across a rotation and a reopen, from the last line written.
+#[test]
+fn the_chain_continues_across_rotation_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    {
+        let log = AuditLog::open(&path, bound_of(2, 4)).unwrap();
+        for i in 0..3 {
+            put(&log, "c", i);
+        }
+    }
+    // The current file holds one line; the next one opens on it.
+    let log = AuditLog::open(&path, bound_of(2, 4)).unwrap();
+    put(&log, "c", 3);
+    put(&log, "c", 4);
+    let v = super::chain::verify(&path).unwrap();
+    assert_eq!(
+        (v.chained, v.from_genesis, v.unchained, v.breaks.len()),
+        (4, true, 0, 0),
+        "{v:?}"
+    );
 }

@@ -85,6 +85,21 @@ pub struct Engine {
     traffic: Mutex<HashMap<String, shareguard_common::limiter::TrafficCounters>>,
 }
 
+/// The fence (I4): a request's epoch must be the current one (see [`Engine::fence`]).
+fn check_fence(st: &State, epoch: u64) -> Result<(), RequestError> {
+    match epoch.cmp(&st.epoch) {
+        std::cmp::Ordering::Less => Err(RequestError::StaleEpoch {
+            got: epoch,
+            current: st.epoch,
+        }),
+        std::cmp::Ordering::Greater => Err(RequestError::UnknownEpoch {
+            got: epoch,
+            current: st.epoch,
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -178,42 +193,23 @@ impl Engine {
         self.limiter(device).is_none_or(|l| l.accounting_only())
     }
 
-    /// I4: refuses epochs below the highest accepted, and makes a higher one durable
-    /// before anything that carries it is acknowledged. A call at the accepted epoch
-    /// waits too while that epoch is not durable yet (another call raised it and is
-    /// still flushing).
+    /// I4 and I10: a mutating request carries the current epoch, the one the latest
+    /// [`Engine::new_epoch`] returned. Only `NewEpoch` moves the fence: an epoch below
+    /// the current one is stale (its caller was replaced), one above it was never issued
+    /// (were it accepted, one call with 2^64-1 would leave no epoch for `NewEpoch` to
+    /// take and fence every plugin for good). A call at the current epoch waits while
+    /// that epoch is not durable yet (a `NewEpoch` still flushing it).
     async fn fence(&self, epoch: u64) -> Result<(), RequestError> {
-        let durable = {
-            let mut st = lock(&self.state);
-            if epoch < st.epoch {
-                return Err(RequestError::StaleEpoch {
-                    got: epoch,
-                    current: st.epoch,
-                });
+        {
+            let st = lock(&self.state);
+            check_fence(&st, epoch)?;
+            if st.epoch_durable >= epoch {
+                return Ok(());
             }
-            if epoch == st.epoch {
-                if st.epoch_durable >= epoch {
-                    return Ok(());
-                }
-                None
-            } else {
-                let d = self.commit_locked(
-                    &mut st,
-                    Batch {
-                        epoch: Some(epoch),
-                        ..Default::default()
-                    },
-                )?;
-                st.epoch = epoch;
-                Some(d)
-            }
-        };
-        match durable {
-            Some(d) => d.wait().await?,
-            // Everything submitted before, the epoch's own write included, is durable
-            // once a barrier behind it resolves.
-            None => self.barrier().await?,
         }
+        // Everything submitted before, the epoch's own write included, is durable once
+        // a barrier behind it resolves.
+        self.barrier().await?;
         let mut st = lock(&self.state);
         st.epoch_durable = st.epoch_durable.max(epoch);
         Ok(())
@@ -221,7 +217,7 @@ impl Engine {
 
     /// A new epoch above every accepted one, durable before it is returned: a control
     /// plane instance that takes it fences every instance before it at once.
-    pub async fn new_epoch(&self) -> Result<u64, RequestError> {
+    pub async fn new_epoch(&self, caller: Option<u32>) -> Result<u64, RequestError> {
         let (epoch, durable) = {
             let mut st = lock(&self.state);
             let Some(epoch) = st.epoch.checked_add(1) else {
@@ -244,19 +240,32 @@ impl Engine {
         let mut st = lock(&self.state);
         st.epoch_durable = st.epoch_durable.max(epoch);
         info!(epoch, "new control-plane epoch");
+        self.audit.write(&crate::audit::AuditLine {
+            time: crate::audit::now_rfc3339(),
+            decision: crate::audit::Decision::Epoch,
+            reason: &format!(
+                "NewEpoch: epoch {epoch} taken; calls with epoch {} or older are refused from now on",
+                epoch - 1
+            ),
+            tenant: "",
+            claim_uid: "",
+            claim_name: "",
+            share_id: "",
+            device: "",
+            amounts: Default::default(),
+            policy_version: "",
+            allocation_id: "",
+            epoch,
+            caller_uid: caller,
+            code: None,
+        });
         Ok(epoch)
     }
 
-    /// The fence without moving it: for a request none of whose claims is valid.
+    /// The fence without waiting for durability: for a request none of whose claims is
+    /// valid, which changes nothing.
     fn check_epoch(&self, epoch: u64) -> Result<(), RequestError> {
-        let st = lock(&self.state);
-        if epoch < st.epoch {
-            return Err(RequestError::StaleEpoch {
-                got: epoch,
-                current: st.epoch,
-            });
-        }
-        Ok(())
+        check_fence(&lock(&self.state), epoch)
     }
 
     /// Applies `batch` to the in-memory state and queues it for the store, under the

@@ -73,9 +73,8 @@ impl Engine {
                 });
             }
         }
-        // Every claim is checked before the fence moves: a request none of whose claims
-        // is valid must not raise the epoch (one malformed call with epoch 2^64-1 would
-        // lock every later caller out).
+        // Every claim is checked first: a request none of whose claims is valid changes
+        // nothing, so it need not wait for its epoch to be durable.
         let checked: Vec<Result<ValidClaim, ClaimError>> = claims
             .iter()
             .enumerate()
@@ -92,18 +91,21 @@ impl Engine {
             self.check_epoch(epoch)?;
         }
         let mut out = Vec::with_capacity(claims.len());
-        for (c, checked) in claims.iter().zip(checked) {
+        for (i, (c, checked)) in claims.iter().zip(checked).enumerate() {
             let (uid, ns) = c
                 .claim
                 .as_ref()
                 .map(|c| (c.uid.as_str(), c.namespace.as_str()))
                 .unwrap_or(("", ""));
             let span = info_span!("prepare", claim = %uid, namespace = %ns, epoch);
-            out.push(
-                self.prepare_claim(c, checked, epoch, caller_uid)
-                    .instrument(span)
-                    .await,
-            );
+            let mut outcome = self
+                .prepare_claim(c, checked, epoch, caller_uid)
+                .instrument(span)
+                .await;
+            if outcome.uid.is_empty() {
+                outcome.uid = unnamed_claim(i);
+            }
+            out.push(outcome);
         }
         Ok(out)
     }
@@ -616,12 +618,9 @@ impl Engine {
     ) -> PrepareOutcome {
         let claim = c.claim.clone().unwrap_or_default();
         info!(error = %e, "claim refused");
-        if c.allocations.is_empty() {
-            self.audit_refusal(&claim, c, None, &e, epoch, caller);
-        }
-        for a in &c.allocations {
-            self.audit_refusal(&claim, c, Some(a), &e, epoch, caller);
-        }
+        // One line per refused claim, however many allocations it names: a request's
+        // lines are then bounded by its claim count, which is checked before anything.
+        self.audit_refusal(&claim, c, allocation_at_fault(c, &e), &e, epoch, caller);
         PrepareOutcome {
             uid: claim.uid,
             shares: Vec::new(),
@@ -768,4 +767,29 @@ impl Engine {
             .await
             .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))))
     }
+}
+
+/// The key a claim with no uid is answered under: its place in the request, which no
+/// uid can collide with, so that two such claims are refused one by one rather than
+/// merged under `""` in the response's map.
+pub(crate) fn unnamed_claim(index: usize) -> String {
+    format!("claims[{index}]")
+}
+
+/// The allocation a refusal names (`claims[i].allocations[j]…` in its field), or the only
+/// one: the audit line shows its share and device. None for a claim-wide reason.
+fn allocation_at_fault<'a>(
+    c: &'a pb::ClaimPrepare,
+    e: &ClaimError,
+) -> Option<&'a pb::DeviceAllocation> {
+    let named = e
+        .field
+        .split_once(".allocations[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .and_then(|(j, _)| j.parse::<usize>().ok())
+        .and_then(|j| c.allocations.get(j));
+    named.or(match c.allocations.as_slice() {
+        [only] => Some(only),
+        _ => None,
+    })
 }

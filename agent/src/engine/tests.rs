@@ -201,7 +201,7 @@ fn enforce_three(cfg: &Arc<Config>, k: &Arc<FakeKernel>, rt: &tokio::runtime::Ru
             "a1",
             vec![alloc("gen-0", &share(n), "1Gi")],
         );
-        assert_eq!(rt.block_on(e.prepare(1, &[c], 0)).unwrap()[0].error, None);
+        assert_eq!(rt.block_on(e.prepare(0, &[c], 0)).unwrap()[0].error, None);
     }
 }
 
@@ -234,7 +234,7 @@ fn enforced_only_after_matching_read_back() {
     let rt = rt();
     let out = rt
         .block_on(e.prepare(
-            1,
+            0,
             &[claim("c1", "a1", vec![alloc("gen-0", &share(1), "2Gi")])],
             0,
         ))
@@ -246,7 +246,7 @@ fn enforced_only_after_matching_read_back() {
     *lock(&k.shortfall) = Some(q("1Mi"));
     let out = rt
         .block_on(e.prepare(
-            1,
+            0,
             &[claim("c2", "a1", vec![alloc("gen-0", &share(2), "2Gi")])],
             0,
         ))
@@ -279,7 +279,7 @@ fn enforcement_failure_rolls_the_whole_claim_back() {
         ],
     );
     let out = rt
-        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+        .block_on(e.prepare(0, std::slice::from_ref(&c), 0))
         .unwrap();
     let err = out[0].error.clone().unwrap();
     assert_eq!(err.code, Code::Unavailable);
@@ -298,7 +298,7 @@ fn enforcement_failure_rolls_the_whole_claim_back() {
     // Permanent failures say so.
     *lock(&k.permanent) = true;
     let out = rt
-        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+        .block_on(e.prepare(0, std::slice::from_ref(&c), 0))
         .unwrap();
     let err = out[0].error.clone().unwrap();
     assert_eq!(err.code, Code::FailedPrecondition);
@@ -306,7 +306,7 @@ fn enforcement_failure_rolls_the_whole_claim_back() {
 
     // Once the cause is gone, the same claim is admitted (FAILED holds nothing).
     lock(&k.fail_apply).clear();
-    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
+    let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
     assert_eq!(out[0].error, None);
     assert_eq!(allocated(&e, "gen-1"), q("3Gi"));
 }
@@ -351,7 +351,7 @@ fn restart_reverifies_and_never_frees() {
     // A repeated Prepare changes nothing and never counts twice.
     let out = rt
         .block_on(e.prepare(
-            1,
+            0,
             &[claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")])],
             0,
         ))
@@ -388,7 +388,7 @@ fn prepared_for_a_pod(
     let e = open(&cfg, Some(&k), "boot-a");
     let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
     let out = rt
-        .block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+        .block_on(e.prepare(0, std::slice::from_ref(&c), 0))
         .unwrap();
     (cfg, k, e, out)
 }
@@ -501,7 +501,7 @@ fn the_conditions_transition_time_moves_only_when_its_status_flips() {
         uid: "c1".into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
     assert!(out[0].1.is_none(), "{out:?}");
     let (released, shown) = since(&e);
     assert_eq!(released.phase, Phase::Released);
@@ -547,7 +547,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
     let e = open(&cfg, Some(&k), "boot-a");
     let rt = rt();
     rt.block_on(e.prepare(
-        1,
+        0,
         &[claim("c1", "a1", vec![alloc("gen-0", &share(1), "4Gi")])],
         0,
     ))
@@ -557,7 +557,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
         uid: "c1".into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
     let err = out[0].1.clone().unwrap();
     assert!(err.retryable);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
@@ -567,7 +567,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
     let e = open(&cfg, Some(&k), "boot-a");
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
     lock(&k.fail_remove).clear();
-    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
     assert_eq!(out[0].1, None);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
     assert_eq!(allocated(&e, "gen-0"), Quantity::ZERO);
@@ -580,19 +580,19 @@ fn tombstones_expire_after_retention_only() {
     let e = open(&cfg, None, "boot-a");
     let rt = rt();
     rt.block_on(e.prepare(
-        1,
+        0,
         &[claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")])],
         0,
     ))
     .unwrap();
     rt.block_on(e.prepare(
-        1,
+        0,
         &[claim("c2", "a1", vec![alloc("gen-0", &share(2), "1Gi")])],
         0,
     ))
     .unwrap();
     rt.block_on(e.unprepare(
-        1,
+        0,
         &[pb::ClaimRef {
             uid: "c1".into(),
             ..Default::default()
@@ -692,7 +692,7 @@ proptest! {
                     let dev = format!("gen-{d}");
                     let req = claim(&format!("c{c}"), &format!("a{generation}"),
                         vec![alloc(&dev, &share(generation), &format!("{gib}Gi"))]);
-                    let out = rt.block_on(e.prepare(1, std::slice::from_ref(&req), 0)).unwrap();
+                    let out = rt.block_on(e.prepare(0, std::slice::from_ref(&req), 0)).unwrap();
                     let fits = m.used(d) + u32::from(gib) <= 10;
                     prop_assert_eq!(out[0].error.is_none(), fits, "{:?}", out[0].error);
                     if fits {
@@ -704,7 +704,7 @@ proptest! {
                 }
                 Op::Repeat { c } => {
                     let Some((req, _)) = m.last.get(&c).cloned() else { continue };
-                    let out = rt.block_on(e.prepare(1, &[req], 0)).unwrap();
+                    let out = rt.block_on(e.prepare(0, &[req], 0)).unwrap();
                     if m.live.contains_key(&c) {
                         prop_assert!(out[0].error.is_none(), "{:?}", out[0].error);
                     } else {
@@ -722,7 +722,7 @@ proptest! {
                 }
                 Op::Unprepare { c } => {
                     let refs = [pb::ClaimRef { uid: format!("c{c}"), ..Default::default() }];
-                    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+                    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
                     prop_assert_eq!(&out[0].1, &None);
                     m.live.remove(&c);
                 }
@@ -808,7 +808,7 @@ fn release_cut_short(rt: &tokio::runtime::Runtime, e: &Engine, uid: &str) -> [pb
         uid: uid.into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(1, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
     assert!(out[0].1.is_some(), "the release was meant to fail: {out:?}");
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
     refs
@@ -877,7 +877,7 @@ memory = "16Gi"
     let e = life();
     let mut c = claim("g1", "a1", vec![alloc("gpu-0", &share(1), "2Gi")]);
     c.allocations[0].device = "gpu-0".into();
-    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
+    let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
     assert_eq!(out[0].error, None, "{:?}", out[0]);
     assert_eq!(
         out[0].shares[0].phase,
@@ -894,7 +894,7 @@ memory = "16Gi"
 
     let e = life();
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
-    assert_eq!(rt.block_on(e.unprepare(1, &refs, 0)).unwrap()[0].1, None);
+    assert_eq!(rt.block_on(e.unprepare(0, &refs, 0)).unwrap()[0].1, None);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
     assert!(
         gpu.cgroup_limits().is_empty(),
@@ -931,7 +931,7 @@ async fn yield_until(what: &str, tries: u32, cond: impl Fn() -> bool) {
 }
 
 /// I4 where it matters: a request that passed the fence at epoch 2 but reaches its
-/// claim's admission after epoch 3 was accepted is refused there, not admitted.
+/// claim's admission after epoch 3 was issued is refused there, not admitted.
 #[test]
 fn the_fence_is_checked_again_at_admission() {
     let dir = tempfile::tempdir().unwrap();
@@ -939,14 +939,17 @@ fn the_fence_is_checked_again_at_admission() {
     let e = Arc::new(open(&cfg, None, "boot-a"));
     let rt = rt();
     rt.block_on(async {
+        assert_eq!(e.new_epoch(None).await.unwrap(), 1);
+        assert_eq!(e.new_epoch(None).await.unwrap(), 2);
         // Someone holds claim c1 (a retry of it in flight).
         let held = e.locks.lock("c1").await;
         let late = spawn_prepare(&e, "c1", 1, "1Gi", 2);
-        yield_until("epoch 2 durable", 100_000, || {
-            lock(&e.state).epoch_durable == 2
-        })
-        .await;
-        // A newer control plane moves the fence while c1's Prepare waits for its lock.
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!late.is_finished(), "c1's Prepare waits for its lock");
+        // A newer control plane takes an epoch while c1's Prepare waits for its lock.
+        assert_eq!(e.new_epoch(None).await.unwrap(), 3);
         let c = claim("c2", "a1", vec![alloc("gen-0", &share(2), "1Gi")]);
         assert_eq!(e.prepare(3, &[c], 0).await.unwrap()[0].error, None);
         drop(held);
@@ -963,8 +966,8 @@ fn the_fence_is_checked_again_at_admission() {
     });
 }
 
-/// A call at the epoch another call just raised, and whose own claims need no write (a
-/// refusal), is answered only once that epoch is durable.
+/// A call at an epoch `NewEpoch` issued but has not yet made durable (a caller that
+/// guessed it) is answered only once that epoch is durable.
 #[test]
 fn a_same_epoch_answer_waits_until_the_epoch_is_durable() {
     let dir = tempfile::tempdir().unwrap();
@@ -973,46 +976,69 @@ fn a_same_epoch_answer_waits_until_the_epoch_is_durable() {
     let rt = rt();
     rt.block_on(async {
         let hold = lock(&e.store).as_ref().unwrap().hold();
-        let raiser = spawn_prepare(&e, "c1", 1, "1Gi", 5);
-        yield_until("epoch 5 accepted", 100_000, || lock(&e.state).epoch == 5).await;
+        let raiser = {
+            let e = e.clone();
+            tokio::spawn(async move { e.new_epoch(None).await })
+        };
+        yield_until("epoch 1 issued", 100_000, || lock(&e.state).epoch == 1).await;
         // Refused by the ledger, so nothing of its own is written.
-        let same = spawn_prepare(&e, "c2", 2, "99Gi", 5);
+        let same = spawn_prepare(&e, "c2", 2, "99Gi", 1);
         for _ in 0..1000 {
             tokio::task::yield_now().await;
         }
         assert!(
             !same.is_finished(),
-            "answered at epoch 5 while epoch 5 was not durable"
+            "answered at epoch 1 while epoch 1 was not durable"
         );
+        assert!(!raiser.is_finished(), "NewEpoch answered before durable");
         drop(hold);
         let out = same.await.unwrap().unwrap();
         assert_eq!(out[0].error.as_ref().unwrap().code, Code::ResourceExhausted);
-        assert_eq!(raiser.await.unwrap().unwrap()[0].error, None);
+        assert_eq!(raiser.await.unwrap().unwrap(), 1);
     });
 }
 
-/// Requests are checked before the fence moves: a request none of whose claims is
-/// valid, with epoch 2^64-1, does not lock every later caller out.
+/// Only `NewEpoch` moves the fence: a Prepare or Unprepare with an epoch that was never
+/// issued (2^64-1 would leave no epoch for `NewEpoch` to take) is refused whole, valid
+/// claims or not, and the fence stays where it was, across a restart too.
 #[test]
-fn an_invalid_request_does_not_move_the_fence() {
+fn only_new_epoch_moves_the_fence() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "1h");
     let e = open(&cfg, None, "boot-a");
     let rt = rt();
-    let mut bad = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-    bad.claim.as_mut().unwrap().namespace = "NOT A NAMESPACE".into();
-    let out = rt.block_on(e.prepare(u64::MAX, &[bad], 0)).unwrap();
-    assert_eq!(out[0].error.as_ref().unwrap().code, Code::InvalidArgument);
-    let bad_release = pb::ClaimRef {
-        uid: String::new(),
+    let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    let release = pb::ClaimRef {
+        uid: "c1".into(),
         ..Default::default()
     };
-    let out = rt
-        .block_on(e.unprepare(u64::MAX, &[bad_release], 0))
-        .unwrap();
-    assert!(out[0].1.is_some());
+    for epoch in [1, 7, u64::MAX] {
+        let refused = rt.block_on(e.prepare(epoch, std::slice::from_ref(&ok), 0));
+        assert!(
+            matches!(
+                refused,
+                Err(crate::error::RequestError::UnknownEpoch { got, current: 0 }) if got == epoch
+            ),
+            "{refused:?}"
+        );
+        let refused = rt.block_on(e.unprepare(epoch, std::slice::from_ref(&release), 0));
+        assert!(
+            matches!(
+                refused,
+                Err(crate::error::RequestError::UnknownEpoch { .. })
+            ),
+            "{refused:?}"
+        );
+    }
     assert_eq!(e.epoch(), 0, "the fence did not move");
-    let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
+    assert!(e.get_share(&share(1)).is_none(), "nothing admitted");
+    let mut bad = ok.clone();
+    bad.claim.as_mut().unwrap().namespace = "NOT A NAMESPACE".into();
+    assert!(rt.block_on(e.prepare(u64::MAX, &[bad], 0)).is_err());
+    drop(e);
+    let e = open(&cfg, None, "boot-a");
+    assert_eq!(e.epoch(), 0, "the fence did not move on disk either");
+    assert_eq!(rt.block_on(e.new_epoch(None)).unwrap(), 1);
     assert_eq!(rt.block_on(e.prepare(1, &[ok], 0)).unwrap()[0].error, None);
     assert_eq!(e.epoch(), 1);
 }
@@ -1026,10 +1052,13 @@ fn a_new_epoch_fences_older_instances_and_survives_a_restart() {
     let cfg = config(dir.path(), "1h");
     let rt = rt();
     let e = open(&cfg, None, "boot-a");
+    for want in 1..=3 {
+        assert_eq!(rt.block_on(e.new_epoch(None)).unwrap(), want);
+    }
     let c1 = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
     assert_eq!(rt.block_on(e.prepare(3, &[c1], 0)).unwrap()[0].error, None);
     let old = 3;
-    let new = rt.block_on(e.new_epoch()).unwrap();
+    let new = rt.block_on(e.new_epoch(None)).unwrap();
     assert_eq!(new, 4);
     let c2 = claim("c2", "a2", vec![alloc("gen-0", &share(2), "1Gi")]);
     let refused = rt.block_on(e.prepare(old, std::slice::from_ref(&c2), 0));
@@ -1043,7 +1072,7 @@ fn a_new_epoch_fences_older_instances_and_survives_a_restart() {
     drop(e);
     let e = open(&cfg, None, "boot-a");
     assert_eq!(e.epoch(), 4, "the new epoch was durable");
-    assert_eq!(rt.block_on(e.new_epoch()).unwrap(), 5);
+    assert_eq!(rt.block_on(e.new_epoch(None)).unwrap(), 5);
     assert!(rt.block_on(e.prepare(4, &[c2], 0)).is_err());
 }
 
@@ -1059,9 +1088,9 @@ fn admit_is_audited_only_once_durable() {
     rt.block_on(async {
         // The epoch is durable already, so only the admission waits below.
         let c0 = claim("c0", "a1", vec![alloc("gen-1", &share(9), "1Gi")]);
-        assert_eq!(e.prepare(1, &[c0], 0).await.unwrap()[0].error, None);
+        assert_eq!(e.prepare(0, &[c0], 0).await.unwrap()[0].error, None);
         let hold = lock(&e.store).as_ref().unwrap().hold();
-        let p = spawn_prepare(&e, "c1", 1, "1Gi", 1);
+        let p = spawn_prepare(&e, "c1", 1, "1Gi", 0);
         yield_until("admitted in memory", 100_000, || {
             e.get_share(&share(1)).is_some()
         })
@@ -1092,14 +1121,14 @@ fn a_repeated_prepare_of_a_releasing_claim_is_refused() {
     let rt = rt();
     let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
     assert_eq!(
-        rt.block_on(e.prepare(1, std::slice::from_ref(&c), 0))
+        rt.block_on(e.prepare(0, std::slice::from_ref(&c), 0))
             .unwrap()[0]
             .error,
         None
     );
     lock(&k.fail_remove).insert(share(1));
     release_cut_short(&rt, &e, "c1");
-    let out = rt.block_on(e.prepare(1, &[c], 0)).unwrap();
+    let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
     let err = out[0].error.clone().unwrap();
     assert_eq!(err.code, Code::FailedPrecondition, "{err:?}");
     assert!(err.message.contains("being released"), "{err:?}");

@@ -35,7 +35,7 @@ impl Engine {
                 });
             }
         }
-        // Checked before the fence moves, as for Prepare.
+        // Checked first, as for Prepare.
         let checked: Vec<Result<(), ClaimError>> = claims
             .iter()
             .enumerate()
@@ -47,7 +47,7 @@ impl Engine {
             self.check_epoch(epoch)?;
         }
         let mut out = Vec::with_capacity(claims.len());
-        for (c, checked) in claims.iter().zip(checked) {
+        for (i, (c, checked)) in claims.iter().zip(checked).enumerate() {
             let span = info_span!("unprepare", claim = %c.uid, namespace = %c.namespace, epoch);
             let res = async {
                 if let Err(e) = checked {
@@ -58,7 +58,12 @@ impl Engine {
             }
             .instrument(span)
             .await;
-            out.push((c.uid.clone(), res.err()));
+            let key = if c.uid.is_empty() {
+                super::prepare::unnamed_claim(i)
+            } else {
+                c.uid.clone()
+            };
+            out.push((key, res.err()));
         }
         Ok(out)
     }

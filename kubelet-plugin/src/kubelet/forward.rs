@@ -82,6 +82,11 @@ impl Successors {
         None
     }
 
+    /// Whether another instance answers on its socket within `timeout`.
+    pub async fn any_live(&self, timeout: Duration) -> bool {
+        self.client(timeout).await.is_some()
+    }
+
     /// kubelet's NodePrepareResources, answered by the successor; None when no other
     /// instance could be reached, and the caller answers itself.
     pub async fn prepare(
