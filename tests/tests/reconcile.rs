@@ -231,6 +231,18 @@ async fn drift_is_found_within_two_periods_and_repaired() {
             "{what}"
         );
     }
+    // Each drift and each repair is a decision in the audit log (the repair is audited
+    // before it is counted, so the last one is there too).
+    let audited = |decision: &str| {
+        a.audit_lines()
+            .iter()
+            .filter(|l| l["decision"] == decision && l["share_id"] == id.as_str())
+            .count()
+    };
+    assert_eq!(
+        (audited("drift"), audited("repair")),
+        (injections.len(), injections.len())
+    );
 
     // The pod's network is set up again (same names, a new interface): the old
     // interface is gone, and its limit with it; the share follows the pod to the new

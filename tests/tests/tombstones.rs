@@ -64,6 +64,21 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
             }
         }
     }
+    // The sweep is a decision in the audit log, written once the removal is durable.
+    let swept = |id: &str| {
+        a.audit_lines()
+            .iter()
+            .filter(|l| l["decision"] == "sweep" && l["share_id"] == id)
+            .count()
+    };
+    while swept(&gone) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no sweep line in the audit log within {SWEEP_DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((swept(&gone), swept(&kept)), (1, 0));
     let s = get_share(&mut c, kept.clone()).await;
     assert_eq!(
         s.phase,

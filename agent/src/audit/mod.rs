@@ -49,6 +49,13 @@ pub enum Decision {
     Recover,
     /// A control-plane instance took a new epoch (`NewEpoch`), fencing every older one.
     Epoch,
+    /// The reconciler found a share's enforcement no longer what was applied.
+    Drift,
+    /// The reconciler applied a drifted share's limit again: verified, or not (the
+    /// reason says which).
+    Repair,
+    /// A released or failed share's record was removed after its retention.
+    Sweep,
     /// The GPU watchdog saw a share's processes use more memory than its limit.
     OverLimit,
     /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
@@ -103,7 +110,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 10] = [
+    pub const ALL: [Decision; 13] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -111,6 +118,9 @@ impl Decision {
         Decision::Release,
         Decision::Recover,
         Decision::Epoch,
+        Decision::Drift,
+        Decision::Repair,
+        Decision::Sweep,
         Decision::OverLimit,
         Decision::Terminate,
         Decision::Sandbox,
@@ -126,6 +136,9 @@ impl Decision {
             Decision::Release => "release",
             Decision::Recover => "recover",
             Decision::Epoch => "epoch",
+            Decision::Drift => "drift",
+            Decision::Repair => "repair",
+            Decision::Sweep => "sweep",
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
             Decision::Sandbox => "sandbox",
@@ -135,7 +148,7 @@ impl Decision {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, over_limit, terminate, sandbox)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, over_limit, terminate, sandbox)"
 )]
 pub struct UnknownDecision(pub String);
 

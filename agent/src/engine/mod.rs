@@ -364,12 +364,28 @@ impl Engine {
                     batch.put_claims.push(c);
                 }
             }
-            let n = expired.len();
+            let gone: Vec<ShareRecord> = expired
+                .iter()
+                .filter_map(|k| st.records.get(k).cloned())
+                .collect();
             batch.delete_shares = expired;
-            (n, self.commit_locked(&mut st, batch)?)
+            (gone, self.commit_locked(&mut st, batch)?)
         };
         removed.1.wait().await?;
-        Ok(removed.0)
+        for r in &removed.0 {
+            self.audit_share(
+                r,
+                crate::audit::Decision::Sweep,
+                &format!(
+                    "{} record removed after its retention of {}",
+                    r.phase.name(),
+                    humantime::format_duration(self.cfg.agent.tombstone_retention)
+                ),
+                None,
+                None,
+            );
+        }
+        Ok(removed.0.len())
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
+    audit::Decision,
     record::{Phase, ShareRecord},
     sync::lock,
 };
@@ -129,6 +130,7 @@ impl Engine {
             if !self.persist_one(&d).await {
                 return;
             }
+            self.audit_share(&d, Decision::Drift, &d.reason, None, None);
         }
         match self.apply_blocking(&r).await {
             Ok(e) => match self.judge(&r, &e) {
@@ -163,6 +165,8 @@ impl Engine {
         n.updated_at_ms = now_ms();
         if self.persist_one(&n).await {
             if repaired {
+                // Audited before it is counted: whoever sees the count sees the line.
+                self.audit_share(&n, Decision::Repair, &n.reason, None, None);
                 stats.repaired += 1;
                 self.metrics.repaired(&r.device);
             }
@@ -180,7 +184,9 @@ impl Engine {
         let current = lock(&self.state).records.get(&r.key).cloned();
         if current.as_ref().map(|c| (&c.phase, &c.reason)) != Some((&n.phase, &n.reason)) {
             warn!(reason = %why, "repair failed");
-            let _ = self.persist_one(&n).await;
+            if self.persist_one(&n).await {
+                self.audit_share(&n, Decision::Repair, &n.reason, None, Some("Unavailable"));
+            }
         }
     }
 }

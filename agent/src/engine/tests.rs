@@ -562,6 +562,21 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
     assert!(err.retryable);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
     assert_eq!(allocated(&e, "gen-0"), q("4Gi"));
+    // The failed release is a decision in the audit log, with why.
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let failed: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|l: &serde_json::Value| l["decision"] == "fail")
+        .collect();
+    assert_eq!(failed.len(), 1, "{audit}");
+    assert!(
+        failed[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("release incomplete"),
+        "{audit}"
+    );
     drop(e);
     // RELEASING survives a restart as it is.
     let e = open(&cfg, Some(&k), "boot-a");

@@ -143,6 +143,13 @@ impl Engine {
                         ..Default::default()
                     })
                     .await?;
+                    self.audit_share(
+                        r,
+                        Decision::Fail,
+                        &format!("Unprepare: {}", r.reason),
+                        Some(caller),
+                        Some(err.code.as_str()),
+                    );
                     return Err(err);
                 }
             }
