@@ -71,6 +71,11 @@ pub struct Enforcement {
     /// configured line rate): nothing shapes them, since the path itself stays below the
     /// limit, and `enforced` holds that line rate, the bound that actually applies.
     pub unconstrained: std::collections::BTreeSet<String>,
+    /// Capacity name -> the finest step the mechanism holds a limit in (bandwidth: whole
+    /// bytes per second, 8 bit/s). A read-back below the request by less than one step
+    /// is the request held as closely as the mechanism can, rounded toward the safe side,
+    /// not drift. Absent: the read-back must equal the request.
+    pub resolution: BTreeMap<String, Quantity>,
 }
 
 /// Traffic a share's enforcement counted, as the kernel holds it (monotonic while the

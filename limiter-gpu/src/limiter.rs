@@ -394,6 +394,8 @@ impl GpuLimiter {
             watch_only: !rec.mechanism.enforces(),
             simulated: self.backend.is_simulated(),
             unconstrained: Default::default(),
+            // Memory limits are whole bytes, as requested: no rounding to allow for.
+            resolution: Default::default(),
         })
     }
 

@@ -449,6 +449,12 @@ impl NetLimiter {
                 enforced.insert(name.clone(), v);
             }
         }
+        // Every mechanism here holds whole bytes per second, rounded down (never faster
+        // than the limit): a rate that is not a multiple of 8 bit/s reads back below it.
+        let resolution = enforced
+            .keys()
+            .filter_map(|name| Some((name.clone(), q(8)?)))
+            .collect();
         let all_free = !unconstrained.is_empty() && unconstrained.len() == spec.limits.len();
         Ok(Enforcement {
             mechanism: if all_free {
@@ -458,6 +464,7 @@ impl NetLimiter {
             },
             enforced,
             unconstrained,
+            resolution,
             ..Enforcement::default()
         })
     }

@@ -288,3 +288,66 @@ async fn until_phase(
         );
     }
 }
+
+/// A rate that is not a whole number of bytes per second is held rounded down to one
+/// (the kernel counts bytes): the share is ENFORCED with the rounding stated, and the
+/// reconciler does not take the rounding for drift, pass after pass.
+#[tokio::test]
+async fn a_rate_in_part_bytes_is_held_rounded_down_and_is_not_drift() {
+    if !net::privileged("a_rate_in_part_bytes_is_held_rounded_down_and_is_not_drift") {
+        return;
+    }
+    let pins = PinDir::new();
+    // A step of 4 bit/s lets the policy allow rates that are not multiples of 8.
+    let lines = "mechanism = \"htb-ebpf\"\n[device.capacity.bandwidth]\nvalue = \"10G\"\n\
+                 default = \"10M\"\nvalid_range = { min = \"10M\", max = \"10G\", step = \"4\" }\n";
+    let extra = format!("reconcile_period = \"{}ms\"", PERIOD.as_millis());
+    let a = net::start_agent(net::net_device("nic-0", lines), &pins, &extra);
+    let pod = Pod::new();
+    let mut c = a.client().await;
+    let id = share_id();
+    let cl = net::bw_claim("rb", "team-a", "nic-0", &pod, &id, "100000004");
+    let r = prepare_one(&mut c, 0, cl).await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{r:?}");
+    assert!(
+        s.reason
+            .contains("bandwidth held as 100M, the nearest step of 8"),
+        "{}",
+        s.reason
+    );
+    let out = net::sh(&["tc", "class", "show", "dev", pod.host_if()]);
+    assert!(out.contains("rate 100Mbit"), "{out}");
+
+    // Three reconciler passes later: still ENFORCED, no drift found, nothing re-applied.
+    let passes = || {
+        let (_, body) = a.http("/metrics");
+        metric_sample(&body, "shareguard_reconcile_duration_seconds_count", &[]).unwrap_or(0.0)
+    };
+    let (start, deadline) = (passes(), Instant::now() + 10 * PERIOD);
+    while passes() < start + 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no three reconciler passes in {:?}",
+            10 * PERIOD
+        );
+        tokio::time::sleep(PERIOD / 5).await;
+    }
+    let (_, body) = a.http("/metrics");
+    let drift = metric_sample(
+        &body,
+        "shareguard_reconcile_drift_total",
+        &[("device", "nic-0")],
+    );
+    assert_eq!(
+        drift.unwrap_or(0.0),
+        0.0,
+        "the rounding was taken for drift"
+    );
+    let s = shareguard_tests::get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert!(
+        !a.audit_lines().iter().any(|l| l["decision"] == "drift"),
+        "a drift line in the audit log"
+    );
+}

@@ -474,6 +474,18 @@ impl Engine {
     }
 }
 
+/// The mechanism's step for `name`, when `got` is below `want` by less than it: the
+/// request held as closely as the mechanism can, on the safe side.
+fn step_below<'a>(
+    e: &'a shareguard_common::limiter::Enforcement,
+    name: &str,
+    want: &shareguard_common::Quantity,
+    got: &shareguard_common::Quantity,
+) -> Option<&'a shareguard_common::Quantity> {
+    let step = e.resolution.get(name)?;
+    (got < want && want.checked_sub(got)? < *step).then_some(step)
+}
+
 /// I5: ENFORCED only when every wanted capacity (what the share consumes; a dedicated
 /// allocation's whole device) was read back equal to the request.
 /// Returns the phase and, when it is not ENFORCED, why.
@@ -499,6 +511,7 @@ fn judge(
         );
     }
     let mut unconstrained = Vec::new();
+    let mut rounded = Vec::new();
     for (name, want) in wanted {
         match e.enforced.get(name) {
             None => {
@@ -514,6 +527,12 @@ fn judge(
                     "{name} unconstrained: the path carries at most {got}, below the limit {want}, so nothing shapes it"
                 ));
             }
+            // Held as closely as the mechanism can, on the safe side of the request.
+            Some(got) if let Some(step) = step_below(e, name, want, got) => {
+                rounded.push(format!(
+                    "{name} held as {got}, the nearest step of {step} at or below {want}"
+                ));
+            }
             Some(got) if got != want => {
                 return (
                     Phase::Degraded,
@@ -523,9 +542,13 @@ fn judge(
             Some(_) => {}
         }
     }
-    let unconstrained: String = unconstrained.iter().map(|u| format!("; {u}")).collect();
+    let notes: String = unconstrained
+        .iter()
+        .chain(&rounded)
+        .map(|u| format!("; {u}"))
+        .collect();
     (
         Phase::Enforced,
-        format!("limit applied and read back{unconstrained}{note}"),
+        format!("limit applied and read back{notes}{note}"),
     )
 }

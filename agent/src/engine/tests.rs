@@ -1151,6 +1151,37 @@ fn a_repeated_prepare_of_a_releasing_claim_is_refused() {
 }
 
 #[test]
+fn a_read_back_within_one_step_below_the_request_is_the_request_held() {
+    let q = |s: &str| Quantity::parse(s).unwrap();
+    let wanted: BTreeMap<String, Quantity> = [("bandwidth".to_owned(), q("100000004"))].into();
+    let e = |got: &str, step: Option<&str>| Enforcement {
+        mechanism: "htb-ebpf".into(),
+        enforced: [("bandwidth".to_owned(), q(got))].into(),
+        resolution: step
+            .map(|s| [("bandwidth".to_owned(), q(s))].into())
+            .unwrap_or_default(),
+        ..Enforcement::default()
+    };
+    let (phase, why) = super::judge(&wanted, &e("100M", Some("8")));
+    assert_eq!(phase, Phase::Enforced, "{why}");
+    assert!(
+        why.contains("bandwidth held as 100M, the nearest step of 8"),
+        "{why}"
+    );
+    // Without a stated step the same read-back is drift; a whole step below is drift,
+    // and so is anything above the request.
+    assert_eq!(super::judge(&wanted, &e("100M", None)).0, Phase::Degraded);
+    assert_eq!(
+        super::judge(&wanted, &e("99999996", Some("8"))).0,
+        Phase::Degraded
+    );
+    assert_eq!(
+        super::judge(&wanted, &e("100000008", Some("8"))).0,
+        Phase::Degraded
+    );
+}
+
+#[test]
 fn an_unconstrained_capacity_is_enforced_only_at_or_below_its_request() {
     let q = |s: &str| Quantity::parse(s).unwrap();
     let wanted: BTreeMap<String, Quantity> = [("bandwidth".to_owned(), q("40G"))].into();
