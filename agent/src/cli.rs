@@ -457,14 +457,26 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                     parse_phase(&p).with_context(|| format!("--phase: {p:?} is not a phase"))?,
                 ),
             };
-            let r = c
-                .list_shares(pb::ListSharesRequest {
-                    device: device.unwrap_or_default(),
-                    namespace: namespace.unwrap_or_default(),
-                    phase: phase as i32,
-                })
-                .await?
-                .into_inner();
+            // Page by page, so that a node with 100k shares lists within the default
+            // message size; one answer is printed once every page is in.
+            let mut r = pb::ListSharesResponse::default();
+            loop {
+                let page = c
+                    .list_shares(pb::ListSharesRequest {
+                        device: device.clone().unwrap_or_default(),
+                        namespace: namespace.clone().unwrap_or_default(),
+                        phase: phase as i32,
+                        page_size: 0,
+                        page_token: std::mem::take(&mut r.next_page_token),
+                    })
+                    .await?
+                    .into_inner();
+                r.shares.extend(page.shares);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                r.next_page_token = page.next_page_token;
+            }
             match out {
                 Output::Json => println!("{}", json(&r)?),
                 Output::Table => print!("{}", share_rows(&r.shares)),

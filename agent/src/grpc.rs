@@ -160,13 +160,24 @@ impl NodeAgent for Api {
         self.caller(&req)?;
         let r = req.into_inner();
         let f = filter(&r.device, &r.namespace, r.phase)?;
-        let shares = self
-            .engine
-            .list_shares(&f)
-            .iter()
-            .map(|r| self.engine.status(r))
-            .collect();
-        Ok(Response::new(pb::ListSharesResponse { shares }))
+        let after = match r.page_token.as_str() {
+            "" => None,
+            t => Some(crate::engine::page::Position::from_token(t).map_err(|e| {
+                RequestError::Invalid {
+                    field: "page_token".into(),
+                    message: e.to_string(),
+                }
+                .to_status()
+            })?),
+        };
+        let (page, next) =
+            self.engine
+                .list_page(&f, after.as_ref(), crate::engine::page::size(r.page_size));
+        let shares = page.iter().map(|r| self.engine.status(r)).collect();
+        Ok(Response::new(pb::ListSharesResponse {
+            shares,
+            next_page_token: next.map(|p| p.token()).unwrap_or_default(),
+        }))
     }
 
     type WatchSharesStream = WatchStream;

@@ -159,6 +159,7 @@ async fn list_shares_filters_by_device_namespace_and_phase() {
             device: device.into(),
             namespace: namespace.into(),
             phase: phase as i32,
+            ..Default::default()
         };
         let mut ids: Vec<String> = c
             .list_shares(req)

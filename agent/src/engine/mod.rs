@@ -4,6 +4,7 @@
 
 pub mod gpu;
 mod locks;
+pub mod page;
 mod prepare;
 mod query;
 mod reconcile;

@@ -73,6 +73,19 @@ impl Engine {
         )
     }
 
+    /// One page of the matching shares, after `after`, and where the next page starts.
+    pub fn list_page(
+        &self,
+        f: &ShareFilter,
+        after: Option<&super::page::Position>,
+        limit: usize,
+    ) -> (Vec<ShareRecord>, Option<super::page::Position>) {
+        let st = lock(&self.state);
+        let (page, next) =
+            super::page::select(st.records.values().filter(|r| f.matches(r)), after, limit);
+        (page.into_iter().cloned().collect(), next)
+    }
+
     /// The matching shares and a receiver for every later change, taken under one lock
     /// so no change falls between the snapshot and the stream.
     pub fn subscribe(
