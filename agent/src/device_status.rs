@@ -124,6 +124,7 @@ mod tests {
             sandbox: None,
             device_kind: "gpu".into(),
             condition_since_ms: 0,
+            quarantined: false,
         }
     }
 

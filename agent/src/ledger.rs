@@ -200,6 +200,22 @@ pub fn usage(state: &State, dev: &DeviceConfig) -> DeviceUsage {
 
 /// Checks that admitting `claim` keeps every device it touches within capacity.
 pub fn check_claim(cfg: &Config, state: &State, claim: &ValidClaim) -> Result<(), ClaimError> {
+    // A quarantined record whose device could not be read may hold capacity on any
+    // device: nothing is admitted on top of it (I1) until its claim is unprepared.
+    if state.sums.get("").is_some_and(|s| s.live > 0) {
+        let mut held: Vec<&str> = state
+            .records
+            .values()
+            .filter(|r| r.quarantined && r.device.is_empty() && r.phase.holds_capacity())
+            .map(|r| r.claim.uid.as_str())
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        return Err(ClaimError::unavailable(format!(
+            "this node's store holds an unreadable share record, which may hold capacity on any device; nothing is admitted until it is unprepared (claim {})",
+            held.join(", ")
+        )));
+    }
     let mut by_device: BTreeMap<&str, Vec<&crate::validate::ValidAlloc>> = BTreeMap::new();
     for a in claim.allocs.iter().filter(|a| !a.admin_access) {
         by_device.entry(a.device.as_str()).or_default().push(a);

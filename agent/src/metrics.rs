@@ -174,6 +174,7 @@ pub struct Metrics {
     enforce_seconds: Family<DeviceLabel, Histogram, fn() -> Histogram>,
     sandbox_transitions: Family<DevicePhaseLabel, Counter>,
     overcommitted: Family<DeviceCapacity, Gauge>,
+    quarantined: Gauge,
     /// Held through a render: a render sets and clears the per-share families before it
     /// encodes them, so two at once would each encode half of the other's. It also guards
     /// the last render, served again to scrapes within `metrics_max_age` of it.
@@ -322,6 +323,12 @@ impl Metrics {
             "Time the device's limiter took to apply and read back one share",
             enforce_seconds.clone(),
         );
+        let quarantined = Gauge::default();
+        registry.register(
+            "shareguard_store_quarantined_records",
+            "Stored records this agent could not read, kept as found in the store's quarantine (shares among them are listed UNKNOWN)",
+            quarantined.clone(),
+        );
         let sandbox_transitions = Family::<DevicePhaseLabel, Counter>::default();
         registry.register(
             "shareguard_sandbox_transitions",
@@ -338,6 +345,7 @@ impl Metrics {
             rendering: Mutex::new(None),
             sandbox_transitions,
             overcommitted,
+            quarantined,
             requested,
             enforced,
             enforce_seconds,
@@ -412,6 +420,10 @@ impl Metrics {
                 phase: phase.to_owned(),
             })
             .inc();
+    }
+
+    pub fn quarantined(&self, n: usize) {
+        self.quarantined.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn reconciled(&self, took: Duration) {

@@ -208,6 +208,11 @@ pub struct ShareRecord {
     /// reason or message. 0 in records written before it was kept.
     #[serde(default)]
     pub condition_since_ms: u64,
+    /// Stands for a stored record this agent could not read (see `store`'s
+    /// quarantine): what is known of it was salvaged, the rest is empty. Absent from
+    /// every record written for a share that was read whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quarantined: bool,
 }
 
 impl ShareRecord {
@@ -291,6 +296,48 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing these plain structs (string keys, no non-finite floats) cannot fail.
     serde_json::to_writer(&mut out, value).expect("record types always serialize to JSON");
     out
+}
+
+/// What can still be read of a share record this agent cannot decode, such as one a
+/// newer agent wrote in a format this one does not know: its device and amounts when the
+/// body is JSON carrying them in today's shape, so their capacity stays held.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Salvage {
+    pub share_id: Option<String>,
+    pub claim: Option<ClaimId>,
+    pub device: Option<String>,
+    pub device_kind: String,
+    pub consumed: Option<BTreeMap<String, Quantity>>,
+    pub admin_access: bool,
+}
+
+pub fn salvage(bytes: &[u8]) -> Salvage {
+    let Some(v) = bytes
+        .get(1..)
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+    else {
+        return Salvage::default();
+    };
+    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let consumed = v.get("consumed").and_then(|m| m.as_object()).and_then(|m| {
+        m.iter()
+            .map(|(k, q)| Some((k.clone(), Quantity::parse_non_negative(q.as_str()?).ok()?)))
+            .collect::<Option<BTreeMap<_, _>>>()
+    });
+    Salvage {
+        share_id: text("share_id"),
+        claim: v
+            .get("claim")
+            .and_then(|c| serde_json::from_value::<ClaimId>(c.clone()).ok())
+            .filter(|c| !c.uid.is_empty()),
+        device: text("device").filter(|d| !d.is_empty()),
+        device_kind: text("device_kind").unwrap_or_default(),
+        consumed,
+        admin_access: v
+            .get("admin_access")
+            .and_then(|b| b.as_bool())
+            .unwrap_or(false),
+    }
 }
 
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {

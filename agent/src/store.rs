@@ -8,6 +8,11 @@
 //! | `claims` | claim uid                   | [`ClaimRecord`] (the per-claim index), versioned |
 //! | `meta`   | `epoch`                     | u64 big-endian: highest epoch accepted  |
 //! | `meta`   | `boot_id`                   | kernel boot id the live shares were verified under |
+//! | `quarantine` | `<tree>/<key>`          | the bytes of a record this agent could not read, as found; never overwritten |
+//!
+//! A record that does not decode (a newer agent's format, a damaged value) does not stop
+//! the agent: [`Store::load`] skips it and reports it, and the first start that meets it
+//! copies it into `quarantine`, so whatever later happens to its key, the original stays.
 //!
 //! Values are encoded by [`crate::record`] (format byte + JSON). Released shares stay in
 //! `shares` as tombstones (phase RELEASED) until the retention period ends.
@@ -82,6 +87,8 @@ pub struct Batch {
     pub delete_claims: Vec<String>,
     pub epoch: Option<u64>,
     pub boot_id: Option<String>,
+    /// `<tree>/<key>` -> bytes, kept in `quarantine` unless an entry is already there.
+    pub quarantine: Vec<(String, Vec<u8>)>,
 }
 
 impl Batch {
@@ -103,6 +110,7 @@ impl Batch {
             && self.delete_claims.is_empty()
             && self.epoch.is_none()
             && self.boot_id.is_none()
+            && self.quarantine.is_empty()
     }
 }
 
@@ -113,6 +121,28 @@ pub struct Loaded {
     pub claims: Vec<ClaimRecord>,
     pub epoch: u64,
     pub boot_id: Option<String>,
+    /// Records that did not decode, left where they are.
+    pub quarantined: Vec<Quarantined>,
+    /// Entries in the `quarantine` tree once this start's are added: every record ever
+    /// quarantined, each once.
+    pub quarantine_total: usize,
+}
+
+/// A stored record this agent cannot read.
+#[derive(Debug, Clone)]
+pub struct Quarantined {
+    pub tree: &'static str,
+    pub key: String,
+    /// Why it does not decode.
+    pub error: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Quarantined {
+    /// Its key in the `quarantine` tree.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.tree, self.key)
+    }
 }
 
 pub struct Store {
@@ -133,6 +163,7 @@ struct Trees {
     shares: sled::Tree,
     claims: sled::Tree,
     meta: sled::Tree,
+    quarantine: sled::Tree,
 }
 
 struct Job {
@@ -173,6 +204,7 @@ impl Store {
             shares: db.open_tree("shares")?,
             claims: db.open_tree("claims")?,
             meta: db.open_tree("meta")?,
+            quarantine: db.open_tree("quarantine")?,
             db,
         };
         let failed = Arc::new(AtomicBool::new(false));
@@ -244,12 +276,27 @@ impl Store {
         let mut out = Loaded::default();
         for item in t.shares.iter() {
             let (k, v) = item?;
-            out.shares.push(decode("shares", &k, &v)?);
+            match decode("shares", &k, &v) {
+                Ok(r) => out.shares.push(r),
+                Err(e) => out.quarantined.push(unreadable("shares", &k, &v, e)),
+            }
         }
         for item in t.claims.iter() {
             let (k, v) = item?;
-            out.claims.push(decode("claims", &k, &v)?);
+            match decode("claims", &k, &v) {
+                Ok(c) => out.claims.push(c),
+                Err(e) => out.quarantined.push(unreadable("claims", &k, &v, e)),
+            }
         }
+        let new = out
+            .quarantined
+            .iter()
+            .map(|q| t.quarantine.contains_key(q.name().as_bytes()))
+            .collect::<Result<Vec<bool>, _>>()?
+            .into_iter()
+            .filter(|kept| !kept)
+            .count();
+        out.quarantine_total = t.quarantine.len() + new;
         if let Some(v) = t.meta.get(EPOCH_KEY)? {
             let bytes: [u8; 8] = v
                 .as_ref()
@@ -410,7 +457,7 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
             bounded("claims", &c.claim.uid, record::encode(c)).map(|v| (c.claim.uid.as_bytes(), v))
         })
         .collect::<Result<_, _>>()?;
-    let result = (&t.shares, &t.claims, &t.meta).transaction(|(s, c, m)| {
+    let result = (&t.shares, &t.claims, &t.meta, &t.quarantine).transaction(|(s, c, m, q)| {
         for (k, v) in &shares {
             s.insert(*k, v.as_slice())?;
         }
@@ -428,6 +475,11 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         }
         if let Some(b) = &batch.boot_id {
             m.insert(BOOT_ID_KEY, b.as_bytes())?;
+        }
+        for (k, v) in &batch.quarantine {
+            if q.get(k.as_bytes())?.is_none() {
+                q.insert(k.as_bytes(), v.as_slice())?;
+            }
         }
         Ok::<(), ConflictableTransactionError<()>>(())
     });
@@ -450,6 +502,19 @@ fn bounded(tree: &'static str, key: &str, value: Vec<u8>) -> Result<Vec<u8>, Sto
         });
     }
     Ok(value)
+}
+
+fn unreadable(tree: &'static str, key: &[u8], value: &[u8], e: StoreError) -> Quarantined {
+    let error = match e {
+        StoreError::Decode { source, .. } => source.to_string(),
+        other => other.to_string(),
+    };
+    Quarantined {
+        tree,
+        key: String::from_utf8_lossy(key).into_owned(),
+        error,
+        bytes: value.to_vec(),
+    }
 }
 
 fn decode<T: for<'de> serde::Deserialize<'de>>(
@@ -477,6 +542,7 @@ mod tests {
             shares: db.open_tree("shares").unwrap(),
             claims: db.open_tree("claims").unwrap(),
             meta: db.open_tree("meta").unwrap(),
+            quarantine: db.open_tree("quarantine").unwrap(),
             db,
         }
     }
@@ -507,6 +573,7 @@ mod tests {
             sandbox: None,
             device_kind: "generic".into(),
             condition_since_ms: 0,
+            quarantined: false,
         }
     }
 

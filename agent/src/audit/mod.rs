@@ -56,6 +56,9 @@ pub enum Decision {
     Repair,
     /// A released or failed share's record was removed after its retention.
     Sweep,
+    /// A stored record could not be read at start: kept as found, and what it held
+    /// stays reserved where that can be read.
+    Quarantine,
     /// The GPU watchdog saw a share's processes use more memory than its limit.
     OverLimit,
     /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
@@ -110,7 +113,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 13] = [
+    pub const ALL: [Decision; 14] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -121,6 +124,7 @@ impl Decision {
         Decision::Drift,
         Decision::Repair,
         Decision::Sweep,
+        Decision::Quarantine,
         Decision::OverLimit,
         Decision::Terminate,
         Decision::Sandbox,
@@ -139,6 +143,7 @@ impl Decision {
             Decision::Drift => "drift",
             Decision::Repair => "repair",
             Decision::Sweep => "sweep",
+            Decision::Quarantine => "quarantine",
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
             Decision::Sandbox => "sandbox",
@@ -148,7 +153,7 @@ impl Decision {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, over_limit, terminate, sandbox)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, over_limit, terminate, sandbox)"
 )]
 pub struct UnknownDecision(pub String);
 

@@ -349,6 +349,7 @@ impl Engine {
             updated_at_ms: now,
             released_at_ms: None,
             condition_since_ms: now,
+            quarantined: false,
         }
     }
 
@@ -521,7 +522,7 @@ impl Engine {
         let mut out = Vec::with_capacity(records.len());
         let mut changed = Vec::new();
         for r in records {
-            if self.accounting_only(&r.device) || !super::sandbox::follows_sandbox(r.phase) {
+            if self.accounting_only(&r.device) || !super::sandbox::follows_sandbox(&r) {
                 out.push(r);
                 continue;
             }

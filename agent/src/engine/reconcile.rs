@@ -48,7 +48,7 @@ impl Engine {
             let st = lock(&self.state);
             st.records
                 .values()
-                .filter(|r| super::sandbox::follows_sandbox(r.phase))
+                .filter(|r| super::sandbox::follows_sandbox(r))
                 .filter(|r| !self.accounting_only(&r.device))
                 .cloned()
                 .collect()

@@ -5,10 +5,10 @@
 //! discovery loop enforces it when the pod is back.
 
 use crate::{
-    audit::Decision,
+    audit::{AuditLine, Decision, now_rfc3339},
     config::DeviceKind,
     ledger::State,
-    record::{Phase, ShareRecord},
+    record::{self, ClaimId, ClaimRecord, Phase, ShareRecord},
     store::{Batch, Loaded},
 };
 
@@ -16,7 +16,7 @@ use super::{Engine, OpenError, now_ms, prepare::ACCOUNTED_REASON};
 
 pub(super) fn recover(
     engine: &Engine,
-    loaded: Loaded,
+    mut loaded: Loaded,
     boot_id: &str,
 ) -> Result<(State, Batch), OpenError> {
     check_inventory(engine, &loaded.shares)?;
@@ -28,10 +28,14 @@ pub(super) fn recover(
         boot_id: (loaded.boot_id.as_deref() != Some(boot_id)).then(|| boot_id.to_owned()),
         ..Default::default()
     };
+    let now = now_ms();
+    let stand_ins = quarantine(engine, &mut loaded, &mut batch, now);
     for c in loaded.claims {
         state.claims.insert(c.claim.uid.clone(), c);
     }
-    let now = now_ms();
+    for r in stand_ins {
+        state.put(r);
+    }
     for mut r in loaded.shares {
         if let Some((phase, reason)) = reverify(engine, &r, rebooted)
             && (phase != r.phase || reason != r.reason)
@@ -58,6 +62,175 @@ pub(super) fn recover(
         state.put(r);
     }
     Ok((state, batch))
+}
+
+/// Records that did not decode (a newer agent's format, a damaged value) do not stop the
+/// node. Each is copied into the store's quarantine as found, audited and counted; the
+/// rest load. A share record becomes an UNKNOWN stand-in holding what could be salvaged
+/// of it: with its device and amounts readable, its capacity stays reserved there as any
+/// unverifiable share's does; without them, the ledger cannot know what it held, so no
+/// device admits anything until its claim is unprepared (see `ledger::check_claim`).
+/// A claim record is rebuilt from the shares that name its claim.
+fn quarantine(
+    engine: &Engine,
+    loaded: &mut Loaded,
+    batch: &mut Batch,
+    now: u64,
+) -> Vec<ShareRecord> {
+    engine.metrics.quarantined(loaded.quarantine_total);
+    let mut stand_ins = Vec::new();
+    for q in std::mem::take(&mut loaded.quarantined) {
+        batch.quarantine.push((q.name(), q.bytes.clone()));
+        tracing::error!(record = %q.name(), error = %q.error, "unreadable record quarantined");
+        if q.tree == "claims" {
+            let shares: Vec<&ShareRecord> = loaded
+                .shares
+                .iter()
+                .filter(|r| r.claim.uid == q.key)
+                .collect();
+            let claim = shares.first().map(|r| r.claim.clone()).unwrap_or(ClaimId {
+                uid: q.key.clone(),
+                ..Default::default()
+            });
+            let reason = format!(
+                "record {} is unreadable ({}); quarantined as found, the claim's index rebuilt from {} share(s) naming it",
+                q.name(),
+                q.error,
+                shares.len()
+            );
+            audit_quarantine(engine, &q, &claim, "", &Default::default(), &reason);
+            if let Some(first) = shares.first() {
+                loaded.claims.push(ClaimRecord {
+                    claim: claim.clone(),
+                    allocation_id: first.allocation_id.clone(),
+                    share_keys: shares.iter().map(|r| r.key.clone()).collect(),
+                    cdi_device_ids: Vec::new(),
+                    updated_at_ms: now,
+                });
+            }
+            continue;
+        }
+        let s = record::salvage(&q.bytes);
+        let indexed = loaded
+            .claims
+            .iter()
+            .find(|c| c.share_keys.contains(&q.key))
+            .map(|c| c.claim.clone());
+        let claim = s.claim.clone().or(indexed).unwrap_or_else(|| ClaimId {
+            uid: stand_in_uid(&q.key),
+            ..Default::default()
+        });
+        let (device, consumed) = match (&s.device, &s.consumed) {
+            (Some(d), Some(c)) => (d.clone(), c.clone()),
+            _ => (String::new(), Default::default()),
+        };
+        let held = if device.is_empty() {
+            format!(
+                "what it held cannot be read, so no device admits new shares until claim {} is unprepared",
+                claim.uid
+            )
+        } else {
+            format!(
+                "its capacity stays reserved on device {device} until claim {} is unprepared",
+                claim.uid
+            )
+        };
+        let reason = format!(
+            "record {} is unreadable ({}); quarantined as found: {held}",
+            q.name(),
+            q.error
+        );
+        audit_quarantine(engine, &q, &claim, &device, &consumed, &reason);
+        // Known to the claim index, so an Unprepare of the claim finds it.
+        match loaded.claims.iter_mut().find(|c| c.claim.uid == claim.uid) {
+            Some(c) if !c.share_keys.contains(&q.key) => c.share_keys.push(q.key.clone()),
+            Some(_) => {}
+            None => loaded.claims.push(ClaimRecord {
+                claim: claim.clone(),
+                allocation_id: String::new(),
+                share_keys: vec![q.key.clone()],
+                cdi_device_ids: Vec::new(),
+                updated_at_ms: now,
+            }),
+        }
+        stand_ins.push(ShareRecord {
+            key: q.key.clone(),
+            share_id: s
+                .share_id
+                .or_else(|| (!q.key.starts_with("dedicated/")).then(|| q.key.clone())),
+            claim,
+            allocation_id: String::new(),
+            request: String::new(),
+            driver: String::new(),
+            pool: String::new(),
+            device,
+            consumed,
+            policy_version: String::new(),
+            admin_access: s.admin_access,
+            target: Default::default(),
+            phase: Phase::Unknown,
+            mechanism: String::new(),
+            enforced: Default::default(),
+            reason,
+            error: None,
+            epoch: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+            released_at_ms: None,
+            sandbox: None,
+            device_kind: s.device_kind,
+            condition_since_ms: now,
+            quarantined: true,
+        });
+    }
+    stand_ins
+}
+
+/// A claim uid for a stand-in whose claim cannot be read: one the API accepts, so that
+/// `shareguard release` can name it.
+fn stand_in_uid(key: &str) -> String {
+    let clean: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut uid = format!("quarantined-{clean}");
+    uid.truncate(crate::validate::MAX_ID_LEN);
+    uid
+}
+
+fn audit_quarantine(
+    engine: &Engine,
+    q: &crate::store::Quarantined,
+    claim: &ClaimId,
+    device: &str,
+    consumed: &std::collections::BTreeMap<String, shareguard_common::Quantity>,
+    reason: &str,
+) {
+    engine.audit.write(&AuditLine {
+        time: now_rfc3339(),
+        decision: Decision::Quarantine,
+        reason,
+        tenant: &claim.namespace,
+        claim_uid: &claim.uid,
+        claim_name: &claim.name,
+        share_id: if q.tree == "shares" { &q.key } else { "" },
+        device,
+        amounts: consumed
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        policy_version: "",
+        allocation_id: "",
+        epoch: 0,
+        caller_uid: None,
+        code: Some("DataLoss"),
+    });
 }
 
 /// Refuses a config that dropped a device with live enforced shares, or changed the kind

@@ -31,12 +31,14 @@ pub(super) enum Step {
     Failed(ShareRecord, LimiterError),
 }
 
-/// Phases in which a share is brought in line with its pod's sandbox.
-pub(super) fn follows_sandbox(p: Phase) -> bool {
-    matches!(
-        p,
-        Phase::Preparing | Phase::Pending | Phase::Enforced | Phase::Degraded | Phase::Unknown
-    )
+/// Whether a share is brought in line with its pod's sandbox: by its phase, and never a
+/// quarantined stand-in, which knows too little of its share to act on anything.
+pub(super) fn follows_sandbox(r: &ShareRecord) -> bool {
+    !r.quarantined
+        && matches!(
+            r.phase,
+            Phase::Preparing | Phase::Pending | Phase::Enforced | Phase::Degraded | Phase::Unknown
+        )
 }
 
 /// What the discovery loop did in one pass.
@@ -184,7 +186,7 @@ impl Engine {
         let Some(r) = lock(&self.state).records.get(key).cloned() else {
             return false;
         };
-        if !follows_sandbox(r.phase) || self.accounting_only(&r.device) {
+        if !follows_sandbox(&r) || self.accounting_only(&r.device) {
             return false;
         }
         let next = match self.step(&r, false).await {
@@ -260,7 +262,7 @@ impl Engine {
             let st = lock(&self.state);
             st.records
                 .values()
-                .filter(|r| follows_sandbox(r.phase))
+                .filter(|r| follows_sandbox(r))
                 .filter(|r| !self.accounting_only(&r.device))
                 .map(|r| (r.key.clone(), r.claim.uid.clone()))
                 .collect()
