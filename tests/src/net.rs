@@ -682,6 +682,10 @@ impl Pod {
         &self.uid
     }
 
+    pub fn sandbox_mut(&mut self) -> Option<&mut crate::pod::Sandbox> {
+        self.sandbox.as_mut()
+    }
+
     /// The pod's sandbox (cgroup and process), if it has one.
     pub fn sandbox(&self) -> Option<&crate::pod::Sandbox> {
         self.sandbox.as_ref()

@@ -44,6 +44,8 @@ pub fn pod_uid() -> String {
 pub struct Sandbox {
     uid: String,
     child: Option<Child>,
+    /// More processes of the pod (see [`Sandbox::spawn_in_own_netns`]).
+    extra: Vec<Child>,
     /// The pod's cgroup.
     pod_dir: PathBuf,
     /// Every directory made, parents first.
@@ -113,6 +115,7 @@ impl Sandbox {
         let mut sb = Sandbox {
             uid: uid.to_owned(),
             child: None,
+            extra: Vec::new(),
             pod_dir,
             created: Vec::new(),
         };
@@ -161,6 +164,32 @@ impl Sandbox {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Starts another process of the pod's container in a network namespace of its own,
+    /// as a tenant's `unshare -n` would (kubelet's default seccomp profile allows it),
+    /// and returns its pid once it is in that namespace. It ends with the sandbox.
+    pub fn spawn_in_own_netns(&mut self) -> u32 {
+        let host = fs::read_link("/proc/self/ns/net").expect("read the host's netns");
+        let child = Command::new("unshare")
+            .args(["-n", "sleep", "100000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn unshare");
+        let pid = child.id();
+        self.extra.push(child);
+        let procs = self.container_dir().join("cgroup.procs");
+        fs::write(&procs, pid.to_string())
+            .unwrap_or_else(|e| panic!("write {pid} to {}: {e}", procs.display()));
+        // unshare makes the namespace before it runs sleep: wait for that, not a time.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::read_link(format!("/proc/{pid}/ns/net")).ok().as_ref() == Some(&host) {
+            assert!(Instant::now() < deadline, "unshare -n did not take effect");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pid
+    }
+
     /// Whether the sandbox process still runs (reaping it if it exited).
     pub fn running(&mut self) -> bool {
         self.child
@@ -171,7 +200,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
+        for c in self.extra.iter_mut().chain(self.child.as_mut()) {
             let _ = c.kill();
             let _ = c.wait();
         }

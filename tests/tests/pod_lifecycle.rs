@@ -207,6 +207,161 @@ async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
     assert_eq!(unprepare_one(&mut c, 0, "two").await.code, "");
 }
 
+/// A process of an enforced pod that makes a network namespace of its own (`unshare
+/// -n`, which kubelet's default seccomp profile allows) does not lift the pod's limit:
+/// the limit stays on the sandbox it was verified on, the share stays ENFORCED and says
+/// what it saw, and traffic stays limited both ways.
+#[tokio::test]
+async fn a_second_network_namespace_in_the_pod_does_not_lift_the_limit() {
+    if !net::privileged("a_second_network_namespace_in_the_pod_does_not_lift_the_limit") {
+        return;
+    }
+    let pins = PinDir::new();
+    // Frequent rescans: a process joining a cgroup raises no event of its own.
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
+    );
+    let a = net::start_agent(
+        net::net_device("nic-0", &lines),
+        &pins,
+        "rescan_period = \"100ms\"\nreconcile_period = \"100ms\"",
+    );
+    let mut c = a.client().await;
+    let mut pod = Pod::new();
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("unshare", "team-a", pod.uid(), &id, "100M"),
+    )
+    .await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+
+    pod.sandbox_mut().unwrap().spawn_in_own_netns();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.reason
+            .contains("1 more network namespace(s), none wired to the host")
+        {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no rescan saw the pod's second namespace: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.sandbox.as_ref().unwrap().host_interface, pod.host_if());
+    assert_eq!(s.limits[0].enforced, "100M", "{s:?}");
+    let classes = net::sh(&["tc", "class", "show", "dev", pod.host_if()]);
+    assert!(classes.contains("rate 100Mbit"), "{classes}");
+    measure_both(&pod, 100e6, "with a second namespace in the pod");
+    // Still so after the measurement's rescans.
+    assert_eq!(
+        get_share(&mut c, id).await.phase,
+        pb::Phase::Enforced as i32
+    );
+    assert_eq!(unprepare_one(&mut c, 0, "unshare").await.code, "");
+
+    // A pod that has the second namespace before its share is enforced: of its two
+    // namespaces, the one wired to the host is the sandbox.
+    let mut early = Pod::new();
+    early.sandbox_mut().unwrap().spawn_in_own_netns();
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("early", "team-a", early.uid(), &id, "100M"),
+    )
+    .await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.sandbox.as_ref().unwrap().host_interface, early.host_if());
+    assert!(s.reason.contains("1 more network namespace(s)"), "{s:?}");
+    assert_eq!(unprepare_one(&mut c, 0, "early").await.code, "");
+}
+
+/// kubelet prepares a shared claim again as each pod that uses it starts, naming the
+/// claim's reserved pods as they are then. The share follows them: a repeated Prepare
+/// naming a new pod enforces on it (not only on the pod of the first Prepare), and one
+/// naming two live pods says the share is not enforced per pod, never ENFORCED on one
+/// while the other runs unlimited.
+#[tokio::test]
+async fn a_repeated_prepare_follows_the_claims_pods() {
+    if !net::privileged("a_repeated_prepare_follows_the_claims_pods") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let (p1, p2) = (Pod::new(), Pod::new());
+    let id = share_id();
+    let first = claim_for("moving", "team-a", p1.uid(), &id, "100M");
+    let r = prepare_one(&mut c, 0, first.clone()).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+
+    // Both pods reserved now, both running: no per-pod limit that reads as the share's.
+    let mut both = first.clone();
+    both.target
+        .as_mut()
+        .unwrap()
+        .pod_uids
+        .push(p2.uid().to_owned());
+    let r = prepare_one(&mut c, 0, both).await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
+    assert!(s.reason.contains("2 pods"), "{s:?}");
+    assert_eq!(s.pod_uids, vec![p1.uid().to_owned(), p2.uid().to_owned()]);
+
+    // The first pod is done and no longer reserved: the share is enforced on the second.
+    drop(p1);
+    let second = claim_for("moving", "team-a", p2.uid(), &id, "100M");
+    let r = prepare_one(&mut c, 0, second).await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.sandbox.as_ref().unwrap().host_interface, p2.host_if());
+    assert_eq!(s.pod_uids, vec![p2.uid().to_owned()]);
+    // Persisted: the same after a restart.
+    let mut a = a;
+    a.restart();
+    let mut c = a.client().await;
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.pod_uids, vec![p2.uid().to_owned()], "{s:?}");
+    // A pod named by another namespace's live claim is refused here too.
+    let other = Pod::new();
+    let id2 = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("theirs", "team-b", other.uid(), &id2, "10M"),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let mut steal = claim_for("moving", "team-a", p2.uid(), &id, "100M");
+    steal
+        .target
+        .as_mut()
+        .unwrap()
+        .pod_uids
+        .push(other.uid().to_owned());
+    let r = prepare_one(&mut c, 0, steal).await;
+    let e = r
+        .error
+        .expect("a repeated Prepare named another namespace's pod");
+    assert_eq!(
+        (e.code.as_str(), e.field.as_str()),
+        ("PermissionDenied", "claims[0].target.pod_uids[1]"),
+        "{e:?}"
+    );
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.pod_uids, vec![p2.uid().to_owned()], "unchanged: {s:?}");
+    assert_eq!(unprepare_one(&mut c, 0, "moving").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "theirs").await.code, "");
+}
+
 /// Targets are verified, never trusted: a pod uid already named by another namespace's
 /// live claim is refused, a cgroup hint outside the pod is refused, and an interface hint
 /// is only ever a name inside the pod's namespace (never a host interface).

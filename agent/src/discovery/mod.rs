@@ -43,6 +43,24 @@ pub struct Sandbox {
     /// Absolute cgroup directories a cgroup limit applies to.
     pub cgroups: Vec<PathBuf>,
     pub host_iface: Option<HostIface>,
+    /// Other network namespaces the pod's processes are in, none of them wired to the
+    /// host (see [`Discovery::find`]).
+    pub unwired_netns: usize,
+}
+
+/// How a share's reason names the pod's other namespaces: appended to it while there
+/// are any, found again by this start to be replaced.
+pub const UNWIRED_NOTE: &str = "; the pod has ";
+
+/// `reason` with its note on the pod's other namespaces set to `unwired` of them.
+pub fn with_unwired_note(reason: &str, unwired: usize) -> String {
+    let base = reason.split(UNWIRED_NOTE).next().unwrap_or(reason);
+    match unwired {
+        0 => base.to_owned(),
+        n => format!(
+            "{base}{UNWIRED_NOTE}{n} more network namespace(s), none wired to the host: the limit holds every path out of it"
+        ),
+    }
 }
 
 /// What discovery found for a share.
@@ -203,6 +221,7 @@ impl Discovery {
                 record,
                 cgroups: limit_cgroups,
                 host_iface: None,
+                unwired_netns: 0,
             });
         }
         let pids = process::pids_in(&dir);
@@ -216,17 +235,33 @@ impl Discovery {
         if spaces.is_empty() {
             return PodState::HostNetwork;
         }
+        let ifname = target.interface.as_deref().unwrap_or(DEFAULT_POD_IFACE);
+        let others = spaces.len() - 1;
         let (netns, pid) = match (spaces.len(), target.netns_inode) {
             (1, _) => spaces.pop_first().unwrap_or_default(),
             (_, Some(hint)) if spaces.contains_key(&hint) => (hint, spaces[&hint]),
-            (n, _) => {
-                return PodState::Waiting(format!(
-                    "pod {uid}'s processes are in {n} network namespaces; waiting until they agree"
-                ));
-            }
+            // A process of the pod made a namespace of its own (`unshare -n`, which the
+            // default seccomp profile allows). Only the sandbox's namespace is wired to
+            // the host, and wiring another takes the host's privileges, so the limit on
+            // the sandbox still holds every path out of the pod: it stays where it was
+            // verified, or goes to the one namespace that is wired.
+            (n, _) => match current
+                .and_then(|c| c.netns_inode)
+                .and_then(|ino| spaces.get(&ino).map(|pid| (ino, *pid)))
+            {
+                Some(kept) => kept,
+                None => match self.wired(&spaces, ifname)[..] {
+                    [one] => one,
+                    ref wired => {
+                        return PodState::Waiting(format!(
+                            "pod {uid}'s processes are in {n} network namespaces, {} of them wired to the host through {ifname}; waiting until one is",
+                            wired.len()
+                        ));
+                    }
+                },
+            },
         };
         record.netns_inode = Some(netns);
-        let ifname = target.interface.as_deref().unwrap_or(DEFAULT_POD_IFACE);
         // Still the interface it was enforced on: same namespace, and the host side is
         // still there under its name and index (no netlink needed for that).
         if let Some(c) = current
@@ -243,6 +278,7 @@ impl Discovery {
                     index,
                     name: name.clone(),
                 }),
+                unwired_netns: others,
             });
         }
         let ns = match process::open_netns(&self.proc_root, pid, netns) {
@@ -261,6 +297,7 @@ impl Discovery {
                     record,
                     cgroups: limit_cgroups,
                     host_iface: Some(h),
+                    unwired_netns: others,
                 })
             }
             Err(NetError::NotFound(what)) => PodState::Waiting(format!(
@@ -270,6 +307,23 @@ impl Discovery {
                 "pod {uid}'s interface {ifname} has no host-side veth: {e}"
             )),
         }
+    }
+
+    /// The namespaces among `spaces` (inode -> a pid in it) whose `ifname` is a veth
+    /// with its peer on the host: a pod's sandbox. A namespace a tenant made has none.
+    fn wired(
+        &self,
+        spaces: &std::collections::BTreeMap<u64, u32>,
+        ifname: &str,
+    ) -> Vec<(u64, u32)> {
+        spaces
+            .iter()
+            .filter(|&(&ino, &pid)| {
+                process::open_netns(&self.proc_root, pid, ino)
+                    .is_ok_and(|ns| rtnl::pod_host_veth(&ns, ifname).is_ok())
+            })
+            .map(|(&ino, &pid)| (ino, pid))
+            .collect()
     }
 
     /// Checks the caller's hints against the pods' sandboxes as they are now, and turns

@@ -235,7 +235,21 @@ impl Engine {
                         ),
                     ));
                 }
-                return Ok(Admission::Repeat(live.into_iter().cloned().collect()));
+                // The claim's reserved pods may have changed since (kubelet prepares a
+                // shared claim again for each pod that starts using it): the shares
+                // follow the pods named now, so a new pod is never left unlimited
+                // while the share reads ENFORCED on another.
+                let mut records: Vec<ShareRecord> = live.into_iter().cloned().collect();
+                if records
+                    .iter()
+                    .any(|r| r.target.pod_uids != v.target.pod_uids)
+                {
+                    pods_of_own_namespace(st, v, &cfield)?;
+                    for r in &mut records {
+                        r.target.pod_uids.clone_from(&v.target.pod_uids);
+                    }
+                }
+                return Ok(Admission::Repeat(records));
             }
         }
 
@@ -264,19 +278,7 @@ impl Engine {
             }
         }
 
-        // A pod uses claims of its own namespace only: a pod already named by a live claim
-        // of another namespace is not this claim's (it would point limits, and the
-        // watchdog's terminations, at another tenant's pod).
-        for (i, pod) in v.target.pod_uids.iter().enumerate() {
-            if let Some(ns) = st.pod_namespaces(pod).find(|ns| *ns != v.claim.namespace) {
-                return Err(ClaimError::denied(
-                    format!("{cfield}.target.pod_uids[{i}]"),
-                    format!(
-                        "pod {pod} is named by a live claim of namespace {ns}; a pod only uses claims of its own namespace"
-                    ),
-                ));
-            }
-        }
+        pods_of_own_namespace(st, v, &cfield)?;
 
         ledger::check_claim(&self.cfg, st, v)?;
 
@@ -522,8 +524,17 @@ impl Engine {
         let mut out = Vec::with_capacity(records.len());
         let mut changed = Vec::new();
         for r in records {
+            // `r` may name other pods than the stored record (see `admit`).
+            let stored = lock(&self.state).records.get(&r.key).cloned();
             if self.accounting_only(&r.device) || !super::sandbox::follows_sandbox(&r) {
-                out.push(r);
+                if stored.as_ref() != Some(&r) {
+                    let mut n = r;
+                    n.updated_at_ms = now_ms();
+                    changed.push(n.clone());
+                    out.push(n);
+                } else {
+                    out.push(r);
+                }
                 continue;
             }
             // Forced: a kubelet that repeats a Prepare expects the limit to be in place,
@@ -538,7 +549,7 @@ impl Engine {
                     n
                 }
             };
-            if n != r {
+            if stored.as_ref() != Some(&n) {
                 let mut n = n;
                 n.updated_at_ms = now_ms();
                 changed.push(n.clone());
@@ -768,6 +779,27 @@ impl Engine {
             .await
             .unwrap_or_else(|e| Err(LimiterError::retryable(format!("limiter task failed: {e}"))))
     }
+}
+
+/// A pod uses claims of its own namespace only: a pod already named by a live claim of
+/// another namespace is not this claim's (it would point limits, and the watchdog's
+/// terminations, at another tenant's pod).
+fn pods_of_own_namespace(
+    st: &crate::ledger::State,
+    v: &ValidClaim,
+    cfield: &str,
+) -> Result<(), ClaimError> {
+    for (i, pod) in v.target.pod_uids.iter().enumerate() {
+        if let Some(ns) = st.pod_namespaces(pod).find(|ns| *ns != v.claim.namespace) {
+            return Err(ClaimError::denied(
+                format!("{cfield}.target.pod_uids[{i}]"),
+                format!(
+                    "pod {pod} is named by a live claim of namespace {ns}; a pod only uses claims of its own namespace"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The key a claim with no uid is answered under: its place in the request, which no

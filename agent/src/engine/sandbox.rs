@@ -11,7 +11,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     audit::Decision,
-    discovery::Found,
+    discovery::{Found, with_unwired_note},
     error::{ClaimError, Code},
     record::{Phase, ShareRecord},
     sync::lock,
@@ -72,7 +72,14 @@ impl Engine {
             Found::One(sb) => {
                 let same = r.sandbox.as_ref() == Some(&sb.record);
                 if same && !force && matches!(r.phase, Phase::Enforced | Phase::Degraded) {
-                    // Settled on this sandbox: drift is the reconciler's to find.
+                    // Settled on this sandbox: drift is the reconciler's to find. Only
+                    // the note on the pod's other namespaces may have changed.
+                    let reason = with_unwired_note(&r.reason, sb.unwired_netns);
+                    if r.phase == Phase::Enforced && reason != r.reason {
+                        let mut n = r.clone();
+                        n.reason = reason;
+                        return Step::Next(n);
+                    }
                     return Step::Same;
                 }
                 if !same && r.sandbox.is_some() {
@@ -83,7 +90,13 @@ impl Engine {
                 }
                 let mut n = r.clone();
                 n.sandbox = Some(sb.record);
-                self.apply_to(n).await
+                match self.apply_to(n).await {
+                    Step::Next(mut n) if n.phase == Phase::Enforced => {
+                        n.reason = with_unwired_note(&n.reason, sb.unwired_netns);
+                        Step::Next(n)
+                    }
+                    other => other,
+                }
             }
             Found::Waiting(why) => {
                 let reason = format!("{why}; capacity held");
