@@ -263,6 +263,7 @@ fn record_seeds(dir: &Path) {
         sandbox: None,
         device_kind: "generic".into(),
         condition_since_ms: 1_700_000_000_000,
+        quarantined: false,
     };
     let enforced = ShareRecord {
         key: SHARE_B.into(),
