@@ -125,6 +125,7 @@ mod tests {
             device_kind: "gpu".into(),
             condition_since_ms: 0,
             quarantined: false,
+            rolling_back: false,
         }
     }
 

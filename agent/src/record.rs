@@ -213,6 +213,11 @@ pub struct ShareRecord {
     /// every record written for a share that was read whole.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub quarantined: bool,
+    /// RELEASING because a failed Prepare's roll-back could not remove what it had
+    /// installed: the reconciler retries the removal, and the share ends FAILED (with
+    /// its claim's error) once it succeeds. Capacity stays held until then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolling_back: bool,
 }
 
 impl ShareRecord {

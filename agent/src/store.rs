@@ -574,6 +574,7 @@ mod tests {
             device_kind: "generic".into(),
             condition_since_ms: 0,
             quarantined: false,
+            rolling_back: false,
         }
     }
 

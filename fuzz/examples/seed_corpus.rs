@@ -264,6 +264,7 @@ fn record_seeds(dir: &Path) {
         device_kind: "generic".into(),
         condition_since_ms: 1_700_000_000_000,
         quarantined: false,
+        rolling_back: false,
     };
     let enforced = ShareRecord {
         key: SHARE_B.into(),

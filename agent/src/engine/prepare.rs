@@ -204,6 +204,12 @@ impl Engine {
                 .filter(|r| r.phase.holds_capacity())
                 .collect();
             if !live.is_empty() {
+                if let Some(r) = live.iter().find(|r| r.rolling_back) {
+                    return Err(ClaimError::unavailable(format!(
+                        "share {} of this claim is still being rolled back from a failed Prepare; retry once it is FAILED",
+                        r.key
+                    )));
+                }
                 if let Some(r) = live.iter().find(|r| r.phase == Phase::Releasing) {
                     return Err(ClaimError::precondition(
                         format!("{cfield}.claim.uid"),
@@ -352,6 +358,7 @@ impl Engine {
             released_at_ms: None,
             condition_since_ms: now,
             quarantined: false,
+            rolling_back: false,
         }
     }
 
@@ -475,21 +482,32 @@ impl Engine {
         // Every share of the claim, the failed one included: a failed apply can have
         // installed part of its limit (an install record, a qdisc, an ifb, a GPU table
         // entry), and a FAILED share holds nothing. Removal is idempotent.
+        let mut left = HashSet::new();
         for r in records.iter().filter(|r| !self.accounting_only(&r.device)) {
             if let Err(re) = self.remove_blocking(r).await {
-                // The share is marked FAILED below either way; a limit left behind is
-                // stricter than asked, never looser, and is named in the log.
-                warn!(share = %r.key, error = %re, "could not remove a limit during roll-back");
+                // What is left has an owner: the share stays RELEASING, capacity held,
+                // and the reconciler removes it (see `finish_roll_backs`).
+                warn!(share = %r.key, error = %re, "could not remove a limit during roll-back; retrying later");
+                left.insert(r.key.clone());
             }
         }
         let now = now_ms();
         for r in &mut records {
-            r.phase = Phase::Failed;
             r.error = Some(err.clone());
-            r.reason = format!("claim rolled back: {}", err.message);
-            r.sandbox = None;
             r.enforced.clear();
             r.updated_at_ms = now;
+            if left.contains(&r.key) {
+                r.phase = Phase::Releasing;
+                r.rolling_back = true;
+                r.reason = format!(
+                    "claim rolled back: {}; removing what was installed failed, retrying, capacity held",
+                    err.message
+                );
+            } else {
+                r.phase = Phase::Failed;
+                r.reason = format!("claim rolled back: {}", err.message);
+                r.sandbox = None;
+            }
         }
         if let Err(se) = self
             .commit_durable(Batch {

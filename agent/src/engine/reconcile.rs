@@ -44,6 +44,7 @@ impl Engine {
     /// One pass over the live enforced shares.
     pub async fn reconcile(&self) -> ReconcileStats {
         let started = Instant::now();
+        self.finish_roll_backs().await;
         let candidates: Vec<ShareRecord> = {
             let st = lock(&self.state);
             st.records
@@ -63,6 +64,52 @@ impl Engine {
         }
         self.metrics.reconciled(started.elapsed());
         stats
+    }
+
+    /// Retries the removals a failed Prepare's roll-back could not make (shares left
+    /// RELEASING with `rolling_back`): once what was installed is gone, the share is
+    /// FAILED with its claim's error, and its capacity is free.
+    async fn finish_roll_backs(&self) {
+        let pending: Vec<(String, String)> = lock(&self.state)
+            .records
+            .values()
+            .filter(|r| r.rolling_back && r.phase == Phase::Releasing)
+            .map(|r| (r.key.clone(), r.claim.uid.clone()))
+            .collect();
+        for (key, claim_uid) in pending {
+            let span = info_span!("roll_back", share = %key, claim = %claim_uid);
+            async {
+                let _guard = self.locks.lock(&claim_uid).await;
+                let Some(r) = lock(&self.state).records.get(&key).cloned() else {
+                    return;
+                };
+                if !(r.rolling_back && r.phase == Phase::Releasing) {
+                    return;
+                }
+                if let Err(e) = self.remove_blocking(&r).await {
+                    warn!(error = %e, "roll-back removal failed again");
+                    return;
+                }
+                let mut n = r.clone();
+                n.updated_at_ms = now_ms();
+                n.phase = Phase::Failed;
+                n.rolling_back = false;
+                n.sandbox = None;
+                n.reason = format!(
+                    "{}; what it had installed is removed, capacity freed",
+                    r.reason
+                        .split("; removing what was installed failed")
+                        .next()
+                        .unwrap_or(&r.reason)
+                );
+                if self.persist_one(&n).await {
+                    info!("roll-back finished");
+                    self.audit_share(&n, Decision::Release, &n.reason, None, None);
+                }
+            }
+            .instrument(span)
+            .await;
+        }
     }
 
     async fn reconcile_share(&self, key: &str, claim_uid: &str, stats: &mut ReconcileStats) {

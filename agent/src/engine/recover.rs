@@ -181,6 +181,7 @@ fn quarantine(
             device_kind: s.device_kind,
             condition_since_ms: now,
             quarantined: true,
+            rolling_back: false,
         });
     }
     stand_ins

@@ -311,6 +311,95 @@ fn enforcement_failure_rolls_the_whole_claim_back() {
     assert_eq!(allocated(&e, "gen-1"), q("3Gi"));
 }
 
+/// A roll-back whose removal fails leaks nothing: the share stays RELEASING with its
+/// capacity held (also across a restart), a repeated Prepare waits for it, and the
+/// reconciler removes what was left and only then frees the capacity.
+#[test]
+fn a_roll_back_whose_removal_fails_is_finished_by_the_reconciler() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let e = open(&cfg, Some(&k), "boot-a");
+    let rt = rt();
+    lock(&k.fail_apply).insert(share(2));
+    lock(&k.fail_remove).insert(share(2));
+    let c = claim(
+        "c1",
+        "a1",
+        vec![
+            alloc("gen-0", &share(1), "2Gi"),
+            alloc("gen-1", &share(2), "3Gi"),
+        ],
+    );
+    let out = rt
+        .block_on(e.prepare(0, std::slice::from_ref(&c), 0))
+        .unwrap();
+    assert_eq!(
+        out[0].error.as_ref().map(|e| e.code),
+        Some(Code::Unavailable)
+    );
+    let phases: Vec<Phase> = out[0].shares.iter().map(|s| s.phase).collect();
+    assert_eq!(phases, vec![Phase::Failed, Phase::Releasing]);
+    assert!(
+        out[0].shares[1]
+            .reason
+            .contains("removing what was installed failed"),
+        "{}",
+        out[0].shares[1].reason
+    );
+    assert!(
+        lock(&k.installed).contains_key(&share(2)),
+        "half of it is still in"
+    );
+    assert_eq!(allocated(&e, "gen-0"), Quantity::ZERO);
+    assert_eq!(
+        allocated(&e, "gen-1"),
+        q("3Gi"),
+        "held while something is installed"
+    );
+
+    // Held across a restart; a repeated Prepare is told to wait, retryably.
+    drop(e);
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(allocated(&e, "gen-1"), q("3Gi"));
+    let out = rt
+        .block_on(e.prepare(0, std::slice::from_ref(&c), 0))
+        .unwrap();
+    let err = out[0].error.clone().unwrap();
+    assert_eq!(
+        (err.code, err.retryable),
+        (Code::Unavailable, true),
+        "{err:?}"
+    );
+    assert!(err.message.contains("still being rolled back"), "{err:?}");
+
+    // The reconciler retries: still failing, nothing changes; then it goes through.
+    rt.block_on(e.reconcile());
+    assert_eq!(e.get_share(&share(2)).unwrap().phase, Phase::Releasing);
+    lock(&k.fail_remove).clear();
+    rt.block_on(e.reconcile());
+    let r = e.get_share(&share(2)).unwrap();
+    assert_eq!((r.phase, r.rolling_back), (Phase::Failed, false), "{r:?}");
+    assert!(r.reason.contains("capacity freed"), "{}", r.reason);
+    assert!(lock(&k.installed).is_empty(), "{:?}", lock(&k.installed));
+    assert_eq!(allocated(&e, "gen-1"), Quantity::ZERO);
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains("\"decision\":\"release\"") && l.contains(&share(2)))
+            .count(),
+        1,
+        "{audit}"
+    );
+
+    // The cause gone, the claim is admitted as if it were new.
+    lock(&k.fail_apply).clear();
+    let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
+    assert_eq!(out[0].error, None);
+    assert_eq!(allocated(&e, "gen-1"), q("3Gi"));
+}
+
 #[test]
 fn restart_reverifies_and_never_frees() {
     let dir = tempfile::tempdir().unwrap();

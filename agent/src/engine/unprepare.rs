@@ -161,6 +161,7 @@ impl Engine {
             .chain(enforcing)
             .map(|mut r| {
                 r.phase = Phase::Released;
+                r.rolling_back = false;
                 r.reason = "released".to_owned();
                 r.error = None;
                 r.enforced.clear();
