@@ -234,6 +234,16 @@ impl Store {
         })
     }
 
+    /// Marks the store failed, as a write that could not be made durable does.
+    #[cfg(test)]
+    pub(crate) fn fail_for_test(&self, why: &str) {
+        Failure {
+            flag: self.failed.clone(),
+            problem: self.problem.clone(),
+        }
+        .set(&StoreError::Sync(why.to_owned()));
+    }
+
     /// Holds every write back (queued, not applied, not durable) until the guard drops.
     #[cfg(test)]
     pub(crate) fn hold(&self) -> Held {

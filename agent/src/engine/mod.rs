@@ -145,7 +145,7 @@ impl Engine {
         let discovery = Arc::new(open_discovery(&cfg)?);
         let mut engine = Engine {
             cfg,
-            store: Mutex::new(Some(store)),
+            store: Mutex::new(None),
             boot_id: boot_id.to_owned(),
             state: Mutex::new(State::default()),
             locks: locks::ClaimLocks::default(),
@@ -158,8 +158,9 @@ impl Engine {
             kick: Arc::new(Notify::new()),
             traffic: Mutex::new(HashMap::new()),
         };
-        let state = engine.load_state()?;
+        let state = engine.load_state_from(&store)?;
         engine.state = Mutex::new(state);
+        engine.store = Mutex::new(Some(store));
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 if let Some(held) = d.usage.allocated.get(name).filter(|h| **h > cap.value) {

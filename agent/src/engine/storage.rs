@@ -47,15 +47,15 @@ impl Engine {
 
     /// The ledger from what the store holds, re-verified (see [`recover`]), with the
     /// changes that makes written and durable.
-    pub(super) fn load_state(&self) -> Result<State, OpenError> {
-        let loaded = lock(&self.store)
-            .as_ref()
-            .ok_or(StoreError::Failed)
-            .and_then(Store::load)
-            .map_err(|e| self.store_err(e))?;
+    /// `store` is not in the engine's slot yet: nothing else can commit through it
+    /// while it is read and re-verified, and no engine lock is held meanwhile.
+    pub(super) fn load_state_from(&self, store: &Store) -> Result<State, OpenError> {
+        let loaded = store.load().map_err(|e| self.store_err(e))?;
         let (mut state, batch) = recover::recover(self, loaded, &self.boot_id)?;
-        let durable = self.submit(batch);
-        durable.wait_blocking().map_err(|e| self.store_err(e))?;
+        store
+            .submit(batch)
+            .wait_blocking()
+            .map_err(|e| self.store_err(e))?;
         if !state.sums_consistent() {
             // Cannot happen while put/remove are the only mutators; if it ever does, the
             // records are the truth and the view is rebuilt from them.
@@ -74,32 +74,38 @@ impl Engine {
     }
 
     /// Reopens a failed store and reloads the engine from it. Blocking (file I/O, and the
-    /// limiters' read-back): call it from a blocking thread. Holds the state lock
-    /// throughout, so no change is decided meanwhile. Returns whether the store works
-    /// again; Ok(false) when it had not failed.
+    /// limiters' read-back): call it from a blocking thread. No change is decided
+    /// meanwhile, because the engine has no store until the reload is done (every change
+    /// is refused as retryable, as while the store was failed); but no lock is held
+    /// across the reload either, so reads, health and metrics keep answering from the
+    /// state as it was. Returns whether the store works again; Ok(false) when it had not
+    /// failed.
     pub fn reopen_store(&self) -> Result<bool, OpenError> {
-        let mut st = lock(&self.state);
         if self.store_problem().is_none() {
             return Ok(false);
         }
         let dir = self.cfg.agent.state_dir.join("store");
-        {
-            let mut slot = lock(&self.store);
-            // The failed instance goes first: its writer thread ends and sled lets go of
-            // the directory. What it had only in memory is gone with it.
-            drop(slot.take());
-            *slot =
-                Some(Store::open_patiently(&dir, REOPEN_PATIENCE).map_err(|e| self.store_err(e))?);
-        }
+        // The failed instance goes first: its writer thread ends and sled lets go of the
+        // directory. What it had only in memory is gone with it.
+        drop(lock(&self.store).take());
+        let store = Store::open_patiently(&dir, REOPEN_PATIENCE).map_err(|e| self.store_err(e))?;
         // A write that must reach the disk before the store counts as working again: a
         // disk that is still full fails here rather than on the next tenant's Prepare.
-        let probe = self.submit(Batch {
-            epoch: Some(st.epoch_durable),
-            ..Default::default()
-        });
-        probe.wait_blocking().map_err(|e| self.store_err(e))?;
-        *st = self.load_state()?;
-        drop(st);
+        let epoch = lock(&self.state).epoch_durable;
+        store
+            .submit(Batch {
+                epoch: Some(epoch),
+                ..Default::default()
+            })
+            .wait_blocking()
+            .map_err(|e| self.store_err(e))?;
+        let state = self.load_state_from(&store)?;
+        {
+            // Both at once: whoever commits next sees the reloaded state and the new store.
+            let mut st = lock(&self.state);
+            *lock(&self.store) = Some(store);
+            *st = state;
+        }
         tracing::info!("the state store works again; the engine was reloaded from it");
         // Shares whose sandbox changed while nothing could be written are followed now.
         self.kick();

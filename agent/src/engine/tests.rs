@@ -72,6 +72,9 @@ struct FakeKernel {
     /// A pod cgroup the next read-back removes first, with the share's limit: a sandbox
     /// that goes while the reconciler reads it back.
     vanish_on_verify: Mutex<Option<std::path::PathBuf>>,
+    /// The next read-back says it began, then waits until told to go on: a driver that
+    /// answers slowly.
+    hold_verify: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
 }
 
 struct FakeLimiter(Arc<FakeKernel>);
@@ -117,6 +120,11 @@ impl Limiter for FakeLimiter {
         self.verify(spec)
     }
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        let held = lock(&self.0.hold_verify).take();
+        if let Some((began, go_on)) = held {
+            let _ = began.send(());
+            let _ = go_on.recv();
+        }
         if let Some(cgroup) = lock(&self.0.vanish_on_verify).take() {
             std::fs::remove_dir(&cgroup).unwrap();
             lock(&self.0.installed).remove(&spec.share_key);
@@ -398,6 +406,70 @@ fn a_roll_back_whose_removal_fails_is_finished_by_the_reconciler() {
     let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
     assert_eq!(out[0].error, None);
     assert_eq!(allocated(&e, "gen-1"), q("3Gi"));
+}
+
+/// Reopening a failed store re-verifies every share, which may take long with a slow
+/// driver or many shares: meanwhile the engine answers reads, health and devices from the
+/// state as it was, and refuses changes as retryable; nothing waits on the reload.
+#[test]
+fn a_store_reopen_holds_no_lock_across_the_read_back() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let e = Arc::new(open(&cfg, Some(&k), "boot-a"));
+    let rt = rt();
+    let c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "2Gi")]);
+    let out = rt.block_on(e.prepare(0, &[c], 0)).unwrap();
+    assert_eq!(out[0].shares[0].phase, Phase::Enforced);
+
+    lock(&e.store).as_ref().unwrap().fail_for_test("disk full");
+    assert!(e.store_problem().is_some());
+    let (began_tx, began) = mpsc::channel();
+    let (go_on, go_on_rx) = mpsc::channel();
+    *lock(&k.hold_verify) = Some((began_tx, go_on_rx));
+    let reopening = {
+        let e = e.clone();
+        std::thread::spawn(move || e.reopen_store())
+    };
+    began
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the reload reads the share back");
+
+    // While the read-back hangs: reads answer, on another thread, within the deadline.
+    let (tx, answers) = mpsc::channel();
+    {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let share = e.get_share(&share(1)).map(|r| r.phase);
+            let problem = e.store_problem();
+            let devices = e.devices().len();
+            let _ = tx.send((share, problem, devices));
+        });
+    }
+    let (share_phase, problem, devices) = answers
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a read waited on the store's reload");
+    assert_eq!(share_phase, Some(Phase::Enforced));
+    assert_eq!(devices, 2);
+    assert!(problem.is_some_and(|p| p.contains("being reopened")));
+    let c2 = claim("c2", "a1", vec![alloc("gen-0", &share(2), "1Gi")]);
+    let out = rt.block_on(e.prepare(0, &[c2], 0)).unwrap();
+    let err = out[0]
+        .error
+        .clone()
+        .expect("a change was accepted mid-reload");
+    assert_eq!(
+        (err.code, err.retryable),
+        (Code::Unavailable, true),
+        "{err:?}"
+    );
+
+    go_on.send(()).unwrap();
+    assert!(matches!(reopening.join().unwrap(), Ok(true)));
+    assert_eq!(e.store_problem(), None);
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Enforced);
+    assert_eq!(allocated(&e, "gen-0"), q("2Gi"));
 }
 
 #[test]
