@@ -48,7 +48,15 @@ pub struct AgentConfig {
     pub audit_log: PathBuf,
     /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
     pub audit_bound: crate::audit::Bound,
+    /// Callers with the admin role: every RPC (the node's operators, `shareguard release`).
     pub allowed_uids: Vec<u32>,
+    /// Callers with the kubelet-plugin role: Prepare, Unprepare, NewEpoch and the reads.
+    pub plugin_uids: Vec<u32>,
+    /// Callers with the read-only role: GetShare, ListShares, WatchShares, ListDevices.
+    pub reader_uids: Vec<u32>,
+    /// The group the API socket and its directory belong to, mode 0660 and 0750, so that
+    /// the listed non-root uids in it can connect; None: root only, 0600 and 0700.
+    pub socket_group: Option<u32>,
     pub max_claims_per_request: usize,
     pub tombstone_retention: Duration,
     /// bpffs directory for the bandwidth limiter's pinned maps and links.
@@ -165,7 +173,10 @@ struct RawAgent {
     /// An integer or a quantity string ("64Mi").
     audit_max_bytes: Option<Spanned<RawBytes>>,
     audit_keep: Option<Spanned<u32>>,
-    allowed_uids: Option<Vec<u32>>,
+    allowed_uids: Option<Spanned<Vec<u32>>>,
+    plugin_uids: Option<Spanned<Vec<u32>>>,
+    reader_uids: Option<Spanned<Vec<u32>>>,
+    socket_group: Option<u32>,
     max_claims_per_request: Option<Spanned<usize>>,
     tombstone_retention: Option<Spanned<String>>,
     bpffs_dir: Option<PathBuf>,
@@ -344,6 +355,25 @@ impl Config {
                 )
             })?,
         };
+        // A uid listed but unable to connect is a config that does not do what it says.
+        if a.socket_group.is_none() {
+            for (key, list) in [
+                ("allowed_uids", &a.allowed_uids),
+                ("plugin_uids", &a.plugin_uids),
+                ("reader_uids", &a.reader_uids),
+            ] {
+                if let Some(l) = list
+                    && let Some(uid) = l.get_ref().iter().find(|u| **u != 0)
+                {
+                    return Err(err(
+                        l.span(),
+                        format!(
+                            "agent.{key}: uid {uid} could never connect: the API socket is root's alone (mode 0600) unless socket_group names the group its callers are in (mode 0660)"
+                        ),
+                    ));
+                }
+            }
+        }
         let max_watchers = match a.max_watchers {
             // Watchers are the kubelet plugin and SREs' `shareguard watch`: a handful.
             None => 64,
@@ -510,7 +540,13 @@ impl Config {
             },
             state_dir,
             metrics_addr,
-            allowed_uids: a.allowed_uids.unwrap_or_else(|| vec![0]),
+            allowed_uids: a
+                .allowed_uids
+                .map(Spanned::into_inner)
+                .unwrap_or_else(|| vec![0]),
+            plugin_uids: a.plugin_uids.map(Spanned::into_inner).unwrap_or_default(),
+            reader_uids: a.reader_uids.map(Spanned::into_inner).unwrap_or_default(),
+            socket_group: a.socket_group,
             max_claims_per_request,
             tombstone_retention,
             bpffs_dir: a
@@ -934,7 +970,7 @@ mod tests {
 [agent]
 socket = "/tmp/x.sock"
 state_dir = "/tmp/state"
-allowed_uids = [0, 1000]
+allowed_uids = [0]
 
 [[device]]
 name = "gen-0"
@@ -951,7 +987,8 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
     #[test]
     fn parses_the_documented_example() {
         let c = Config::parse(GOOD, "t.toml").unwrap();
-        assert_eq!(c.agent.allowed_uids, vec![0, 1000]);
+        assert_eq!(c.agent.allowed_uids, vec![0]);
+        assert_eq!(c.agent.socket_group, None);
         assert_eq!(c.agent.audit_log, PathBuf::from("/tmp/state/audit.jsonl"));
         assert_eq!(c.agent.audit_bound, crate::audit::Bound::default());
         let d = c.device("gen-0").unwrap();
@@ -961,6 +998,27 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         );
         assert!(d.allows_namespace("team-a"));
         assert!(!d.allows_namespace("team-c"));
+    }
+
+    /// Roles: a non-root uid in any list needs the socket's group to connect at all.
+    #[test]
+    fn a_listed_uid_that_could_never_connect_is_an_error() {
+        for key in ["allowed_uids", "plugin_uids", "reader_uids"] {
+            let text = GOOD.replace("allowed_uids = [0]", &format!("{key} = [0, 1000]"));
+            let e = err_of(&text);
+            assert_eq!(e.line, 5, "{e}");
+            assert!(
+                e.message
+                    .contains(&format!("agent.{key}: uid 1000 could never connect")),
+                "{e}"
+            );
+            let ok = Config::parse(
+                &text.replacen("[agent]\n", "[agent]\nsocket_group = 1000\n", 1),
+                "ok.toml",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(ok.agent.socket_group, Some(1000));
+        }
     }
 
     fn err_of(text: &str) -> ConfigError {

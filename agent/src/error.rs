@@ -143,8 +143,15 @@ pub enum RequestError {
     Invalid { field: String, message: String },
     #[error("caller has no peer credentials; connect over the agent's unix socket")]
     Unauthenticated,
-    #[error("caller uid {uid} is not in allowed_uids")]
+    #[error("caller uid {uid} is in none of allowed_uids, plugin_uids, reader_uids")]
     CallerNotAllowed { uid: u32 },
+    #[error("caller uid {uid} has the {has} role; {rpc} needs {needs}")]
+    RoleTooLow {
+        uid: u32,
+        rpc: &'static str,
+        has: &'static str,
+        needs: &'static str,
+    },
     #[error("share {0} not found")]
     NotFound(String),
     #[error("state store: {0}")]
@@ -163,7 +170,9 @@ impl RequestError {
                 tonic::Code::InvalidArgument
             }
             RequestError::Unauthenticated => tonic::Code::Unauthenticated,
-            RequestError::CallerNotAllowed { .. } => tonic::Code::PermissionDenied,
+            RequestError::CallerNotAllowed { .. } | RequestError::RoleTooLow { .. } => {
+                tonic::Code::PermissionDenied
+            }
             RequestError::NotFound(_) => tonic::Code::NotFound,
             // The store refused a write: the node cannot make anything durable right now.
             RequestError::Store(_) => tonic::Code::Unavailable,

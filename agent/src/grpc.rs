@@ -19,9 +19,39 @@ use crate::{
 /// is re-synchronised with a fresh snapshot.
 const WATCH_QUEUE: usize = 256;
 
+/// What a caller may do (I10). Each RPC needs one role; a caller has the highest role
+/// one of its uid's lists gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// GetShare, ListShares, WatchShares, ListDevices: monitoring, read-only operators.
+    ReadOnly,
+    /// And Prepare, Unprepare, NewEpoch: the kubelet plugin.
+    KubeletPlugin,
+    /// Everything: the node's operators.
+    Admin,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::ReadOnly => "read-only",
+            Role::KubeletPlugin => "kubelet-plugin",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// The role RPC `rpc` needs.
+    pub fn needed_by(rpc: &str) -> Role {
+        match rpc {
+            "Prepare" | "Unprepare" | "NewEpoch" => Role::KubeletPlugin,
+            _ => Role::ReadOnly,
+        }
+    }
+}
+
 pub struct Api {
     engine: Arc<Engine>,
-    allowed_uids: Vec<u32>,
+    roles: Vec<(u32, Role)>,
     /// One permit per open WatchShares stream: each holds a queue and a task, so their
     /// number is bounded (`[agent] max_watchers`).
     watchers: Arc<tokio::sync::Semaphore>,
@@ -29,34 +59,55 @@ pub struct Api {
 
 impl Api {
     pub fn new(engine: Arc<Engine>) -> Self {
-        let allowed_uids = engine.config().agent.allowed_uids.clone();
+        let a = &engine.config().agent;
+        let roles = [
+            (&a.allowed_uids, Role::Admin),
+            (&a.plugin_uids, Role::KubeletPlugin),
+            (&a.reader_uids, Role::ReadOnly),
+        ]
+        .iter()
+        .flat_map(|(uids, role)| uids.iter().map(|u| (*u, *role)))
+        .collect();
         let watchers = Arc::new(tokio::sync::Semaphore::new(
             engine.config().agent.max_watchers,
         ));
         Self {
             engine,
-            allowed_uids,
+            roles,
             watchers,
         }
     }
 
     /// Callers are identified by the kernel's peer credentials on the unix socket, never
-    /// by anything they say about themselves.
-    fn authenticate<T>(&self, req: &Request<T>) -> Result<u32, RequestError> {
+    /// by anything they say about themselves, and may call `rpc` only with its role.
+    fn authenticate<T>(&self, req: &Request<T>, rpc: &'static str) -> Result<u32, RequestError> {
         let uid = req
             .extensions()
             .get::<UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
             .map(|c| c.uid())
             .ok_or(RequestError::Unauthenticated)?;
-        if !self.allowed_uids.contains(&uid) {
-            return Err(RequestError::CallerNotAllowed { uid });
+        let has = self
+            .roles
+            .iter()
+            .filter(|(u, _)| *u == uid)
+            .map(|(_, r)| *r)
+            .max()
+            .ok_or(RequestError::CallerNotAllowed { uid })?;
+        let needs = Role::needed_by(rpc);
+        if has < needs {
+            return Err(RequestError::RoleTooLow {
+                uid,
+                rpc,
+                has: has.name(),
+                needs: needs.name(),
+            });
         }
         Ok(uid)
     }
 
-    fn caller<T>(&self, req: &Request<T>) -> Result<u32, Status> {
-        self.authenticate(req).map_err(|e| e.to_status())
+    fn caller<T>(&self, req: &Request<T>, rpc: &'static str) -> Result<u32, Status> {
+        self.authenticate(req, rpc).map_err(|e| e.to_status())
     }
 
     /// For the mutating calls: a refused request is audited before it is answered.
@@ -100,7 +151,7 @@ impl NodeAgent for Api {
     ) -> Result<Response<pb::PrepareResponse>, Status> {
         let epoch = req.get_ref().epoch;
         let uid = self
-            .authenticate(&req)
+            .authenticate(&req, "Prepare")
             .map_err(|e| self.refuse("Prepare", None, epoch, e))?;
         let r = req.into_inner();
         // On a task of its own: a client that goes away (or whose deadline passes, which
@@ -124,7 +175,7 @@ impl NodeAgent for Api {
     ) -> Result<Response<pb::UnprepareResponse>, Status> {
         let epoch = req.get_ref().epoch;
         let uid = self
-            .authenticate(&req)
+            .authenticate(&req, "Unprepare")
             .map_err(|e| self.refuse("Unprepare", None, epoch, e))?;
         let r = req.into_inner();
         // As for Prepare: a release that started runs to its end whatever the client does.
@@ -144,7 +195,7 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::GetShareRequest>,
     ) -> Result<Response<pb::ShareStatus>, Status> {
-        self.caller(&req)?;
+        self.caller(&req, "GetShare")?;
         let id = req.into_inner().share_id;
         let _span = info_span!("get_share", share = %id).entered();
         self.engine
@@ -157,7 +208,7 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::ListSharesRequest>,
     ) -> Result<Response<pb::ListSharesResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req, "ListShares")?;
         let r = req.into_inner();
         let f = filter(&r.device, &r.namespace, r.phase)?;
         let after = match r.page_token.as_str() {
@@ -186,7 +237,7 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::WatchSharesRequest>,
     ) -> Result<Response<Self::WatchSharesStream>, Status> {
-        self.caller(&req)?;
+        self.caller(&req, "WatchShares")?;
         let r = req.into_inner();
         let f = filter(&r.device, &r.namespace, 0)?;
         let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
@@ -261,7 +312,7 @@ impl NodeAgent for Api {
         &self,
         req: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        self.caller(&req)?;
+        self.caller(&req, "ListDevices")?;
         let devices = self.engine.devices().iter().map(device_to_pb).collect();
         Ok(Response::new(pb::ListDevicesResponse {
             devices,
@@ -274,7 +325,7 @@ impl NodeAgent for Api {
         req: Request<pb::NewEpochRequest>,
     ) -> Result<Response<pb::NewEpochResponse>, Status> {
         let uid = self
-            .authenticate(&req)
+            .authenticate(&req, "NewEpoch")
             .map_err(|e| self.refuse("NewEpoch", None, 0, e))?;
         // On a task of its own, as Prepare: a taken epoch is made durable to the end.
         let engine = self.engine.clone();

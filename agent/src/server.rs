@@ -35,12 +35,26 @@ fn boot_id() -> anyhow::Result<String> {
     Ok(id.trim().to_owned())
 }
 
-/// Binds the API socket with mode 0600. A socket file left by a dead agent is replaced;
-/// one that still answers belongs to a running agent, and starting a second one on the
-/// same store would break every invariant, so that is refused.
-fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
+/// Binds the API socket with mode 0600, or 0660 and group `group`. A socket file left by
+/// a dead agent is replaced; one that still answers belongs to a running agent, and
+/// starting a second one on the same store would break every invariant, so that is
+/// refused. A directory the agent makes for the socket is its own: 0700, or 0750 and
+/// the group's, so that only the socket's callers can even see it.
+fn bind_socket(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mode = match group {
+            None => 0o700,
+            Some(gid) => {
+                std::os::unix::fs::chown(dir, Some(0), Some(gid))
+                    .with_context(|| format!("chown 0:{gid} {}", dir.display()))?;
+                0o750
+            }
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("chmod {mode:o} {}", dir.display()))?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -58,8 +72,18 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
         Err(e) => return Err(e).with_context(|| format!("inspecting {}", path.display())),
     }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    // Peer credentials decide what a caller may do; the mode decides who may connect at
+    // all: root alone, or root and the socket's group.
+    let mode = match group {
+        None => 0o600,
+        Some(gid) => {
+            std::os::unix::fs::chown(path, Some(0), Some(gid))
+                .with_context(|| format!("chown 0:{gid} {}", path.display()))?;
+            0o660
+        }
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))?;
     Ok(l)
 }
 
@@ -225,7 +249,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         }
     });
 
-    let listener = bind_socket(&cfg.agent.socket)?;
+    let listener = bind_socket(&cfg.agent.socket, cfg.agent.socket_group)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NodeAgentServer<Api>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

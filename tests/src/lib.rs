@@ -98,6 +98,9 @@ pub struct Options {
     pub agent_extra: String,
     /// The state directory; a fresh one in the agent's directory when None.
     pub state_dir: Option<PathBuf>,
+    /// The socket in a directory the agent makes (`run/` in the agent's directory, which
+    /// other uids may then traverse), rather than directly in the agent's directory.
+    pub own_socket_dir: bool,
 }
 
 impl Options {
@@ -107,6 +110,7 @@ impl Options {
             allowed_uids: vec![0],
             agent_extra: String::new(),
             state_dir: None,
+            own_socket_dir: false,
         }
     }
 }
@@ -127,7 +131,13 @@ pub struct Agent {
 impl Agent {
     pub fn start(opts: Options) -> Agent {
         let dir = tempfile::Builder::new().prefix("sg-it-").tempdir().unwrap();
-        let socket = dir.path().join("agent.sock");
+        let socket = if opts.own_socket_dir {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o711)).unwrap();
+            dir.path().join("run").join("agent.sock")
+        } else {
+            dir.path().join("agent.sock")
+        };
         let state_dir = opts
             .state_dir
             .clone()

@@ -481,7 +481,10 @@ async fn caller_not_in_allowed_uids_is_refused_and_changes_nothing() {
     let before = state(&a).await;
     // The tests run as root: allowing only another uid shuts the test's own calls out.
     let text = fs::read_to_string(&a.config).unwrap();
-    let locked = text.replace("allowed_uids = [0]", "allowed_uids = [4242]");
+    let locked = text.replace(
+        "allowed_uids = [0]",
+        "allowed_uids = [4242]\nsocket_group = 4242",
+    );
     assert_ne!(locked, text, "the harness's config layout changed");
     fs::write(&a.config, &locked).unwrap();
     a.restart();

@@ -706,7 +706,9 @@ impl Engine {
         let code = format!("{:?}", e.code());
         self.metrics.refused(rpc, &code);
         let caller = match e {
-            RequestError::CallerNotAllowed { uid } => Some(*uid),
+            RequestError::CallerNotAllowed { uid } | RequestError::RoleTooLow { uid, .. } => {
+                Some(*uid)
+            }
             _ => caller,
         };
         self.audit.write(&AuditLine {

@@ -1,0 +1,126 @@
+//! Least privilege between callers (I10), through the real binary and its socket: each
+//! RPC needs a role (read-only, kubelet-plugin, admin), a caller has the roles its uid is
+//! listed for, and a listed non-root uid can really connect: the socket is 0660 in a
+//! directory of its own, both in `socket_group`. Callers run as other uids, so root
+//! only; skips without it unless `CI=true`.
+
+#![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
+
+use std::{
+    fs,
+    os::unix::{
+        fs::{MetadataExt, PermissionsExt},
+        process::CommandExt,
+    },
+    path::Path,
+    process::{Command, Output},
+};
+
+use shareguard_tests::{Agent, Options, agent_bin, generic_device, net};
+
+const GROUP: u32 = 65534;
+const READER: u32 = 65534;
+const PLUGIN: u32 = 65533;
+const NOBODY_LISTED: u32 = 65532;
+
+/// The CLI as `uid` in group `gid`, from a copy every uid may run (the build's own
+/// directory may not be reachable for other uids).
+fn cli_as(a: &Agent, bin: &Path, uid: u32, gid: u32, args: &[&str]) -> Output {
+    Command::new(bin)
+        .arg("--socket")
+        .arg(&a.socket)
+        .args(args)
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn each_rpc_needs_its_role_and_listed_uids_can_connect() {
+    if !net::privileged("each_rpc_needs_its_role_and_listed_uids_can_connect") {
+        return;
+    }
+    let mut o = Options::new(generic_device("gen-0", "10Gi", "1Gi", &["team-a"], &[]));
+    o.own_socket_dir = true;
+    o.agent_extra =
+        format!("socket_group = {GROUP}\nreader_uids = [{READER}]\nplugin_uids = [{PLUGIN}]");
+    let a = Agent::start(o);
+    let bin = a.dir.path().join("shareguard");
+    fs::copy(agent_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+
+    let sock = fs::metadata(&a.socket).unwrap();
+    assert_eq!(
+        (sock.mode() & 0o777, sock.uid(), sock.gid()),
+        (0o660, 0, GROUP)
+    );
+    let dir = fs::metadata(a.socket.parent().unwrap()).unwrap();
+    assert_eq!(
+        (dir.mode() & 0o777, dir.uid(), dir.gid()),
+        (0o750, 0, GROUP)
+    );
+
+    // Read-only: the reads, nothing that changes anything.
+    let o = cli_as(&a, &bin, READER, GROUP, &["devices"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("gen-0"));
+    let o = cli_as(
+        &a,
+        &bin,
+        READER,
+        GROUP,
+        &["release", "--epoch", "0", "some-claim"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!(
+            "caller uid {READER} has the read-only role; Unprepare needs kubelet-plugin"
+        )),
+        "{}",
+        stderr(&o)
+    );
+
+    // The kubelet plugin's role: Unprepare (and Prepare, NewEpoch) too.
+    let o = cli_as(
+        &a,
+        &bin,
+        PLUGIN,
+        GROUP,
+        &["release", "--epoch", "0", "some-claim"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // In the group but in no list: connects, is refused every call.
+    let o = cli_as(&a, &bin, NOBODY_LISTED, GROUP, &["devices"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!(
+            "caller uid {NOBODY_LISTED} is in none of allowed_uids, plugin_uids, reader_uids"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    // Listed, but not in the socket's group: cannot even reach the socket.
+    let o = cli_as(&a, &bin, READER, 4242, &["devices"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ermission denied"), "{}", stderr(&o));
+
+    // Each refusal is audited with the caller's uid.
+    let refused: Vec<_> = a
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["decision"] == "refuse")
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|l| l["caller_uid"] == READER
+                && l["reason"].as_str().unwrap().starts_with("Unprepare")),
+        "{refused:?}"
+    );
+}
