@@ -45,6 +45,14 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub metrics_addr: SocketAddr,
+    /// `/healthz` and `/readyz` alone, for kubelet's probes: they say nothing about
+    /// tenants, so they may be served where `/metrics` may not. None: only on
+    /// `metrics_addr`.
+    pub health_addr: Option<SocketAddr>,
+    /// A file holding the bearer token a scraper of `/metrics` must send; read at each
+    /// scrape, so it can be rotated in place. Required for a `metrics_addr` other than
+    /// loopback: the metrics name tenants' namespaces and claims.
+    pub metrics_token_file: Option<PathBuf>,
     pub audit_log: PathBuf,
     /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
     pub audit_bound: crate::audit::Bound,
@@ -169,6 +177,8 @@ struct RawAgent {
     socket: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     metrics_addr: Option<Spanned<String>>,
+    health_addr: Option<Spanned<String>>,
+    metrics_token_file: Option<PathBuf>,
     audit_log: Option<PathBuf>,
     /// An integer or a quantity string ("64Mi").
     audit_max_bytes: Option<Spanned<RawBytes>>,
@@ -343,7 +353,7 @@ impl Config {
         };
 
         let a = raw.agent;
-        let metrics_addr = match a.metrics_addr {
+        let metrics_addr = match &a.metrics_addr {
             None => SocketAddr::from(([127, 0, 0, 1], 9464)),
             Some(s) => s.get_ref().parse().map_err(|e| {
                 err(
@@ -355,6 +365,26 @@ impl Config {
                 )
             })?,
         };
+        let health_addr = match &a.health_addr {
+            None => None,
+            Some(s) => Some(s.get_ref().parse::<SocketAddr>().map_err(|e| {
+                err(
+                    s.span(),
+                    format!("agent.health_addr: {:?} is not host:port: {e}", s.get_ref()),
+                )
+            })?),
+        };
+        if !metrics_addr.ip().is_loopback()
+            && a.metrics_token_file.is_none()
+            && let Some(s) = &a.metrics_addr
+        {
+            return Err(err(
+                s.span(),
+                format!(
+                    "agent.metrics_addr: {metrics_addr} is reachable from other hosts, and the metrics name tenants' namespaces and claims: bind it to loopback, or set metrics_token_file so that only scrapers with the token read them"
+                ),
+            ));
+        }
         // A uid listed but unable to connect is a config that does not do what it says.
         if a.socket_group.is_none() {
             for (key, list) in [
@@ -540,6 +570,8 @@ impl Config {
             },
             state_dir,
             metrics_addr,
+            health_addr,
+            metrics_token_file: a.metrics_token_file,
             allowed_uids: a
                 .allowed_uids
                 .map(Spanned::into_inner)
@@ -1019,6 +1051,27 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
             .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(ok.agent.socket_group, Some(1000));
         }
+    }
+
+    /// Metrics name tenants: on an address other hosts reach, only with a token.
+    #[test]
+    fn metrics_beyond_loopback_need_a_token() {
+        let open = GOOD.replace("[agent]\n", "[agent]\nmetrics_addr = \"0.0.0.0:9464\"\n");
+        let e = err_of(&open);
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("set metrics_token_file"), "{e}");
+        let with_token = open.replace(
+            "[agent]\n",
+            "[agent]\nmetrics_token_file = \"/etc/t\"\nhealth_addr = \"0.0.0.0:9465\"\n",
+        );
+        let c = Config::parse(&with_token, "ok.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.agent.health_addr, Some("0.0.0.0:9465".parse().unwrap()));
+        let bad = GOOD.replace("[agent]\n", "[agent]\nhealth_addr = \"nowhere\"\n");
+        assert!(
+            err_of(&bad).message.contains("agent.health_addr"),
+            "{}",
+            err_of(&bad)
+        );
     }
 
     fn err_of(text: &str) -> ConfigError {

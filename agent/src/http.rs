@@ -1,14 +1,23 @@
-//! `/metrics`, `/healthz` and `/readyz` on `metrics_addr`.
+//! `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, and `/healthz` and `/readyz`
+//! alone on `health_addr`. Every connection is bounded: a client gets
+//! [`HEADER_READ_TIMEOUT`] to send its request head and [`CONNECTION_TIMEOUT`] in all,
+//! and at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog).
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
 use axum::{
     Router,
     extract::State,
-    http::{HeaderMap, StatusCode, header::ACCEPT},
+    http::{
+        HeaderMap, StatusCode,
+        header::{ACCEPT, AUTHORIZATION},
+    },
     response::IntoResponse,
     routing::get,
 };
@@ -21,6 +30,13 @@ struct Ctx {
     ready: Arc<AtomicBool>,
 }
 
+/// Time a client has to send a request's head after connecting or between requests.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time one connection is served at most, keep-alive included.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections served at once, per listener.
+pub const MAX_CONNECTIONS: usize = 64;
+
 pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
@@ -29,9 +45,78 @@ pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
         .with_state(Ctx { engine, ready })
 }
 
+/// Health alone, for `health_addr`.
+pub fn health_router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(Ctx { engine, ready })
+}
+
+/// Serves `app` on `listener` within the bounds above, until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        // Waiting here leaves further clients in the kernel's backlog.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                continue;
+            }
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            // A connection past its time is dropped, whatever it was doing.
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Whether `headers` carry the token in `file` as `Authorization: Bearer <token>`. The
+/// file is read at each scrape (a rotated token applies at once); one that cannot be
+/// read, or is empty, lets nobody in. Compared in constant time.
+fn authorized(file: &std::path::Path, headers: &HeaderMap) -> bool {
+    let Ok(want) = std::fs::read_to_string(file) else {
+        tracing::warn!(file = %file.display(), "metrics_token_file cannot be read; /metrics refused");
+        return false;
+    };
+    let want = want.trim();
+    let got = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    !want.is_empty()
+        && want.len() == got.len()
+        && want
+            .bytes()
+            .zip(got.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 /// OpenMetrics to a scraper that asks for it (Prometheus does), the Prometheus text
 /// format to everyone else.
-async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> impl IntoResponse {
+async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> axum::response::Response {
+    if let Some(file) = &c.engine.config().agent.metrics_token_file
+        && !authorized(file, &headers)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [("www-authenticate", "Bearer")],
+            "a bearer token is required (metrics_token_file)\n",
+        )
+            .into_response();
+    }
     let openmetrics = headers
         .get_all(ACCEPT)
         .iter()

@@ -164,11 +164,18 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         .with_context(|| format!("binding metrics_addr {}", cfg.agent.metrics_addr))?;
     let metrics_addr = http_listener.local_addr()?;
     let app = http::router(engine.clone(), ready.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(http_listener, app).await {
-            warn!(error = %e, "metrics server stopped");
-        }
-    });
+    tokio::spawn(http::serve(http_listener, app));
+    let mut health_addr = "-".to_owned();
+    if let Some(addr) = cfg.agent.health_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding health_addr {addr}"))?;
+        health_addr = l.local_addr()?.to_string();
+        tokio::spawn(http::serve(
+            l,
+            http::health_router(engine.clone(), ready.clone()),
+        ));
+    }
 
     let sweeper = engine.clone();
     let period =
@@ -260,6 +267,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
     info!(
         socket = %cfg.agent.socket.display(),
         metrics = %metrics_addr,
+        health = %health_addr,
         shares = engine.phase_counts().values().sum::<u64>(),
         epoch = engine.epoch(),
         startup_ms = started.elapsed().as_millis() as u64,

@@ -258,8 +258,9 @@ async fn guarded<T>(hang: Duration, what: &str, f: impl Future<Output = T>) -> T
 }
 
 /// Prepares `n` claims of one share each, in batches, so that 10,000 shares load in
-/// seconds rather than one round trip each.
-async fn preload(a: &Agent, n: usize, clients: usize) {
+/// seconds rather than one round trip each. `hang` bounds each batch, not the whole:
+/// 100,000 shares take longer than any one call may.
+async fn preload(a: &Agent, n: usize, clients: usize, hang: Duration) {
     let mut tasks = JoinSet::new();
     let per = n.div_ceil(clients).max(1);
     for start in (0..n).step_by(per) {
@@ -278,7 +279,10 @@ async fn preload(a: &Agent, n: usize, clients: usize) {
                         })
                         .collect(),
                 };
-                let r = c.prepare(req).await.unwrap().into_inner();
+                let r = guarded(hang, "preload", c.prepare(req))
+                    .await
+                    .unwrap()
+                    .into_inner();
                 for u in &uids {
                     expect_prepared(&r, u);
                 }
@@ -609,11 +613,7 @@ fn run_point(rt: &Runtime, s: &Settings, live: usize, restart: bool) -> Point {
     let disk = disk_of(a.dir.path());
     eprintln!("[{live} live] preloading");
     let t = Instant::now();
-    rt.block_on(guarded(
-        s.hang,
-        "preload",
-        preload(&a, live, s.preload_clients),
-    ));
+    rt.block_on(preload(&a, live, s.preload_clients, s.hang));
     let preload_time = t.elapsed();
     eprintln!(
         "[{live} live] preloaded in {:.1} s; bare fsync",

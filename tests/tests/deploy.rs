@@ -335,6 +335,23 @@ fn containers(ds: &Value) -> Vec<Value> {
 }
 
 /// The agent container of the DaemonSet.
+/// The pod volume mounted in container `c` at a directory above `file`.
+fn volume_holding(ds: &Value, c: &Value, file: &std::path::Path) -> Value {
+    let mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| file.starts_with(s(&m["mountPath"])) && s(&m["mountPath"]) != "/")
+        .unwrap_or_else(|| panic!("no mount holds {}", file.display()));
+    ds["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .cloned()
+        .unwrap_or_else(|| panic!("no volume {:?}", mount["name"]))
+}
+
 fn agent_container(ds: &Value) -> Value {
     containers(ds)
         .into_iter()
@@ -586,8 +603,11 @@ fn daemonset_runs_unprivileged_with_the_units_capabilities_in_the_host_namespace
             .iter()
             .find(|v| v["name"] == m["name"])
             .unwrap();
+        // The one Secret it mounts is the token scrapers must show it, which grants the
+        // agent nothing.
+        let scrape_token = vol["secret"]["secretName"] == "shareguard-metrics-token";
         assert!(
-            vol.get("projected").is_none() && vol.get("secret").is_none(),
+            vol.get("projected").is_none() && (vol.get("secret").is_none() || scrape_token),
             "the agent container mounts credentials: {vol:?}"
         );
     }
@@ -771,27 +791,81 @@ fn probes_and_scrape_targets_are_what_the_agent_serves() {
         .expect("a port named metrics");
     assert_eq!(metrics["containerPort"].as_u64(), Some(u64::from(port)));
 
-    // The probes' paths answer 200 on a real agent, with the port they name.
-    let agent = Agent::start(Options::new(generic_device(
-        "gen-0",
-        "10Gi",
-        "1Gi",
-        &["*"],
-        &[],
-    )));
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    // The probes name the port health_addr listens on, reachable from the kubelet.
+    let health = cfg
+        .agent
+        .health_addr
+        .expect("the DaemonSet's config sets health_addr");
+    assert!(health.ip().is_unspecified(), "{health}");
+    let named = ports
+        .iter()
+        .find(|p| p["name"] == "health")
+        .expect("a port named health");
+    assert_eq!(
+        named["containerPort"].as_u64(),
+        Some(u64::from(health.port()))
+    );
+
+    // The token file is in the optional Secret's volume, and the PodMonitor sends that
+    // Secret's token.
+    let token_file = cfg
+        .agent
+        .metrics_token_file
+        .clone()
+        .expect("metrics on every address need a token");
+    let volume = volume_holding(&ds, &c, &token_file);
+    assert_eq!(volume["secret"]["optional"], true, "{volume:?}");
+    let secret = s(&volume["secret"]["secretName"]).to_owned();
+
+    // The probes' paths answer 200 on a real agent with this config's shape, with the
+    // port they name; /metrics only with the token.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    fs::write(&token, "deploy-test-token").unwrap();
+    let mut o = Options::new(generic_device("gen-0", "10Gi", "1Gi", &["*"], &[]));
+    o.agent_extra = format!("metrics_token_file = {token:?}\nhealth_addr = \"127.0.0.1:0\"");
+    let agent = Agent::start(o);
+    let health_at: std::net::SocketAddr = agent
+        .log_text()
+        .lines()
+        .filter(|l| l.contains(" ready "))
+        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("health=")))
+        .and_then(|a| a.parse().ok())
+        .unwrap();
+    for (probe, path) in [
+        ("startupProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
         let get = &c[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe}");
-        assert_eq!(get["port"], "metrics", "{probe}");
-        assert_eq!(agent.http(path).0, 200, "{probe} {path}");
+        assert_eq!(get["port"], "health", "{probe}");
+        assert_eq!(
+            shareguard_tests::http_get(health_at, path).unwrap().0,
+            200,
+            "{probe} {path}"
+        );
     }
-    assert_eq!(agent.http("/metrics").0, 200);
+    // Sized for a start that re-verifies 100,000 shares: minutes, not seconds.
+    let startup = &c["startupProbe"];
+    let window =
+        startup["periodSeconds"].as_u64().unwrap() * startup["failureThreshold"].as_u64().unwrap();
+    assert!(window >= 300, "startupProbe allows only {window} s");
+    assert_eq!(agent.http("/metrics").0, 401);
+    let ok = shareguard_tests::http_response(
+        agent.metrics.unwrap(),
+        "/metrics",
+        "Authorization: Bearer deploy-test-token\r\n",
+    )
+    .unwrap();
+    assert!(
+        ok.starts_with("HTTP/1.0 200") || ok.starts_with("HTTP/1.1 200"),
+        "{ok}"
+    );
 
-    // Annotation-based scraping.
+    // No annotation-based scraping: it could not send the token.
     let ann = &ds["spec"]["template"]["metadata"]["annotations"];
-    assert_eq!(ann["prometheus.io/scrape"], "true");
-    assert_eq!(ann["prometheus.io/port"], port.to_string().as_str());
-    assert_eq!(ann["prometheus.io/path"], "/metrics");
+    assert!(ann["prometheus.io/scrape"].is_null(), "{ann:?}");
 
     // The PodMonitor selects these pods, in their namespace, on that port.
     let pm = the(&docs, "PodMonitor");
@@ -807,6 +881,10 @@ fn probes_and_scrape_targets_are_what_the_agent_serves() {
     let ep = &pm["spec"]["podMetricsEndpoints"][0];
     assert_eq!(ep["port"], "metrics");
     assert_eq!(ep["path"], "/metrics");
+    assert_eq!(ep["authorization"]["type"], "Bearer");
+    assert_eq!(ep["authorization"]["credentials"]["name"], secret.as_str());
+    assert_eq!(ep["authorization"]["credentials"]["key"], "token");
+    assert!(token_file.ends_with("token"), "{token_file:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -862,6 +940,24 @@ mod pod_monitor {
         pub interval: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub relabelings: Option<Vec<Relabeling>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub authorization: Option<Authorization>,
+    }
+
+    /// SafeAuthorization: a credential from a Secret in the monitor's namespace.
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Authorization {
+        #[serde(rename = "type")]
+        pub kind: String,
+        pub credentials: SecretKeySelector,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct SecretKeySelector {
+        pub name: String,
+        pub key: String,
     }
 
     #[derive(Deserialize, Serialize)]
