@@ -133,6 +133,11 @@ pub async fn shutdown_signal() {
 /// `node_name` (`--node-name` or `NODE_NAME`), else the host name.
 pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Result<()> {
     let started = Instant::now();
+    // The text as read, for the audit of a changed config (`Engine::note_config`).
+    let config_digest = crate::audit::chain::hex(&crate::audit::chain::hash(
+        &std::fs::read(config_path)
+            .with_context(|| format!("reading {}", config_path.display()))?,
+    ));
     let mut cfg = Config::load_for(config_path, &NodeNameSources::this_host(node_name))?;
     log_pools(&cfg);
     std::fs::create_dir_all(&cfg.agent.state_dir)
@@ -148,9 +153,11 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         let limiters = crate::limiters::for_config(&mut cfg)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let cfg = Arc::new(cfg);
-        Engine::open(cfg.clone(), limiters.by_device, &boot, metrics)
-            .map(|e| (e, cfg, limiters.gpu_watches))
-            .map_err(anyhow::Error::from)
+        let engine = Engine::open(cfg.clone(), limiters.by_device, &boot, metrics)?;
+        engine
+            .note_config(config_digest)
+            .context("recording the config in the store")?;
+        anyhow::Ok((engine, cfg, limiters.gpu_watches))
     })
     .await??;
     let engine = Arc::new(engine);

@@ -8,6 +8,7 @@
 //! | `claims` | claim uid                   | [`ClaimRecord`] (the per-claim index), versioned |
 //! | `meta`   | `epoch`                     | u64 big-endian: highest epoch accepted  |
 //! | `meta`   | `boot_id`                   | kernel boot id the live shares were verified under |
+//! | `meta`   | `config`                    | JSON `{"digest", "devices"}`: the config the last start ran with (SHA-256 of its text, device names) |
 //! | `quarantine` | `<tree>/<key>`          | the bytes of a record this agent could not read, as found; never overwritten |
 //!
 //! A record that does not decode (a newer agent's format, a damaged value) does not stop
@@ -52,6 +53,7 @@ use crate::record::{self, ClaimRecord, DecodeError, ShareRecord};
 
 const EPOCH_KEY: &[u8] = b"epoch";
 const BOOT_ID_KEY: &[u8] = b"boot_id";
+const CONFIG_KEY: &[u8] = b"config";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -89,6 +91,16 @@ pub struct Batch {
     pub boot_id: Option<String>,
     /// `<tree>/<key>` -> bytes, kept in `quarantine` unless an entry is already there.
     pub quarantine: Vec<(String, Vec<u8>)>,
+    /// The config this start runs with (`meta/config`).
+    pub config: Option<ConfigSeen>,
+}
+
+/// What the store remembers of a start's config, to audit the next start's changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConfigSeen {
+    /// SHA-256 of the config file's text, hex.
+    pub digest: String,
+    pub devices: Vec<String>,
 }
 
 impl Batch {
@@ -111,6 +123,7 @@ impl Batch {
             && self.epoch.is_none()
             && self.boot_id.is_none()
             && self.quarantine.is_empty()
+            && self.config.is_none()
     }
 }
 
@@ -279,6 +292,16 @@ impl Store {
                 .clone()
                 .unwrap_or_else(|| "a write failed".to_owned()),
         )
+    }
+
+    /// The config the last start recorded; None before any did (or if its value does
+    /// not read, which only means the next change is audited as a first start).
+    pub fn config_seen(&self) -> Result<Option<ConfigSeen>, StoreError> {
+        Ok(self
+            .trees
+            .meta
+            .get(CONFIG_KEY)?
+            .and_then(|v| serde_json::from_slice(&v).ok()))
     }
 
     pub fn load(&self) -> Result<Loaded, StoreError> {
@@ -467,6 +490,11 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
             bounded("claims", &c.claim.uid, record::encode(c)).map(|v| (c.claim.uid.as_bytes(), v))
         })
         .collect::<Result<_, _>>()?;
+    let config = batch
+        .config
+        .as_ref()
+        .map(|c| serde_json::to_vec(c).map_err(|_| StoreError::Meta("config")))
+        .transpose()?;
     let result = (&t.shares, &t.claims, &t.meta, &t.quarantine).transaction(|(s, c, m, q)| {
         for (k, v) in &shares {
             s.insert(*k, v.as_slice())?;
@@ -485,6 +513,9 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         }
         if let Some(b) = &batch.boot_id {
             m.insert(BOOT_ID_KEY, b.as_bytes())?;
+        }
+        if let Some(c) = &config {
+            m.insert(CONFIG_KEY, c.as_slice())?;
         }
         for (k, v) in &batch.quarantine {
             if q.get(k.as_bytes())?.is_none() {

@@ -201,3 +201,49 @@ async fn one_request_cannot_flood_the_audit_log() {
         "a header, the agent's lines and the hand-written one, one row each:\n{table}"
     );
 }
+
+/// A start with another config than the last one is a decision too: its digest and
+/// the devices it adds and removes. A start with the same config writes nothing.
+#[test]
+fn a_changed_config_is_audited_at_start() {
+    let mut a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "20Gi",
+        "5Gi",
+        &["team-a"],
+        &[],
+    )));
+    let configs = |a: &Agent| -> Vec<String> {
+        a.audit_lines()
+            .iter()
+            .filter(|l| l["decision"] == "config")
+            .map(|l| l["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let first = configs(&a);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(
+        first[0].starts_with("first start recorded on this store: config sha256 ")
+            && first[0].ends_with("devices: gen-0"),
+        "{}",
+        first[0]
+    );
+    a.restart();
+    assert_eq!(configs(&a).len(), 1, "the same config audited again");
+
+    let text = std::fs::read_to_string(&a.config).unwrap();
+    let more = format!(
+        "{text}{}",
+        generic_device("gen-1", "10Gi", "5Gi", &["team-a"], &[])
+    );
+    std::fs::write(&a.config, more).unwrap();
+    a.restart();
+    let all = configs(&a);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(
+        all[1].starts_with("config changed since the last start: sha256 ")
+            && all[1].contains("devices added: [gen-1]; removed: []"),
+        "{}",
+        all[1]
+    );
+}

@@ -59,6 +59,8 @@ pub enum Decision {
     /// A stored record could not be read at start: kept as found, and what it held
     /// stays reserved where that can be read.
     Quarantine,
+    /// The agent started with another config than the last start did.
+    Config,
     /// The GPU watchdog saw a share's processes use more memory than its limit.
     OverLimit,
     /// The GPU watchdog ended (or tried to end) a process of a share over its limit.
@@ -113,7 +115,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 14] = [
+    pub const ALL: [Decision; 15] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -125,6 +127,7 @@ impl Decision {
         Decision::Repair,
         Decision::Sweep,
         Decision::Quarantine,
+        Decision::Config,
         Decision::OverLimit,
         Decision::Terminate,
         Decision::Sandbox,
@@ -144,6 +147,7 @@ impl Decision {
             Decision::Repair => "repair",
             Decision::Sweep => "sweep",
             Decision::Quarantine => "quarantine",
+            Decision::Config => "config",
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
             Decision::Sandbox => "sandbox",
@@ -153,7 +157,7 @@ impl Decision {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, over_limit, terminate, sandbox)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, config, over_limit, terminate, sandbox)"
 )]
 pub struct UnknownDecision(pub String);
 

@@ -73,6 +73,74 @@ impl Engine {
         Ok(state)
     }
 
+    /// Audits a config other than the one the last start ran with (`digest`: SHA-256 of
+    /// this config file's text), naming the devices it adds and removes, and remembers
+    /// this one, durably, before the agent serves.
+    pub fn note_config(&self, digest: String) -> Result<(), StoreError> {
+        let now = crate::store::ConfigSeen {
+            digest,
+            devices: self.cfg.devices.iter().map(|d| d.name.clone()).collect(),
+        };
+        let before = match lock(&self.store).as_ref() {
+            Some(s) => s.config_seen()?,
+            None => return Err(StoreError::Failed),
+        };
+        if before.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        let reason = match &before {
+            None => format!(
+                "first start recorded on this store: config sha256 {}; devices: {}",
+                now.digest,
+                now.devices.join(", ")
+            ),
+            Some(b) => {
+                let added: Vec<&str> = now
+                    .devices
+                    .iter()
+                    .filter(|d| !b.devices.contains(d))
+                    .map(String::as_str)
+                    .collect();
+                let removed: Vec<&str> = b
+                    .devices
+                    .iter()
+                    .filter(|d| !now.devices.contains(d))
+                    .map(String::as_str)
+                    .collect();
+                format!(
+                    "config changed since the last start: sha256 {} (was {}); devices added: [{}]; removed: [{}]",
+                    now.digest,
+                    b.digest,
+                    added.join(", "),
+                    removed.join(", ")
+                )
+            }
+        };
+        self.submit(Batch {
+            config: Some(now),
+            ..Default::default()
+        })
+        .wait_blocking()?;
+        self.audit.write(&crate::audit::AuditLine {
+            time: crate::audit::now_rfc3339(),
+            decision: crate::audit::Decision::Config,
+            reason: &reason,
+            tenant: "",
+            claim_uid: "",
+            claim_name: "",
+            share_id: "",
+            device: "",
+            amounts: Default::default(),
+            policy_version: "",
+            allocation_id: "",
+            epoch: lock(&self.state).epoch,
+            caller_uid: None,
+            code: None,
+        });
+        tracing::info!(%reason, "config recorded");
+        Ok(())
+    }
+
     /// Reopens a failed store and reloads the engine from it. Blocking (file I/O, and the
     /// limiters' read-back): call it from a blocking thread. No change is decided
     /// meanwhile, because the engine has no store until the reload is done (every change
