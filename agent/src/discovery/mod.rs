@@ -126,8 +126,18 @@ impl Discovery {
         lock(&self.roots).clone()
     }
 
-    /// The cgroup of pod `uid` and its inode, if kubelet made one under a known root.
+    /// The cgroup of pod `uid` and its inode, if kubelet made one under a kubelet root.
+    /// Not found under the roots known: they are looked for again first, since a root
+    /// made a moment ago may not have reached the watcher yet (kubelet makes its root
+    /// once, but a Prepare can come right after).
     pub fn pod_cgroup(&self, uid: &str) -> Option<(PathBuf, u64)> {
+        self.pod_cgroup_under_known_roots(uid).or_else(|| {
+            self.refresh_roots();
+            self.pod_cgroup_under_known_roots(uid)
+        })
+    }
+
+    fn pod_cgroup_under_known_roots(&self, uid: &str) -> Option<(PathBuf, u64)> {
         for root in self.roots() {
             for d in cgroups::pod_dirs(&root, uid) {
                 if let Ok(m) = std::fs::metadata(&d)
