@@ -43,8 +43,8 @@ const DEVICE: &str = "gen-0";
 const NAMESPACE: &str = "bench";
 /// The fresh agent's epoch: only NewEpoch moves it.
 const EPOCH: u64 = 0;
-/// Big enough for 10,000 preloaded shares plus every share the measurements add on top.
-const CAPACITY: &str = "100000Gi";
+/// Big enough for 100,000 preloaded shares plus every share the measurements add on top.
+const CAPACITY: &str = "1000000Gi";
 /// Every share takes one step: the smallest amount the policy allows.
 const AMOUNT: &str = "1Gi";
 /// Claims per preload request; under the agent's default limit of 128 per request.
