@@ -242,25 +242,16 @@ impl Engine {
         let mut st = lock(&self.state);
         st.epoch_durable = st.epoch_durable.max(epoch);
         info!(epoch, "new control-plane epoch");
-        self.audit.write(&crate::audit::AuditLine {
-            time: crate::audit::now_rfc3339(),
-            decision: crate::audit::Decision::Epoch,
-            reason: &format!(
+        self.audit_node(
+            crate::audit::Decision::Epoch,
+            &format!(
                 "NewEpoch: epoch {epoch} taken; calls with epoch {} or older are refused from now on",
                 epoch - 1
             ),
-            tenant: "",
-            claim_uid: "",
-            claim_name: "",
-            share_id: "",
-            device: "",
-            amounts: Default::default(),
-            policy_version: "",
-            allocation_id: "",
             epoch,
-            caller_uid: caller,
-            code: None,
-        });
+            caller,
+            None,
+        );
         Ok(epoch)
     }
 

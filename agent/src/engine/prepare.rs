@@ -711,10 +711,28 @@ impl Engine {
             }
             _ => caller,
         };
+        self.audit_node(
+            Decision::Refuse,
+            &format!("{rpc}: {e}"),
+            epoch,
+            caller,
+            Some(&code),
+        );
+    }
+
+    /// A decision about the node or a whole request, not one share or claim.
+    pub(crate) fn audit_node(
+        &self,
+        decision: Decision,
+        reason: &str,
+        epoch: u64,
+        caller: Option<u32>,
+        code: Option<&str>,
+    ) {
         self.audit.write(&AuditLine {
             time: now_rfc3339(),
-            decision: Decision::Refuse,
-            reason: &format!("{rpc}: {e}"),
+            decision,
+            reason,
             tenant: "",
             claim_uid: "",
             claim_name: "",
@@ -725,7 +743,7 @@ impl Engine {
             allocation_id: "",
             epoch,
             caller_uid: caller,
-            code: Some(&code),
+            code,
         });
     }
 

@@ -121,22 +121,8 @@ impl Engine {
             ..Default::default()
         })
         .wait_blocking()?;
-        self.audit.write(&crate::audit::AuditLine {
-            time: crate::audit::now_rfc3339(),
-            decision: crate::audit::Decision::Config,
-            reason: &reason,
-            tenant: "",
-            claim_uid: "",
-            claim_name: "",
-            share_id: "",
-            device: "",
-            amounts: Default::default(),
-            policy_version: "",
-            allocation_id: "",
-            epoch: lock(&self.state).epoch,
-            caller_uid: None,
-            code: None,
-        });
+        let epoch = lock(&self.state).epoch;
+        self.audit_node(crate::audit::Decision::Config, &reason, epoch, None, None);
         tracing::info!(%reason, "config recorded");
         Ok(())
     }
