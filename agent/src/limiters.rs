@@ -67,6 +67,11 @@ impl Limiter for Unavailable {
         )))
     }
 
+    fn failed_apply_installs_nothing(&self) -> bool {
+        // `apply` refuses before anything is installed.
+        true
+    }
+
     fn remove(&self, _share_key: &str) -> Result<(), LimiterError> {
         // What an earlier run installed may still be in the kernel; saying it is gone
         // would free capacity that is still limited.

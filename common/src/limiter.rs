@@ -150,6 +150,14 @@ pub trait Limiter: Send + Sync {
     /// Removes everything `apply` installed for `share_key`; succeeds if nothing is left.
     fn remove(&self, share_key: &str) -> Result<(), LimiterError>;
 
+    /// True for a back end whose `apply` fails before it touches anything (one that is
+    /// unavailable on this node): a claim rolled back there has nothing to remove. Its
+    /// `remove` may still refuse, since what an earlier run installed is out of its sight,
+    /// but a share this call admitted had no earlier run.
+    fn failed_apply_installs_nothing(&self) -> bool {
+        false
+    }
+
     /// What the kernel counted for the share, for metrics; None where nothing counts.
     fn counters(&self, _share_key: &str) -> Option<TrafficCounters> {
         None

@@ -483,7 +483,13 @@ impl Engine {
         // installed part of its limit (an install record, a qdisc, an ifb, a GPU table
         // entry), and a FAILED share holds nothing. Removal is idempotent.
         let mut left = HashSet::new();
-        for r in records.iter().filter(|r| !self.accounting_only(&r.device)) {
+        let installs_nothing = |device: &str| {
+            self.accounting_only(device)
+                || self
+                    .limiter(device)
+                    .is_some_and(|l| l.failed_apply_installs_nothing())
+        };
+        for r in records.iter().filter(|r| !installs_nothing(&r.device)) {
             if let Err(re) = self.remove_blocking(r).await {
                 // What is left has an owner: the share stays RELEASING, capacity held,
                 // and the reconciler removes it (see `finish_roll_backs`).
