@@ -29,7 +29,7 @@ for p in /proc/[0-9]*; do
   exe=$(readlink "$p/exe" 2>/dev/null) || continue
   case "$exe" in /var/cache/shareguard-cluster/*) echo "process $exe" ;; esac
 done
-for d in /run/shareguard/mps/*; do [ -e "$d" ] && echo "mps $d"; done
+for d in /run/shareguard-mps/*; do [ -e "$d" ] && echo "mps $d"; done
 tc qdisc show 2>/dev/null | sed 's/^/tc /'
 tc filter show dev lo ingress 2>/dev/null | sed 's/^/tc-filter lo /'
 

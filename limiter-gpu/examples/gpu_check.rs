@@ -92,7 +92,7 @@ const SHARE_KEY: &str = "gpu-check-share";
 const DEVICE: &str = "gpu-check";
 const CGROUP_PREFIX: &str = "shareguard-gpu-check-";
 /// Where this check's per-share MPS daemons live; apart from the agent's
-/// `/run/shareguard/mps`, so that the check never touches a running agent's daemons.
+/// `/run/shareguard-mps`, so that the check never touches a running agent's daemons.
 const MPS_DIR: &str = "/run/sg-gpu-check-mps";
 const MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 

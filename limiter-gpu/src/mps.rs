@@ -10,7 +10,10 @@
 //! mounts that pipe directory alone. Several daemons on one GPU need the GPU's compute
 //! mode to be DEFAULT (the NVML back end's probe checks it).
 //!
-//! Layout, all under [`MpsConfig::dir`] (default `/run/shareguard/mps`):
+//! Layout, all under [`MpsConfig::dir`] (default `/run/shareguard-mps`, beside and not
+//! inside the socket's directory: the kubelet plugin mounts that one, and has no business
+//! with the daemons' pipes, logs and tenants' shm; and the socket's directory is 0750,
+//! which an MPS server running as its client's uid could not pass through):
 //!
 //! ```text
 //! <dir>/<name>/        0711: only the agent lists or writes it; MPS servers, which run
@@ -147,7 +150,7 @@ impl Default for MpsConfig {
     fn default() -> Self {
         Self {
             control: PathBuf::from("/usr/bin/nvidia-cuda-mps-control"),
-            dir: PathBuf::from("/run/shareguard/mps"),
+            dir: PathBuf::from("/run/shareguard-mps"),
             timeout: Duration::from_secs(10),
             launcher: Vec::new(),
             shm_bytes: DEFAULT_SHM_BYTES,

@@ -767,7 +767,7 @@ fn a_tmpfs_the_hosts_namespace_does_not_show_is_refused() {
     let init = tempfile::tempdir().unwrap();
     fs::create_dir(init.path().join("ns")).unwrap();
     std::os::unix::fs::symlink("mnt:[1]", init.path().join("ns/mnt")).unwrap();
-    let shm = Path::new("/run/shareguard/mps/s/shm");
+    let shm = Path::new("/run/shareguard-mps/s/shm");
     fs::write(
         init.path().join("mountinfo"),
         "27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n",
@@ -780,7 +780,7 @@ fn a_tmpfs_the_hosts_namespace_does_not_show_is_refused() {
     fs::write(
         init.path().join("mountinfo"),
         "27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
-         90 27 0:50 / /run/shareguard/mps/s/shm rw,nosuid shared:9 - tmpfs tmpfs rw,size=65536k\n",
+         90 27 0:50 / /run/shareguard-mps/s/shm rw,nosuid shared:9 - tmpfs tmpfs rw,size=65536k\n",
     )
     .unwrap();
     host_sees_in(shm, init.path()).unwrap();

@@ -36,9 +36,10 @@ const CAPABILITIES: [&str; 5] = [
 ];
 
 /// The only paths the unit may make writable.
-const WRITABLE: [&str; 4] = [
+const WRITABLE: [&str; 5] = [
     "/var/lib/shareguard",
     "/run/shareguard",
+    "/run/shareguard-mps",
     "/sys/fs/bpf",
     "/run/cdi",
 ];
@@ -408,7 +409,7 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
         }
     }
     // (host path, hostPath type, mount path, propagation, read-only)
-    let want: [(&str, &str, &str, Option<&str>, bool); 7] = [
+    let want: [(&str, &str, &str, Option<&str>, bool); 8] = [
         // Pins live on the host's bpffs; Directory: the host must have mounted it.
         (
             "/sys/fs/bpf",
@@ -430,6 +431,14 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
             "/run/shareguard",
             "DirectoryOrCreate",
             "/run/shareguard",
+            None,
+            false,
+        ),
+        // MPS daemons' directories, apart from the socket's, which the plugin mounts.
+        (
+            "/run/shareguard-mps",
+            "DirectoryOrCreate",
+            "/run/shareguard-mps",
             None,
             false,
         ),
@@ -1392,6 +1401,17 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         Some(agent_host_path.as_str()),
         "the same host directory as the agent's socket"
     );
+    // Nothing the plugin mounts from the host holds the MPS daemons' pipes, logs or
+    // tenants' shm: a compromised plugin reads or replaces none of them.
+    for m in mounts {
+        if let Some((p, _)) = host.get(m.name.as_str()) {
+            assert!(
+                !cfg.agent.mps.dir.starts_with(p),
+                "the plugin mounts {p}, which holds the agent's mps_dir {}",
+                cfg.agent.mps.dir.display()
+            );
+        }
+    }
 
     // kubelet's directories, at the same paths as on the host (kubelet is told the
     // socket paths as the plugin sees them).
