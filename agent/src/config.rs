@@ -92,6 +92,10 @@ pub struct AgentConfig {
     /// Simulation only: a JSON file the simulated GPUs read their running processes
     /// from on every watchdog poll (`[{"gpu_uuid", "pid", "used_bytes"}]`).
     pub simulated_gpu_processes: Option<PathBuf>,
+    /// Simulation only: a JSON file listing back-end calls of the simulated GPUs that
+    /// fail while listed (`[{"op", "error"}]`), so that tests of the real binary can
+    /// inject a driver fault.
+    pub simulated_gpu_faults: Option<PathBuf>,
     /// How often the reconciler re-reads every enforced share from the kernel/driver.
     pub reconcile_period: Duration,
 }
@@ -203,6 +207,7 @@ struct RawAgent {
     /// A quantity: the cap of each MPS share's /dev/shm tmpfs.
     mps_shm_size: Option<Spanned<String>>,
     simulated_gpu_processes: Option<PathBuf>,
+    simulated_gpu_faults: Option<PathBuf>,
     reconcile_period: Option<Spanned<String>>,
 }
 
@@ -593,6 +598,7 @@ impl Config {
             metrics_max_age,
             mps,
             simulated_gpu_processes: a.simulated_gpu_processes,
+            simulated_gpu_faults: a.simulated_gpu_faults,
             reconcile_period,
         };
 

@@ -189,7 +189,8 @@ fn gpu_limiters(
                     _ => None,
                 })
                 .collect();
-            let backend = SimulatedBackend::new(gpus);
+            let backend = SimulatedBackend::new(gpus)
+                .with_faults_file(cfg.agent.simulated_gpu_faults.clone());
             Arc::new(match mps_daemons() {
                 Some(d) => backend.with_mps_daemons(d),
                 None => backend,

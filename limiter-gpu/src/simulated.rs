@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use nvml_wrapper::error::NvmlError;
+use serde::Deserialize;
 
 use crate::backend::{
     Capabilities, CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, Mechanism, MigMode, MpsLimit,
@@ -50,7 +51,8 @@ impl SimulatedGpu {
 }
 
 /// The back-end call a fault is injected into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SimOp {
     Discover,
     ComputeProcesses,
@@ -61,6 +63,40 @@ pub enum SimOp {
     SetMpsLimit,
     GetMpsLimit,
     ClearMpsLimit,
+}
+
+/// Simulation only: one line of a faults file (see [`SimulatedBackend::with_faults_file`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFault {
+    op: SimOp,
+    error: FileError,
+}
+
+/// The NVML errors a faults file can name: one per class the NVML mapping tells apart.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FileError {
+    /// Transient (retryable).
+    Unknown,
+    Timeout,
+    /// A device fault.
+    GpuLost,
+    /// Unavailable.
+    NoPermission,
+    NotSupported,
+}
+
+impl FileError {
+    fn nvml(self) -> NvmlError {
+        match self {
+            FileError::Unknown => NvmlError::Unknown,
+            FileError::Timeout => NvmlError::Timeout,
+            FileError::GpuLost => NvmlError::GpuLost,
+            FileError::NoPermission => NvmlError::NoPermission,
+            FileError::NotSupported => NvmlError::NotSupported,
+        }
+    }
 }
 
 struct Fault {
@@ -77,6 +113,7 @@ struct State {
     cgroup_limits: BTreeMap<(String, PathBuf), CgroupLimit>,
     mps_limits: BTreeMap<(String, String), u64>,
     faults: Vec<Fault>,
+    faults_file: Option<PathBuf>,
 }
 
 pub struct SimulatedBackend {
@@ -131,6 +168,15 @@ impl SimulatedBackend {
         self.lock().faults.clear();
     }
 
+    /// Simulation only: every call also fails while a JSON file at `path` lists its
+    /// operation (`[{"op": "clear_cgroup_limit", "error": "unknown"}]`), read at each
+    /// call; a missing file lists nothing. This is how tests of the real binary inject a
+    /// driver fault, which they cannot reach in the agent's memory.
+    pub fn with_faults_file(self, path: Option<PathBuf>) -> Self {
+        self.lock().faults_file = path;
+        self
+    }
+
     /// Changes or drops a cgroup limit behind the limiter's back, as a driver reload or
     /// an operator with nvidia-smi would.
     pub fn tamper_cgroup_limit(&self, uuid: &str, cgroup: &Path, limit: Option<CgroupLimit>) {
@@ -163,6 +209,9 @@ impl SimulatedBackend {
 
 impl State {
     fn check_fault(&mut self, op: SimOp, what: &str) -> Result<(), GpuError> {
+        if let Some(e) = self.file_fault(op)? {
+            return Err(map_nvml_error(what, e.nvml()));
+        }
         let Some(i) = self.faults.iter().position(|f| f.op == op) else {
             return Ok(());
         };
@@ -174,6 +223,23 @@ impl State {
             }
         }
         Err(map_nvml_error(what, err))
+    }
+
+    /// The fault the faults file lists for `op`, if any. A file that cannot be read is
+    /// an error of every call, so that a test's typo shows instead of passing unfaulted.
+    fn file_fault(&self, op: SimOp) -> Result<Option<FileError>, GpuError> {
+        let Some(path) = &self.faults_file else {
+            return Ok(None);
+        };
+        let bad = |e: &dyn std::fmt::Display| {
+            GpuError::InvalidArgument(format!("simulated faults file {}: {e}", path.display()))
+        };
+        let list: Vec<FileFault> = match std::fs::read(path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| bad(&e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(bad(&e)),
+        };
+        Ok(list.into_iter().find(|f| f.op == op).map(|f| f.error))
     }
 
     fn gpu(&self, uuid: &str) -> Result<&SimulatedGpu, GpuError> {
@@ -430,6 +496,43 @@ mod tests {
         }
         s.clear_faults();
         assert!(s.discover().is_ok());
+    }
+
+    #[test]
+    fn a_faults_file_fails_the_operations_it_lists_while_it_lists_them() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("faults.json");
+        let s = sim().with_faults_file(Some(file.clone()));
+        let cg = Path::new("/kubepods/pod1");
+        assert!(
+            s.set_cgroup_limit("GPU-sim-0", cg, 1 << 30).is_ok(),
+            "no file, no fault"
+        );
+        std::fs::write(
+            &file,
+            r#"[{"op": "clear_cgroup_limit", "error": "gpu_lost"}]"#,
+        )
+        .unwrap();
+        for _ in 0..2 {
+            let e = s.clear_cgroup_limit("GPU-sim-0", cg).unwrap_err();
+            assert!(matches!(e, GpuError::DeviceFault(_)), "{e:?}");
+        }
+        assert!(
+            s.cgroup_limit("GPU-sim-0", cg).unwrap().is_some(),
+            "other ops work"
+        );
+        std::fs::write(&file, "[]").unwrap();
+        assert!(s.clear_cgroup_limit("GPU-sim-0", cg).is_ok());
+        std::fs::write(
+            &file,
+            r#"[{"op": "clear_cgroup_limt", "error": "unknown"}]"#,
+        )
+        .unwrap();
+        let e = s.discover().unwrap_err();
+        assert!(
+            matches!(&e, GpuError::InvalidArgument(m) if m.contains("faults.json")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, alloc, claim, device, get_share, metric_sample, net,
     pod::{Layout, Sandbox, pod_uid},
-    prepare_one, proto as pb, share_id, unprepare_one,
+    prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
@@ -141,6 +141,89 @@ async fn simulated_gpu_share_end_to_end() {
     assert_eq!(unprepare_one(&mut c, 0, "g1").await.code, "");
     assert!(!path.exists(), "the spec is removed on release");
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
+}
+
+/// A claim whose limit cannot be set is rolled back; when the driver also refuses to
+/// remove what was recorded, nothing is leaked: the share stays RELEASING with its
+/// capacity held (another claim cannot take it), and the reconciler finishes the removal
+/// once the driver lets it, which frees the capacity. The faults are the SIMULATED
+/// driver's, injected through its faults file.
+#[tokio::test]
+async fn a_roll_back_the_driver_refuses_holds_the_capacity_until_it_is_removed() {
+    if !net::privileged("a_roll_back_the_driver_refuses_holds_the_capacity_until_it_is_removed") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults.json");
+    fs::write(
+        &faults,
+        r#"[{"op": "set_cgroup_limit", "error": "unknown"},
+            {"op": "clear_cgroup_limit", "error": "unknown"}]"#,
+    )
+    .unwrap();
+    let mut o = Options::new(gpu_device("{ period = \"1s\", action = \"report\" }"));
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}\nreconcile_period = \"200ms\"",
+        dir.path().join("cdi"),
+    );
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+    let sb = Sandbox::cgroup_only(&pod_uid(), Layout::Systemd);
+
+    let id = share_id();
+    let r = prepare_one(&mut c, 0, gpu_claim("rb", &id, "50Gi", sb.uid())).await;
+    let e = r
+        .error
+        .as_ref()
+        .expect("the claim fails: its limit cannot be set");
+    assert!(e.retryable, "a transient driver error: {e:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Releasing as i32, "{r:?}");
+    assert!(
+        r.shares[0]
+            .reason
+            .contains("removing what was installed failed"),
+        "{}",
+        r.shares[0].reason
+    );
+    assert!(!spec_path(dir.path(), "rb").exists(), "no CDI spec for it");
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "50Gi");
+    // Held, not just counted: 50Gi + 40Gi > 80Gi.
+    let other = prepare_one(&mut c, 0, gpu_claim("rb2", &share_id(), "40Gi", sb.uid())).await;
+    let oe = other
+        .error
+        .expect("refused while the rolled-back share holds 50Gi");
+    assert_eq!(oe.code, "ResourceExhausted", "{oe:?}");
+    // A reconciler pass (every 200ms) tries again while the driver still refuses.
+    net::wait_for(
+        "a retried removal in the log",
+        Duration::from_secs(10),
+        || a.log_text().contains("roll-back removal failed again"),
+    );
+    assert_eq!(
+        get_share(&mut c, id.clone()).await.phase,
+        pb::Phase::Releasing as i32
+    );
+
+    // The driver lets go: the reconciler removes the limit and only then frees the share.
+    fs::remove_file(&faults).unwrap();
+    let s = wait_phase(&mut c, &id, pb::Phase::Failed).await;
+    assert!(s.reason.starts_with("claim rolled back"), "{}", s.reason);
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
+    let r = prepare_one(&mut c, 0, gpu_claim("rb3", &share_id(), "40Gi", sb.uid())).await;
+    assert_eq!(r.error, None, "the capacity is free again: {r:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    let lines = a.audit_lines();
+    let of = |decision: &str| {
+        lines
+            .iter()
+            .filter(|l| l["decision"] == decision && l["share_id"] == id.as_str())
+            .count()
+    };
+    assert_eq!(
+        (of("fail"), of("release")),
+        (1, 1),
+        "the roll-back and its end, audited once each"
+    );
 }
 
 #[tokio::test]
