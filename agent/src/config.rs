@@ -286,12 +286,16 @@ impl Config {
     /// [`Config::load`] with the node's name from `node` where `[agent] node_name`
     /// does not give it.
     pub fn load_for(path: &Path, node: &NodeNameSources) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        Config::parse_for(&Config::read(path)?, &path.display().to_string(), node)
+    }
+
+    /// The text of the config file at `path`.
+    pub fn read(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: path.display().to_string(),
             line: 0,
             message: format!("cannot read: {e}"),
-        })?;
-        Config::parse_for(&text, &path.display().to_string(), node)
+        })
     }
 
     /// The node's name from `[agent] node_name`, else this host's name.
@@ -358,27 +362,21 @@ impl Config {
         };
 
         let a = raw.agent;
-        let metrics_addr = match &a.metrics_addr {
-            None => SocketAddr::from(([127, 0, 0, 1], 9464)),
-            Some(s) => s.get_ref().parse().map_err(|e| {
-                err(
-                    s.span(),
-                    format!(
-                        "agent.metrics_addr: {:?} is not host:port: {e}",
-                        s.get_ref()
-                    ),
-                )
-            })?,
+        let addr = |key: &str, s: &Option<Spanned<String>>| {
+            s.as_ref()
+                .map(|s| {
+                    s.get_ref().parse::<SocketAddr>().map_err(|e| {
+                        err(
+                            s.span(),
+                            format!("agent.{key}: {:?} is not host:port: {e}", s.get_ref()),
+                        )
+                    })
+                })
+                .transpose()
         };
-        let health_addr = match &a.health_addr {
-            None => None,
-            Some(s) => Some(s.get_ref().parse::<SocketAddr>().map_err(|e| {
-                err(
-                    s.span(),
-                    format!("agent.health_addr: {:?} is not host:port: {e}", s.get_ref()),
-                )
-            })?),
-        };
+        let metrics_addr = addr("metrics_addr", &a.metrics_addr)?
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464)));
+        let health_addr = addr("health_addr", &a.health_addr)?;
         if !metrics_addr.ip().is_loopback()
             && a.metrics_token_file.is_none()
             && let Some(s) = &a.metrics_addr

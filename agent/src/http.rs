@@ -38,19 +38,21 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_CONNECTIONS: usize = 64;
 
 pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
-    Router::new()
+    health_routes()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
         .with_state(Ctx { engine, ready })
 }
 
 /// Health alone, for `health_addr`.
 pub fn health_router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
+    health_routes().with_state(Ctx { engine, ready })
+}
+
+/// `/healthz` and `/readyz`, the same on both listeners.
+fn health_routes() -> Router<Ctx> {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(Ctx { engine, ready })
 }
 
 /// Serves `app` on `listener` within the bounds above, until the process ends.

@@ -45,16 +45,7 @@ fn bind_socket(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> 
         && !dir.exists()
     {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mode = match group {
-            None => 0o700,
-            Some(gid) => {
-                std::os::unix::fs::chown(dir, Some(0), Some(gid))
-                    .with_context(|| format!("chown 0:{gid} {}", dir.display()))?;
-                0o750
-            }
-        };
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("chmod {mode:o} {}", dir.display()))?;
+        restrict(dir, group, 0o700, 0o750)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -74,17 +65,23 @@ fn bind_socket(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> 
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     // Peer credentials decide what a caller may do; the mode decides who may connect at
     // all: root alone, or root and the socket's group.
+    restrict(path, group, 0o600, 0o660)?;
+    Ok(l)
+}
+
+/// Gives `path` mode `alone` (root's), or with a group: owner 0:`group` and mode
+/// `shared`.
+fn restrict(path: &Path, group: Option<u32>, alone: u32, shared: u32) -> anyhow::Result<()> {
     let mode = match group {
-        None => 0o600,
+        None => alone,
         Some(gid) => {
             std::os::unix::fs::chown(path, Some(0), Some(gid))
                 .with_context(|| format!("chown 0:{gid} {}", path.display()))?;
-            0o660
+            shared
         }
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("chmod {mode:o} {}", path.display()))?;
-    Ok(l)
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))
 }
 
 /// The node and each device's pool, once at start. A pool that is not the node's own
@@ -133,12 +130,15 @@ pub async fn shutdown_signal() {
 /// `node_name` (`--node-name` or `NODE_NAME`), else the host name.
 pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Result<()> {
     let started = Instant::now();
-    // The text as read, for the audit of a changed config (`Engine::note_config`).
-    let config_digest = crate::audit::chain::hex(&crate::audit::chain::hash(
-        &std::fs::read(config_path)
-            .with_context(|| format!("reading {}", config_path.display()))?,
-    ));
-    let mut cfg = Config::load_for(config_path, &NodeNameSources::this_host(node_name))?;
+    // Read once: the digest audited for a changed config (`Engine::note_config`) is of
+    // the very text the agent runs with.
+    let text = Config::read(config_path)?;
+    let config_digest = crate::audit::chain::hex(&crate::audit::chain::hash(text.as_bytes()));
+    let mut cfg = Config::parse_for(
+        &text,
+        &config_path.display().to_string(),
+        &NodeNameSources::this_host(node_name),
+    )?;
     log_pools(&cfg);
     std::fs::create_dir_all(&cfg.agent.state_dir)
         .with_context(|| format!("creating state_dir {}", cfg.agent.state_dir.display()))?;

@@ -95,12 +95,10 @@ impl Engine {
                 n.phase = Phase::Failed;
                 n.rolling_back = false;
                 n.sandbox = None;
+                // The claim's error, kept on the share since the roll-back.
+                let why = r.error.as_ref().map_or("", |e| e.message.as_str());
                 n.reason = format!(
-                    "{}; what it had installed is removed, capacity freed",
-                    r.reason
-                        .split("; removing what was installed failed")
-                        .next()
-                        .unwrap_or(&r.reason)
+                    "claim rolled back: {why}; what it had installed is removed, capacity freed"
                 );
                 if self.persist_one(&n).await {
                     info!("roll-back finished");
