@@ -30,12 +30,8 @@ pub struct Position(pub [String; 4]);
 
 impl Position {
     pub fn of(r: &ShareRecord) -> Position {
-        Position([
-            r.device.clone(),
-            r.claim.namespace.clone(),
-            r.claim.name.clone(),
-            r.key.clone(),
-        ])
+        let (d, n, c, k) = order(r);
+        Position([d.to_owned(), n.to_owned(), c.to_owned(), k.to_owned()])
     }
 
     fn cmp_record(&self, r: &ShareRecord) -> std::cmp::Ordering {
