@@ -86,6 +86,37 @@ sgc_start_apiserver() {
     --kubelet-preferred-address-types InternalIP \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --allow-privileged=true --feature-gates "$1" --profiling=false
+  echo "$1" >"$SGC_STATE/run/kube-apiserver.gates"
+}
+
+# kube-controller-manager and kube-scheduler, with the usual feature gates (up.sh, and
+# restart-apiserver.sh after each restart of kube-apiserver).
+sgc_start_controller_manager() {
+  local pki="$SGC_STATE/pki" kc="$SGC_STATE/kubeconfig/controller-manager.kubeconfig"
+  sgc_start kube-controller-manager "$SGC_CACHE/bin/kube-controller-manager" \
+    --kubeconfig "$kc" --authentication-kubeconfig "$kc" --authorization-kubeconfig "$kc" \
+    --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+    --feature-gates "$SGC_FEATURE_GATES" --profiling=false
+}
+
+sgc_start_scheduler() {
+  local kc="$SGC_STATE/kubeconfig/scheduler.kubeconfig"
+  sgc_start kube-scheduler "$SGC_CACHE/bin/kube-scheduler" \
+    --kubeconfig "$kc" --authentication-kubeconfig "$kc" --authorization-kubeconfig "$kc" \
+    --bind-address 127.0.0.1 --leader-elect=false --feature-gates "$SGC_FEATURE_GATES" \
+    --profiling=false
+}
+
+# sgc_kill NAME: SIGKILL the host daemon NAME started by sgc_start and wait until it is
+# gone (not our child, so by /proc). What the daemons keep is in etcd, so a kill loses
+# nothing, and it does not wait out kube-apiserver's minute for watches to end.
+sgc_kill() {
+  local pid
+  pid="$(cat "$SGC_STATE/run/$1.pid")"
+  kill -KILL "$pid" 2>/dev/null || true
+  SGC_WAIT=30 sgc_wait "$1 to exit" bash -c "! kill -0 $pid"
 }
 
 sgc_start_kubelet() {

@@ -45,20 +45,8 @@ sgc_start etcd etcd --name sgc --data-dir "$SGC_STATE/etcd" \
 sgc_start_apiserver "$SGC_FEATURE_GATES"
 export KUBECONFIG="$kc/admin.kubeconfig"
 SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
-sgc_start kube-controller-manager kube-controller-manager \
-  --kubeconfig "$kc/controller-manager.kubeconfig" \
-  --authentication-kubeconfig "$kc/controller-manager.kubeconfig" \
-  --authorization-kubeconfig "$kc/controller-manager.kubeconfig" \
-  --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
-  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --feature-gates "$SGC_FEATURE_GATES" --profiling=false
-sgc_start kube-scheduler kube-scheduler \
-  --kubeconfig "$kc/scheduler.kubeconfig" \
-  --authentication-kubeconfig "$kc/scheduler.kubeconfig" \
-  --authorization-kubeconfig "$kc/scheduler.kubeconfig" \
-  --bind-address 127.0.0.1 --leader-elect=false --feature-gates "$SGC_FEATURE_GATES" \
-  --profiling=false
+sgc_start_controller_manager
+sgc_start_scheduler
 
 # ---- nodes -----------------------------------------------------------------------
 "$here/node.sh" "$bin"
