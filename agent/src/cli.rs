@@ -69,6 +69,11 @@ pub enum Cmd {
     /// agent's drivers with kubelet and speaks to the API server.
     #[cfg(feature = "kubelet-plugin")]
     KubeletPlugin(shareguard_kubelet_plugin::PluginArgs),
+    /// Make the kubelet plugin's socket directories and give them to the uid it runs
+    /// as (run once before it, as root with CAP_CHOWN and CAP_FOWNER only), so that
+    /// the plugin itself runs with neither root nor a capability.
+    #[cfg(feature = "kubelet-plugin")]
+    KubeletPluginDirs(shareguard_kubelet_plugin::DirsArgs),
     /// Devices with capacity, allocated and free.
     Devices,
     /// Shares, optionally filtered.
@@ -435,6 +440,8 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Agent { .. } => bail!("`agent` is not a client command"),
         #[cfg(feature = "kubelet-plugin")]
         Cmd::KubeletPlugin(_) => bail!("`kubelet-plugin` is not a client command"),
+        #[cfg(feature = "kubelet-plugin")]
+        Cmd::KubeletPluginDirs(_) => bail!("`kubelet-plugin-dirs` is not a client command"),
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Devices => {
             let r = c

@@ -46,6 +46,15 @@ fn main() -> ExitCode {
             ))
             .map(|()| ExitCode::SUCCESS)
         }
+        #[cfg(feature = "kubelet-plugin")]
+        Cmd::KubeletPluginDirs(args) => shareguard_kubelet_plugin::prepare_dirs(args)
+            .map(|done| {
+                for line in done {
+                    println!("{line}");
+                }
+                ExitCode::SUCCESS
+            })
+            .map_err(Into::into),
         _ => rt.block_on(run_client(cli)),
     };
     match result {

@@ -13,7 +13,9 @@ pub struct PluginArgs {
     /// This node's name, as in the Node object and the pods' spec.nodeName.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// kubelet's plugin registration directory; the plugin puts `<driver>-reg.sock` there.
+    /// kubelet's plugin registration directory, or a directory below it (kubelet
+    /// watches those too; one of its own lets the plugin run as a uid other than
+    /// root's); the plugin puts `<driver>-reg.sock` there.
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     pub registry_dir: PathBuf,
     /// kubelet's plugins directory; the plugin serves `<driver>/dra.sock` there.

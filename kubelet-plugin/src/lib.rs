@@ -11,6 +11,7 @@ mod agent;
 mod args;
 pub mod claims;
 mod cluster;
+mod dirs;
 mod driver;
 pub mod error;
 mod health;
@@ -22,4 +23,5 @@ pub mod slices;
 pub mod status;
 
 pub use args::PluginArgs;
+pub use dirs::{DirError, DirsArgs, prepare as prepare_dirs};
 pub use run::run;

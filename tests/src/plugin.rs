@@ -26,6 +26,10 @@ pub struct Plugin {
     starts: u32,
     /// `--instance-id`: the sockets' names carry it.
     instance_id: Option<String>,
+    /// Runs as this uid and gid, from `bin` (a copy every uid may execute), instead of
+    /// as the test's own uid from the build directory.
+    run_as: Option<(u32, u32)>,
+    bin: PathBuf,
 }
 
 impl Plugin {
@@ -88,7 +92,62 @@ impl Plugin {
             starts: 0,
             resync_seconds: 1,
             instance_id: None,
+            run_as: None,
+            bin: agent_bin(),
         }
+    }
+
+    /// [`Plugin::start_instance`] as a DaemonSet runs it unprivileged: kubelet's
+    /// directories are root's, `shareguard kubelet-plugin-dirs` (as root) makes
+    /// `plugins_registry/<driver>` and `plugins/<driver>` and gives them to `uid`:`gid`,
+    /// and the plugin runs as `uid`:`gid` with no supplementary group, registering from
+    /// the first. Returns the output of `kubelet-plugin-dirs` beside the plugin.
+    pub fn start_as(
+        agent: &Agent,
+        api: &ApiServer,
+        node: &str,
+        drivers: &[&str],
+        instance_id: &str,
+        (uid, gid): (u32, u32),
+    ) -> (Plugin, String) {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let mut p = Self::create(&agent.socket, api, node, drivers);
+        let root = p.dir.path().to_path_buf();
+        // Other uids may pass through the test's directory, not list it.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o711)).unwrap();
+        // Root's and not writable by others; 0711 rather than kubelet's 0750 because in
+        // the pod the plugin reaches its two directories through bind mounts, below
+        // mount points the runtime made, never through kubelet's own directories.
+        for d in [&p.kubelet.registry_dir, &p.kubelet.plugins_dir] {
+            fs::DirBuilder::new().mode(0o711).create(d).unwrap();
+        }
+        let bin = root.join("shareguard");
+        fs::copy(agent_bin(), &bin).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        p.kubelet.registry_dir = p.kubelet.registry_dir.join(drivers[0]);
+        let mut dirs = vec![p.kubelet.registry_dir.clone()];
+        dirs.extend(drivers.iter().map(|d| p.kubelet.plugins_dir.join(d)));
+        let out = Command::new(agent_bin())
+            .args(["kubelet-plugin-dirs", "--owner", &format!("{uid}:{gid}")])
+            .args(&dirs)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubelet-plugin-dirs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        p.instance_id = Some(instance_id.to_owned());
+        p.run_as = Some((uid, gid));
+        p.bin = bin;
+        p.launch();
+        p.wait_ready();
+        (p, String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// A second instance of `first`'s plugin, as a rolling update starts it: the same
@@ -129,7 +188,13 @@ impl Plugin {
         self.log = self.dir.path().join(format!("plugin-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).unwrap();
-        let child = Command::new(agent_bin())
+        let mut cmd = Command::new(&self.bin);
+        if let Some((uid, gid)) = self.run_as {
+            use std::os::unix::process::CommandExt;
+            // As root, std also drops the supplementary groups when it changes uid.
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
             .arg("kubelet-plugin")
             .arg("--agent-socket")
             .arg(&self.agent_socket)

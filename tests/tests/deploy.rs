@@ -1231,13 +1231,30 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     let c = plugin_container(&ds);
     let cfg = configmap_config(&docs);
 
-    // Nothing beyond uid 0, which the agent's socket (root's, 0600) and allowed_uids
-    // require: no capability, no privilege, a read-only root.
+    // A uid of its own with the kubelet-plugin role and nothing of an admin's, in the
+    // socket's group: no root, no capability, no privilege, a read-only root.
     let sc = c.security_context.as_ref().expect("a securityContext");
-    assert_eq!(sc.run_as_user, Some(0));
+    let run_uid = sc.run_as_user.expect("runAsUser");
+    let run_gid = sc.run_as_group.expect("runAsGroup");
+    assert_ne!(run_uid, 0, "the plugin runs as root");
+    assert_eq!(sc.run_as_non_root, Some(true));
     assert!(
-        cfg.agent.allowed_uids.contains(&0),
-        "the agent admits uid 0"
+        cfg.agent
+            .plugin_uids
+            .contains(&u32::try_from(run_uid).unwrap()),
+        "the agent gives uid {run_uid} the kubelet-plugin role: {:?}",
+        cfg.agent.plugin_uids
+    );
+    assert!(
+        !cfg.agent
+            .allowed_uids
+            .contains(&u32::try_from(run_uid).unwrap()),
+        "the plugin's uid {run_uid} is an admin"
+    );
+    assert_eq!(
+        cfg.agent.socket_group.map(i64::from),
+        Some(run_gid),
+        "the plugin's group is the socket's"
     );
     assert_eq!(sc.privileged, Some(false));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -1414,14 +1431,27 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     }
 
     // kubelet's directories, at the same paths as on the host (kubelet is told the
-    // socket paths as the plugin sees them).
-    let reg = mount_at(Path::new(&f["--registry-dir"]));
+    // socket paths as the plugin sees them): a directory of its own inside kubelet's
+    // registration directory, which kubelet watches too, since kubelet's own is root's.
+    let registry = Path::new(&f["--registry-dir"]);
+    assert_eq!(
+        registry.parent(),
+        Some(Path::new("/var/lib/kubelet/plugins_registry")),
+        "one level below kubelet's registration directory (kubelet's watch)"
+    );
+    assert!(
+        configmap_drivers(&cfg).contains(registry.file_name().unwrap().to_str().unwrap()),
+        "named after a driver of the ConfigMap: {}",
+        registry.display()
+    );
+    let reg = mount_at(registry);
     assert_eq!(
         host.get(reg.name.as_str()),
-        Some(&(f["--registry-dir"].as_str(), "Directory"))
+        Some(&(f["--registry-dir"].as_str(), "DirectoryOrCreate"))
     );
     assert_ne!(reg.read_only, Some(true));
     let mut plugin_host_mounts = BTreeSet::from([sock.name.clone(), reg.name.clone()]);
+    let mut own_dirs = vec![registry.to_path_buf()];
     for driver in configmap_drivers(&cfg) {
         let dir = Path::new(&f["--plugins-dir"]).join(&driver);
         let m = mount_at(&dir);
@@ -1432,7 +1462,52 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         );
         assert_ne!(m.read_only, Some(true));
         plugin_host_mounts.insert(m.name.clone());
+        own_dirs.push(dir);
     }
+
+    // The init container hands exactly those directories to the plugin's uid and
+    // group, with the two capabilities that takes and no other, through the very
+    // volumes the plugin mounts.
+    let inits = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(inits.len(), 1, "one init container");
+    let init = &inits[0];
+    let cmd = init.command.as_ref().expect("a command");
+    let mut want = vec![
+        "/usr/local/bin/shareguard".to_owned(),
+        "kubelet-plugin-dirs".into(),
+        "--owner".into(),
+        format!("{run_uid}:{run_gid}"),
+    ];
+    want.extend(own_dirs.iter().map(|d| d.display().to_string()));
+    assert_eq!(cmd, &want);
+    assert_eq!(init.image, c.image, "the plugin's image");
+    let isc = init.security_context.as_ref().expect("a securityContext");
+    assert_eq!(isc.run_as_user, Some(0));
+    assert_eq!(isc.allow_privilege_escalation, Some(false));
+    assert_eq!(isc.privileged, Some(false));
+    assert_eq!(isc.read_only_root_filesystem, Some(true));
+    let icaps = isc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(icaps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    assert_eq!(
+        icaps
+            .add
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from(["CHOWN", "FOWNER"])
+    );
+    let init_mounts: BTreeMap<&str, &str> = init
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.mount_path.as_str(), m.name.as_str()))
+        .collect();
+    let want_mounts: BTreeMap<&str, &str> = own_dirs
+        .iter()
+        .map(|d| (d.to_str().unwrap(), mount_at(d).name.as_str()))
+        .collect();
+    assert_eq!(init_mounts, want_mounts, "the init container's mounts");
     // Those and no other host path (not kubelet's whole plugins directory).
     let mounted: BTreeSet<String> = mounts
         .iter()
