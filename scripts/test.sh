@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 ensure_build_deps
 # cargo-fuzz and g++ (libFuzzer): the fuzz crate is linted below and fuzzed last.
 ensure_fuzz_toolchain
-# promtool (Debian's prometheus package) lints the agent's /metrics in the tests, and
-# systemd-analyze (systemd) verifies the unit file.
-ensure_debs prometheus systemd
+# promtool (Debian's prometheus package) lints the agent's /metrics in the tests,
+# systemd-analyze (systemd) verifies the unit file, openssl makes the certificates of
+# the metrics TLS test (curl, its scraper, is a build dependency already).
+ensure_debs prometheus systemd openssl
 # Other languages' gRPC clients, for tests/tests/other_clients.rs.
 ensure_py_clients
 

@@ -53,6 +53,9 @@ pub struct AgentConfig {
     /// scrape, so it can be rotated in place. Required for a `metrics_addr` other than
     /// loopback: the metrics name tenants' namespaces and claims.
     pub metrics_token_file: Option<PathBuf>,
+    /// TLS on `metrics_addr`, with client certificates checked against a CA where
+    /// `client_ca_file` is given; the files are read for each connection.
+    pub metrics_tls: Option<crate::metrics_tls::MetricsTls>,
     pub audit_log: PathBuf,
     /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
     pub audit_bound: crate::audit::Bound,
@@ -174,6 +177,15 @@ struct RawConfig {
     devices: Vec<Spanned<RawDevice>>,
 }
 
+/// `metrics_tls = { cert_file = "...", key_file = "...", client_ca_file = "..." }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetricsTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    client_ca_file: Option<PathBuf>,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
@@ -183,6 +195,7 @@ struct RawAgent {
     metrics_addr: Option<Spanned<String>>,
     health_addr: Option<Spanned<String>>,
     metrics_token_file: Option<PathBuf>,
+    metrics_tls: Option<RawMetricsTls>,
     audit_log: Option<PathBuf>,
     /// An integer or a quantity string ("64Mi").
     audit_max_bytes: Option<Spanned<RawBytes>>,
@@ -377,14 +390,19 @@ impl Config {
         let metrics_addr = addr("metrics_addr", &a.metrics_addr)?
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464)));
         let health_addr = addr("health_addr", &a.health_addr)?;
+        let client_certs = a
+            .metrics_tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_file.is_some());
         if !metrics_addr.ip().is_loopback()
             && a.metrics_token_file.is_none()
+            && !client_certs
             && let Some(s) = &a.metrics_addr
         {
             return Err(err(
                 s.span(),
                 format!(
-                    "agent.metrics_addr: {metrics_addr} is reachable from other hosts, and the metrics name tenants' namespaces and claims: bind it to loopback, or set metrics_token_file so that only scrapers with the token read them"
+                    "agent.metrics_addr: {metrics_addr} is reachable from other hosts, and the metrics name tenants' namespaces and claims: bind it to loopback, or set metrics_token_file (a bearer token) or metrics_tls with client_ca_file (client certificates) so that only authenticated scrapers read them"
                 ),
             ));
         }
@@ -575,6 +593,11 @@ impl Config {
             metrics_addr,
             health_addr,
             metrics_token_file: a.metrics_token_file,
+            metrics_tls: a.metrics_tls.map(|t| crate::metrics_tls::MetricsTls {
+                cert_file: t.cert_file,
+                key_file: t.key_file,
+                client_ca_file: t.client_ca_file,
+            }),
             allowed_uids: a
                 .allowed_uids
                 .map(Spanned::into_inner)
@@ -1070,6 +1093,29 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         );
         let c = Config::parse(&with_token, "ok.toml").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.agent.health_addr, Some("0.0.0.0:9465".parse().unwrap()));
+        // Client certificates authenticate too; TLS for the server alone does not.
+        let tls = |ca: &str| {
+            open.replace(
+                "[agent]\n",
+                &format!(
+                    "[agent]\nmetrics_tls = {{ cert_file = \"/c\", key_file = \"/k\"{ca} }}\n"
+                ),
+            )
+        };
+        let c = Config::parse(&tls(", client_ca_file = \"/ca\""), "ok.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.agent.metrics_tls.and_then(|t| t.client_ca_file),
+            Some(PathBuf::from("/ca"))
+        );
+        assert!(err_of(&tls("")).message.contains("client_ca_file"));
+        assert!(
+            err_of(&tls(", ca = \"/x\""))
+                .message
+                .contains("unknown field"),
+            "{}",
+            err_of(&tls(", ca = \"/x\""))
+        );
         let bad = GOOD.replace("[agent]\n", "[agent]\nhealth_addr = \"nowhere\"\n");
         assert!(
             err_of(&bad).message.contains("agent.health_addr"),

@@ -2,6 +2,8 @@
 //! alone on `health_addr`. Every connection is bounded: a client gets
 //! [`HEADER_READ_TIMEOUT`] to send its request head and [`CONNECTION_TIMEOUT`] in all,
 //! and at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog).
+//! With `[agent] metrics_tls` the metrics listener speaks TLS only (see
+//! [`crate::metrics_tls`]); the TLS handshake counts as part of the request head's time.
 
 use std::{
     sync::{
@@ -22,7 +24,10 @@ use axum::{
     routing::get,
 };
 
-use crate::engine::Engine;
+use crate::{
+    engine::Engine,
+    metrics_tls::{self, MetricsTls},
+};
 
 #[derive(Clone)]
 struct Ctx {
@@ -55,8 +60,9 @@ fn health_routes() -> Router<Ctx> {
         .route("/readyz", get(readyz))
 }
 
-/// Serves `app` on `listener` within the bounds above, until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, app: Router) {
+/// Serves `app` on `listener` within the bounds above, over TLS when `tls` is given,
+/// until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, tls: Option<MetricsTls>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         // Waiting here leaves further clients in the kernel's backlog.
@@ -70,17 +76,49 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router) {
                 continue;
             }
         };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let app = app.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let served = async move {
+                let Some(tls) = tls else {
+                    return serve_connection(stream, app).await;
+                };
+                // Read for each connection: a renewed certificate applies at once.
+                let config = match metrics_tls::server_config(&tls) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics_tls cannot be loaded; connection refused");
+                        return;
+                    }
+                };
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+                match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => serve_connection(stream, app).await,
+                    // A client without an admitted certificate, or no TLS at all: it
+                    // learns nothing, and is not worth a warning each time.
+                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics TLS handshake failed"),
+                    Err(_) => tracing::debug!("metrics TLS handshake timed out"),
+                }
+            };
             // A connection past its time is dropped, whatever it was doing.
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, served).await;
             drop(slot);
         });
     }
+}
+
+/// HTTP/1.1 on one accepted connection, plain or TLS.
+async fn serve_connection<S>(stream: S, app: Router)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper_util::service::TowerToHyperService::new(app);
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let _ = b
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+        .await;
 }
 
 /// Whether `headers` carry the token in `file` as `Authorization: Bearer <token>`. The

@@ -23,6 +23,7 @@ pub mod ledger;
 pub mod limiters;
 pub mod metrics;
 pub mod metrics_text;
+pub mod metrics_tls;
 pub mod policy;
 pub mod record;
 pub mod server;

@@ -171,7 +171,18 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         .with_context(|| format!("binding metrics_addr {}", cfg.agent.metrics_addr))?;
     let metrics_addr = http_listener.local_addr()?;
     let app = http::router(engine.clone(), ready.clone());
-    tokio::spawn(http::serve(http_listener, app));
+    if let Some(tls) = &cfg.agent.metrics_tls
+        && let Err(e) = crate::metrics_tls::server_config(tls)
+    {
+        // Not fatal: the files may come later (a Secret not yet made); until then each
+        // connection to the metrics listener is refused, and says why in the log.
+        warn!(error = %e, "metrics_tls cannot be loaded yet");
+    }
+    tokio::spawn(http::serve(
+        http_listener,
+        app,
+        cfg.agent.metrics_tls.clone(),
+    ));
     let mut health_addr = "-".to_owned();
     if let Some(addr) = cfg.agent.health_addr {
         let l = tokio::net::TcpListener::bind(addr)
@@ -181,6 +192,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         tokio::spawn(http::serve(
             l,
             http::health_router(engine.clone(), ready.clone()),
+            None,
         ));
     }
 

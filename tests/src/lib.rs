@@ -243,18 +243,20 @@ impl Agent {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("agent exited during start ({status}):\n{}", self.log_text());
             }
+            let log = self.log_text();
+            let logged = |key: &str| -> Option<SocketAddr> {
+                log.lines().filter(|l| l.contains(" ready ")).find_map(|l| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .and_then(|a| a.parse().ok())
+                })
+            };
             if self.metrics.is_none() {
-                self.metrics = self
-                    .log_text()
-                    .lines()
-                    .filter(|l| l.contains(" ready "))
-                    .find_map(|l| {
-                        l.split_whitespace()
-                            .find_map(|w| w.strip_prefix("metrics="))
-                            .and_then(|a| a.parse().ok())
-                    });
+                self.metrics = logged("metrics=");
             }
-            if let Some(addr) = self.metrics
+            // The health port where there is one: the metrics port may speak TLS only.
+            let probe = logged("health=").or(self.metrics);
+            if let Some(addr) = probe
                 && http_get(addr, "/readyz").is_some_and(|(code, _)| code == 200)
             {
                 return;
