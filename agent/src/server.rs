@@ -75,8 +75,14 @@ fn restrict(path: &Path, group: Option<u32>, alone: u32, shared: u32) -> anyhow:
     let mode = match group {
         None => alone,
         Some(gid) => {
-            std::os::unix::fs::chown(path, Some(0), Some(gid))
-                .with_context(|| format!("chown 0:{gid} {}", path.display()))?;
+            // The group alone: as the file's owner the agent may give it any group it
+            // is itself a member of, with no CAP_CHOWN (which it does not hold).
+            std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| {
+                format!(
+                    "chgrp {gid} {}: the agent must be in socket_group {gid} itself (the pod's supplementalGroups, the unit's SupplementaryGroups=)",
+                    path.display()
+                )
+            })?;
             shared
         }
     };

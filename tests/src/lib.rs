@@ -101,6 +101,9 @@ pub struct Options {
     /// The socket in a directory the agent makes (`run/` in the agent's directory, which
     /// other uids may then traverse), rather than directly in the agent's directory.
     pub own_socket_dir: bool,
+    /// A command the agent is started through, e.g. `setpriv` with its options, to run
+    /// it with fewer capabilities or other groups than the test's own.
+    pub run_through: Vec<String>,
 }
 
 impl Options {
@@ -111,6 +114,7 @@ impl Options {
             agent_extra: String::new(),
             state_dir: None,
             own_socket_dir: false,
+            run_through: Vec::new(),
         }
     }
 }
@@ -126,6 +130,7 @@ pub struct Agent {
     pub metrics: Option<SocketAddr>,
     child: Option<Child>,
     starts: u32,
+    run_through: Vec<String>,
 }
 
 impl Agent {
@@ -176,6 +181,7 @@ impl Agent {
             metrics: None,
             child: None,
             starts: 0,
+            run_through: opts.run_through.clone(),
         };
         a.spawn();
         a
@@ -218,7 +224,15 @@ impl Agent {
         self.log = self.dir.path().join(format!("agent-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).unwrap();
-        let child = Command::new(agent_bin())
+        let mut cmd = match self.run_through.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(agent_bin());
+                c
+            }
+            None => Command::new(agent_bin()),
+        };
+        let child = cmd
             .args(["agent", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "info")

@@ -1256,6 +1256,18 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         Some(run_gid),
         "the plugin's group is the socket's"
     );
+    // The agent gives its socket that group as the socket's owner, which needs no
+    // CAP_CHOWN only if it is in the group itself.
+    let agent_ds = daemonset_named(&docs, AGENT_DS);
+    let agent_groups = pod_spec(&agent_ds)
+        .security_context
+        .as_ref()
+        .and_then(|s| s.supplemental_groups.clone())
+        .unwrap_or_default();
+    assert!(
+        agent_groups.contains(&run_gid),
+        "the agent's pod is not in socket_group {run_gid}: {agent_groups:?}"
+    );
     assert_eq!(sc.privileged, Some(false));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.read_only_root_filesystem, Some(true));

@@ -36,6 +36,40 @@ fn cli_as(a: &Agent, bin: &Path, uid: u32, gid: u32, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The roles config, the agent started through `setpriv` without CAP_CHOWN and with
+/// `groups` (setpriv's group options).
+fn roles_options(groups: &[&str]) -> Options {
+    let mut o = Options::new(generic_device("gen-0", "10Gi", "1Gi", &["team-a"], &[]));
+    o.own_socket_dir = true;
+    o.agent_extra =
+        format!("socket_group = {GROUP}\nreader_uids = [{READER}]\nplugin_uids = [{PLUGIN}]");
+    o.run_through = ["setpriv", "--bounding-set=-chown", "--inh-caps=-chown"]
+        .into_iter()
+        .chain(groups.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    o
+}
+
+/// Without CAP_CHOWN and outside socket_group the agent cannot give its socket the
+/// group: it stops at start and says what it needs, instead of serving a socket the
+/// listed uids cannot reach.
+#[test]
+fn an_agent_outside_socket_group_says_so_at_start() {
+    if !net::privileged("an_agent_outside_socket_group_says_so_at_start") {
+        return;
+    }
+    let failed = std::panic::catch_unwind(|| Agent::start(roles_options(&["--clear-groups"])))
+        .err()
+        .expect("the agent started outside socket_group");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains(&format!("chgrp {GROUP}"))
+            && message.contains(&format!("must be in socket_group {GROUP}")),
+        "{message}"
+    );
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -45,11 +79,15 @@ fn each_rpc_needs_its_role_and_listed_uids_can_connect() {
     if !net::privileged("each_rpc_needs_its_role_and_listed_uids_can_connect") {
         return;
     }
-    let mut o = Options::new(generic_device("gen-0", "10Gi", "1Gi", &["team-a"], &[]));
-    o.own_socket_dir = true;
-    o.agent_extra =
-        format!("socket_group = {GROUP}\nreader_uids = [{READER}]\nplugin_uids = [{PLUGIN}]");
-    let a = Agent::start(o);
+    // As the DaemonSet runs it: without CAP_CHOWN, in the socket's group.
+    let a = Agent::start(roles_options(&["--groups", &GROUP.to_string()]));
+    let cap_eff = fs::read_to_string(format!("/proc/{}/status", a.pid())).unwrap();
+    let cap_eff = cap_eff
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(cap_eff & 1, 0, "the agent holds CAP_CHOWN: {cap_eff:x}");
     let bin = a.dir.path().join("shareguard");
     fs::copy(agent_bin(), &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
