@@ -13,16 +13,16 @@ pub struct PluginArgs {
     /// This node's name, as in the Node object and the pods' spec.nodeName.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// kubelet's plugin registration directory, or a directory below it (kubelet
-    /// watches those too; one of its own lets the plugin run as a uid other than
-    /// root's); the plugin puts `<driver>-reg.sock` there.
+    /// kubelet's plugin registration directory; the plugin puts `<driver>/reg.sock`
+    /// there (kubelet watches the directories below it too, and one per driver can be
+    /// given to a plugin that does not run as root).
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     pub registry_dir: PathBuf,
     /// kubelet's plugins directory; the plugin serves `<driver>/dra.sock` there.
     #[arg(long, default_value = "/var/lib/kubelet/plugins")]
     pub plugins_dir: PathBuf,
-    /// Names this instance's sockets `<driver>-<id>-reg.sock` and `<driver>/dra-<id>.sock`
-    /// instead of `<driver>-reg.sock` and `<driver>/dra.sock`, so that a new instance
+    /// Names this instance's sockets `<driver>/reg-<id>.sock` and `<driver>/dra-<id>.sock`
+    /// instead of `<driver>/reg.sock` and `<driver>/dra.sock`, so that a new instance
     /// can serve beside the one it replaces (kubelet 1.33 and later keep several
     /// instances of one driver and call the newest). The pod's uid in a DaemonSet.
     #[arg(long, env = "POD_UID", value_parser = instance_id)]

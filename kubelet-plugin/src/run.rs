@@ -31,9 +31,13 @@ use crate::{
 /// How long a stop waits for calls in flight, once the registration sockets are gone.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The file names of one driver's sockets: `<driver>-reg.sock` and `dra.sock`, or with
-/// `--instance-id` `<driver>-<id>-reg.sock` and `dra-<id>.sock` (the names kubelet's own
-/// Go helper uses for rolling updates), so that two instances never share a file.
+/// One driver's sockets, each in a directory of the driver's own:
+/// `<plugins-dir>/<driver>/dra.sock` and `<registry-dir>/<driver>/reg.sock`, or with
+/// `--instance-id` `dra-<id>.sock` and `reg-<id>.sock`, so that two instances never
+/// share a file. kubelet's plugin watcher finds registration sockets in the directories
+/// below its own, and a directory per driver is what a plugin that is not root can be
+/// given (kubelet's own is root's); the driver's name is in the directory, which keeps
+/// the path within what a unix socket's address holds.
 fn socket_paths(args: &PluginArgs, driver: &str) -> (PathBuf, PathBuf) {
     let part = args
         .instance_id
@@ -44,7 +48,9 @@ fn socket_paths(args: &PluginArgs, driver: &str) -> (PathBuf, PathBuf) {
         args.plugins_dir
             .join(driver)
             .join(format!("dra{part}.sock")),
-        args.registry_dir.join(format!("{driver}{part}-reg.sock")),
+        args.registry_dir
+            .join(driver)
+            .join(format!("reg{part}.sock")),
     )
 }
 

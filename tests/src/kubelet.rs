@@ -27,7 +27,7 @@ async fn channel(path: &Path) -> Channel {
 
 impl Kubelet {
     pub fn registration_socket(&self, driver: &str) -> PathBuf {
-        self.registry_dir.join(format!("{driver}-reg.sock"))
+        self.registry_dir.join(driver).join("reg.sock")
     }
 
     /// What the plugin watcher does on finding the socket: GetInfo, then (when it

@@ -100,8 +100,8 @@ impl Plugin {
     /// [`Plugin::start_instance`] as a DaemonSet runs it unprivileged: kubelet's
     /// directories are root's, `shareguard kubelet-plugin-dirs` (as root) makes
     /// `plugins_registry/<driver>` and `plugins/<driver>` and gives them to `uid`:`gid`,
-    /// and the plugin runs as `uid`:`gid` with no supplementary group, registering from
-    /// the first. Returns the output of `kubelet-plugin-dirs` beside the plugin.
+    /// and the plugin runs as `uid`:`gid` with no supplementary group. Returns the
+    /// output of `kubelet-plugin-dirs` beside the plugin.
     pub fn start_as(
         agent: &Agent,
         api: &ApiServer,
@@ -124,9 +124,15 @@ impl Plugin {
         let bin = root.join("shareguard");
         fs::copy(agent_bin(), &bin).unwrap();
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        p.kubelet.registry_dir = p.kubelet.registry_dir.join(drivers[0]);
-        let mut dirs = vec![p.kubelet.registry_dir.clone()];
-        dirs.extend(drivers.iter().map(|d| p.kubelet.plugins_dir.join(d)));
+        let dirs: Vec<PathBuf> = drivers
+            .iter()
+            .flat_map(|d| {
+                [
+                    p.kubelet.registry_dir.join(d),
+                    p.kubelet.plugins_dir.join(d),
+                ]
+            })
+            .collect();
         let out = Command::new(agent_bin())
             .args(["kubelet-plugin-dirs", "--owner", &format!("{uid}:{gid}")])
             .args(&dirs)
@@ -274,7 +280,8 @@ impl Plugin {
             Some(id) => self
                 .kubelet
                 .registry_dir
-                .join(format!("{driver}-{id}-reg.sock")),
+                .join(driver)
+                .join(format!("reg-{id}.sock")),
             None => self.kubelet.registration_socket(driver),
         }
     }

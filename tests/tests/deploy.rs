@@ -1443,38 +1443,28 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     }
 
     // kubelet's directories, at the same paths as on the host (kubelet is told the
-    // socket paths as the plugin sees them): a directory of its own inside kubelet's
-    // registration directory, which kubelet watches too, since kubelet's own is root's.
-    let registry = Path::new(&f["--registry-dir"]);
+    // socket paths as the plugin sees them): for each driver a directory of its own in
+    // kubelet's registration directory (kubelet watches the directories below it; its
+    // own is root's) and one in kubelet's plugins directory, and nothing else of them.
     assert_eq!(
-        registry.parent(),
-        Some(Path::new("/var/lib/kubelet/plugins_registry")),
-        "one level below kubelet's registration directory (kubelet's watch)"
+        f["--registry-dir"], "/var/lib/kubelet/plugins_registry",
+        "kubelet's registration directory"
     );
-    assert!(
-        configmap_drivers(&cfg).contains(registry.file_name().unwrap().to_str().unwrap()),
-        "named after a driver of the ConfigMap: {}",
-        registry.display()
-    );
-    let reg = mount_at(registry);
-    assert_eq!(
-        host.get(reg.name.as_str()),
-        Some(&(f["--registry-dir"].as_str(), "DirectoryOrCreate"))
-    );
-    assert_ne!(reg.read_only, Some(true));
-    let mut plugin_host_mounts = BTreeSet::from([sock.name.clone(), reg.name.clone()]);
-    let mut own_dirs = vec![registry.to_path_buf()];
+    let mut plugin_host_mounts = BTreeSet::from([sock.name.clone()]);
+    let mut own_dirs = Vec::new();
     for driver in configmap_drivers(&cfg) {
-        let dir = Path::new(&f["--plugins-dir"]).join(&driver);
-        let m = mount_at(&dir);
-        assert_eq!(
-            host.get(m.name.as_str()),
-            Some(&(dir.to_str().unwrap(), "DirectoryOrCreate")),
-            "{driver}: its own directory under the plugins directory"
-        );
-        assert_ne!(m.read_only, Some(true));
-        plugin_host_mounts.insert(m.name.clone());
-        own_dirs.push(dir);
+        for parent in [&f["--registry-dir"], &f["--plugins-dir"]] {
+            let dir = Path::new(parent).join(&driver);
+            let m = mount_at(&dir);
+            assert_eq!(
+                host.get(m.name.as_str()),
+                Some(&(dir.to_str().unwrap(), "DirectoryOrCreate")),
+                "{driver}: its own directory under {parent}"
+            );
+            assert_ne!(m.read_only, Some(true));
+            plugin_host_mounts.insert(m.name.clone());
+            own_dirs.push(dir);
+        }
     }
 
     // The init container hands exactly those directories to the plugin's uid and

@@ -320,7 +320,7 @@ fn a2_the_kubelet_plugin_runs_as_its_own_uid_with_no_capability() {
         assert_eq!(line("NoNewPrivs"), "1", "{name}");
 
         let reg = std::path::PathBuf::from(format!(
-            "/proc/{pid}/root/var/lib/kubelet/plugins_registry/{DRIVER}/{DRIVER}-{pod_uid}-reg.sock"
+            "/proc/{pid}/root/var/lib/kubelet/plugins_registry/{DRIVER}/reg-{pod_uid}.sock"
         ));
         let meta = |p: &std::path::Path| {
             use std::os::unix::fs::MetadataExt;

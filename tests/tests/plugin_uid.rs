@@ -71,7 +71,7 @@ async fn the_plugin_serves_kubelet_as_its_own_uid_with_no_capability() {
     }
 
     // The directories kubelet-plugin-dirs made: the plugin's, 0750, inside root's.
-    let reg_dir = p.kubelet.registry_dir.clone();
+    let reg_dir = p.kubelet.registry_dir.join(DRIVER);
     let dra_dir = p.kubelet.plugins_dir.join(DRIVER);
     for d in [&reg_dir, &dra_dir] {
         assert_eq!(owner_mode(d), (UID, GID, 0o750), "{}", d.display());

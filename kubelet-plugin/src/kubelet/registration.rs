@@ -1,4 +1,4 @@
-//! The `pluginregistration.Registration` service on `<registry-dir>/<driver>-reg.sock`.
+//! The `pluginregistration.Registration` service on `<registry-dir>/<driver>/reg.sock`.
 
 use shareguard_proto::kubelet::pluginregistration::{
     self as reg, registration_server::Registration as RegistrationService,

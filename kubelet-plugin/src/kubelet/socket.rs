@@ -13,6 +13,10 @@ use tracing::{info, warn};
 
 use crate::error::PluginError;
 
+/// The longest path a unix socket address holds (`sun_path` is 108 bytes on Linux, with
+/// the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// Removes its socket file when dropped, if the file is still the one it bound.
 #[derive(Debug)]
 pub struct SocketFile {
@@ -28,6 +32,16 @@ impl SocketFile {
             path: path.display().to_string(),
             source,
         };
+        // kubelet dials the path as it is: it must fit a unix socket's address.
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{len} bytes, longer than a unix socket's path may be ({MAX_SOCKET_PATH}): shorten the directory, the driver's name or --instance-id"
+                ),
+            )));
+        }
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
@@ -108,6 +122,28 @@ mod tests {
         );
         drop(new);
         assert!(!path.exists());
+    }
+
+    /// kubelet dials the path itself: one too long for a socket address is refused at
+    /// once with the limit, and nothing is made.
+    #[tokio::test]
+    async fn a_path_too_long_for_a_socket_address_is_refused_by_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("d").as_os_str().len();
+        let fits = dir
+            .path()
+            .join("d")
+            .join("x".repeat(MAX_SOCKET_PATH - base - 1));
+        assert_eq!(fits.as_os_str().len(), MAX_SOCKET_PATH);
+        let (_l, s) = SocketFile::bind(&fits).unwrap();
+        drop(s);
+        let long = dir
+            .path()
+            .join("e")
+            .join("x".repeat(MAX_SOCKET_PATH - base));
+        let e = SocketFile::bind(&long).unwrap_err().to_string();
+        assert!(e.contains("108 bytes") && e.contains("(107)"), "{e}");
+        assert!(!dir.path().join("e").exists(), "made its directory");
     }
 
     #[tokio::test]
