@@ -4,15 +4,18 @@
 //! kubelet's registration directory is root's (0750), and kubelet watches it and the
 //! directories below it for sockets. The plugin therefore registers from a directory of
 //! its own inside it (`plugins_registry/<driver>/`) and serves from
-//! `plugins/<driver>/`; this command, run once before the plugin (an init container
-//! with CAP_CHOWN and CAP_FOWNER only), creates those directories where missing and
+//! `plugins/<driver>/`; this command, run before the plugin at each start (an init
+//! container with CAP_CHOWN and CAP_FOWNER only), creates those directories where missing and
 //! gives them to the plugin's uid and gid, mode 0750. Owning them is also what lets the
 //! plugin remove its own registration socket when it stops.
 
 use std::{
     fs::{self, DirBuilder, OpenOptions, Permissions},
     io,
-    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    os::{
+        fd::AsRawFd,
+        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    },
     path::{Path, PathBuf},
 };
 
@@ -110,14 +113,20 @@ fn prepare_one(path: &Path, o: Owner) -> Result<String, DirError> {
     }
     // Everything from here on goes through one descriptor opened without following a
     // symlink, so a directory swapped for a link after the check above is not followed.
+    // O_PATH: a directory handed over at an earlier start is the plugin's (0750), which
+    // root without CAP_DAC_READ_SEARCH may not open for reading; an O_PATH descriptor
+    // needs no permission on the directory itself.
     let dir = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| io_err("cannot open as a directory", e))?;
-    std::os::unix::fs::fchown(&dir, Some(o.uid), Some(o.gid))
+    // fchown and fchmod refuse an O_PATH descriptor; its /proc link reaches the very
+    // inode it holds.
+    let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    std::os::unix::fs::chown(&by_fd, Some(o.uid), Some(o.gid))
         .map_err(|e| io_err(&format!("cannot give to {}:{}", o.uid, o.gid), e))?;
-    dir.set_permissions(Permissions::from_mode(MODE))
+    fs::set_permissions(&by_fd, Permissions::from_mode(MODE))
         .map_err(|e| io_err(&format!("cannot set mode {MODE:o}"), e))?;
     let m = dir.metadata().map_err(|e| io_err("cannot read back", e))?;
     Ok(format!(

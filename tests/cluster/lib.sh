@@ -33,9 +33,12 @@ sgc_node_dir() { echo "$SGC_STATE/nodes/$1"; }
 sgc_ns_dir() { echo "$SGC_STATE/ns"; }
 
 # The host paths each node has of its own: its kubelet, containerd, CNI, CDI and
-# shareguard folders, bound over the host's in the node's mount namespace.
+# shareguard folders, bound over the host's in the node's mount namespace. /run/nri is
+# containerd's NRI socket: shared, the two nodes' containerds raced for it and the one
+# that lost stopped ("address already in use").
 SGC_NODE_PATHS=(
   /var/lib/kubelet /var/lib/containerd /run/containerd /var/lib/shareguard /run/shareguard
+  /run/shareguard-mps /run/nri
   /run/cdi /etc/cni/net.d /var/lib/cni /var/log/pods /var/log/containers /run/netns
   /etc/containerd /opt/cni/bin /etc/kubernetes
 )

@@ -181,12 +181,31 @@ fn plugin_dirs_refuses_links_files_and_root() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("uid 0"));
     assert_eq!(owner_mode(&target), (0, 0, 0o700));
 
-    // A second run over directories it already handed over changes nothing and
-    // succeeds (an init container runs at every start of the pod).
+    // As the DaemonSet's init container runs it, root with CAP_CHOWN and CAP_FOWNER
+    // only, at every start of the pod: the second run finds the directories the
+    // plugin's already (0750, which root without CAP_DAC_READ_SEARCH may not read),
+    // changes nothing and succeeds; a mode changed meanwhile is put back.
     let made = t.path().join("made");
-    for _ in 0..2 {
-        let o = dirs(&["--owner", &owner, made.to_str().unwrap()]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert_eq!(owner_mode(&made), (UID, GID, 0o750));
+    for round in 0..3 {
+        if round == 2 {
+            fs::set_permissions(&made, fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let o = Command::new("setpriv")
+            .args(["--bounding-set=-all,+chown,+fowner", "--inh-caps=-all"])
+            .arg(agent_bin())
+            .args([
+                "kubelet-plugin-dirs",
+                "--owner",
+                &owner,
+                made.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(owner_mode(&made), (UID, GID, 0o750), "round {round}");
     }
 }
