@@ -407,14 +407,43 @@ impl Drop for Agent {
         self.kill9();
         // An agent killed with shares still installed leaves their ifb devices, which
         // outlive it by design (I8); the test made them, so the test removes them. Its
-        // install records name each one.
-        for ifb in self.installed_ifbs() {
+        // install records name each one; an agent killed between making an ifb and
+        // recording it leaves one no record names, found by the limiter's own name for
+        // each share the audit log saw admitted.
+        let mut ifbs: std::collections::BTreeSet<String> =
+            self.installed_ifbs().into_iter().collect();
+        // Parsed leniently: a drop must not panic, and a killed agent may leave half a
+        // line.
+        let log = fs::read_to_string(&self.audit_log).unwrap_or_default();
+        let audited: std::collections::BTreeSet<String> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| l["share_id"].as_str().map(str::to_owned))
+            .filter(|id| !id.is_empty())
+            .map(|id| shareguard_limiter_net::state::ifb_name(&id))
+            .collect();
+        ifbs.extend(existing_ifbs().into_iter().filter(|n| audited.contains(n)));
+        for ifb in ifbs {
             let _ = Command::new("ip")
                 .args(["link", "del", &ifb])
                 .stderr(Stdio::null())
                 .status();
         }
     }
+}
+
+/// The ifb devices in this network namespace, by name.
+fn existing_ifbs() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-j", "link", "show", "type", "ifb"])
+        .stderr(Stdio::null())
+        .output();
+    out.ok()
+        .and_then(|o| serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout).ok())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+        .collect()
 }
 
 impl Agent {
