@@ -257,19 +257,11 @@ impl Agent {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("agent exited during start ({status}):\n{}", self.log_text());
             }
-            let log = self.log_text();
-            let logged = |key: &str| -> Option<SocketAddr> {
-                log.lines().filter(|l| l.contains(" ready ")).find_map(|l| {
-                    l.split_whitespace()
-                        .find_map(|w| w.strip_prefix(key))
-                        .and_then(|a| a.parse().ok())
-                })
-            };
             if self.metrics.is_none() {
-                self.metrics = logged("metrics=");
+                self.metrics = self.ready_addr("metrics");
             }
             // The health port where there is one: the metrics port may speak TLS only.
-            let probe = logged("health=").or(self.metrics);
+            let probe = self.health_addr().or(self.metrics);
             if let Some(addr) = probe
                 && http_get(addr, "/readyz").is_some_and(|(code, _)| code == 200)
             {
@@ -286,6 +278,24 @@ impl Agent {
 
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `health_addr` as the agent bound it (its "ready" line), when it serves one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.ready_addr("health")
+    }
+
+    /// The address `key=ADDR` on the agent's "ready" line.
+    fn ready_addr(&self, key: &str) -> Option<SocketAddr> {
+        let key = format!("{key}=");
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(" ready "))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key.as_str()))
+                    .and_then(|a| a.parse().ok())
+            })
     }
 
     pub fn pid(&self) -> u32 {
@@ -458,6 +468,19 @@ impl Agent {
             .filter_map(|v| v["ifb"].as_str().map(str::to_owned))
             .collect()
     }
+}
+
+/// The field `name` of `/proc/PID/status`, its words joined by one space (`Uid`,
+/// `CapEff`, `NoNewPrivs`, ...).
+pub fn proc_status(pid: u32, name: &str) -> String {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Minimal HTTP/1.0 GET, enough for /readyz and /metrics without another dependency.

@@ -304,14 +304,7 @@ fn a2_the_kubelet_plugin_runs_as_its_own_uid_with_no_capability() {
                         .any(|w| w[0] == b"--instance-id" && w[1] == pod_uid.as_bytes())
             })
             .unwrap_or_else(|| panic!("no process of {name} ({pod_uid})"));
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-        let line = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}:")))
-                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
-                .unwrap_or_else(|| panic!("no {key} in {status}"))
-        };
+        let line = |key: &str| shareguard_tests::proc_status(pid, key);
         assert_eq!(line("Uid"), format!("{uid} {uid} {uid} {uid}"), "{name}");
         assert_eq!(line("Gid"), format!("{gid} {gid} {gid} {gid}"), "{name}");
         for set in ["CapEff", "CapPrm", "CapBnd"] {

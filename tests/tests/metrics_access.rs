@@ -27,11 +27,7 @@ fn start(token_file: &std::path::Path) -> Agent {
 }
 
 fn health_addr(a: &Agent) -> SocketAddr {
-    a.log_text()
-        .lines()
-        .filter(|l| l.contains(" ready "))
-        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("health=")))
-        .and_then(|a| a.parse().ok())
+    a.health_addr()
         .expect("the ready line names the health address")
 }
 

@@ -180,11 +180,7 @@ fn metrics_over_tls_need_a_client_certificate_of_the_ca() {
         a.log_text()
     );
     let health = a
-        .log_text()
-        .lines()
-        .filter(|l| l.contains(" ready "))
-        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("health=")))
-        .and_then(|h| h.parse().ok())
+        .health_addr()
         .expect("the ready line names the health address");
     assert_eq!(http_get(health, "/readyz").unwrap().0, 200);
 }

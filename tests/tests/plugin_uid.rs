@@ -23,7 +23,7 @@ use shareguard_tests::{
     kubelet::prepare_v1,
     net::{self, wait_for},
     plugin::Plugin,
-    share_id,
+    proc_status, share_id,
 };
 
 const NODE: &str = "node-a";
@@ -32,17 +32,6 @@ const NS: &str = "team-a";
 const UID: u32 = 65531;
 const GID: u32 = 65530;
 const WAIT: Duration = Duration::from_secs(20);
-
-/// `Name:\tvalue` of /proc/PID/status.
-fn proc_status(pid: u32, name: &str) -> String {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 fn owner_mode(p: &Path) -> (u32, u32, u32) {
     let m = fs::symlink_metadata(p).unwrap();

@@ -16,7 +16,7 @@ use std::{
     process::{Command, Output},
 };
 
-use shareguard_tests::{Agent, Options, agent_bin, generic_device, net};
+use shareguard_tests::{Agent, Options, agent_bin, generic_device, net, proc_status};
 
 const GROUP: u32 = 65534;
 const READER: u32 = 65534;
@@ -81,12 +81,7 @@ fn each_rpc_needs_its_role_and_listed_uids_can_connect() {
     }
     // As the DaemonSet runs it: without CAP_CHOWN, in the socket's group.
     let a = Agent::start(roles_options(&["--groups", &GROUP.to_string()]));
-    let cap_eff = fs::read_to_string(format!("/proc/{}/status", a.pid())).unwrap();
-    let cap_eff = cap_eff
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
-        .unwrap();
+    let cap_eff = u64::from_str_radix(&proc_status(a.pid(), "CapEff"), 16).unwrap();
     assert_eq!(cap_eff & 1, 0, "the agent holds CAP_CHOWN: {cap_eff:x}");
     let bin = a.dir.path().join("shareguard");
     fs::copy(agent_bin(), &bin).unwrap();
