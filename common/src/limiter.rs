@@ -76,6 +76,21 @@ pub struct Enforcement {
     /// is the request held as closely as the mechanism can, rounded toward the safe side,
     /// not drift. Absent: the read-back must equal the request.
     pub resolution: BTreeMap<String, Quantity>,
+    /// Capacities the mechanism bounds per process rather than for the share as a whole:
+    /// MPS holds each client process of its server to the limit on its own, so N
+    /// processes of a share may hold N times it together. For such a capacity `enforced`
+    /// is the bound on the share's processes together as last seen (the per-process limit
+    /// times their number, at least one), never the per-process figure alone.
+    pub per_process: BTreeMap<String, PerProcess>,
+}
+
+/// A limit held per process (see [`Enforcement::per_process`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerProcess {
+    /// What each process of the share may hold.
+    pub each: Quantity,
+    /// The share's processes bound that way when the limit was read back.
+    pub processes: u64,
 }
 
 /// Traffic a share's enforcement counted, as the kernel holds it (monotonic while the

@@ -19,7 +19,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shareguard_common::limiter::{
-    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs,
+    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs, PerProcess,
 };
 use shareguard_common::{Format, Quantity};
 
@@ -56,6 +56,13 @@ pub struct GpuDevice {
     pub mechanism: Mechanism,
     /// Why stronger mechanisms were not chosen, for status and logs.
     pub not_chosen: Vec<(Mechanism, String)>,
+}
+
+/// See [`GpuLimiter::mps_clients`].
+#[derive(Clone, Copy, Debug, Default)]
+struct MpsClients {
+    clients: u64,
+    outside: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,19 +164,25 @@ impl GpuLimiter {
         self
     }
 
-    /// A process of the share's pod on its GPU that is not a client of an MPS server:
-    /// it allocates outside the daemon's limit.
-    fn outside_mps(&self, rec: &ShareRecord) -> Result<Option<u32>, GpuError> {
+    /// The share's processes on its GPU as MPS sees them: how many are clients of an MPS
+    /// server (each bound to the limit on its own), and one that is not, which allocates
+    /// outside any daemon's limit.
+    fn mps_clients(&self, rec: &ShareRecord) -> Result<MpsClients, GpuError> {
+        let mut seen = MpsClients::default();
         if rec.pod_uids.is_empty() {
-            return Ok(None);
+            return Ok(seen);
         }
-        Ok(self
-            .backend
-            .compute_processes(&rec.uuid)?
-            .into_iter()
-            .filter(|p| !p.via_mps)
-            .find(|p| (self.pod_of)(p.pid).is_some_and(|pod| rec.pod_uids.contains(&pod)))
-            .map(|p| p.pid))
+        for p in self.backend.compute_processes(&rec.uuid)? {
+            if !(self.pod_of)(p.pid).is_some_and(|pod| rec.pod_uids.contains(&pod)) {
+                continue;
+            }
+            if p.via_mps {
+                seen.clients += 1;
+            } else {
+                seen.outside.get_or_insert(p.pid);
+            }
+        }
+        Ok(seen)
     }
 
     pub fn device(&self, name: &str) -> Option<&GpuDevice> {
@@ -339,7 +352,8 @@ impl GpuLimiter {
     /// entry, which the agent reports as DEGRADED rather than trusting it.
     fn read_back(&self, key: &str, rec: &ShareRecord) -> Result<Enforcement, GpuError> {
         // The bytes in force when the read-back agrees: the share's memory, or for MPS
-        // that rounded down to the MiB its limits are set in.
+        // the bound on its processes together (see below).
+        let mut per_process = None;
         let in_force = match rec.mechanism {
             Mechanism::NvmlCgroup => {
                 let mut all = true;
@@ -365,28 +379,48 @@ impl GpuLimiter {
                 if !got.is_some_and(|l| l.admits(want)) {
                     tracing::warn!(share = key, want, got = ?got, "MPS limit read back differs");
                     None
-                } else if let Some(pid) = self.outside_mps(rec)? {
-                    // The daemon holds the limit, but this process never asked it: a
-                    // container that lost or replaced CUDA_MPS_PIPE_DIRECTORY runs on the
-                    // GPU directly, unlimited.
-                    tracing::warn!(
-                        share = key,
-                        pid,
-                        pods = ?rec.pod_uids,
-                        "a process of the share's pod uses the GPU outside its MPS daemon"
-                    );
-                    None
                 } else {
-                    Some(want)
+                    let seen = self.mps_clients(rec)?;
+                    if let Some(pid) = seen.outside {
+                        // The daemon holds the limit, but this process never asked it: a
+                        // container that lost or replaced CUDA_MPS_PIPE_DIRECTORY runs on
+                        // the GPU directly, unlimited.
+                        tracing::warn!(
+                            share = key,
+                            pid,
+                            pods = ?rec.pod_uids,
+                            "a process of the share's pod uses the GPU outside its MPS daemon"
+                        );
+                        None
+                    } else {
+                        // MPS bounds each client process on its own, not the server:
+                        // two clients of the share may hold twice the limit. What holds
+                        // the share as a whole is the limit times its clients, and that
+                        // is what is reported; one client (or none yet) is the share's
+                        // limit itself.
+                        per_process = Some((want, seen.clients));
+                        Some(want.saturating_mul(seen.clients.max(1)))
+                    }
                 }
             }
             Mechanism::Watchdog => None,
         };
         let mut enforced = BTreeMap::new();
         if let Some(bytes) = in_force {
-            let q = Quantity::from_units(i128::from(bytes), Format::BinarySI)
-                .ok_or_else(|| GpuError::Internal(format!("{bytes} bytes as a quantity")))?;
-            enforced.insert(MEMORY.to_string(), q);
+            enforced.insert(MEMORY.to_string(), quantity(bytes)?);
+        }
+        let mut resolution = BTreeMap::new();
+        let mut per = BTreeMap::new();
+        if let Some((each, processes)) = per_process {
+            // MPS limits are whole MiB, rounded down from the share's memory.
+            resolution.insert(MEMORY.to_string(), quantity(MPS_STEP)?);
+            per.insert(
+                MEMORY.to_string(),
+                PerProcess {
+                    each: quantity(each)?,
+                    processes,
+                },
+            );
         }
         Ok(Enforcement {
             mechanism: self.label(rec.mechanism),
@@ -394,8 +428,9 @@ impl GpuLimiter {
             watch_only: !rec.mechanism.enforces(),
             simulated: self.backend.is_simulated(),
             unconstrained: Default::default(),
-            // Memory limits are whole bytes, as requested: no rounding to allow for.
-            resolution: Default::default(),
+            // Cgroup limits are whole bytes, as requested: no rounding to allow for.
+            resolution,
+            per_process: per,
         })
     }
 
@@ -544,6 +579,14 @@ fn choose_mechanism(backend: &dyn GpuBackend, uuid: &str) -> (Mechanism, Vec<(Me
         }
     }
     (Mechanism::Watchdog, not_chosen)
+}
+
+/// The step MPS limits are set in.
+const MPS_STEP: u64 = 1 << 20;
+
+fn quantity(bytes: u64) -> Result<Quantity, GpuError> {
+    Quantity::from_units(i128::from(bytes), Format::BinarySI)
+        .ok_or_else(|| GpuError::Internal(format!("{bytes} bytes as a quantity")))
 }
 
 /// Bytes of a memory quantity: positive, whole, and within u64.

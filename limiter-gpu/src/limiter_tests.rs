@@ -399,15 +399,29 @@ fn mps_shares_run_through_their_own_daemon() {
         used_bytes: Some(GIB),
         via_mps,
     };
+    let per_process = |e: &Enforcement| {
+        let p = &e.per_process[MEMORY];
+        (p.each.to_string(), p.processes)
+    };
+    assert_eq!(per_process(&e), ("2500Mi".into(), 0));
+    assert_eq!(e.resolution[MEMORY], Quantity::parse("1Mi").unwrap());
     b.set_processes("GPU-mps", vec![proc(701, true), proc(703, false)]);
-    assert_eq!(l.verify(&s).unwrap(), e);
+    let one = l.verify(&s).unwrap();
+    assert_eq!(one.enforced, e.enforced);
+    assert_eq!(per_process(&one), ("2500Mi".into(), 1));
+    // Two clients of the share: MPS bounds each on its own, so together they may hold
+    // twice the limit, and that is what the read-back says.
+    b.set_processes("GPU-mps", vec![proc(701, true), proc(702, true)]);
+    let two = l.verify(&s).unwrap();
+    assert_eq!(two.enforced[MEMORY], Quantity::parse("5000Mi").unwrap());
+    assert_eq!(per_process(&two), ("2500Mi".into(), 2));
     // One of them bypasses the daemon (no CUDA_MPS_PIPE_DIRECTORY): not enforced, and
     // applying again cannot change that.
     b.set_processes("GPU-mps", vec![proc(701, true), proc(702, false)]);
     assert!(l.verify(&s).unwrap().enforced.is_empty());
     assert!(l.apply(&s).unwrap().enforced.is_empty());
     b.set_processes("GPU-mps", vec![proc(701, true)]);
-    assert_eq!(l.verify(&s).unwrap(), e);
+    assert_eq!(l.verify(&s).unwrap(), one);
 
     l.remove("m1").unwrap();
     assert!(!pipe.exists(), "the daemon's directory is gone");

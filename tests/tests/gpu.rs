@@ -604,6 +604,51 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         assert!(Instant::now() < deadline, "not ENFORCED again: {s:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A second client of the same share: MPS bounds each client on its own, so the two
+    // may hold 20Gi together. The status says so, never 10Gi ENFORCED; with one client
+    // again it is the share's limit once more.
+    let second = Sandbox::start(&pod, Layout::Systemd, None);
+    fs::write(
+        &processes,
+        serde_json::json!([
+            { "gpu_uuid": UUID, "pid": proc.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
+            { "gpu_uuid": UUID, "pid": second.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Degraded as i32 && s.limits[0].enforced == "20Gi" {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two MPS clients still reported as the share's limit: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        s.reason.contains(
+            "2 processes of the share, each bound to 10Gi on its own, may hold 20Gi together"
+        ),
+        "{s:?}"
+    );
+    drop(second);
+    report(true);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Enforced as i32 && s.limits[0].enforced == "10Gi" {
+            assert!(s.reason.contains("memory held per process"), "{s:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ENFORCED with one client: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(proc);
 
     let last = mps.pid(&id).unwrap();

@@ -506,7 +506,26 @@ fn judge(
     let mut unconstrained = Vec::new();
     let mut rounded = Vec::new();
     for (name, want) in wanted {
-        match e.enforced.get(name) {
+        let got = e.enforced.get(name);
+        // Held per process (MPS): the share is held only while its processes together
+        // cannot exceed it, i.e. while it has at most one. The bound read back is what
+        // they may hold together; say both figures, never the per-process one alone.
+        if let (Some(got), Some(per)) = (got, e.per_process.get(name)) {
+            let each = &per.each;
+            let n = per.processes;
+            if got > want {
+                return (
+                    Phase::Degraded,
+                    format!(
+                        "{name}: {n} processes of the share, each bound to {each} on its own, may hold {got} together, more than the share's {want}; the watchdog sums them against the share{note}"
+                    ),
+                );
+            }
+            rounded.push(format!(
+                "{name} held per process: each of the share's processes is bound to {each} on its own ({n} now); a further one would get {each} too, which the watchdog sums against the share"
+            ));
+        }
+        match got {
             None => {
                 return (
                     Phase::Degraded,

@@ -182,9 +182,9 @@ impl Engine {
                 judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
                     self.settle(&r, &e, judged, stats, true).await;
                 }
-                (_, why) => self.still_degraded(&r, &why).await,
+                (_, why) => self.still_degraded(&r, &why, Some(&e)).await,
             },
-            Err(e) => self.still_degraded(&r, &e.to_string()).await,
+            Err(e) => self.still_degraded(&r, &e.to_string(), None).await,
         }
     }
 
@@ -219,15 +219,28 @@ impl Engine {
         }
     }
 
-    async fn still_degraded(&self, r: &ShareRecord, why: &str) {
+    /// Persists `r` as DEGRADED for `why`, with what was read back where the read-back
+    /// worked (an MPS share with more processes than one holds more than its request:
+    /// the status must show that bound, not the one read before).
+    async fn still_degraded(
+        &self,
+        r: &ShareRecord,
+        why: &str,
+        read_back: Option<&shareguard_common::limiter::Enforcement>,
+    ) {
         let mut n = r.clone();
         n.phase = Phase::Degraded;
+        if let Some(e) = read_back {
+            n.enforced = e.enforced.clone();
+        }
         // Capacity stays held: the pod may be gone, but only Unprepare says so.
         n.reason =
             format!("drift could not be repaired: {why}; capacity stays held until Unprepare");
         n.updated_at_ms = now_ms();
         let current = lock(&self.state).records.get(&r.key).cloned();
-        if current.as_ref().map(|c| (&c.phase, &c.reason)) != Some((&n.phase, &n.reason)) {
+        if current.as_ref().map(|c| (&c.phase, &c.reason, &c.enforced))
+            != Some((&n.phase, &n.reason, &n.enforced))
+        {
             warn!(reason = %why, "repair failed");
             if self.persist_one(&n).await {
                 self.audit_share(&n, Decision::Repair, &n.reason, None, Some("Unavailable"));

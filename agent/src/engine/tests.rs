@@ -1343,6 +1343,43 @@ fn a_read_back_within_one_step_below_the_request_is_the_request_held() {
 }
 
 #[test]
+fn a_limit_held_per_process_is_enforced_only_while_one_process_holds_it() {
+    let q = |s: &str| Quantity::parse(s).unwrap();
+    let wanted: BTreeMap<String, Quantity> = [("memory".to_owned(), q("10Gi"))].into();
+    let e = |got: &str, processes: u64| Enforcement {
+        mechanism: "mps".into(),
+        enforced: [("memory".to_owned(), q(got))].into(),
+        resolution: [("memory".to_owned(), q("1Mi"))].into(),
+        per_process: [(
+            "memory".to_owned(),
+            shareguard_common::limiter::PerProcess {
+                each: q("10Gi"),
+                processes,
+            },
+        )]
+        .into(),
+        ..Enforcement::default()
+    };
+    for n in [0, 1] {
+        let (phase, why) = super::judge(&wanted, &e("10Gi", n));
+        assert_eq!(phase, Phase::Enforced, "{why}");
+        assert!(
+            why.contains(&format!(
+                "memory held per process: each of the share's processes is bound to 10Gi on its own ({n} now)"
+            )),
+            "{why}"
+        );
+    }
+    // Two processes may hold twice the share: not ENFORCED, and the reason says why.
+    let (phase, why) = super::judge(&wanted, &e("20Gi", 2));
+    assert_eq!(phase, Phase::Degraded, "{why}");
+    assert!(
+        why.contains("2 processes of the share, each bound to 10Gi on its own, may hold 20Gi together, more than the share's 10Gi"),
+        "{why}"
+    );
+}
+
+#[test]
 fn an_unconstrained_capacity_is_enforced_only_at_or_below_its_request() {
     let q = |s: &str| Quantity::parse(s).unwrap();
     let wanted: BTreeMap<String, Quantity> = [("bandwidth".to_owned(), q("40G"))].into();
