@@ -143,7 +143,7 @@ impl GpuWatch {
             &shares,
         );
         let terminator = PidfdTerminator::with_proc_root(proc_root);
-        let terminated = execute_terminations(&verdict, &terminator);
+        let terminated = execute_terminations(&verdict, |d| self.limiter.terminate(d, &terminator));
         Ok(WatchReport {
             usage: verdict.usage,
             over_limit: verdict.over_limit,

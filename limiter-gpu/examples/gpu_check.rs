@@ -1358,6 +1358,7 @@ fn poll_watchdog(
             gpu_uuid: gpu.uuid.clone(),
             pid: p.pid,
             used_bytes: p.used_bytes,
+            via_mps: p.via_mps,
         })
         .collect();
     if let Some(p) = procs.iter().find(|p| p.pid == alloc_pid) {
@@ -1417,7 +1418,7 @@ fn poll_watchdog(
             watch.first_over = Some((t, o.used_bytes, o.limit_bytes));
         }
     }
-    for (d, r) in execute_terminations(&verdict, terminator) {
+    for (d, r) in execute_terminations(&verdict, |d| limiter.terminate(d, terminator)) {
         let what = match r {
             Ok(x) => format!("{x:?}"),
             Err(e) => format!("failed: {e}"),

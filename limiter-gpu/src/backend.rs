@@ -172,6 +172,18 @@ pub trait GpuBackend: Send + Sync {
 
     fn clear_mps_limit(&self, uuid: &str, share_key: &str) -> Result<(), GpuError>;
 
+    /// Ends the GPU work of MPS client `pid` through the server of the share's daemon
+    /// (see [`crate::mps::MpsDaemons::terminate_client`]). Ok(false): the process is no
+    /// client of it, or the back end runs no daemons.
+    fn terminate_mps_client(
+        &self,
+        _uuid: &str,
+        _share_key: &str,
+        _pid: u32,
+    ) -> Result<bool, GpuError> {
+        Ok(false)
+    }
+
     /// Where a share's containers meet its MPS control daemon, where the share runs
     /// through a real one.
     fn mps_dirs(&self, _share_key: &str) -> Option<shareguard_common::limiter::MpsDirs> {

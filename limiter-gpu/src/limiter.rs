@@ -26,7 +26,10 @@ use shareguard_common::{Format, Quantity};
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
 use crate::error::GpuError;
 use crate::mps::enforceable_bytes;
-use crate::watchdog::{Action, ProcessUsage, WatchedShare};
+use crate::watchdog::{
+    Action, ProcessTerminator, ProcessUsage, TerminateDecision, TerminateError, Terminated,
+    WatchedShare,
+};
 
 /// The one capacity a GPU device has.
 pub const MEMORY: &str = "memory";
@@ -225,6 +228,47 @@ impl GpuLimiter {
         v
     }
 
+    /// Stops a process the watchdog chose: a client of an MPS server through the server
+    /// of its share's daemon (`terminate_client`), any other with `signal` (SIGKILL after
+    /// the pod check). A client no daemon of the group's shares serves is left alone:
+    /// SIGKILL of an MPS client can hang or corrupt the other clients of its server, which
+    /// may be another tenant's.
+    pub fn terminate(
+        &self,
+        d: &TerminateDecision,
+        signal: &dyn ProcessTerminator,
+    ) -> Result<Terminated, TerminateError> {
+        if !d.via_mps {
+            return signal.terminate(d.pid, &d.pod_uid);
+        }
+        let daemons: Vec<(String, String)> = self
+            .lock()
+            .iter()
+            .filter(|(k, r)| r.mechanism == Mechanism::Mps && d.share_keys.contains(k))
+            .map(|(k, r)| (k.clone(), r.uuid.clone()))
+            .collect();
+        for (key, uuid) in daemons {
+            match self.backend.terminate_mps_client(&uuid, &key, d.pid) {
+                Ok(true) => return Ok(Terminated::MpsClientTerminated),
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(TerminateError::Failed(format!(
+                        "terminate_client through the MPS daemon of share {key}: {e}"
+                    )));
+                }
+            }
+        }
+        // The agent sees the host's PIDs (NVML reports those).
+        if !Path::new("/proc").join(d.pid.to_string()).exists() {
+            return Ok(Terminated::AlreadyGone);
+        }
+        Err(TerminateError::Failed(format!(
+            "pid {} is an MPS client of no daemon the agent runs for its share; not killed, \
+             since SIGKILL of an MPS client can hang or corrupt the other clients of its server",
+            d.pid
+        )))
+    }
+
     /// Every compute process on this limiter's GPUs, as the watchdog takes them.
     pub fn process_usage(&self) -> Result<Vec<ProcessUsage>, GpuError> {
         let mut out = Vec::new();
@@ -234,6 +278,7 @@ impl GpuLimiter {
                     gpu_uuid: uuid.clone(),
                     pid: p.pid,
                     used_bytes: p.used_bytes,
+                    via_mps: p.via_mps,
                 });
             }
         }

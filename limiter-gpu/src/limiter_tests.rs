@@ -423,6 +423,56 @@ fn mps_shares_run_through_their_own_daemon() {
     b.set_processes("GPU-mps", vec![proc(701, true)]);
     assert_eq!(l.verify(&s).unwrap(), one);
 
+    // The watchdog stops the share's MPS clients through their server, never with a
+    // signal; a client no daemon of the share serves is left alone; others are signalled.
+    struct Signals(std::sync::Mutex<Vec<u32>>);
+    impl crate::watchdog::ProcessTerminator for Signals {
+        fn terminate(
+            &self,
+            pid: u32,
+            _pod_uid: &str,
+        ) -> Result<Terminated, crate::watchdog::TerminateError> {
+            self.0.lock().unwrap().push(pid);
+            Ok(Terminated::Signalled)
+        }
+    }
+    let signals = Signals(Default::default());
+    std::fs::write(pipe.join("fake-servers"), "4242\n").unwrap();
+    std::fs::write(pipe.join("fake-clients-4242"), "701\n").unwrap();
+    let decision = |pid: u32, via_mps: bool| TerminateDecision {
+        share_keys: vec!["m1".into()],
+        pod_uid: "pod-of-m1".into(),
+        gpu_uuid: "GPU-mps".into(),
+        pid,
+        used_bytes: GIB,
+        via_mps,
+    };
+    assert_eq!(
+        l.terminate(&decision(701, true), &signals),
+        Ok(Terminated::MpsClientTerminated)
+    );
+    assert_eq!(
+        std::fs::read_to_string(pipe.join("fake-terminated")).unwrap(),
+        "701\n"
+    );
+    // Our own pid stands for a live process that is no client of the share's daemon.
+    let mine = std::process::id();
+    let refused = l.terminate(&decision(mine, true), &signals).unwrap_err();
+    assert!(refused.to_string().contains("not killed"), "{refused}");
+    assert_eq!(
+        l.terminate(&decision(4_194_304 + 17, true), &signals),
+        Ok(Terminated::AlreadyGone)
+    );
+    assert!(
+        signals.0.lock().unwrap().is_empty(),
+        "no MPS client signalled"
+    );
+    assert_eq!(
+        l.terminate(&decision(702, false), &signals),
+        Ok(Terminated::Signalled)
+    );
+    assert_eq!(*signals.0.lock().unwrap(), vec![702]);
+
     l.remove("m1").unwrap();
     assert!(!pipe.exists(), "the daemon's directory is gone");
     assert!(

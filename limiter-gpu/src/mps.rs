@@ -281,6 +281,55 @@ impl MpsDaemons {
         Ok(Some(default))
     }
 
+    /// Ends the GPU work of `client` through the share's daemon: `terminate_client` on
+    /// the server that lists it as a client, then waits until no server lists it (the
+    /// server has let go of its memory). Ok(false) when no server of the share's daemon
+    /// has it as a client (or no daemon runs): the caller decides what that means.
+    ///
+    /// MPS, not a signal, because SIGKILL of a client while the server works for it can
+    /// hang or corrupt the server's other clients.
+    pub fn terminate_client(&self, share_key: &str, client: u32) -> Result<bool, GpuError> {
+        let dir = self.share_dir(share_key);
+        if !exists(&dir)? {
+            return Ok(false);
+        }
+        check_owner(&dir, share_key)?;
+        check_private_dir(&dir)?;
+        if self.recorded_daemon(&dir).is_none() {
+            return Ok(false);
+        }
+        let pipe = dir.join("pipe");
+        let Some(server) = self.server_of(&pipe, client)? else {
+            return Ok(false);
+        };
+        // The answer's wording is not documented: what counts is that the server lets go.
+        let answer = self.command(&pipe, &format!("terminate_client {server} {client}"))?;
+        if self.wait_until(|| matches!(self.server_of(&pipe, client), Ok(None))) {
+            return Ok(true);
+        }
+        Err(GpuError::Transient(format!(
+            "MPS server {server} in {} still lists client {client} {:?} after terminate_client \
+             (answer {:?})",
+            pipe.display(),
+            self.cfg.timeout,
+            answer.trim()
+        )))
+    }
+
+    /// The server of the daemon at `pipe` that has `client` among its clients.
+    fn server_of(&self, pipe: &Path, client: u32) -> Result<Option<u32>, GpuError> {
+        for server in self.servers(pipe)? {
+            let clients = parse_pids(
+                &self.command(pipe, &format!("get_client_list {server}"))?,
+                "get_client_list",
+            )?;
+            if clients.contains(&client) {
+                return Ok(Some(server));
+            }
+        }
+        Ok(None)
+    }
+
     /// Ends the share's daemon, detaches its /dev/shm and removes its directory;
     /// nothing left is success.
     pub fn stop(&self, share_key: &str) -> Result<(), GpuError> {
@@ -556,14 +605,7 @@ impl MpsDaemons {
     }
 
     fn servers(&self, pipe: &Path) -> Result<Vec<u32>, GpuError> {
-        let text = self.command(pipe, "get_server_list")?;
-        text.split_whitespace()
-            .map(|w| {
-                w.parse::<u32>().map_err(|_| {
-                    GpuError::Internal(format!("get_server_list answered {text:?}, not PIDs"))
-                })
-            })
-            .collect()
+        parse_pids(&self.command(pipe, "get_server_list")?, "get_server_list")
     }
 
     /// One control command; its standard output on success.
@@ -685,6 +727,17 @@ pub fn with_shm(shm: &Path) -> Vec<String> {
     .into_iter()
     .chain([shm.to_string_lossy().into_owned()])
     .collect()
+}
+
+/// The PIDs a list command (`get_server_list`, `get_client_list`) answers, one per line;
+/// anything else is an answer this build does not understand.
+pub fn parse_pids(text: &str, command: &str) -> Result<Vec<u32>, GpuError> {
+    text.split_whitespace()
+        .map(|w| {
+            w.parse::<u32>()
+                .map_err(|_| GpuError::Internal(format!("{command} answered {text:?}, not PIDs")))
+        })
+        .collect()
 }
 
 /// A set command answers nothing; any text is the daemon refusing it.

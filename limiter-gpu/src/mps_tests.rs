@@ -854,3 +854,48 @@ fn a_unix_socket_connects_through_a_read_only_bind_mount() {
 const PIPE_FLAGS: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
     .union(MsFlags::MS_NOEXEC);
+
+#[test]
+fn a_client_is_terminated_through_its_server_and_nothing_else_is() {
+    if !crate::test_root::require_root(
+        "a_client_is_terminated_through_its_server_and_nothing_else_is",
+    ) {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let pipe = d.pipe_dir(SHARE);
+    // Two servers (one per client uid), each with its clients.
+    fs::write(pipe.join("fake-servers"), "4242\n4343\n").unwrap();
+    fs::write(pipe.join("fake-clients-4242"), "500\n501\n").unwrap();
+    fs::write(pipe.join("fake-clients-4343"), "600\n").unwrap();
+    assert!(d.terminate_client(SHARE, 600).unwrap());
+    assert!(d.terminate_client(SHARE, 501).unwrap());
+    assert_eq!(
+        fs::read_to_string(pipe.join("fake-terminated")).unwrap(),
+        "600\n501\n",
+        "each through the server that lists it"
+    );
+    assert_eq!(
+        fs::read_to_string(pipe.join("fake-clients-4242")).unwrap(),
+        "500\n"
+    );
+    // No server has it: nothing is sent, and the caller hears so.
+    assert!(!d.terminate_client(SHARE, 777).unwrap());
+    assert!(!d.terminate_client("another-share", 500).unwrap());
+    // A list the build cannot read is an error, not a guess.
+    fs::write(pipe.join("fake-clients-4242"), "Server busy\n").unwrap();
+    assert!(matches!(
+        d.terminate_client(SHARE, 500),
+        Err(GpuError::Internal(_))
+    ));
+    d.stop(SHARE).unwrap();
+}
+
+#[test]
+fn pid_lists_parse_or_fail_whole() {
+    assert_eq!(parse_pids("12\n13 14\n", "x").unwrap(), vec![12, 13, 14]);
+    assert_eq!(parse_pids("", "x").unwrap(), Vec::<u32>::new());
+    assert!(parse_pids("12\nno\n", "get_client_list").is_err());
+}

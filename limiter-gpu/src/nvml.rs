@@ -432,6 +432,18 @@ impl GpuBackend for NvmlBackend {
     fn mps_dirs(&self, share_key: &str) -> Option<MpsDirs> {
         self.mps.as_ref().map(|m| m.dirs(share_key))
     }
+
+    fn terminate_mps_client(
+        &self,
+        _uuid: &str,
+        share_key: &str,
+        pid: u32,
+    ) -> Result<bool, GpuError> {
+        match &self.mps {
+            Some(m) => m.terminate_client(share_key, pid),
+            None => Ok(false),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -418,6 +418,21 @@ impl GpuBackend for SimulatedBackend {
     fn mps_dirs(&self, share_key: &str) -> Option<MpsDirs> {
         self.mps_daemons.as_ref().map(|d| d.dirs(share_key))
     }
+
+    /// Through the daemons where they run (the simulated control program keeps each
+    /// server's clients); without them no process is anyone's client.
+    fn terminate_mps_client(
+        &self,
+        uuid: &str,
+        share_key: &str,
+        pid: u32,
+    ) -> Result<bool, GpuError> {
+        self.lock().gpu(uuid)?;
+        match &self.mps_daemons {
+            Some(d) => d.terminate_client(share_key, pid),
+            None => Ok(false),
+        }
+    }
 }
 
 #[cfg(test)]

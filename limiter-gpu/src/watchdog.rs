@@ -12,7 +12,12 @@
 //! - with `terminate`, a group that has been over for at least the grace period loses its
 //!   largest processes until the rest fits, each process signalled once; a process is
 //!   only ever chosen from the group's own pod on that GPU;
-//! - processes of no known share are listed as unattributed, never terminated.
+//! - processes of no known share are listed as unattributed, never terminated;
+//! - a process whose usage the driver does not report is not counted as zero: the
+//!   group's figure is then a lower bound, and the process is listed as unknown;
+//! - a client of an MPS server is stopped through its server (`terminate_client`), never
+//!   with SIGKILL, which can hang or corrupt the server's other clients (see
+//!   [`crate::limiter::GpuLimiter::terminate`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -42,9 +47,12 @@ pub struct WatchedShare {
 pub struct ProcessUsage {
     pub gpu_uuid: String,
     pub pid: u32,
-    /// None where the driver cannot say; such a process counts as zero and is never
-    /// chosen for termination, since killing it cannot be shown to help.
+    /// None where the driver cannot say; such a process is listed as of unknown usage,
+    /// adds nothing to the known figure and is never chosen for termination, since
+    /// killing it cannot be shown to help.
     pub used_bytes: Option<u64>,
+    /// A client of an MPS server: stopped through the server, not signalled.
+    pub via_mps: bool,
 }
 
 /// Usage of one (pod, GPU) group.
@@ -54,9 +62,13 @@ pub struct ShareUsage {
     pub share_keys: Vec<String>,
     pub pod_uid: String,
     pub gpu_uuid: String,
+    /// What the processes of known usage use: a lower bound when `unknown_pids` is not
+    /// empty.
     pub used_bytes: u64,
     pub limit_bytes: u64,
     pub pids: Vec<u32>,
+    /// Processes of the group whose usage the driver does not report.
+    pub unknown_pids: Vec<u32>,
 }
 
 impl ShareUsage {
@@ -85,6 +97,8 @@ pub struct TerminateDecision {
     pub gpu_uuid: String,
     pub pid: u32,
     pub used_bytes: u64,
+    /// Stop it through its MPS server (see [`ProcessUsage::via_mps`]).
+    pub via_mps: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,6 +114,9 @@ pub struct Verdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Terminated {
     Signalled,
+    /// An MPS client whose GPU work its server ended (`terminate_client`); the process
+    /// itself may live on without the GPU.
+    MpsClientTerminated,
     /// The process had already exited.
     AlreadyGone,
 }
@@ -141,7 +158,7 @@ pub struct Watchdog {
 struct Group<'a> {
     shares: Vec<&'a WatchedShare>,
     limit: u64,
-    procs: Vec<(u32, Option<u64>)>,
+    procs: Vec<&'a ProcessUsage>,
 }
 
 impl Watchdog {
@@ -180,7 +197,7 @@ impl Watchdog {
                 .as_ref()
                 .and_then(|uid| groups.get_mut(&(uid.clone(), p.gpu_uuid.clone())));
             match group {
-                Some(g) => g.procs.push((p.pid, p.used_bytes)),
+                Some(g) => g.procs.push(p),
                 None => verdict.unattributed.push((p.gpu_uuid.clone(), p.pid)),
             }
         }
@@ -195,9 +212,16 @@ impl Watchdog {
             let used = g
                 .procs
                 .iter()
-                .fold(0u64, |acc, (_, b)| acc.saturating_add(b.unwrap_or(0)));
-            let mut pids: Vec<u32> = g.procs.iter().map(|(p, _)| *p).collect();
+                .fold(0u64, |acc, p| acc.saturating_add(p.used_bytes.unwrap_or(0)));
+            let mut pids: Vec<u32> = g.procs.iter().map(|p| p.pid).collect();
             pids.sort_unstable();
+            let mut unknown_pids: Vec<u32> = g
+                .procs
+                .iter()
+                .filter(|p| p.used_bytes.is_none())
+                .map(|p| p.pid)
+                .collect();
+            unknown_pids.sort_unstable();
             verdict.usage.push(ShareUsage {
                 share_keys: share_keys.clone(),
                 pod_uid: pod_uid.clone(),
@@ -205,6 +229,7 @@ impl Watchdog {
                 used_bytes: used,
                 limit_bytes: g.limit,
                 pids,
+                unknown_pids,
             });
 
             let key = (pod_uid.clone(), gpu_uuid.clone());
@@ -234,20 +259,24 @@ impl Watchdog {
             // Signalled processes are on their way out: count them as freed, then pick
             // the largest of the rest until what is left fits.
             ep.signalled
-                .retain(|pid| g.procs.iter().any(|(p, _)| p == pid));
-            let mut candidates: Vec<(u32, u64)> = g
+                .retain(|pid| g.procs.iter().any(|p| p.pid == *pid));
+            let mut candidates: Vec<(u32, u64, bool)> = g
                 .procs
                 .iter()
-                .filter(|(p, _)| !ep.signalled.contains(p))
-                .filter_map(|(p, b)| b.filter(|b| *b > 0).map(|b| (*p, b)))
+                .filter(|p| !ep.signalled.contains(&p.pid))
+                .filter_map(|p| {
+                    p.used_bytes
+                        .filter(|b| *b > 0)
+                        .map(|b| (p.pid, b, p.via_mps))
+                })
                 .collect();
             // Unknown or zero usage adds nothing, so the candidates hold all of it.
             let mut remaining = candidates
                 .iter()
-                .fold(0u64, |acc, (_, b)| acc.saturating_add(*b));
+                .fold(0u64, |acc, (_, b, _)| acc.saturating_add(*b));
             // Largest first; ties by pid so the choice is deterministic.
             candidates.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            for (pid, bytes) in candidates {
+            for (pid, bytes, via_mps) in candidates {
                 if remaining <= g.limit {
                     break;
                 }
@@ -259,6 +288,7 @@ impl Watchdog {
                     gpu_uuid: gpu_uuid.clone(),
                     pid,
                     used_bytes: bytes,
+                    via_mps,
                 });
             }
         }
@@ -280,16 +310,18 @@ fn group_grace(shares: &[&WatchedShare]) -> Option<Duration> {
     Some(grace)
 }
 
-/// Carries out the terminations of a verdict and logs each outcome.
+/// Carries out the terminations of a verdict with `terminate` and logs each outcome.
+/// The agent's `terminate` is [`crate::limiter::GpuLimiter::terminate`], which picks the
+/// way to stop each process.
 pub fn execute_terminations(
     verdict: &Verdict,
-    terminator: &dyn ProcessTerminator,
+    terminate: impl Fn(&TerminateDecision) -> Result<Terminated, TerminateError>,
 ) -> Vec<(TerminateDecision, Result<Terminated, TerminateError>)> {
     verdict
         .terminate
         .iter()
         .map(|d| {
-            let r = terminator.terminate(d.pid, &d.pod_uid);
+            let r = terminate(d);
             match &r {
                 Ok(t) => tracing::warn!(
                     pid = d.pid,

@@ -21,6 +21,7 @@ fn proc_(gpu: &str, pid: u32, used: Option<u64>) -> ProcessUsage {
         gpu_uuid: gpu.into(),
         pid,
         used_bytes: used,
+        via_mps: false,
     }
 }
 
@@ -287,11 +288,40 @@ fn terminations_go_through_the_terminator_with_the_pod() {
     ];
     let v = Watchdog::new().evaluate(Instant::now(), &procs, pods, &shares);
     let fake = FakeTerminator::default();
-    let results = execute_terminations(&v, &fake);
+    let results = execute_terminations(&v, |d| fake.terminate(d.pid, &d.pod_uid));
     assert_eq!(
         *fake.calls.lock().unwrap(),
         vec![(101, "pod-a".to_string()), (102, "pod-a".to_string())]
     );
     assert_eq!(results[0].1, Ok(Terminated::Signalled));
     assert!(matches!(results[1].1, Err(TerminateError::NotInPod { .. })));
+}
+
+#[test]
+fn unknown_usage_is_listed_not_counted_as_zero() {
+    let shares = [share("s-a", "pod-a", GPU0, 4 * GIB, kill_after(0))];
+    let procs = [
+        proc_(GPU0, 101, Some(5 * GIB)),
+        proc_(GPU0, 102, None),
+        proc_(GPU0, 103, None),
+    ];
+    let v = Watchdog::new().evaluate(Instant::now(), &procs, pods, &shares);
+    let u = &v.usage[0];
+    assert_eq!(u.used_bytes, 5 * GIB, "the known part");
+    assert_eq!(u.unknown_pids, vec![102, 103]);
+    assert_eq!(u.pids, vec![101, 102, 103]);
+    // Over on what is known; only the process of known usage is chosen.
+    assert_eq!(v.terminate.len(), 1);
+    assert_eq!(v.terminate[0].pid, 101);
+}
+
+#[test]
+fn an_mps_client_is_marked_for_its_server() {
+    let shares = [share("s-a", "pod-a", GPU0, GIB, kill_after(0))];
+    let mut client = proc_(GPU0, 101, Some(3 * GIB));
+    client.via_mps = true;
+    let procs = [client, proc_(GPU0, 102, Some(2 * GIB))];
+    let v = Watchdog::new().evaluate(Instant::now(), &procs, pods, &shares);
+    let by_pid: Vec<(u32, bool)> = v.terminate.iter().map(|d| (d.pid, d.via_mps)).collect();
+    assert_eq!(by_pid, vec![(101, true), (102, false)]);
 }

@@ -260,7 +260,9 @@ fn over_limit_scenario(test: &str, tag: u16, h: Hierarchy, over: Layout, action:
     );
 
     let others = [small, under_procs[0], under_procs[1], no_share, host];
-    let outcomes = execute_terminations(&v, &PidfdTerminator::default());
+    let outcomes = execute_terminations(&v, |d| {
+        PidfdTerminator::default().terminate(d.pid, &d.pod_uid)
+    });
     match action {
         Action::Report => {
             assert!(outcomes.is_empty(), "{outcomes:?}");
@@ -385,7 +387,9 @@ fn v2_process_that_left_the_pod_is_not_signalled() {
 
     // Into a cgroup of no pod: refused, nothing found.
     move_to(a.1, &cg_host);
-    let out = execute_terminations(&v, &PidfdTerminator::default());
+    let out = execute_terminations(&v, |d| {
+        PidfdTerminator::default().terminate(d.pid, &d.pod_uid)
+    });
     assert_eq!(out.len(), 1);
     match &out[0].1 {
         Err(TerminateError::NotInPod {

@@ -248,12 +248,15 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
         assert_eq!(r.error, None, "{r:?}");
         assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
     }
-    // The simulated GPU reports both processes: A at 12Gi of its 10Gi, B at 5Gi.
+    // The simulated GPU reports the processes: A at 12Gi of its 10Gi, B at 5Gi and a
+    // second process of B whose usage the driver does not report.
+    let mut b2 = Sandbox::start(&uid_b, Layout::Cgroupfs, None);
     fs::write(
         dir.path().join("processes.json"),
         serde_json::json!([
             { "gpu_uuid": UUID, "pid": pa.pid(), "used_bytes": 12u64 << 30 },
             { "gpu_uuid": UUID, "pid": pb_.pid(), "used_bytes": 5u64 << 30 },
+            { "gpu_uuid": UUID, "pid": b2.pid(), "used_bytes": null },
         ])
         .to_string(),
     )
@@ -301,10 +304,17 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
         "{term}"
     );
 
-    // B's usage is shown in its status; the metrics count the event and the kill.
+    // B's usage is shown in its status, and that it counts only what the driver reports;
+    // the metrics count the event and the kill.
     let s = get_share(&mut c, id_b).await;
     assert_eq!(s.usage[0].name, "memory");
     assert_eq!(s.usage[0].used, "5Gi");
+    assert!(
+        s.reason
+            .contains("the driver does not report the memory of 1 of the share's processes"),
+        "{s:?}"
+    );
+    assert!(b2.running(), "a process of unknown usage is never chosen");
     let (_, body) = a.http("/metrics");
     assert_eq!(
         metric_sample(

@@ -27,8 +27,11 @@ use super::{Engine, now_ms};
 /// The watchdog's latest view of one share.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuObservation {
-    /// Memory used by the processes of the share's (pod, GPU) group.
+    /// Memory used by the processes of the share's (pod, GPU) group whose usage the
+    /// driver reports: a lower bound while `unknown` is not zero.
     pub used_bytes: u64,
+    /// Processes of the group whose usage the driver does not report.
+    pub unknown: usize,
     /// The group's limit: the sum of the pod's shares on that GPU.
     pub limit_bytes: u64,
     /// Since when the group is over its limit, if it is.
@@ -56,6 +59,7 @@ impl Engine {
                     let prev = obs.get(key).cloned().unwrap_or_default();
                     let next = GpuObservation {
                         used_bytes: u.used_bytes,
+                        unknown: u.unknown_pids.len(),
                         limit_bytes: u.limit_bytes,
                         over_since_ms: if over {
                             prev.over_since_ms.or(Some(now))
@@ -102,12 +106,18 @@ impl Engine {
         for (d, outcome) in &report.terminated {
             let what = match outcome {
                 Ok(Terminated::Signalled) => "terminated",
+                Ok(Terminated::MpsClientTerminated) => "mps_client_terminated",
                 Ok(Terminated::AlreadyGone) => "already exited",
                 Err(_) => "not terminated",
             };
             for key in &d.share_keys {
                 let Some(r) = records.get(key) else { continue };
                 let reason = match outcome {
+                    Ok(Terminated::MpsClientTerminated) => format!(
+                        "watchdog: the GPU work of MPS client pid {} ({} of GPU memory) ended through its MPS server: the share was over its limit past the grace period",
+                        d.pid,
+                        bytes(d.used_bytes)
+                    ),
                     Ok(_) => format!(
                         "watchdog: pid {} ({} of GPU memory) {what}: the share was over its limit past the grace period",
                         d.pid,
@@ -148,6 +158,12 @@ impl Engine {
             return share_to_pb(r);
         };
         let mut s = share_to_pb_with(r, &[(MEMORY.to_owned(), bytes(o.used_bytes))]);
+        if o.unknown > 0 {
+            s.reason = format!(
+                "{}; watchdog: the driver does not report the memory of {} of the share's processes: the usage shown counts only the others",
+                s.reason, o.unknown
+            );
+        }
         if let Some(since) = o.over_since_ms {
             s.reason = format!(
                 "{}; watchdog: over the memory limit since {}: {} used of {}",
