@@ -99,9 +99,10 @@ struct Mount {
 }
 
 /// The options of an MPS share's pipe directory mount, as the OCI runtime takes them:
-/// a plain bind (the directory has no mounts below it), read-only, and nothing in it to
-/// run or to open as a device.
-pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["bind", "ro", "nosuid", "nodev", "noexec"];
+/// a plain bind (the directory has no mounts below it), writable (MPS clients create
+/// files there, as NVIDIA's components mount it), and nothing in it to run or to open
+/// as a device. The directory is sticky: a tenant cannot replace the daemon's sockets.
+pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
 /// The options of an MPS share's /dev/shm mount: what a runtime gives its own /dev/shm.
 pub const SHM_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
 

@@ -107,10 +107,11 @@ fn mps_pipe_is_mounted_read_only_and_shm_like_a_runtimes_own() {
             .map(|v| v.as_str().unwrap())
             .collect()
     };
-    // A tenant must not replace the daemon's pid file or sockets the agent trusts.
+    // MPS clients create files in the pipe directory (its sticky bit, on the host,
+    // keeps the daemon's sockets theirs).
     let pipe = options(0);
     assert_eq!(mounts[0]["hostPath"], "/run/nvidia/mps/pipe");
-    assert!(pipe.contains(&"ro") && !pipe.contains(&"rw"), "{pipe:?}");
+    assert!(pipe.contains(&"rw") && !pipe.contains(&"ro"), "{pipe:?}");
     for o in ["bind", "nosuid", "nodev", "noexec"] {
         assert!(pipe.contains(&o), "{o} missing in {pipe:?}");
     }

@@ -22,11 +22,18 @@
 //! <dir>/<name>/gpu     the GPU uuid the daemon was started for
 //! <dir>/<name>/daemon  the agent's record of the daemon it started: pid, start time, boot
 //! <dir>/<name>/pipe/   CUDA_MPS_PIPE_DIRECTORY: sockets, nvidia-cuda-mps-control.pid;
-//!                      0755, and read-only in the share's containers
+//!                      1777 (sticky), and read-write in the share's containers
 //! <dir>/<name>/shm/    a tmpfs of MpsConfig::shm_bytes: the daemon's and the
 //!                      containers' /dev/shm (bind mounts)
-//! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY, 0700
+//! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY, 1777 (sticky)
 //! ```
+//!
+//! Why those two are open to every uid: the control daemon starts one MPS server per
+//! client uid, running as that uid, which must reach the pipe directory and write its log;
+//! and clients create their own files in the pipe directory, which is why NVIDIA's
+//! components (its device plugin, its DRA driver) mount it read-write into containers.
+//! The sticky bit keeps anyone but their owner (the daemon, root) from removing or
+//! replacing the daemon's sockets and pid file; `log/` is mounted into no container.
 //!
 //! The daemon runs in a mount namespace of its own (util-linux `unshare`, which needs
 //! CAP_SYS_ADMIN and a mount() the agent's systemd sandbox forbids: there, use the
@@ -48,16 +55,12 @@
 //!
 //! What the agent trusts, given that tenants share `pipe/` and `shm/` with the daemon:
 //!
-//! - `pipe/` is mounted read-only into the containers (CDI `ro`): a tenant can connect
-//!   to the daemon's sockets but can neither replace them nor the pid file. connect(2)
-//!   works through a read-only bind mount: unix_find_bsd() asks path_permission() for
-//!   MAY_WRITE on the socket's inode, and the only read-only test on that path
-//!   (sb_permission(), for a read-only file system) spares all but regular files,
-//!   directories and symlinks; a mount's own read-only flag is enforced only where a
-//!   write access to the mount is taken (mnt_want_write(): creating, unlinking,
-//!   renaming, opening a file for writing), which connect() never does. On the host
-//!   `pipe/` is the agent's and writable by it alone, which is checked before every
-//!   command sent through it.
+//! - `pipe/` is the agent's, sticky, and mounted into the share's containers alone: a
+//!   tenant can add files there but can neither remove nor replace the daemon's. Before
+//!   every command sent through it the agent checks the directory (its owner, and no
+//!   write for others without the sticky bit) and that the daemon's `control` socket,
+//!   where it is, is a socket of the agent's uid, so that a tenant's own socket is never
+//!   taken for the daemon.
 //! - The pid file is read once, right after the agent started the daemon, and its pid
 //!   is taken only if it names a live control program whose environment has this very
 //!   pipe directory. From then on the agent goes by its own record (`daemon`, in the
@@ -93,7 +96,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -110,6 +113,9 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// The pid file NVIDIA's control daemon writes into its pipe directory.
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The socket NVIDIA's control daemon listens on in its pipe directory (its log says
+/// "Starting control daemon using socket <pipe>/control").
+const CONTROL_SOCKET: &str = "control";
 /// The agent's own record of the daemon it started, in the share's directory.
 const RECORD: &str = "daemon";
 /// The longest `dir` accepted: with a 36-byte name, `/pipe/` and the daemon's longest
@@ -372,13 +378,13 @@ impl MpsDaemons {
             write_atomic(&dir.join("key"), share_key)?;
         }
         remove_stale_temps(dir)?;
-        // Containers of any uid connect through the pipe directory (read-only, through
-        // the CDI spec's mount); the log is the agent's and the daemon's.
-        for (sub, mode) in [("pipe", 0o755), ("log", 0o700)] {
+        // Servers run as their clients' uids and clients add files to the pipe
+        // directory: both are open to every uid, sticky (see the module comment).
+        for sub in ["pipe", "log"] {
             let d = dir.join(sub);
-            create_dir(&d, mode, false)?;
-            set_mode(&d, mode)?;
-            check_private_dir(&d)?;
+            create_dir(&d, SHARED_MODE, false)?;
+            set_mode(&d, SHARED_MODE)?;
+            check_shared_dir(&d)?;
         }
         let shm = dir.join("shm");
         create_dir(&shm, 0o700, false)?;
@@ -456,7 +462,7 @@ impl MpsDaemons {
 
     fn start(&self, uuid: &str, dir: &Path) -> Result<(), GpuError> {
         let pipe = dir.join("pipe");
-        check_private_dir(&pipe)?;
+        check_shared_dir(&pipe)?;
         self.quit_unrecorded(&pipe);
         // What a dead daemon left (its pid file, sockets a new one could not bind over)
         // goes first; its log stays for whoever looks into why it died.
@@ -623,7 +629,8 @@ impl MpsDaemons {
 
     fn run(&self, pipe: &Path, input: &str) -> Result<Output, GpuError> {
         // The answer is only as good as the socket it came through.
-        check_private_dir(pipe)?;
+        check_shared_dir(pipe)?;
+        check_control_socket(pipe)?;
         self.spawn(&self.cfg.control, pipe, None, &[], Some(input))
     }
     fn spawn(
@@ -1047,6 +1054,52 @@ fn check_private_dir(path: &Path) -> Result<(), GpuError> {
     Err(GpuError::Internal(format!(
         "{} is not a directory of uid {euid} that only it can write (uid {}, mode {:o}); \
          refusing to trust what is in it",
+        path.display(),
+        m.uid(),
+        m.mode() & 0o7777
+    )))
+}
+
+/// The mode of `pipe/` and `log/`: every uid may add files, only a file's owner remove
+/// or replace it.
+const SHARED_MODE: u32 = 0o1777;
+
+/// Refuses anything but a directory (not a symlink to one) of this process's user that
+/// others can write only with the sticky bit set: there they may add files, never
+/// remove or replace the agent's or the daemon's.
+fn check_shared_dir(path: &Path) -> Result<(), GpuError> {
+    let m = fs::symlink_metadata(path).map_err(|e| io_err("reading", path, &e))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let mode = m.mode();
+    if m.file_type().is_dir() && m.uid() == euid && (mode & 0o022 == 0 || mode & 0o1000 != 0) {
+        return Ok(());
+    }
+    Err(GpuError::Internal(format!(
+        "{} is not a directory of uid {euid} that others can write only with the sticky \
+         bit (uid {}, mode {:o}); refusing to trust what is in it",
+        path.display(),
+        m.uid(),
+        mode & 0o7777
+    )))
+}
+
+/// The daemon's control socket in `pipe`, where it exists, must be a socket of the
+/// agent's uid (the daemon runs as it): in a directory tenants may add to, a socket of
+/// theirs under that name would answer for the daemon. A missing one is the control
+/// program's to report (no daemon listening).
+fn check_control_socket(pipe: &Path) -> Result<(), GpuError> {
+    let path = pipe.join(CONTROL_SOCKET);
+    let m = match fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("reading", &path, &e)),
+    };
+    let euid = nix::unistd::geteuid().as_raw();
+    if m.file_type().is_socket() && m.uid() == euid {
+        return Ok(());
+    }
+    Err(GpuError::Internal(format!(
+        "{} is not a socket of uid {euid} (uid {}, mode {:o}); refusing to talk through it",
         path.display(),
         m.uid(),
         m.mode() & 0o7777
