@@ -132,6 +132,9 @@ impl GpuWatch {
     pub fn poll(&self, proc_root: &Path) -> Result<WatchReport, GpuError> {
         let started = Instant::now();
         self.load_simulated()?;
+        // Containers started since the last poll get their pod's limit on their own leaf
+        // cgroups: within one period, not one reconcile period.
+        self.limiter.follow_leaves();
         let shares = self.limiter.watched_shares_by(|device| {
             self.actions.get(device).copied().unwrap_or(Action::Report)
         });

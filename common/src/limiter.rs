@@ -82,6 +82,9 @@ pub struct Enforcement {
     /// is the bound on the share's processes together as last seen (the per-process limit
     /// times their number, at least one), never the per-process figure alone.
     pub per_process: BTreeMap<String, PerProcess>,
+    /// What the status should say besides the phase: why a share got another mechanism
+    /// than its device's, what part of the pod the limit does not reach.
+    pub notes: Vec<String>,
 }
 
 /// A limit held per process (see [`Enforcement::per_process`]).

@@ -156,6 +156,13 @@ pub trait GpuBackend: Send + Sync {
     /// Sets soft and hard limit of `cgroup` on the GPU to `bytes`.
     fn set_cgroup_limit(&self, uuid: &str, cgroup: &Path, bytes: u64) -> Result<(), GpuError>;
 
+    /// Whether a per-cgroup limit can bind in `cgroup` (NVML: the dmem controller's files
+    /// are there, see [`crate::dmem`]); Err says why not. A share whose cgroup it is not
+    /// falls back to another mechanism instead of failing.
+    fn cgroup_ready(&self, _cgroup: &Path) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Reads the limit back; None when the cgroup has no limit on this GPU.
     fn cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<Option<CgroupLimit>, GpuError>;
 

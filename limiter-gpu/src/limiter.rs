@@ -76,6 +76,8 @@ struct ShareRecord {
     mechanism: Mechanism,
     pod_uids: Vec<String>,
     cgroups: Vec<PathBuf>,
+    /// Why this share has another mechanism than its device, for its status.
+    note: Option<String>,
 }
 
 /// Host PID -> pod uid, as the watchdog maps GPU processes.
@@ -312,6 +314,8 @@ impl GpuLimiter {
                 dev.name, dev.capacity_bytes
             )));
         }
+        let mut mechanism = dev.mechanism;
+        let mut note = None;
         let cgroups = if dev.mechanism == Mechanism::NvmlCgroup {
             if spec.target.cgroups.is_empty() {
                 return Err(GpuError::InvalidArgument(
@@ -321,7 +325,27 @@ impl GpuLimiter {
             for cg in &spec.target.cgroups {
                 check_cgroup(cg)?;
             }
-            spec.target.cgroups.clone()
+            // A pod whose cgroup cannot carry the limit falls back on its own; the
+            // device's other shares keep the hard limit. Not to mps: its pipe directory
+            // would have had to be in the claim's CDI spec, written before the pod
+            // existed, so the containers would run outside the daemon.
+            match spec
+                .target
+                .cgroups
+                .iter()
+                .find_map(|cg| self.backend.cgroup_ready(cg).err())
+            {
+                Some(why) => {
+                    tracing::warn!(share = %spec.share_key, reason = %why, "nvml-cgroup cannot bind for this share; the watchdog watches it");
+                    mechanism = Mechanism::Watchdog;
+                    note = Some(format!(
+                        "{} not used for this share: {why}; the watchdog watches it instead",
+                        self.label(Mechanism::NvmlCgroup)
+                    ));
+                    Vec::new()
+                }
+                None => spec.target.cgroups.clone(),
+            }
         } else {
             Vec::new()
         };
@@ -329,9 +353,10 @@ impl GpuLimiter {
             device: dev.name.clone(),
             uuid: dev.gpu.uuid.clone(),
             bytes,
-            mechanism: dev.mechanism,
+            mechanism,
             pod_uids: spec.target.pod_uids.clone(),
             cgroups,
+            note,
         })
     }
 
@@ -375,12 +400,65 @@ impl GpuLimiter {
             .fold(0u64, |acc, r| acc.saturating_add(r.bytes))
     }
 
+    /// Where a pod cgroup's limit goes: the pod's cgroup and each container's leaf cgroup
+    /// below it that can carry one. NVIDIA documents that a limit on a pod (or a slice)
+    /// may not reach its containers, whose leaves have their own `dmem.max`. A leaf that
+    /// cannot carry a limit is left out (the pod's limit is what there is for it).
+    fn targets(&self, pod_cgroup: &Path) -> Vec<PathBuf> {
+        let mut out = vec![pod_cgroup.to_path_buf()];
+        let Ok(entries) = std::fs::read_dir(pod_cgroup) else {
+            return out;
+        };
+        let mut leaves: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .filter(|p| self.backend.cgroup_ready(p).is_ok())
+            .collect();
+        leaves.sort();
+        out.extend(leaves);
+        out
+    }
+
+    /// Gives the leaf cgroups that appeared below the share's pod cgroups since it was
+    /// applied (a container started) the pod's limit: the pod growing, not drift. The
+    /// agent calls it from every watchdog poll, so a new container waits at most one
+    /// period for its limit; `verify` does it too.
+    pub fn follow_leaves(&self) {
+        let recs: Vec<(String, ShareRecord)> = self
+            .lock()
+            .iter()
+            .filter(|(_, r)| r.mechanism == Mechanism::NvmlCgroup)
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        for (key, rec) in recs {
+            if let Err(e) = self.limit_new_leaves(&key, &rec) {
+                tracing::warn!(share = %key, error = %e, "could not limit a new container cgroup");
+            }
+        }
+    }
+
+    fn limit_new_leaves(&self, key: &str, rec: &ShareRecord) -> Result<(), GpuError> {
+        for cg in &rec.cgroups {
+            let total = self.cgroup_total(&rec.uuid, cg);
+            for leaf in self.targets(cg).into_iter().skip(1) {
+                if self.backend.cgroup_limit(&rec.uuid, &leaf)?.is_none() {
+                    tracing::info!(share = key, cgroup = %leaf.display(), "limiting a new container cgroup of the share's pod");
+                    self.backend.set_cgroup_limit(&rec.uuid, &leaf, total)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn enforce(&self, key: &str, rec: &ShareRecord) -> Result<(), GpuError> {
         match rec.mechanism {
             Mechanism::NvmlCgroup => {
                 for cg in &rec.cgroups {
                     let total = self.cgroup_total(&rec.uuid, cg);
-                    self.backend.set_cgroup_limit(&rec.uuid, cg, total)?;
+                    for t in self.targets(cg) {
+                        self.backend.set_cgroup_limit(&rec.uuid, &t, total)?;
+                    }
                 }
                 Ok(())
             }
@@ -404,16 +482,18 @@ impl GpuLimiter {
                 let mut all = true;
                 for cg in &rec.cgroups {
                     let want = self.cgroup_total(&rec.uuid, cg);
-                    let got = self.backend.cgroup_limit(&rec.uuid, cg)?;
-                    if got.map(|l| l.hard_bytes) != Some(want) {
-                        tracing::warn!(
-                            share = key,
-                            cgroup = %cg.display(),
-                            want,
-                            got = ?got,
-                            "GPU memory limit read back differs"
-                        );
-                        all = false;
+                    for t in self.targets(cg) {
+                        let got = self.backend.cgroup_limit(&rec.uuid, &t)?;
+                        if got.map(|l| l.hard_bytes) != Some(want) {
+                            tracing::warn!(
+                                share = key,
+                                cgroup = %t.display(),
+                                want,
+                                got = ?got,
+                                "GPU memory limit read back differs"
+                            );
+                            all = false;
+                        }
                     }
                 }
                 all.then_some(rec.bytes)
@@ -476,6 +556,7 @@ impl GpuLimiter {
             // Cgroup limits are whole bytes, as requested: no rounding to allow for.
             resolution,
             per_process: per,
+            notes: rec.note.iter().cloned().collect(),
         })
     }
 
@@ -500,6 +581,9 @@ impl GpuLimiter {
                 r
             }
         };
+        if rec.mechanism == Mechanism::NvmlCgroup {
+            self.limit_new_leaves(&spec.share_key, &rec)?;
+        }
         self.read_back(&spec.share_key, &rec)
     }
 
@@ -515,10 +599,13 @@ impl GpuLimiter {
             Mechanism::NvmlCgroup => {
                 for cg in &rec.cgroups {
                     let rest = self.cgroup_total(&rec.uuid, cg).saturating_sub(rec.bytes);
-                    if rest == 0 {
-                        self.backend.clear_cgroup_limit(&rec.uuid, cg)?;
-                    } else {
-                        self.backend.set_cgroup_limit(&rec.uuid, cg, rest)?;
+                    // Leaves first: the pod's limit stays over them until they are clear.
+                    for t in self.targets(cg).iter().rev() {
+                        if rest == 0 {
+                            self.backend.clear_cgroup_limit(&rec.uuid, t)?;
+                        } else {
+                            self.backend.set_cgroup_limit(&rec.uuid, t, rest)?;
+                        }
                     }
                 }
             }

@@ -482,3 +482,114 @@ fn mps_shares_run_through_their_own_daemon() {
         "the daemon quit"
     );
 }
+
+/// A pod cgroup (a temp dir standing for one) with these container leaves, each with
+/// `dmem.max` where `ready`.
+fn pod_dir(leaves: &[(&str, bool)], pod_ready: bool) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    if pod_ready {
+        std::fs::write(d.path().join(crate::dmem::DMEM_MAX), "").unwrap();
+    }
+    for (name, ready) in leaves {
+        add_leaf(d.path(), name, *ready);
+    }
+    d
+}
+
+fn add_leaf(pod: &Path, name: &str, ready: bool) {
+    std::fs::create_dir(pod.join(name)).unwrap();
+    if ready {
+        std::fs::write(pod.join(name).join(crate::dmem::DMEM_MAX), "").unwrap();
+    }
+}
+
+fn spec_at(key: &str, memory: &str, cgroup: &Path) -> LimitSpec {
+    let mut s = spec(key, memory, "unused");
+    s.target.cgroups = vec![cgroup.to_path_buf()];
+    s
+}
+
+fn hard_limit(b: &SimulatedBackend, cgroup: &Path) -> Option<u64> {
+    b.cgroup_limits()
+        .into_iter()
+        .find(|(_, p, _)| p == cgroup)
+        .map(|(_, _, l)| l.hard_bytes)
+}
+
+#[test]
+fn a_share_whose_cgroup_cannot_carry_the_limit_falls_back_alone() {
+    let b = Arc::new(
+        SimulatedBackend::new(vec![SimulatedGpu::new("GPU-a", 16 * GIB)])
+            .with_required_cgroup_file(crate::dmem::DMEM_MAX),
+    );
+    let l = limiter(&b);
+    let ready = pod_dir(&[], true);
+    let bare = pod_dir(&[], false);
+    let e = l.apply(&spec_at("s1", "4Gi", ready.path())).unwrap();
+    assert_eq!(e.mechanism, "simulated-cgroup");
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("4Gi").unwrap());
+    assert!(e.notes.is_empty());
+    // The other pod's cgroup has no dmem.max: that share alone is watched, and says why.
+    let f = l.apply(&spec_at("s2", "4Gi", bare.path())).unwrap();
+    assert_eq!(f.mechanism, "simulated-watchdog");
+    assert!(f.enforced.is_empty() && f.watch_only, "{f:?}");
+    assert!(
+        f.notes[0].contains("simulated-cgroup not used for this share")
+            && f.notes[0].contains("has no dmem.max"),
+        "{:?}",
+        f.notes
+    );
+    assert_eq!(
+        hard_limit(&b, bare.path()),
+        None,
+        "nothing set where it cannot bind"
+    );
+    // Its capacity still counts.
+    assert!(matches!(
+        l.apply(&spec_at("s3", "9Gi", ready.path())).unwrap_err(),
+        LimiterError { .. }
+    ));
+    assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::NvmlCgroup);
+}
+
+#[test]
+fn containers_leaf_cgroups_get_the_pods_limit_as_they_appear() {
+    let b = Arc::new(
+        SimulatedBackend::new(vec![SimulatedGpu::new("GPU-a", 16 * GIB)])
+            .with_required_cgroup_file(crate::dmem::DMEM_MAX),
+    );
+    let l = limiter(&b);
+    let pod = pod_dir(&[("c1", true), ("no-dmem", false)], true);
+    let s = spec_at("s1", "4Gi", pod.path());
+    let e = l.apply(&s).unwrap();
+    assert_eq!(e.enforced[MEMORY], Quantity::parse("4Gi").unwrap());
+    assert_eq!(hard_limit(&b, pod.path()), Some(4 * GIB));
+    assert_eq!(hard_limit(&b, &pod.path().join("c1")), Some(4 * GIB));
+    assert_eq!(hard_limit(&b, &pod.path().join("no-dmem")), None);
+
+    // A container started: verify gives its leaf the limit and reads it back.
+    add_leaf(pod.path(), "c2", true);
+    assert_eq!(l.verify(&s).unwrap(), e);
+    assert_eq!(hard_limit(&b, &pod.path().join("c2")), Some(4 * GIB));
+    // So does the watchdog's pass, without a verify.
+    add_leaf(pod.path(), "c3", true);
+    l.follow_leaves();
+    assert_eq!(hard_limit(&b, &pod.path().join("c3")), Some(4 * GIB));
+    // A leaf whose limit changed behind the agent's back is drift, as the pod's is.
+    b.tamper_cgroup_limit(
+        "GPU-a",
+        &pod.path().join("c1"),
+        Some(crate::backend::CgroupLimit {
+            soft_bytes: 0,
+            hard_bytes: 8 * GIB,
+            used_bytes: 0,
+        }),
+    );
+    assert!(l.verify(&s).unwrap().enforced.is_empty());
+    assert_eq!(l.apply(&s).unwrap(), e);
+
+    l.remove("s1").unwrap();
+    for t in ["", "c1", "c2", "c3"] {
+        assert_eq!(hard_limit(&b, &pod.path().join(t)), None, "{t}");
+    }
+}

@@ -433,6 +433,10 @@ impl GpuBackend for NvmlBackend {
         self.mps.as_ref().map(|m| m.dirs(share_key))
     }
 
+    fn cgroup_ready(&self, cgroup: &Path) -> Result<(), String> {
+        crate::dmem::cgroup_has_dmem(cgroup)
+    }
+
     fn terminate_mps_client(
         &self,
         _uuid: &str,

@@ -114,6 +114,8 @@ struct State {
     mps_limits: BTreeMap<(String, String), u64>,
     faults: Vec<Fault>,
     faults_file: Option<PathBuf>,
+    /// See [`SimulatedBackend::with_required_cgroup_file`].
+    required_cgroup_file: Option<String>,
 }
 
 pub struct SimulatedBackend {
@@ -174,6 +176,13 @@ impl SimulatedBackend {
     /// driver fault, which they cannot reach in the agent's memory.
     pub fn with_faults_file(self, path: Option<PathBuf>) -> Self {
         self.lock().faults_file = path;
+        self
+    }
+
+    /// Makes a cgroup ready for a limit only where this file exists in it, as NVML needs
+    /// the dmem controller's `dmem.max` (see [`crate::dmem`]). Unset: every cgroup is.
+    pub fn with_required_cgroup_file(self, name: impl Into<String>) -> Self {
+        self.lock().required_cgroup_file = Some(name.into());
         self
     }
 
@@ -330,6 +339,15 @@ impl GpuBackend for SimulatedBackend {
             cgroup_limits: st.cgroup_support(uuid)?,
             mps,
         })
+    }
+
+    fn cgroup_ready(&self, cgroup: &Path) -> Result<(), String> {
+        match &self.lock().required_cgroup_file {
+            Some(f) if !cgroup.join(f).exists() => {
+                Err(format!("simulated: {} has no {f}", cgroup.display()))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn set_cgroup_limit(&self, uuid: &str, cgroup: &Path, bytes: u64) -> Result<(), GpuError> {

@@ -495,11 +495,19 @@ fn judge(
     } else {
         ""
     };
+    let notes: String = e.notes.iter().map(|n| format!("; {n}")).collect();
     if e.enforced.is_empty() && e.watch_only {
         return (
             Phase::Accounted,
             format!(
-                "not enforced: this GPU offers no hard memory limit; the watchdog observes usage and acts on it{note}"
+                "not enforced: {}the watchdog observes usage and acts on it{notes}{note}",
+                // With a note, the GPU has a limit this share could not get: the note
+                // says why.
+                if e.notes.is_empty() {
+                    "this GPU offers no hard memory limit; "
+                } else {
+                    ""
+                }
             ),
         );
     }
@@ -557,6 +565,7 @@ fn judge(
     let notes: String = unconstrained
         .iter()
         .chain(&rounded)
+        .chain(&e.notes)
         .map(|u| format!("; {u}"))
         .collect();
     (
