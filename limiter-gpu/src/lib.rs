@@ -38,6 +38,7 @@
 pub mod backend;
 pub mod cdi;
 pub mod cgroup;
+pub mod cgroupns;
 pub mod error;
 pub mod limiter;
 pub mod mps;
