@@ -234,6 +234,17 @@ async fn watchdog_in_a_cgroup_namespace(layout: Layout) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The namespace root it found is its own container cgroup.
+    let own = agent_cgroup
+        .strip_prefix(shareguard_tests::pod::cgroup2_mount())
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        a.log_text().contains(&format!("root: \"/{own}\"")),
+        "the agent's log names its namespace root /{own}:\n{}",
+        a.log_text()
+    );
     // X, over its share past the grace period, is terminated; Y lives.
     while x.running() {
         assert!(
