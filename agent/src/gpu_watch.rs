@@ -19,6 +19,7 @@ use shareguard_limiter_gpu::{
     GpuError, GpuLimiter,
     backend::ComputeProcess,
     cgroup::pod_uid_of_pid,
+    cgroupns::{CgroupNamespace, agent_namespace},
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
     watchdog::{
@@ -38,6 +39,8 @@ pub struct GpuWatch {
     actions: HashMap<String, Action>,
     period: Duration,
     watchdog: Mutex<Watchdog>,
+    /// The agent's cgroup namespace, which `/proc/PID/cgroup` paths are relative to.
+    namespace: &'static CgroupNamespace,
 }
 
 /// What one poll found and did.
@@ -81,6 +84,7 @@ impl GpuWatch {
             actions: devices.into_iter().map(|(d, w)| (d, w.action)).collect(),
             period,
             watchdog: Mutex::new(Watchdog::new()),
+            namespace: agent_namespace(),
         }
     }
 
@@ -139,13 +143,16 @@ impl GpuWatch {
             self.actions.get(device).copied().unwrap_or(Action::Report)
         });
         let processes = self.limiter.process_usage()?;
+        // Read once per poll, so a process is attributed and re-checked before its
+        // termination against the same roots.
+        let roots = self.namespace.roots();
         let verdict = lock(&self.watchdog).evaluate(
             Instant::now(),
             &processes,
-            |pid| pod_uid_of_pid(proc_root, pid),
+            |pid| pod_uid_of_pid(proc_root, &roots, pid),
             &shares,
         );
-        let terminator = PidfdTerminator::with_proc_root(proc_root);
+        let terminator = PidfdTerminator::with_proc_root(proc_root).with_roots(roots);
         let terminated = execute_terminations(&verdict, |d| self.limiter.terminate(d, &terminator));
         Ok(WatchReport {
             usage: verdict.usage,

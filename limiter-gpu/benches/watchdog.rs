@@ -45,7 +45,8 @@ use shareguard_common::Quantity;
 use shareguard_common::limiter::{LimitSpec, Limiter, Target};
 use shareguard_limiter_gpu::GpuLimiter;
 use shareguard_limiter_gpu::backend::ComputeProcess;
-use shareguard_limiter_gpu::cgroup::pod_uid_of_pid;
+use shareguard_limiter_gpu::cgroup::{NamespaceRoots, pod_uid_of_pid};
+use shareguard_limiter_gpu::cgroupns::agent_namespace;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
 use shareguard_limiter_gpu::watchdog::{Action, Watchdog};
@@ -90,6 +91,18 @@ struct Pods {
     label: &'static str,
     _fixture: Option<Fixture>,
     _fake: Option<tempfile::TempDir>,
+}
+
+impl Pods {
+    /// The namespace roots the lookups resolve against: the real one for the real
+    /// `/proc`, the initial one for the fake files (written with absolute paths).
+    fn roots(&self) -> NamespaceRoots {
+        if self._fixture.is_some() {
+            agent_namespace().roots()
+        } else {
+            NamespaceRoots::Initial
+        }
+    }
 }
 
 fn pods(n: usize) -> Pods {
@@ -222,7 +235,8 @@ fn cost(p: &Pods, backend: &SimulatedBackend, l: &GpuLimiter, samples: usize) ->
     let procs = l.process_usage().unwrap();
     let shares = l.watched_shares(Action::Report);
     let mut wd = Watchdog::new();
-    let pod_of = |pid| pod_uid_of_pid(&p.proc_root, pid);
+    let roots = p.roots();
+    let pod_of = |pid| pod_uid_of_pid(&p.proc_root, &roots, pid);
     let check = |v: &shareguard_limiter_gpu::watchdog::Verdict| {
         // Every pid attributed, nothing over: the lookups really found the pods.
         assert_eq!(v.usage.len(), n);
@@ -324,6 +338,7 @@ fn latency(p: &Pods, backend: &Arc<SimulatedBackend>, l: &Arc<GpuLimiter>, runs:
     let watchdog = {
         let (l, ticks, stop) = (l.clone(), ticks.clone(), stop.clone());
         let proc_root = p.proc_root.clone();
+        let roots = p.roots();
         std::thread::spawn(move || {
             let mut wd = Watchdog::new();
             let mut next = Instant::now();
@@ -342,7 +357,7 @@ fn latency(p: &Pods, backend: &Arc<SimulatedBackend>, l: &Arc<GpuLimiter>, runs:
                 let v = wd.evaluate(
                     Instant::now(),
                     &procs,
-                    |pid| pod_uid_of_pid(&proc_root, pid),
+                    |pid| pod_uid_of_pid(&proc_root, &roots, pid),
                     &shares,
                 );
                 let at = Instant::now();

@@ -79,6 +79,7 @@ use shareguard_limiter_gpu::backend::{
     CgroupLimit, ComputeProcess, GpuBackend, GpuInfo, MigMode, MpsLimit, Support,
 };
 use shareguard_limiter_gpu::cgroup::{pod_from_proc_cgroup, pod_uid_of_pid};
+use shareguard_limiter_gpu::cgroupns::agent_namespace;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::mps::{MpsConfig, MpsDaemons, with_shm};
 use shareguard_limiter_gpu::nvml::NvmlBackend;
@@ -1177,7 +1178,7 @@ fn drain(rx: &Receiver<(Stream, String)>, log: &mut AllocatorLog, wait: Duration
 }
 
 fn pod_of(pid: u32) -> Option<String> {
-    pod_uid_of_pid(Path::new("/proc"), pid)
+    pod_uid_of_pid(Path::new("/proc"), &agent_namespace().roots(), pid)
 }
 
 fn run_allocator(
@@ -1255,7 +1256,7 @@ fn run_allocator(
     let mut log = AllocatorLog::default();
     let mut watch = WatchLog::default();
     let mut wd = Watchdog::new();
-    let terminator = PidfdTerminator::default();
+    let terminator = PidfdTerminator::default().with_roots(agent_namespace().roots());
     let mut last_line = String::new();
     let mut timed_out = false;
     let status = loop {

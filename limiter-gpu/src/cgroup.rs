@@ -13,8 +13,23 @@
 //! `kubepods` marker is there. The input comes from processes we do not trust, so the
 //! parser never panics and answers None for anything it does not recognise.
 //!
+//! # Inside a cgroup namespace
+//!
+//! The kernel writes each path of `/proc/PID/cgroup` relative to the *reader's* cgroup
+//! namespace root in that hierarchy. An agent in a container with a private cgroup
+//! namespace (the default for containers on cgroup v2 nodes) has its own container
+//! cgroup as root, so a pod next to it reads `0::/../../../burstable/pod<uid>/<id>`: the
+//! `kubepods` marker of the cgroupfs layout is gone, and even where a systemd unit name
+//! survives, a name read off a relative path is a guess. Paths are therefore resolved
+//! first: joined to the namespace root of their hierarchy ([`NamespaceRoots`], found by
+//! `crate::cgroupns`) and normalised, `..` included; a path that climbs above the
+//! hierarchy's root, or one of a hierarchy whose root is not known, is no answer. Only
+//! then is the pod read off the path, so a process is attributed by where it really is
+//! or not at all.
+//!
 //! [`pod_uid_of_pid`] reads the file for the watchdog's pid -> pod function.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -34,12 +49,60 @@ pub fn read_proc_cgroup(proc_root: &Path, pid: u32) -> std::io::Result<String> {
     Ok(content)
 }
 
-/// The pod uid of a running process, read from `<proc_root>/<pid>/cgroup`: the
-/// watchdog's pid -> pod function. None when the process is gone, its file cannot be
-/// read, or it is in no pod (or in two).
-pub fn pod_uid_of_pid(proc_root: &Path, pid: u32) -> Option<String> {
+/// Where the reader's cgroup namespace is rooted, per hierarchy: what the paths of
+/// `/proc/PID/cgroup` are relative to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamespaceRoots {
+    /// The initial cgroup namespace: every path is already absolute.
+    Initial,
+    /// A private cgroup namespace: the absolute path of its root (a plain path, from the
+    /// hierarchy's root as mounted) by hierarchy id, `0` being cgroup v2. Lines of a
+    /// hierarchy not listed cannot be resolved and are ignored.
+    Namespaced(BTreeMap<u32, String>),
+}
+
+impl NamespaceRoots {
+    /// The absolute form of `path` as a process in these namespaces reads it on the line
+    /// of hierarchy `id`; None when it cannot be known.
+    pub fn resolve(&self, id: &str, path: &str) -> Option<String> {
+        match self {
+            NamespaceRoots::Initial => resolve_path("/", path),
+            NamespaceRoots::Namespaced(roots) => {
+                let root = roots.get(&id.parse::<u32>().ok()?)?;
+                resolve_path(root, path)
+            }
+        }
+    }
+}
+
+/// `rel` (as `/proc/PID/cgroup` spells it: from the namespace root, maybe climbing out of
+/// it with `..`) joined to `root` (absolute) and normalised. None when either is not
+/// absolute or the result would climb above the hierarchy's root: such a path names no
+/// cgroup we could know.
+pub fn resolve_path(root: &str, rel: &str) -> Option<String> {
+    if !root.starts_with('/') || !rel.starts_with('/') {
+        return None;
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for seg in root.split('/').chain(rel.split('/')) {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            s => out.push(s),
+        }
+    }
+    Some(format!("/{}", out.join("/")))
+}
+
+/// The pod uid of a running process, read from `<proc_root>/<pid>/cgroup` and resolved
+/// against the reader's namespace `roots`: the watchdog's pid -> pod function. None when
+/// the process is gone, its file cannot be read, or it is in no pod (or in two) as far
+/// as can be known.
+pub fn pod_uid_of_pid(proc_root: &Path, roots: &NamespaceRoots, pid: u32) -> Option<String> {
     match read_proc_cgroup(proc_root, pid) {
-        Ok(content) => pod_from_proc_cgroup(&content).map(|p| p.uid),
+        Ok(content) => pod_from_proc_cgroup_in(&content, roots).map(|p| p.uid),
         Err(e) => {
             if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
                 tracing::debug!(pid, error = %e, "cannot read the cgroup of a GPU process");
@@ -64,10 +127,17 @@ pub struct PodCgroup {
     pub qos: Qos,
 }
 
-/// Pod of the process whose `/proc/PID/cgroup` content this is. The cgroup v2 line
-/// (`0::/path`) is preferred; v1 lines are used otherwise. Lines that name different
-/// pods make the answer None: a process is in one pod or we do not know.
+/// Pod of the process whose `/proc/PID/cgroup` content this is, read in the initial
+/// cgroup namespace (see [`pod_from_proc_cgroup_in`]).
 pub fn pod_from_proc_cgroup(content: &str) -> Option<PodCgroup> {
+    pod_from_proc_cgroup_in(content, &NamespaceRoots::Initial)
+}
+
+/// Pod of the process whose `/proc/PID/cgroup` content this is, as read by a process
+/// whose cgroup namespace has `roots`. The cgroup v2 line (`0::/path`) is preferred; v1
+/// lines are used otherwise. Lines that name different pods make the answer None: a
+/// process is in one pod or we do not know. A line that cannot be resolved adds nothing.
+pub fn pod_from_proc_cgroup_in(content: &str, roots: &NamespaceRoots) -> Option<PodCgroup> {
     let mut v2 = None;
     let mut v1: Option<PodCgroup> = None;
     let mut v1_conflict = false;
@@ -78,7 +148,10 @@ pub fn pod_from_proc_cgroup(content: &str) -> Option<PodCgroup> {
         else {
             continue;
         };
-        let Some(pod) = pod_from_cgroup_path(path) else {
+        let Some(pod) = roots
+            .resolve(id, path)
+            .and_then(|abs| pod_from_cgroup_path(&abs))
+        else {
             continue;
         };
         if id == "0" && controllers.is_empty() {
@@ -297,6 +370,235 @@ mod tests {
         assert_eq!(pod_from_proc_cgroup(&mixed), None);
     }
 
+    fn ns(roots: &[(u32, &str)]) -> NamespaceRoots {
+        NamespaceRoots::Namespaced(roots.iter().map(|(i, r)| (*i, (*r).to_owned())).collect())
+    }
+
+    #[test]
+    fn paths_resolve_against_the_namespace_root() {
+        let r = "/kubepods/besteffort/podA/c";
+        for (rel, want) in [
+            ("/", Some(r.to_owned())),
+            ("/sub", Some(format!("{r}/sub"))),
+            ("/../c2", Some("/kubepods/besteffort/podA/c2".to_owned())),
+            (
+                "/../../../burstable/podX/y",
+                Some("/kubepods/burstable/podX/y".to_owned()),
+            ),
+            ("/../../../..", Some("/".to_owned())),
+            // Above the hierarchy's root: no such cgroup.
+            ("/../../../../..", None),
+            ("/../../../../../../kubepods/burstable/podX/y", None),
+            ("/././/x", Some(format!("{r}/x"))),
+            // Not as the kernel writes it.
+            ("", None),
+            ("relative", None),
+        ] {
+            assert_eq!(resolve_path(r, rel), want, "{rel:?}");
+        }
+        assert_eq!(resolve_path("not/absolute", "/x"), None);
+        assert_eq!(resolve_path("/", "/a/../.."), None);
+    }
+
+    /// Where an agent in its own cgroup namespace is, in each layout and QoS class, and
+    /// how a process of pod UID reads from there.
+    #[test]
+    fn namespaced_paths_in_both_layouts() {
+        let agent = "aaaaaaaa-5678-4ef0-9abc-def012345678";
+        let agent_us = agent.replace('-', "_");
+        let cases: Vec<(String, String, Qos)> = vec![
+            // cgroupfs: agent besteffort, target burstable / guaranteed / besteffort.
+            (
+                format!("/kubepods/besteffort/pod{agent}/ctr"),
+                format!("0::/../../../burstable/pod{UID}/c1"),
+                Qos::Burstable,
+            ),
+            (
+                format!("/kubepods/besteffort/pod{agent}/ctr"),
+                format!("0::/../../../pod{UID}/c1"),
+                Qos::Guaranteed,
+            ),
+            (
+                format!("/kubepods/besteffort/pod{agent}/ctr"),
+                format!("0::/../../pod{UID}/c1"),
+                Qos::BestEffort,
+            ),
+            // cgroupfs: agent guaranteed (one level less), target burstable.
+            (
+                format!("/kubepods/pod{agent}/ctr"),
+                format!("0::/../../burstable/pod{UID}/c1"),
+                Qos::Burstable,
+            ),
+            // Nested under a cgroup root (kind, --cgroup-root).
+            (
+                format!("/sgt/kubepods/burstable/pod{agent}/ctr"),
+                format!("0::/../../../besteffort/pod{UID}/c1"),
+                Qos::BestEffort,
+            ),
+            // systemd: agent burstable, target besteffort / guaranteed / burstable.
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{agent_us}.slice/cri-containerd-a.scope"
+                ),
+                format!(
+                    "0::/../../../kubepods-besteffort.slice/kubepods-besteffort-pod{UID_US}.slice/cri-containerd-b.scope"
+                ),
+                Qos::BestEffort,
+            ),
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{agent_us}.slice/cri-containerd-a.scope"
+                ),
+                format!("0::/../../../kubepods-pod{UID_US}.slice/cri-containerd-b.scope"),
+                Qos::Guaranteed,
+            ),
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{agent_us}.slice/cri-containerd-a.scope"
+                ),
+                format!("0::/../../kubepods-burstable-pod{UID_US}.slice/cri-containerd-b.scope"),
+                Qos::Burstable,
+            ),
+        ];
+        for (root, line, qos) in cases {
+            let got = pod_from_proc_cgroup_in(&line, &ns(&[(0, &root)]));
+            assert_eq!(
+                got,
+                Some(PodCgroup {
+                    uid: UID.into(),
+                    qos
+                }),
+                "{root} + {line}"
+            );
+        }
+        // What the old reading gave the cgroupfs layout: nothing, since the relative
+        // path lost its kubepods marker.
+        assert_eq!(
+            pod_from_proc_cgroup(&format!("0::/../../../burstable/pod{UID}/c1")),
+            None
+        );
+        // The agent's own pod, seen from inside it.
+        let root = format!("/kubepods/besteffort/pod{agent}/ctr");
+        for line in ["0::/", "0::/../sidecar"] {
+            assert_eq!(
+                pod_from_proc_cgroup_in(line, &ns(&[(0, &root)])).map(|p| p.uid),
+                Some(agent.to_owned()),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn namespaced_v1_lines_resolve_each_in_their_hierarchy() {
+        let agent = "aaaaaaaa-5678-4ef0-9abc-def012345678";
+        let other = "bbbbbbbb-5678-4ef0-9abc-def012345678";
+        // Each hierarchy has its own namespace root (the agent's cgroup there).
+        let agent_root = format!("/kubepods/besteffort/pod{agent}/ctr");
+        let roots = ns(&[(4, &agent_root), (9, "/system.slice/containerd.service")]);
+        let target = format!("4:memory:/../../../burstable/pod{UID}/c1");
+        assert_eq!(
+            pod_from_proc_cgroup_in(&target, &roots).map(|p| (p.uid, p.qos)),
+            Some((UID.to_owned(), Qos::Burstable))
+        );
+        // name=systemd from the runtime's service cgroup.
+        let both = format!("{target}\n9:name=systemd:/../../kubepods/burstable/pod{UID}/c1");
+        assert_eq!(
+            pod_from_proc_cgroup_in(&both, &roots)
+                .map(|p| p.uid)
+                .as_deref(),
+            Some(UID)
+        );
+        // Lines disagreeing once resolved: unknown.
+        let split = format!("{target}\n9:name=systemd:/../../kubepods/burstable/pod{other}/c1");
+        assert_eq!(pod_from_proc_cgroup_in(&split, &roots), None);
+        // A hierarchy whose root is unknown adds nothing: the same relative text under
+        // hierarchy 5 would be read against the wrong root.
+        let unknown = format!("5:devices:/../../../burstable/pod{other}/c1\n{target}");
+        assert_eq!(
+            pod_from_proc_cgroup_in(&unknown, &roots)
+                .map(|p| p.uid)
+                .as_deref(),
+            Some(UID)
+        );
+        let alone = format!("5:devices:/../../../burstable/pod{other}/c");
+        assert_eq!(pod_from_proc_cgroup_in(&alone, &roots), None);
+        // The v2 line wins over v1 lines when it resolves, and must agree with them.
+        let with_v2 = ns(&[(4, &agent_root), (0, &agent_root)]);
+        let mixed = format!("{target}\n0::/../../../burstable/pod{other}/c1");
+        assert_eq!(pod_from_proc_cgroup_in(&mixed, &with_v2), None);
+    }
+
+    #[test]
+    fn namespaced_paths_that_climb_too_high_or_cannot_be_resolved() {
+        let roots = ns(&[(0, "/kubepods/besteffort/podA/ctr")]);
+        for line in [
+            // Above the hierarchy's root, even with a pod written after it.
+            format!("0::/../../../../../kubepods/burstable/pod{UID}/c"),
+            format!("0::/../../../../../../../../../../kubepods/pod{UID}/c"),
+            // A systemd unit name is not trusted when the path cannot be resolved.
+            format!("0::/../../../../../kubepods-burstable-pod{UID_US}.slice/c"),
+            // Up to the hierarchy's root: no pod there.
+            "0::/../../../..".to_owned(),
+        ] {
+            assert_eq!(pod_from_proc_cgroup_in(&line, &roots), None, "{line}");
+        }
+        // No root known for the hierarchy at all: nothing is attributed, however
+        // pod-like the text, since it is relative to somewhere unknown.
+        let none = NamespaceRoots::Namespaced(BTreeMap::new());
+        for line in [
+            format!("0::/kubepods/burstable/pod{UID}/c"),
+            format!("0::/../../kubepods-burstable-pod{UID_US}.slice/c"),
+        ] {
+            assert_eq!(pod_from_proc_cgroup_in(&line, &none), None, "{line}");
+        }
+        // In the initial namespace a path climbing above the root is no path.
+        assert_eq!(
+            pod_from_proc_cgroup(&format!("0::/../kubepods/pod{UID}/c")),
+            None
+        );
+    }
+
+    #[test]
+    fn namespaced_hostile_inputs_do_not_panic() {
+        let roots = ns(&[(0, "/kubepods/besteffort/podA/ctr"), (4, "/")]);
+        let deep = format!("0::{}", "/..".repeat(100_000));
+        let wide = format!("0::/{}", "x/".repeat(100_000));
+        let inputs = [
+            "0::..",
+            "0::/..\0/kubepods",
+            "x::/../..",
+            "-1::/",
+            "99999999999999999999::/",
+            "4:memory:",
+            "4:memory:/..",
+            "0::/../\u{1F600}/../..",
+            deep.as_str(),
+            wide.as_str(),
+        ];
+        for i in inputs {
+            assert_eq!(
+                pod_from_proc_cgroup_in(i, &roots),
+                None,
+                "{:?}",
+                i.chars().take(40).collect::<String>()
+            );
+        }
+    }
+
+    #[test]
+    fn pod_of_pid_in_a_namespace() {
+        let proc_root = fake_proc(&[(30, &format!("0::/../../../burstable/pod{UID}/c\n"))]);
+        let roots = ns(&[(0, "/kubepods/besteffort/podA/ctr")]);
+        assert_eq!(
+            pod_uid_of_pid(proc_root.path(), &roots, 30).as_deref(),
+            Some(UID)
+        );
+        assert_eq!(
+            pod_uid_of_pid(proc_root.path(), &NamespaceRoots::Initial, 30),
+            None
+        );
+    }
+
     fn fake_proc(entries: &[(u32, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         for (pid, content) in entries {
@@ -324,11 +626,17 @@ mod tests {
             (12, "0::/system.slice/containerd.service\n"),
         ]);
         let root = proc_root.path();
-        assert_eq!(pod_uid_of_pid(root, 10).as_deref(), Some(UID));
-        assert_eq!(pod_uid_of_pid(root, 11).as_deref(), Some(other));
-        assert_eq!(pod_uid_of_pid(root, 12), None);
+        assert_eq!(
+            pod_uid_of_pid(root, &NamespaceRoots::Initial, 10).as_deref(),
+            Some(UID)
+        );
+        assert_eq!(
+            pod_uid_of_pid(root, &NamespaceRoots::Initial, 11).as_deref(),
+            Some(other)
+        );
+        assert_eq!(pod_uid_of_pid(root, &NamespaceRoots::Initial, 12), None);
         // No such process.
-        assert_eq!(pod_uid_of_pid(root, 13), None);
+        assert_eq!(pod_uid_of_pid(root, &NamespaceRoots::Initial, 13), None);
         let err = read_proc_cgroup(root, 13).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
     }
@@ -343,7 +651,10 @@ mod tests {
         let proc_root = fake_proc(&[(20, &format!("{padding}0::/kubepods/pod{UID}/c\n"))]);
         let content = read_proc_cgroup(proc_root.path(), 20).unwrap();
         assert_eq!(content.len() as u64, MAX_PROC_CGROUP_BYTES);
-        assert_eq!(pod_uid_of_pid(proc_root.path(), 20), None);
+        assert_eq!(
+            pod_uid_of_pid(proc_root.path(), &NamespaceRoots::Initial, 20),
+            None
+        );
     }
 
     #[test]
@@ -352,9 +663,15 @@ mod tests {
         let proc_root = Path::new("/proc");
         let content = read_proc_cgroup(proc_root, std::process::id()).unwrap();
         assert!(content.lines().count() >= 1, "{content:?}");
-        assert_eq!(pod_uid_of_pid(proc_root, std::process::id()), None);
+        assert_eq!(
+            pod_uid_of_pid(proc_root, &NamespaceRoots::Initial, std::process::id()),
+            None
+        );
         // PID max on Linux is at most 2^22; this one cannot exist.
-        assert_eq!(pod_uid_of_pid(proc_root, 4_194_304 + 17), None);
+        assert_eq!(
+            pod_uid_of_pid(proc_root, &NamespaceRoots::Initial, 4_194_304 + 17),
+            None
+        );
     }
 
     #[test]

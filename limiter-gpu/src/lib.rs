@@ -20,7 +20,10 @@
 //!   which processes to terminate after the grace period) as pure logic, and
 //!   [`sys::PidfdTerminator`], the pidfd-based kill that re-checks the pod first.
 //! - [`cgroup`]: `/proc/PID/cgroup` -> pod uid for the systemd and cgroupfs layouts,
-//!   and [`cgroup::pod_uid_of_pid`], the pid -> pod function the watchdog is fed.
+//!   paths resolved against the reader's cgroup namespace roots, and
+//!   [`cgroup::pod_uid_of_pid`], the pid -> pod function the watchdog is fed.
+//! - [`cgroupns`]: where the agent's own cgroup namespace is rooted in the mounted
+//!   hierarchies (nothing to find in the initial namespace), re-checked on each use.
 //! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
 //!   CDI specification's rules.
 //! - [`mps`]: the `mps` mechanism: one MPS control daemon per share, its pinned device
@@ -38,6 +41,7 @@
 pub mod backend;
 pub mod cdi;
 pub mod cgroup;
+pub mod cgroupns;
 pub mod dmem;
 pub mod error;
 pub mod limiter;

@@ -159,7 +159,10 @@ impl GpuLimiter {
             backend,
             devices,
             shares: Mutex::new(BTreeMap::new()),
-            pod_of: Arc::new(|pid| crate::cgroup::pod_uid_of_pid(Path::new("/proc"), pid)),
+            pod_of: Arc::new(|pid| {
+                let roots = crate::cgroupns::agent_namespace().roots();
+                crate::cgroup::pod_uid_of_pid(Path::new("/proc"), &roots, pid)
+            }),
         })
     }
 

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use nvml_wrapper::Device;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 
-use crate::cgroup::{pod_from_proc_cgroup, read_proc_cgroup};
+use crate::cgroup::{NamespaceRoots, pod_from_proc_cgroup_in, read_proc_cgroup};
 use crate::watchdog::{ProcessTerminator, TerminateError, Terminated};
 
 #[repr(C)]
@@ -161,21 +161,32 @@ impl MemoryLimitFns {
 #[derive(Clone, Debug)]
 pub struct PidfdTerminator {
     proc_root: PathBuf,
+    /// The agent's cgroup namespace roots, which `/proc/PID/cgroup` is relative to.
+    roots: NamespaceRoots,
 }
 
 impl Default for PidfdTerminator {
     fn default() -> Self {
-        Self {
-            proc_root: PathBuf::from("/proc"),
-        }
+        Self::with_proc_root("/proc")
     }
 }
 
 impl PidfdTerminator {
+    /// Reads `/proc/PID/cgroup` under `proc_root` as the initial cgroup namespace does;
+    /// inside another one, paths climbing out of it read as no pod (see
+    /// [`PidfdTerminator::with_roots`]).
     pub fn with_proc_root(proc_root: impl Into<PathBuf>) -> Self {
         Self {
             proc_root: proc_root.into(),
+            roots: NamespaceRoots::Initial,
         }
+    }
+
+    /// Resolves cgroup paths against `roots`, the reader's cgroup namespace: the same
+    /// roots the process was attributed with, so the re-check reads the same way.
+    pub fn with_roots(mut self, roots: NamespaceRoots) -> Self {
+        self.roots = roots;
+        self
     }
 
     fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, TerminateError> {
@@ -237,7 +248,7 @@ impl ProcessTerminator for PidfdTerminator {
                 };
             }
         };
-        match pod_from_proc_cgroup(&content) {
+        match pod_from_proc_cgroup_in(&content, &self.roots) {
             Some(p) if p.uid == pod_uid => Self::send_sigkill(&fd),
             other => Err(TerminateError::NotInPod {
                 pid,

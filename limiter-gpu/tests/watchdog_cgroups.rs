@@ -29,6 +29,7 @@ use shareguard_common::limiter::{LimitSpec, Limiter, Target};
 use shareguard_limiter_gpu::GpuLimiter;
 use shareguard_limiter_gpu::backend::{ComputeProcess, Mechanism};
 use shareguard_limiter_gpu::cgroup::{pod_uid_of_pid, read_proc_cgroup};
+use shareguard_limiter_gpu::cgroupns::agent_namespace;
 use shareguard_limiter_gpu::limiter::{GpuDeviceConfig, GpuSelector, MEMORY};
 use shareguard_limiter_gpu::simulated::{SimulatedBackend, SimulatedGpu};
 use shareguard_limiter_gpu::sys::PidfdTerminator;
@@ -113,7 +114,7 @@ fn tick(wd: &mut Watchdog, l: &GpuLimiter, action: Action) -> Verdict {
     wd.evaluate(
         Instant::now(),
         &l.process_usage().unwrap(),
-        |pid| pod_uid_of_pid(proc_root(), pid),
+        |pid| pod_uid_of_pid(proc_root(), &agent_namespace().roots(), pid),
         &l.watched_shares(action),
     )
 }
@@ -124,7 +125,7 @@ fn cgroup_file(pid: u32) -> String {
 
 fn assert_pod(pid: u32, uid: Option<&str>) {
     assert_eq!(
-        pod_uid_of_pid(proc_root(), pid).as_deref(),
+        pod_uid_of_pid(proc_root(), &agent_namespace().roots(), pid).as_deref(),
         uid,
         "pid {pid}, /proc/{pid}/cgroup:\n{}",
         cgroup_file(pid)

@@ -12,7 +12,8 @@
 //!
 //! [`Sandbox`] kills its process and removes its directories, deepest first, when dropped
 //! (also while a test panics); a test process killed before that leaves its tops behind
-//! for [`sweep_stale`] to remove.
+//! for [`sweep_stale`] to remove. [`CgroupTop`] is a top for a test that lays out a
+//! tree of its own.
 
 use std::{
     fs,
@@ -205,6 +206,56 @@ impl Drop for Sandbox {
             let _ = c.wait();
         }
         remove_tree(&self.created);
+    }
+}
+
+/// A cgroup top of this test process (`sgt-<pid>-<n>[.slice]`, so
+/// [`sweep_stale_cgroups`] knows it) for a test that lays out several pods, and processes of its own, in one
+/// kubelet tree below it. When dropped (also while a test panics) it kills every
+/// process left in it and removes every directory, deepest first.
+#[derive(Debug)]
+pub struct CgroupTop {
+    path: PathBuf,
+}
+
+impl CgroupTop {
+    /// A fresh top for `layout`'s naming (a `.slice` for the systemd driver).
+    pub fn new(layout: Layout) -> CgroupTop {
+        crate::net::sweep_stale();
+        let n = crate::net::next_id();
+        let name = match layout {
+            Layout::Systemd => format!("sgt-{}-{n}.slice", std::process::id()),
+            Layout::Cgroupfs => format!("sgt-{}-{n}", std::process::id()),
+        };
+        let path = cgroup2_mount().join(name);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        CgroupTop { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes `rel` (and its parents) below the top; returns it, absolute.
+    pub fn mkdir(&self, rel: &str) -> PathBuf {
+        let dir = self.path.join(rel);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dir
+    }
+}
+
+impl Drop for CgroupTop {
+    fn drop(&mut self) {
+        let mut dirs = Vec::new();
+        collect(&self.path, &mut dirs);
+        for d in &dirs {
+            if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
+                for p in procs.split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", p]).status();
+                }
+            }
+        }
+        remove_tree(&dirs);
     }
 }
 

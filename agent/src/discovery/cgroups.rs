@@ -19,52 +19,13 @@ use std::{
 
 /// The mount point of the cgroup v2 hierarchy in `/proc/self/mountinfo` text. On a
 /// hybrid host that is `/sys/fs/cgroup/unified` beside the v1 controllers (and
-/// `/sys/fs/cgroup` itself is a tmpfs); on most nodes it is `/sys/fs/cgroup`. A mount
-/// of the hierarchy's root is preferred over a bind mount of part of it.
+/// `/sys/fs/cgroup` itself is a tmpfs); on most nodes it is `/sys/fs/cgroup`. The mount
+/// showing the most of the hierarchy is preferred: inside a cgroup namespace the host's
+/// tree (its root `/../..` from the namespace's) over the container's own view (`/`),
+/// and either over a bind mount of part of it. The watchdog ranks mounts the same way
+/// (`shareguard_limiter_gpu::cgroupns`).
 pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    let mut found: Option<(bool, PathBuf)> = None;
-    for line in mountinfo.lines() {
-        // id parent major:minor root mount-point options [optional...] - fstype source super
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        if post.split(' ').next() != Some("cgroup2") {
-            continue;
-        }
-        let mut f = pre.split(' ');
-        let (Some(root), Some(point)) = (f.nth(3), f.next()) else {
-            continue;
-        };
-        let whole = root == "/";
-        if found.as_ref().is_none_or(|(w, _)| whole && !*w) {
-            found = Some((whole, PathBuf::from(unescape(point))));
-        }
-    }
-    found.map(|(_, p)| p)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = (b[i] == b'\\' && i + 3 < b.len())
-            .then(|| &b[i + 1..i + 4])
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
-            .and_then(|d| {
-                let v = d.iter().fold(0u16, |acc, c| acc * 8 + u16::from(c - b'0'));
-                u8::try_from(v).ok()
-            });
-        if let Some(v) = octal {
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    shareguard_limiter_gpu::cgroupns::best_cgroup2_mount(mountinfo).map(|m| m.point)
 }
 
 /// The cgroup v2 mount of this host.
@@ -202,6 +163,14 @@ mod tests {
             Some(PathBuf::from("/a b"))
         );
         assert_eq!(cgroup2_mount("garbage\n\n - \n"), None);
+        // Inside a cgroup namespace: the host's tree mounted at another path beats the
+        // container's own /sys/fs/cgroup.
+        let namespaced =
+            format!("{unified}60 40 0:26 /../../.. /host/sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+        assert_eq!(
+            cgroup2_mount(&namespaced),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
     }
 
     #[test]
