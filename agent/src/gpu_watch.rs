@@ -19,6 +19,7 @@ use shareguard_limiter_gpu::{
     GpuError, GpuLimiter,
     backend::ComputeProcess,
     cgroup::pod_uid_of_pid,
+    deferred::DeferredGpuLimiter,
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
     watchdog::{
@@ -32,7 +33,10 @@ use crate::{config_gpu::WatchdogConfig, engine::Engine, sync::lock};
 
 /// One back end's GPUs and their watchdog settings.
 pub struct GpuWatch {
-    limiter: Arc<GpuLimiter>,
+    /// The limiter, or what builds it once NVML can be opened: each poll is also an
+    /// attempt (rate-limited by the limiter itself), so GPU devices come up without a
+    /// share having to ask first.
+    gpu: Arc<DeferredGpuLimiter>,
     /// Simulation only: the simulated back end and the file its processes come from.
     simulated: Option<(Arc<SimulatedBackend>, PathBuf)>,
     actions: HashMap<String, Action>,
@@ -65,7 +69,7 @@ struct SimulatedProcess {
 
 impl GpuWatch {
     pub fn new(
-        limiter: Arc<GpuLimiter>,
+        gpu: Arc<DeferredGpuLimiter>,
         simulated: Option<Arc<SimulatedBackend>>,
         processes_file: Option<PathBuf>,
         devices: Vec<(String, WatchdogConfig)>,
@@ -76,7 +80,7 @@ impl GpuWatch {
             .min()
             .unwrap_or(Duration::from_secs(1));
         GpuWatch {
-            limiter,
+            gpu,
             simulated: simulated.zip(processes_file),
             actions: devices.into_iter().map(|(d, w)| (d, w.action)).collect(),
             period,
@@ -90,7 +94,7 @@ impl GpuWatch {
 
     /// Simulation only: loads the processes the simulated GPUs report now. A missing file
     /// means no processes; a malformed one is an error (the poll is skipped and logged).
-    fn load_simulated(&self) -> Result<(), GpuError> {
+    fn load_simulated(&self, limiter: &GpuLimiter) -> Result<(), GpuError> {
         let Some((sim, file)) = &self.simulated else {
             return Ok(());
         };
@@ -109,8 +113,7 @@ impl GpuWatch {
                 )));
             }
         };
-        let mut by_gpu: HashMap<String, Vec<ComputeProcess>> = self
-            .limiter
+        let mut by_gpu: HashMap<String, Vec<ComputeProcess>> = limiter
             .gpu_uuids()
             .into_iter()
             .map(|u| (u, Vec::new()))
@@ -131,11 +134,15 @@ impl GpuWatch {
     /// One poll: blocking (NVML, /proc), so it runs on a blocking thread.
     pub fn poll(&self, proc_root: &Path) -> Result<WatchReport, GpuError> {
         let started = Instant::now();
-        self.load_simulated()?;
-        let shares = self.limiter.watched_shares_by(|device| {
+        let limiter = self
+            .gpu
+            .get()
+            .ok_or_else(|| GpuError::Reopening(self.gpu.why()))?;
+        self.load_simulated(&limiter)?;
+        let shares = limiter.watched_shares_by(|device| {
             self.actions.get(device).copied().unwrap_or(Action::Report)
         });
-        let processes = self.limiter.process_usage()?;
+        let processes = limiter.process_usage()?;
         let verdict = lock(&self.watchdog).evaluate(
             Instant::now(),
             &processes,
@@ -176,7 +183,13 @@ pub fn spawn(engine: Arc<Engine>, watch: GpuWatch) {
                     engine.observe_gpu(&report);
                 }
                 Ok(Err(e)) => {
-                    warn!(error = %e, "GPU watchdog poll failed");
+                    // The back end being (re)opened logs its own attempts, once per
+                    // interval; a line per poll would only repeat them.
+                    if matches!(e, GpuError::Reopening(_)) {
+                        debug!(error = %e, "GPU watchdog poll failed");
+                    } else {
+                        warn!(error = %e, "GPU watchdog poll failed");
+                    }
                     engine.gpu_poll_failed();
                 }
                 Err(e) => warn!(error = %e, "GPU watchdog poll panicked"),
