@@ -30,6 +30,8 @@ use crate::reopen::RetryGate;
 pub type LimiterBuilder = Box<dyn Fn() -> Result<GpuLimiter, GpuError> + Send + Sync>;
 
 pub struct DeferredGpuLimiter {
+    /// What is being opened ("NVML"), to begin the reason with.
+    label: &'static str,
     build: Option<LimiterBuilder>,
     gate: RetryGate,
     built: OnceLock<Arc<GpuLimiter>>,
@@ -39,8 +41,10 @@ pub struct DeferredGpuLimiter {
 
 impl DeferredGpuLimiter {
     /// Tries to build the limiter now, and again at most once per `interval` on use.
-    pub fn new(build: LimiterBuilder, interval: Duration) -> Self {
+    /// `label` names what is opened ("NVML") in the reason shares and devices show.
+    pub fn new(label: &'static str, build: LimiterBuilder, interval: Duration) -> Self {
         let d = Self {
+            label,
             build: Some(build),
             gate: RetryGate::new(interval),
             built: OnceLock::new(),
@@ -57,6 +61,7 @@ impl DeferredGpuLimiter {
         // A fresh OnceLock cannot be set already.
         let _ = built.set(limiter);
         Self {
+            label: "",
             build: None,
             gate: RetryGate::new(Duration::MAX),
             built,
@@ -85,7 +90,10 @@ impl DeferredGpuLimiter {
         }
         match build() {
             Ok(l) => {
-                tracing::info!("GPU limiter built; the GPU devices are served from now on");
+                tracing::info!(
+                    backend = self.label,
+                    "GPU limiter built; the GPU devices are served from now on"
+                );
                 let l = Arc::new(l);
                 // Only set here, under `why`'s lock, after checking it is unset.
                 let _ = self.built.set(l.clone());
@@ -93,7 +101,7 @@ impl DeferredGpuLimiter {
                 Some(l)
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?self.gate.interval(), "GPU limiter cannot be built yet");
+                tracing::warn!(backend = self.label, error = %e, retry_in = ?self.gate.interval(), "GPU limiter cannot be built yet");
                 *why = e.to_string();
                 None
             }
@@ -104,13 +112,14 @@ impl DeferredGpuLimiter {
     pub fn why(&self) -> String {
         let why = self.why.lock().unwrap_or_else(|p| p.into_inner());
         format!(
-            "GPU back end unavailable: {why} (tried again at most every {:?})",
+            "{}: {why} (tried again at most every {:?})",
+            self.label,
             self.gate.interval()
         )
     }
 
     fn unavailable(&self) -> LimiterError {
-        LimiterError::retryable(self.why())
+        LimiterError::retryable(format!("enforcement unavailable: {}", self.why()))
     }
 }
 

@@ -69,7 +69,7 @@ fn builder(backend: Arc<SimulatedBackend>, fail: u32) -> (LimiterBuilder, Arc<At
 fn shares_wait_retryably_until_the_driver_comes_then_enforce() {
     let b = gpu();
     let (build, calls) = builder(b.clone(), 2);
-    let l = DeferredGpuLimiter::new(build, Duration::ZERO);
+    let l = DeferredGpuLimiter::new("simulated", build, Duration::ZERO);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "tried at once");
     assert!(l.built().is_none());
     let facts = l.device_facts("gpu0");
@@ -103,7 +103,7 @@ fn shares_wait_retryably_until_the_driver_comes_then_enforce() {
 #[test]
 fn building_is_rate_limited() {
     let (build, calls) = builder(gpu(), u32::MAX);
-    let l = DeferredGpuLimiter::new(build, Duration::from_secs(3600));
+    let l = DeferredGpuLimiter::new("simulated", build, Duration::from_secs(3600));
     for _ in 0..5 {
         assert_eq!(l.apply(&spec()).unwrap_err().retry, Retry::Retryable);
         assert_eq!(l.verify(&spec()).unwrap_err().retry, Retry::Retryable);
@@ -123,7 +123,7 @@ fn building_is_rate_limited() {
 fn a_build_is_tried_again_once_the_interval_passed() {
     let (build, calls) = builder(gpu(), 1);
     let interval = Duration::from_millis(50);
-    let l = DeferredGpuLimiter::new(build, interval);
+    let l = DeferredGpuLimiter::new("simulated", build, interval);
     assert!(l.get().is_none());
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     std::thread::sleep(interval + Duration::from_millis(10));
@@ -152,7 +152,7 @@ fn a_driver_reloaded_under_a_built_limiter_is_reopened_and_the_share_enforced_ag
         let backend = ReopeningBackend::open(open.clone(), Duration::ZERO)?;
         GpuLimiter::new(Arc::new(backend), &configs())
     });
-    let l = DeferredGpuLimiter::new(build, Duration::ZERO);
+    let l = DeferredGpuLimiter::new("simulated", build, Duration::ZERO);
     l.apply(&spec()).unwrap();
     assert_eq!(
         first
