@@ -20,6 +20,7 @@ use shareguard_limiter_gpu::{
     backend::ComputeProcess,
     cgroup::pod_uid_of_pid,
     cgroupns::{CgroupNamespace, agent_namespace},
+    deferred::DeferredGpuLimiter,
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
     watchdog::{
@@ -33,7 +34,10 @@ use crate::{config_gpu::WatchdogConfig, engine::Engine, sync::lock};
 
 /// One back end's GPUs and their watchdog settings.
 pub struct GpuWatch {
-    limiter: Arc<GpuLimiter>,
+    /// The limiter, or what builds it once NVML can be opened: each poll is also an
+    /// attempt (rate-limited by the limiter itself), so GPU devices come up without a
+    /// share having to ask first.
+    gpu: Arc<DeferredGpuLimiter>,
     /// Simulation only: the simulated back end and the file its processes come from.
     simulated: Option<(Arc<SimulatedBackend>, PathBuf)>,
     actions: HashMap<String, Action>,
@@ -68,7 +72,7 @@ struct SimulatedProcess {
 
 impl GpuWatch {
     pub fn new(
-        limiter: Arc<GpuLimiter>,
+        gpu: Arc<DeferredGpuLimiter>,
         simulated: Option<Arc<SimulatedBackend>>,
         processes_file: Option<PathBuf>,
         devices: Vec<(String, WatchdogConfig)>,
@@ -79,7 +83,7 @@ impl GpuWatch {
             .min()
             .unwrap_or(Duration::from_secs(1));
         GpuWatch {
-            limiter,
+            gpu,
             simulated: simulated.zip(processes_file),
             actions: devices.into_iter().map(|(d, w)| (d, w.action)).collect(),
             period,
@@ -94,7 +98,7 @@ impl GpuWatch {
 
     /// Simulation only: loads the processes the simulated GPUs report now. A missing file
     /// means no processes; a malformed one is an error (the poll is skipped and logged).
-    fn load_simulated(&self) -> Result<(), GpuError> {
+    fn load_simulated(&self, limiter: &GpuLimiter) -> Result<(), GpuError> {
         let Some((sim, file)) = &self.simulated else {
             return Ok(());
         };
@@ -113,8 +117,7 @@ impl GpuWatch {
                 )));
             }
         };
-        let mut by_gpu: HashMap<String, Vec<ComputeProcess>> = self
-            .limiter
+        let mut by_gpu: HashMap<String, Vec<ComputeProcess>> = limiter
             .gpu_uuids()
             .into_iter()
             .map(|u| (u, Vec::new()))
@@ -135,14 +138,18 @@ impl GpuWatch {
     /// One poll: blocking (NVML, /proc), so it runs on a blocking thread.
     pub fn poll(&self, proc_root: &Path) -> Result<WatchReport, GpuError> {
         let started = Instant::now();
-        self.load_simulated()?;
+        let limiter = self
+            .gpu
+            .get()
+            .ok_or_else(|| GpuError::Reopening(self.gpu.why()))?;
+        self.load_simulated(&limiter)?;
         // Containers started since the last poll get their pod's limit on their own leaf
         // cgroups: within one period, not one reconcile period.
-        self.limiter.follow_leaves();
-        let shares = self.limiter.watched_shares_by(|device| {
+        limiter.follow_leaves();
+        let shares = limiter.watched_shares_by(|device| {
             self.actions.get(device).copied().unwrap_or(Action::Report)
         });
-        let processes = self.limiter.process_usage()?;
+        let processes = limiter.process_usage()?;
         // Read once per poll, so a process is attributed and re-checked before its
         // termination against the same roots.
         let roots = self.namespace.roots();
@@ -153,7 +160,7 @@ impl GpuWatch {
             &shares,
         );
         let terminator = PidfdTerminator::with_proc_root(proc_root).with_roots(roots);
-        let terminated = execute_terminations(&verdict, |d| self.limiter.terminate(d, &terminator));
+        let terminated = execute_terminations(&verdict, |d| limiter.terminate(d, &terminator));
         Ok(WatchReport {
             usage: verdict.usage,
             over_limit: verdict.over_limit,
@@ -186,7 +193,13 @@ pub fn spawn(engine: Arc<Engine>, watch: GpuWatch) {
                     engine.observe_gpu(&report);
                 }
                 Ok(Err(e)) => {
-                    warn!(error = %e, "GPU watchdog poll failed");
+                    // The back end being (re)opened logs its own attempts, once per
+                    // interval; a line per poll would only repeat them.
+                    if matches!(e, GpuError::Reopening(_)) {
+                        debug!(error = %e, "GPU watchdog poll failed");
+                    } else {
+                        warn!(error = %e, "GPU watchdog poll failed");
+                    }
                     engine.gpu_poll_failed();
                 }
                 Err(e) => warn!(error = %e, "GPU watchdog poll panicked"),

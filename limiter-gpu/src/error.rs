@@ -39,6 +39,23 @@ pub enum GpuError {
     /// happens without changing the claim. The agent shows the share as DEGRADED meanwhile.
     #[error("GPU fault: {0}")]
     DeviceFault(String),
+    /// The driver refused a per-cgroup limit below what the cgroup already uses.
+    /// Retryable: the pod's usage can drop (its processes free memory or exit), and the
+    /// same limit is then accepted without anyone changing the claim; meanwhile the
+    /// watchdog reports the pod over its share.
+    #[error(
+        "cgroup {cgroup} already uses {used} bytes of GPU memory, more than the new limit of {limit} bytes; the driver refuses a limit below current usage"
+    )]
+    UsageAboveLimit {
+        cgroup: String,
+        used: u64,
+        limit: u64,
+    },
+    /// The back end lost the driver (reloaded, upgraded, GPU reset) and is opened again
+    /// at the next call after a short wait. Retryable: nothing about the request is
+    /// wrong, and the reopened back end serves the same call.
+    #[error("GPU back end lost, re-opening it: {0}")]
+    Reopening(String),
     /// The library answered something this build cannot interpret.
     #[error("internal GPU back end error: {0}")]
     Internal(String),
@@ -47,9 +64,11 @@ pub enum GpuError {
 impl GpuError {
     pub fn retry(&self) -> Retry {
         match self {
-            GpuError::TargetMissing(_) | GpuError::Transient(_) | GpuError::DeviceFault(_) => {
-                Retry::Retryable
-            }
+            GpuError::TargetMissing(_)
+            | GpuError::Transient(_)
+            | GpuError::DeviceFault(_)
+            | GpuError::UsageAboveLimit { .. }
+            | GpuError::Reopening(_) => Retry::Retryable,
             GpuError::Unavailable(_)
             | GpuError::NotSupported(_)
             | GpuError::GpuNotFound(_)
@@ -83,6 +102,12 @@ mod tests {
             GpuError::TargetMissing("x".into()),
             GpuError::Transient("x".into()),
             GpuError::DeviceFault("x".into()),
+            GpuError::UsageAboveLimit {
+                cgroup: "/sys/fs/cgroup/x".into(),
+                used: 2,
+                limit: 1,
+            },
+            GpuError::Reopening("x".into()),
         ];
         let permanent = [
             GpuError::Unavailable("x".into()),

@@ -9,10 +9,25 @@
 //!   - [`nvml`]: NVML through nvml-wrapper, loaded at run time. No library, no driver
 //!     or no permission is a [`GpuError::Unavailable`] value and a log line, never a
 //!     panic. `nvmlDeviceSet/GetMemoryLimits_v1` (R615+) are resolved from the loaded
-//!     library; see [`sys`] for their signatures and what is not known about them.
+//!     library; see [`sys`] for their signatures and what is not known about them
+//!     (the value of `NVML_DEVICE_MEMORY_LIMIT_MAX` is assumed; clearing falls back to
+//!     the GPU's total memory where a driver refuses it). The getter's "not found" is
+//!     no limit, "operating system error" on a cgroup a missing target (retryable),
+//!     and a refusal while the cgroup already uses more than the new limit
+//!     [`GpuError::UsageAboveLimit`].
 //!   - [`simulated`]: an in-memory GPU for tests and demos, labelled "simulated" in
 //!     every name and mechanism it reports, with fault injection as NVML errors.
-//! - [`error`]: [`GpuError`] and its retryable/permanent split.
+//!   - [`reopen`]: [`reopen::ReopeningBackend`], any back end made to survive a driver
+//!     reload: a back end whose calls answer "uninitialized", "driver not loaded",
+//!     "version mismatch" or "GPU lost" is dropped (nvmlShutdown) and opened again
+//!     (nvmlInit and the probe), at most once per interval.
+//! - [`deferred`]: [`deferred::DeferredGpuLimiter`], the GPU devices' limiter while NVML
+//!   cannot be opened yet (the driver container not ready when the agent starts): it
+//!   builds the real limiter on use and from the watchdog loop, at most once per
+//!   interval; until then shares fail retryably and the devices show `unavailable`.
+//! - [`error`]: [`GpuError`] and its retryable/permanent split. Every `nvmlReturn_t`
+//!   nvml.h declares is run through the mapping by `tests/nvml_return_codes.rs`, over
+//!   the fixture `tests/fixtures/nvml-return-codes.txt` (source named in it).
 //! - [`limiter`]: [`GpuLimiter`], the `shareguard_common::limiter::Limiter` for `gpu`
 //!   devices: mechanism per GPU in the order nvml-cgroup > mps > watchdog, read-back
 //!   before claiming enforcement, oversubscription refused, capacity name `memory`.
@@ -42,11 +57,13 @@ pub mod backend;
 pub mod cdi;
 pub mod cgroup;
 pub mod cgroupns;
+pub mod deferred;
 pub mod dmem;
 pub mod error;
 pub mod limiter;
 pub mod mps;
 pub mod nvml;
+pub mod reopen;
 pub mod simulated;
 pub mod sys;
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::path::Path;
+use std::sync::Mutex;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -21,7 +22,7 @@ use crate::backend::{
 };
 use crate::error::GpuError;
 use crate::mps::MpsDaemons;
-use crate::sys::{MemoryLimitFns, SymbolPresence};
+use crate::sys::{DEVICE_MEMORY_LIMIT_MAX, MemoryLimitFns, RawMemoryLimits, SymbolPresence};
 
 /// One entry per PID from NVML's two process lists: a PID on the MPS list is an MPS
 /// client, and the memory figure is the one that is known.
@@ -45,17 +46,50 @@ pub fn merge_processes(
 /// First driver branch with per-cgroup memory limits.
 const CGROUP_LIMITS_MIN_DRIVER: u32 = 615;
 
+/// `nvmlReturn_t` values nvml-wrapper 0.13 has no variant for (it hands them over as
+/// `UnexpectedVariant`); the numbers are nvml.h's, as nvml-wrapper-sys's generated
+/// bindings carry them (`tests/fixtures/nvml-return-codes.txt`).
+mod raw_code {
+    pub const INSUFFICIENT_RESOURCES: u32 = 23;
+    pub const FREQ_NOT_SUPPORTED: u32 = 24;
+    pub const ARGUMENT_VERSION_MISMATCH: u32 = 25;
+    pub const DEPRECATED: u32 = 26;
+    pub const NOT_READY: u32 = 27;
+    pub const GPU_NOT_FOUND: u32 = 28;
+    pub const INVALID_STATE: u32 = 29;
+    pub const RESET_TYPE_NOT_SUPPORTED: u32 = 30;
+}
+
 /// Maps an NVML error onto the crate's error, `what` saying which call failed.
 ///
 /// The split (see [`GpuError`] for why each class is retryable or not):
 /// - the library or driver cannot be used at all -> `Unavailable`;
 /// - the call or feature does not exist here -> `NotSupported`;
-/// - busy, timed out, or an "unknown" internal error -> `Transient`;
+/// - busy, timed out, not ready yet, or an "unknown" internal error -> `Transient`;
 /// - the GPU fell off the bus or needs a reset -> `DeviceFault`.
+///
+/// Calls on one cgroup go through [`map_cgroup_error`] instead, which knows what
+/// "operating system error" means there.
 #[allow(deprecated)] // AlreadyInitialized is deprecated upstream but still a variant.
 pub fn map_nvml_error(what: &str, e: NvmlError) -> GpuError {
     use NvmlError as N;
     let msg = format!("{what}: {e}");
+    if let N::UnexpectedVariant(code) = e {
+        let msg = format!("{what}: nvmlReturn_t {code}");
+        return match code {
+            raw_code::INSUFFICIENT_RESOURCES | raw_code::NOT_READY | raw_code::INVALID_STATE => {
+                GpuError::Transient(msg)
+            }
+            // The library does not take the struct version this build passes, or the
+            // call is gone from it: nothing a retry changes.
+            raw_code::FREQ_NOT_SUPPORTED
+            | raw_code::ARGUMENT_VERSION_MISMATCH
+            | raw_code::DEPRECATED
+            | raw_code::RESET_TYPE_NOT_SUPPORTED => GpuError::NotSupported(msg),
+            raw_code::GPU_NOT_FOUND => GpuError::GpuNotFound(msg),
+            _ => GpuError::Internal(msg),
+        };
+    }
     match e {
         N::LibloadingError(_)
         | N::LibraryNotFound
@@ -107,6 +141,9 @@ pub struct NvmlBackend {
     cgroup2_root: std::path::PathBuf,
     /// The per-share MPS daemons; None leaves the `mps` mechanism unsupported.
     mps: Option<MpsDaemons>,
+    /// What clearing a limit found the driver takes as "no hard limit"; None before the
+    /// first clear.
+    clear_value: Mutex<Option<ClearValue>>,
     nvml: Nvml,
 }
 
@@ -155,6 +192,7 @@ impl NvmlBackend {
             driver_version,
             cgroup2_root: "/sys/fs/cgroup".into(),
             mps: None,
+            clear_value: Mutex::new(None),
             nvml,
         })
     }
@@ -193,6 +231,25 @@ impl NvmlBackend {
             )));
         }
         Ok(mps.probe())
+    }
+
+    /// What clearing a limit found the driver takes as "no hard limit" (None before the
+    /// first clear), for probes and diagnostics.
+    pub fn clear_value(&self) -> Option<ClearValue> {
+        *self.clear_value.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The raw getter, for diagnostics that must see exactly what the driver answers
+    /// (`NotFound` for a cgroup never limited, for instance) before any interpretation.
+    pub fn raw_cgroup_limits(
+        &self,
+        uuid: &str,
+        cgroup: &Path,
+    ) -> Result<Result<RawMemoryLimits, NvmlError>, GpuError> {
+        let fns = self.limit_fns()?;
+        let path = Self::cgroup_cstring(cgroup)?;
+        let d = self.device(uuid)?;
+        Ok(fns.get(&d, &path))
     }
 
     /// Which of `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1` the
@@ -251,19 +308,127 @@ fn missing_reason(presence: SymbolPresence, driver: &str) -> String {
     )
 }
 
+/// Maps an error of a call on one cgroup (`nvmlDeviceSet/GetMemoryLimits_v1`).
+///
+/// "Operating system error" there means the driver could not open or write the
+/// cgroup's files: the cgroup is being removed or not fully created yet, which is
+/// the pod's sandbox changing, not NVML being unusable for the node. The share then
+/// waits for its sandbox like any other missing target.
+pub fn map_cgroup_error(what: &str, cgroup: &Path, e: NvmlError) -> GpuError {
+    match e {
+        NvmlError::OperatingSystem => GpuError::TargetMissing(format!(
+            "{what}({}): {e} (the cgroup is gone or not ready)",
+            cgroup.display()
+        )),
+        other => map_nvml_error(&format!("{what}({})", cgroup.display()), other),
+    }
+}
+
+/// Why the setter refused a limit, given what the getter says about the cgroup now.
+///
+/// Which `nvmlReturn_t` the driver gives for "the cgroup already uses more than the new
+/// limit" is not documented; the answers that can mean it (out of memory, in use,
+/// insufficient resources) become [`GpuError::UsageAboveLimit`] when the cgroup's usage
+/// read right after is indeed above the limit, and keep their own class otherwise.
+/// `tests/gpu/run-on-gpu.sh` prints the code a real driver gives.
+pub fn set_refusal(
+    e: NvmlError,
+    cgroup: &Path,
+    limit: u64,
+    read_back: impl FnOnce() -> Result<RawMemoryLimits, NvmlError>,
+) -> GpuError {
+    const WHAT: &str = "nvmlDeviceSetMemoryLimits_v1";
+    let over_usage = matches!(
+        e,
+        NvmlError::InsufficientMemory
+            | NvmlError::InUse
+            | NvmlError::UnexpectedVariant(raw_code::INSUFFICIENT_RESOURCES)
+    );
+    match e {
+        // The driver answers "not found" for a cgroup without dmem files, i.e. whose
+        // parent does not enable the controller for its children (NVIDIA's MPS memory
+        // partitioning guide: "Setting on a cgroup with no dmem files returns 'not
+        // found'").
+        NvmlError::NotFound => GpuError::NotSupported(format!(
+            "{WHAT}({}): cgroup has no device memory controller",
+            cgroup.display()
+        )),
+        e if over_usage => match read_back() {
+            Ok(now) if now.current_used > limit => GpuError::UsageAboveLimit {
+                cgroup: cgroup.display().to_string(),
+                used: now.current_used,
+                limit,
+            },
+            _ => map_cgroup_error(WHAT, cgroup, e),
+        },
+        other => map_cgroup_error(WHAT, cgroup, other),
+    }
+}
+
+/// The "no hard limit" value the driver took when a limit was cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClearValue {
+    /// [`DEVICE_MEMORY_LIMIT_MAX`], the documented sentinel (value assumed; see
+    /// [`crate::sys`]).
+    LimitMax,
+    /// The GPU's total memory, where the driver refused the sentinel as an invalid
+    /// argument: the cap is then lifted in effect, not by name.
+    TotalMemory,
+}
+
+/// Clears a cgroup's limits through `set(soft, hard)`: soft 0 and hard at the sentinel,
+/// or, where the driver refuses the sentinel as an invalid argument (the assumed value
+/// is wrong), hard at the GPU's `total` memory. `known` is what an earlier clear found
+/// the driver takes, so that the refusal is met once, not on every clear.
+pub fn clear_limits(
+    mut set: impl FnMut(u64, u64) -> Result<(), NvmlError>,
+    total: impl FnOnce() -> Result<u64, NvmlError>,
+    known: Option<ClearValue>,
+) -> Result<ClearValue, NvmlError> {
+    if known != Some(ClearValue::TotalMemory) {
+        match set(0, DEVICE_MEMORY_LIMIT_MAX) {
+            Ok(()) => return Ok(ClearValue::LimitMax),
+            Err(NvmlError::InvalidArg) if known.is_none() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    set(0, total()?)?;
+    Ok(ClearValue::TotalMemory)
+}
+
+/// What the getter's answer for `cgroup` means: its limit, no limit, or an error.
+pub fn interpret_get(
+    answer: Result<RawMemoryLimits, NvmlError>,
+    cgroup: &Path,
+    total: impl FnOnce() -> Result<u64, GpuError>,
+) -> Result<Option<CgroupLimit>, GpuError> {
+    match answer {
+        Ok(raw) => interpret_limits(raw.soft, raw.hard, raw.current_used, total),
+        // The driver's answer for a cgroup that was never given a limit.
+        Err(NvmlError::NotFound) => Ok(None),
+        Err(e) => Err(map_cgroup_error("nvmlDeviceGetMemoryLimits_v1", cgroup, e)),
+    }
+}
+
 /// What the driver's read-back means: no limit, or the limit. The documented "no limit"
-/// reading is soft 0 with hard at `NVML_DEVICE_MEMORY_LIMIT_MAX`; since that constant's
-/// value is not known here (see [`crate::sys`]), any hard limit at or above the GPU's
-/// memory counts as none, which is also what [`GpuBackend::clear_cgroup_limit`] writes.
-pub fn interpret_limits(soft: u64, hard: u64, used: u64, total: u64) -> Option<CgroupLimit> {
-    if soft == 0 && hard >= total {
-        None
+/// reading is soft 0 with hard at `NVML_DEVICE_MEMORY_LIMIT_MAX`. Its value is assumed
+/// (see [`crate::sys`]), and a driver that refused it was cleared with the GPU's total
+/// memory, so any hard limit at or above the GPU's memory with soft 0 counts as none.
+/// `total` is only asked for when the sentinel is not what was read.
+pub fn interpret_limits(
+    soft: u64,
+    hard: u64,
+    used: u64,
+    total: impl FnOnce() -> Result<u64, GpuError>,
+) -> Result<Option<CgroupLimit>, GpuError> {
+    if soft == 0 && (hard == DEVICE_MEMORY_LIMIT_MAX || hard >= total()?) {
+        Ok(None)
     } else {
-        Some(CgroupLimit {
+        Ok(Some(CgroupLimit {
             soft_bytes: soft,
             hard_bytes: hard,
             used_bytes: used,
-        })
+        }))
     }
 }
 
@@ -345,6 +510,10 @@ impl GpuBackend for NvmlBackend {
                         "cgroup v2 is not mounted at {}",
                         self.cgroup2_root.display()
                     ))
+                } else if let Err(why) = crate::dmem::driver_regions(&self.cgroup2_root) {
+                    // The symbols are there, but nothing would hold a limit: the kernel
+                    // lacks the dmem controller or the driver does not account in it.
+                    Support::Unsupported(why)
                 } else {
                     Support::Supported
                 }
@@ -368,15 +537,8 @@ impl GpuBackend for NvmlBackend {
         let d = self.device(uuid)?;
         // The share's memory is both guaranteed (soft) and the cap (hard): the ledger
         // already made sure the guarantees fit the GPU.
-        fns.set(&d, &path, bytes, bytes).map_err(|e| match e {
-            // The driver answers "not found" for a cgroup without dmem files, i.e.
-            // whose parent does not enable the controller for its children.
-            NvmlError::NotFound => GpuError::NotSupported(format!(
-                "nvmlDeviceSetMemoryLimits_v1({}): cgroup has no device memory controller",
-                cgroup.display()
-            )),
-            other => map_nvml_error("nvmlDeviceSetMemoryLimits_v1", other),
-        })
+        fns.set(&d, &path, bytes, bytes)
+            .map_err(|e| set_refusal(e, cgroup, bytes, || fns.get(&d, &path)))
     }
 
     fn cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<Option<CgroupLimit>, GpuError> {
@@ -386,15 +548,7 @@ impl GpuBackend for NvmlBackend {
         }
         let path = Self::cgroup_cstring(cgroup)?;
         let d = self.device(uuid)?;
-        let raw = fns
-            .get(&d, &path)
-            .map_err(|e| map_nvml_error("nvmlDeviceGetMemoryLimits_v1", e))?;
-        Ok(interpret_limits(
-            raw.soft,
-            raw.hard,
-            raw.current_used,
-            Self::total_memory(&d)?,
-        ))
+        interpret_get(fns.get(&d, &path), cgroup, || Self::total_memory(&d))
     }
 
     fn clear_cgroup_limit(&self, uuid: &str, cgroup: &Path) -> Result<(), GpuError> {
@@ -410,9 +564,47 @@ impl GpuBackend for NvmlBackend {
         }
         let path = Self::cgroup_cstring(cgroup)?;
         let d = self.device(uuid)?;
-        let total = Self::total_memory(&d)?;
-        fns.set(&d, &path, 0, total)
-            .map_err(|e| map_nvml_error("nvmlDeviceSetMemoryLimits_v1 (clear)", e))
+        let mut known = self.clear_value.lock().unwrap_or_else(|p| p.into_inner());
+        let total = || {
+            d.memory_info()
+                .map(|m| m.total)
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "nvmlDeviceGetMemoryInfo_v2 failed while clearing a limit");
+                    e
+                })
+        };
+        match clear_limits(|soft, hard| fns.set(&d, &path, soft, hard), total, *known) {
+            Ok(took) => {
+                if *known != Some(took) {
+                    match took {
+                        ClearValue::LimitMax => tracing::info!(
+                            hard = DEVICE_MEMORY_LIMIT_MAX,
+                            "the driver takes NVML_DEVICE_MEMORY_LIMIT_MAX as assumed to clear a GPU memory limit"
+                        ),
+                        ClearValue::TotalMemory => tracing::warn!(
+                            tried = DEVICE_MEMORY_LIMIT_MAX,
+                            "the driver refused the assumed NVML_DEVICE_MEMORY_LIMIT_MAX; GPU memory limits are cleared to the GPU's total memory instead"
+                        ),
+                    }
+                    *known = Some(took);
+                }
+                Ok(())
+            }
+            // The cgroup went away while it was cleared: the driver dropped its limit
+            // with it, as above.
+            Err(NvmlError::OperatingSystem) if !cgroup.is_dir() => {
+                tracing::warn!(
+                    cgroup = %cgroup.display(),
+                    "cgroup removed while its GPU memory limit was cleared"
+                );
+                Ok(())
+            }
+            Err(e) => Err(map_cgroup_error(
+                "nvmlDeviceSetMemoryLimits_v1 (clear)",
+                cgroup,
+                e,
+            )),
+        }
     }
 
     fn set_mps_limit(&self, uuid: &str, share_key: &str, bytes: u64) -> Result<(), GpuError> {
@@ -595,15 +787,165 @@ mod tests {
     #[test]
     fn read_back_interpretation() {
         let total = 80 << 30;
-        assert_eq!(interpret_limits(0, total, 0, total), None);
-        assert_eq!(interpret_limits(0, u64::MAX, 5, total), None);
-        let l = interpret_limits(8 << 30, 8 << 30, 1, total).unwrap();
+        let t = || Ok(total);
+        assert_eq!(interpret_limits(0, total, 0, t).unwrap(), None);
+        assert_eq!(interpret_limits(0, u64::MAX, 5, t).unwrap(), None);
+        // The sentinel needs no total: a failing memory query does not matter then.
+        let no_total = || Err(GpuError::Transient("no memory info".into()));
+        assert_eq!(interpret_limits(0, u64::MAX, 5, no_total).unwrap(), None);
+        let l = interpret_limits(8 << 30, 8 << 30, 1, t).unwrap().unwrap();
         assert_eq!(
             (l.soft_bytes, l.hard_bytes, l.used_bytes),
             (8 << 30, 8 << 30, 1)
         );
         // A hard limit below the GPU with no soft limit is still a limit.
-        assert!(interpret_limits(0, 8 << 30, 0, total).is_some());
+        assert!(interpret_limits(0, 8 << 30, 0, t).unwrap().is_some());
+    }
+
+    #[test]
+    fn clearing_writes_the_sentinel_first() {
+        let mut writes = Vec::new();
+        let took = clear_limits(
+            |soft, hard| {
+                writes.push((soft, hard));
+                Ok(())
+            },
+            || panic!("the total memory is not needed when the sentinel is taken"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(took, ClearValue::LimitMax);
+        assert_eq!(writes, vec![(0, DEVICE_MEMORY_LIMIT_MAX)]);
+    }
+
+    #[test]
+    fn a_refused_sentinel_falls_back_to_total_memory_once() {
+        let total = 80u64 << 30;
+        let mut writes = Vec::new();
+        let refuse_max = |writes: &mut Vec<(u64, u64)>, soft, hard| {
+            writes.push((soft, hard));
+            if hard == DEVICE_MEMORY_LIMIT_MAX {
+                Err(NvmlError::InvalidArg)
+            } else {
+                Ok(())
+            }
+        };
+        let took = clear_limits(|s, h| refuse_max(&mut writes, s, h), || Ok(total), None).unwrap();
+        assert_eq!(took, ClearValue::TotalMemory);
+        assert_eq!(writes, vec![(0, DEVICE_MEMORY_LIMIT_MAX), (0, total)]);
+        // Known from then on: the sentinel is not tried again.
+        writes.clear();
+        let took = clear_limits(
+            |s, h| refuse_max(&mut writes, s, h),
+            || Ok(total),
+            Some(took),
+        )
+        .unwrap();
+        assert_eq!(took, ClearValue::TotalMemory);
+        assert_eq!(writes, vec![(0, total)]);
+    }
+
+    #[test]
+    fn a_clear_failing_otherwise_is_not_retried_with_total_memory() {
+        let mut calls = 0;
+        let err = clear_limits(
+            |_, _| {
+                calls += 1;
+                Err(NvmlError::OperatingSystem)
+            },
+            || Ok(1),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(err, NvmlError::OperatingSystem), "{err:?}");
+        assert_eq!(calls, 1);
+        // Nor is an invalid argument once the sentinel is known to be taken.
+        let err = clear_limits(
+            |_, _| Err(NvmlError::InvalidArg),
+            || panic!("no fallback"),
+            Some(ClearValue::LimitMax),
+        )
+        .unwrap_err();
+        assert!(matches!(err, NvmlError::InvalidArg), "{err:?}");
+    }
+
+    #[test]
+    fn an_operating_system_error_on_a_cgroup_is_a_missing_target() {
+        let cg = Path::new("/sys/fs/cgroup/kubepods/podx");
+        let e = map_cgroup_error(
+            "nvmlDeviceGetMemoryLimits_v1",
+            cg,
+            NvmlError::OperatingSystem,
+        );
+        assert!(matches!(e, GpuError::TargetMissing(_)), "{e:?}");
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("/kubepods/podx"), "{e}");
+        // Elsewhere it still means NVML is unusable.
+        assert!(matches!(
+            map_nvml_error("nvmlInit", NvmlError::OperatingSystem),
+            GpuError::Unavailable(_)
+        ));
+        // Other errors on a cgroup keep their class and name the cgroup.
+        let e = map_cgroup_error("set", cg, NvmlError::Timeout);
+        assert!(
+            matches!(e, GpuError::Transient(ref m) if m.contains("podx")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_below_current_usage_is_its_own_error() {
+        let cg = Path::new("/sys/fs/cgroup/kubepods/pody");
+        let limit = 1u64 << 30;
+        let using = |used| {
+            move || {
+                Ok(RawMemoryLimits {
+                    soft: 0,
+                    hard: u64::MAX,
+                    current_used: used,
+                })
+            }
+        };
+        for refusal in [
+            NvmlError::InsufficientMemory,
+            NvmlError::InUse,
+            NvmlError::UnexpectedVariant(23),
+        ] {
+            let shown = format!("{refusal:?}");
+            let e = set_refusal(refusal, cg, limit, using(3 << 30));
+            match &e {
+                GpuError::UsageAboveLimit {
+                    cgroup,
+                    used,
+                    limit: l,
+                } => {
+                    assert_eq!(
+                        (cgroup.as_str(), *used, *l),
+                        ("/sys/fs/cgroup/kubepods/pody", 3 << 30, limit)
+                    );
+                }
+                other => panic!("{shown}: {other:?}"),
+            }
+            assert!(e.is_retryable());
+            let text = e.to_string();
+            assert!(
+                text.contains("pody") && text.contains(&(3u64 << 30).to_string()),
+                "{text}"
+            );
+        }
+        // The same answer with usage within the limit keeps its own meaning.
+        let e = set_refusal(NvmlError::InsufficientMemory, cg, limit, using(limit));
+        assert!(matches!(e, GpuError::Transient(_)), "{e:?}");
+        // A getter that fails too gives the setter's error, not a guess.
+        let e = set_refusal(NvmlError::InUse, cg, limit, || {
+            Err(NvmlError::OperatingSystem)
+        });
+        assert!(matches!(e, GpuError::Transient(_)), "{e:?}");
+        // Other refusals are not read back at all.
+        let e = set_refusal(NvmlError::NotFound, cg, limit, || panic!("not read"));
+        assert!(matches!(e, GpuError::NotSupported(_)), "{e:?}");
+        let e = set_refusal(NvmlError::OperatingSystem, cg, limit, || panic!("not read"));
+        assert!(matches!(e, GpuError::TargetMissing(_)), "{e:?}");
     }
 
     #[test]

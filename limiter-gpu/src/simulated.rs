@@ -359,6 +359,14 @@ impl GpuBackend for SimulatedBackend {
             .cgroup_limits
             .get(&(uuid.to_string(), cgroup.to_path_buf()))
             .map_or(0, |l| l.used_bytes);
+        // As the NVML back end reports a driver that refuses a limit below usage.
+        if used > bytes {
+            return Err(GpuError::UsageAboveLimit {
+                cgroup: cgroup.display().to_string(),
+                used,
+                limit: bytes,
+            });
+        }
         st.cgroup_limits.insert(
             (uuid.to_string(), cgroup.to_path_buf()),
             CgroupLimit {
@@ -493,6 +501,22 @@ mod tests {
         assert_eq!(s.cgroup_limit("GPU-sim-0", cg).unwrap(), None);
         // Clearing twice is fine: release is idempotent.
         s.clear_cgroup_limit("GPU-sim-0", cg).unwrap();
+    }
+
+    #[test]
+    fn a_limit_below_usage_is_refused_and_nothing_changes() {
+        let s = sim();
+        let cg = Path::new("/sys/fs/cgroup/kubepods.slice/pod-b");
+        s.set_cgroup_limit("GPU-sim-0", cg, 8 * GIB).unwrap();
+        let mut l = s.cgroup_limit("GPU-sim-0", cg).unwrap().unwrap();
+        l.used_bytes = 6 * GIB;
+        s.tamper_cgroup_limit("GPU-sim-0", cg, Some(l));
+        let e = s.set_cgroup_limit("GPU-sim-0", cg, 4 * GIB).unwrap_err();
+        assert!(
+            matches!(e, GpuError::UsageAboveLimit { used, limit, .. } if used == 6 * GIB && limit == 4 * GIB),
+            "{e:?}"
+        );
+        assert_eq!(s.cgroup_limit("GPU-sim-0", cg).unwrap(), Some(l));
     }
 
     #[test]

@@ -15,11 +15,31 @@
 //! ```
 //!
 //! (`nameSpace` is the full path of the cgroup directory; limits are bytes.) The structs
-//! carry no version field, so the `_v1` suffix is the only versioning. The numeric value
-//! of `NVML_DEVICE_MEMORY_LIMIT_MAX` (the "no hard limit" sentinel) was not found in
-//! an authoritative source, so this crate never writes it: clearing sets the hard limit
-//! to the GPU's total memory, which lifts the cap in effect, and the soft limit to 0.
-//! None of this has been run against a real R615+ driver yet.
+//! carry no version field, so the `_v1` suffix is the only versioning.
+//!
+//! # `NVML_DEVICE_MEMORY_LIMIT_MAX`: assumed, not known
+//!
+//! The struct pages say "to clear the limits, set softLimit to 0, and hardLimit to
+//! NVML_DEVICE_MEMORY_LIMIT_MAX" and "no limit is set when softLimit is 0 and hardLimit
+//! is NVML_DEVICE_MEMORY_LIMIT_MAX", but give no value, and no authoritative copy of an
+//! R615+ `nvml.h` was found to read it from (nvml-wrapper-sys 0.10's bindings predate
+//! the call; NVIDIA's cuda-python bindings declare the functions, not the macro). The
+//! natural sentinel for an `unsigned long long` "max" is `ULLONG_MAX`, so
+//! [`DEVICE_MEMORY_LIMIT_MAX`] is `u64::MAX` (a public third-party prototype that says it
+//! follows `cuda-nvml-dev-13-4`'s header writes the same; that is corroboration, not a
+//! source). It is not trusted further than this:
+//!
+//! - clearing writes it first; a driver that refuses it with
+//!   `NVML_ERROR_INVALID_ARGUMENT` gets the GPU's total memory as the hard limit
+//!   instead (which lifts the cap in effect), is logged once, and keeps getting that;
+//! - reading back, soft 0 with a hard limit of `u64::MAX` or at least the GPU's memory
+//!   is "no limit".
+//!
+//! The total memory is only the fallback because `nvmlDeviceGetMemoryInfo_v2` (what
+//! nvml-wrapper's `memory_info` calls) reports it per cgroup partition from R615 on: in
+//! a limited cgroup it is that cgroup's limit, not the GPU's. `tests/gpu/run-on-gpu.sh`
+//! prints which of the two a real driver took. None of this has been run against a real
+//! R615+ driver yet.
 
 use std::ffi::{CStr, c_char, c_uint, c_ulonglong, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -30,6 +50,10 @@ use nvml_wrapper::error::{NvmlError, nvml_try};
 
 use crate::cgroup::{NamespaceRoots, pod_from_proc_cgroup_in, read_proc_cgroup};
 use crate::watchdog::{ProcessTerminator, TerminateError, Terminated};
+
+/// The value this crate writes as `NVML_DEVICE_MEMORY_LIMIT_MAX` ("no hard limit"):
+/// `ULLONG_MAX`, assumed (see the module comment for why and what guards it).
+pub const DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;
 
 #[repr(C)]
 struct SetMemoryLimitsV1 {

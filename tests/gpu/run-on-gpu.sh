@@ -14,6 +14,12 @@
 # gpu_check killed from outside (the timeout below) can leave that daemon; the EXIT
 # trap quits it (and the next run would stop it too).
 #
+# Issue 24 (items 2 and 8): gpu_check also prints one `CHECK <name>: PASS|FAIL|NOT-RUN`
+# line per fixed point (the getter on a cgroup never limited, a cleared limit read back
+# as none and which "no limit" value the driver took, a limit below current usage, NVML
+# reopened after a simulated loss, the limiter built when NVML comes late); they are
+# repeated together at the end.
+#
 # Usage (as root, from anywhere in the repository):
 #   tests/gpu/run-on-gpu.sh
 # Optional environment:
@@ -334,7 +340,11 @@ if [[ $allocator != none ]]; then
 fi
 say "running: $bin ${args[*]}"
 rc=0
-timeout "$budget" "$bin" "${args[@]}" || rc=$?
+timeout "$budget" "$bin" "${args[@]}" | tee "$tmp/gpu_check.out" || rc=$?
+# One line per point fixed for issue 24 (nvml-cgroup clear/get/usage, NVML reopened),
+# gathered so that this run proves or disproves each at a glance.
+section "issue 24 checks"
+grep '^CHECK ' "$tmp/gpu_check.out" || say "no CHECK lines: gpu_check ended before its checks"
 case $rc in
     0) say "" ; say "run-on-gpu.sh: done in $SECONDS s" ;;
     124) say "run-on-gpu.sh: gpu_check did not finish within $budget s; killed" ;;
