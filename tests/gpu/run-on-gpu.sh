@@ -3,7 +3,7 @@
 # prepared for a test cgroup laid out like a kubelet pod, a CUDA process in that cgroup
 # allocating past the share, and what each mechanism did (blocked by the driver, by MPS,
 # or caught by the watchdog) with the limit read back. The work is done by the example
-# limiter-gpu/examples/gpu_check.rs; this script builds it, finds a CUDA allocator and
+# limiter-gpu/examples/gpu_check/main.rs; this script builds it, finds a CUDA allocator and
 # prints the context around it.
 #
 # MPS: where the limiter chooses it (no nvml-cgroup, /usr/bin/nvidia-cuda-mps-control
@@ -220,6 +220,8 @@ fi
 # The allocator: asks for GPU_CHECK_TARGET_BYTES in GPU_CHECK_STEP_BYTES steps, holds
 # what it got for GPU_CHECK_HOLD_SECONDS, and reports in the "ALLOC ..." lines that
 # gpu_check parses (see the example's documentation).
+# Readable by every uid: one check runs it as uid 65534, as a non-root tenant's container.
+chmod 755 "$tmp"
 cat >"$tmp/alloc.py" <<'PY'
 import os
 import sys
