@@ -251,13 +251,13 @@ impl MpsDaemons {
             &pipe,
             &format!("set_default_device_pinned_mem_limit 0 {value}"),
         )
-        .and_then(expect_silence)?;
+        .and_then(set_answer)?;
         for pid in self.servers(&pipe)? {
             self.command(
                 &pipe,
                 &format!("set_device_pinned_mem_limit {pid} 0 {value}"),
             )
-            .and_then(expect_silence)?;
+            .and_then(set_answer)?;
         }
         Ok(())
     }
@@ -748,7 +748,7 @@ pub fn parse_pids(text: &str, command: &str) -> Result<Vec<u32>, GpuError> {
 }
 
 /// A set command answers nothing; any text is the daemon refusing it.
-fn expect_silence(out: String) -> Result<(), GpuError> {
+pub fn set_answer(out: String) -> Result<(), GpuError> {
     if out.trim().is_empty() {
         Ok(())
     } else {

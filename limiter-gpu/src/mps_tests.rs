@@ -455,7 +455,7 @@ fn a_refused_limit_is_an_error() {
         .command(&pipe, "set_default_device_pinned_mem_limit 3 1024M")
         .unwrap();
     assert!(matches!(
-        expect_silence(answer),
+        set_answer(answer),
         Err(GpuError::InvalidArgument(_))
     ));
     d.stop(SHARE).unwrap();
