@@ -31,9 +31,17 @@
 //! - [`limiter`]: [`GpuLimiter`], the `shareguard_common::limiter::Limiter` for `gpu`
 //!   devices: mechanism per GPU in the order nvml-cgroup > mps > watchdog, read-back
 //!   before claiming enforcement, oversubscription refused, capacity name `memory`.
-//! - [`watchdog`]: the watchdog's decisions (usage per share, over-limit episodes,
-//!   which processes to terminate after the grace period) as pure logic, and
-//!   [`sys::PidfdTerminator`], the pidfd-based kill that re-checks the pod first.
+//!   nvml-cgroup limits go on the pod's cgroup and its containers' leaf cgroups (new
+//!   leaves on each watchdog poll); a share whose cgroup cannot carry the limit is
+//!   watched instead. MPS bounds each client on its own, so the read-back reports the
+//!   limit times the share's clients (`Enforcement::per_process`).
+//! - [`dmem`]: what nvml-cgroup needs of the kernel's dmem controller, probed per GPU
+//!   (the driver's region in `dmem.capacity`) and per cgroup (`dmem.max`).
+//! - [`watchdog`]: the watchdog's decisions (usage per share, unknown usage apart,
+//!   over-limit episodes, which processes to terminate after the grace period) as pure
+//!   logic; [`GpuLimiter::terminate`] stops an MPS client through its server
+//!   (`terminate_client`) and any other process with [`sys::PidfdTerminator`], the
+//!   pidfd-based kill that re-checks the pod first.
 //! - [`cgroup`]: `/proc/PID/cgroup` -> pod uid for the systemd and cgroupfs layouts,
 //!   paths resolved against the reader's cgroup namespace roots, and
 //!   [`cgroup::pod_uid_of_pid`], the pid -> pod function the watchdog is fed.
@@ -42,7 +50,8 @@
 //! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
 //!   CDI specification's rules.
 //! - [`mps`]: the `mps` mechanism: one MPS control daemon per share, its pinned device
-//!   memory limit set and read back through NVIDIA's control program.
+//!   memory limit set and read back through NVIDIA's control program, whose answers are
+//!   run through the parsers by `tests/mps_control_answers.rs` (sources in the fixture).
 //! - [`sys`]: all unsafe code (the two unbound NVML functions, pidfd calls).
 //!
 //! What does not exist yet:

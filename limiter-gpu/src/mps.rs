@@ -66,7 +66,7 @@
 //!   pipe directory. From then on the agent goes by its own record (`daemon`, in the
 //!   share's directory, which is mounted nowhere): the pid, its start time (field 22 of
 //!   /proc/PID/stat) and the boot id. A process is the share's daemon while all three
-//!   match and its argv[0] is the control program, so a recycled pid or a pid file
+//!   match and its `argv[0]` is the control program, so a recycled pid or a pid file
 //!   written later is never taken for it. The agent never signals the daemon: it
 //!   sends `quit` through the socket and waits for the recorded process to end.
 //! - Nothing in `shm/` is read by the agent; `log/` is the agent's and the daemon's.

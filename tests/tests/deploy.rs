@@ -418,8 +418,9 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
             Some("HostToContainer"),
             false,
         ),
-        // The node's cgroup root, not the container's own subtree.
-        ("/sys/fs/cgroup", "Directory", "/sys/fs/cgroup", None, true),
+        // The node's cgroup root, not the container's own subtree; writable, since the
+        // nvml-cgroup limits are pods' and containers' dmem files, written by path.
+        ("/sys/fs/cgroup", "Directory", "/sys/fs/cgroup", None, false),
         (
             "/var/lib/shareguard",
             "DirectoryOrCreate",
