@@ -19,7 +19,7 @@ use shareguard_limiter_gpu::watchdog::{TerminateDecision, Terminated};
 
 use shareguard_limiter_gpu::backend::Capabilities;
 
-use super::nvml_checks::{ScratchCgroup, check_line};
+use super::nvml_checks::{ScratchCgroup, check_line, wait_holding};
 use super::*;
 
 const MPS_SHARE_KEY: &str = "gpu-check-mps-clients";
@@ -236,7 +236,7 @@ fn mps_client(
     }
     argv.push(prog.clone());
     argv.extend(args.iter().cloned());
-    let mut child = Command::new(&argv[0])
+    let child = Command::new(&argv[0])
         .args(&argv[1..])
         .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
         .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
@@ -249,33 +249,9 @@ fn mps_client(
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("allocator not started: {e}"))?;
-    let out = child.stdout.take().ok_or("allocator without stdout")?;
-    let guard = ChildGuard(Some(child));
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.starts_with("ALLOC holding") => return Ok(guard),
-            Ok(line) if line.starts_with("ALLOC fail") || line.starts_with("ALLOC init-failed") => {
-                return Err(format!("could not hold {}: {line}", short(bytes)));
-            }
-            Ok(_) => {}
-            Err(_) => {
-                return Err(format!(
-                    "did not report holding {} within 60 s",
-                    short(bytes)
-                ));
-            }
-        }
-    }
+    let mut guard = ChildGuard(Some(child));
+    wait_holding(&mut guard, bytes)?;
+    Ok(guard)
 }
 
 fn mps_client_checks(

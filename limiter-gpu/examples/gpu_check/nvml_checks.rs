@@ -180,7 +180,7 @@ fn hold_memory_in(opts: &Opts, gpu: &GpuInfo, dir: &Path, bytes: u64) -> Result<
         .allocator
         .split_first()
         .ok_or("empty allocator command")?;
-    let mut child = Command::new("/bin/sh")
+    let child = Command::new("/bin/sh")
         .arg("-c")
         .arg(r#"cg=$1; shift; echo $$ > "$cg" || exit 97; exec "$@""#)
         .arg("sh")
@@ -198,7 +198,20 @@ fn hold_memory_in(opts: &Opts, gpu: &GpuInfo, dir: &Path, bytes: u64) -> Result<
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("allocator not started: {e}"))?;
-    let out = child.stdout.take().ok_or("allocator without stdout")?;
+    let mut guard = ChildGuard(Some(child));
+    wait_holding(&mut guard, bytes)?;
+    guard.0.take().ok_or_else(|| "allocator lost".to_string())
+}
+
+/// Waits (at most 60 s) until the allocator, started with its stdout piped, says it
+/// holds its memory; an error when it says it cannot or says nothing. The guard kills it
+/// on the error paths.
+pub(super) fn wait_holding(guard: &mut ChildGuard, bytes: u64) -> Result<(), String> {
+    let out = guard
+        .0
+        .as_mut()
+        .and_then(|c| c.stdout.take())
+        .ok_or("allocator without stdout")?;
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(out).lines() {
@@ -211,18 +224,12 @@ fn hold_memory_in(opts: &Opts, gpu: &GpuInfo, dir: &Path, bytes: u64) -> Result<
     let end = Instant::now() + Duration::from_secs(60);
     loop {
         match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.starts_with("ALLOC holding") => return Ok(child),
+            Ok(line) if line.starts_with("ALLOC holding") => return Ok(()),
             Ok(line) if line.starts_with("ALLOC fail") || line.starts_with("ALLOC init-failed") => {
-                let _ = child.kill();
-                let _ = child.wait();
                 return Err(format!("allocator could not hold {bytes} bytes: {line}"));
             }
             Ok(_) => {}
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("allocator did not report holding its memory within 60 s".into());
-            }
+            Err(_) => return Err("allocator did not report holding its memory within 60 s".into()),
         }
     }
 }
