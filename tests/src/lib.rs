@@ -410,6 +410,36 @@ impl Agent {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
+
+    /// Waits until the audit log has a line of `decision` for share `share_id` (the
+    /// engine writes it after the event it records), and returns every line then;
+    /// panics at `deadline`.
+    pub fn wait_audit(
+        &self,
+        decision: &str,
+        share_id: &str,
+        deadline: Instant,
+    ) -> Vec<serde_json::Value> {
+        loop {
+            let lines = self.audit_lines();
+            if audit_count(&lines, decision, share_id) > 0 {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {decision} audit line for {share_id}: {lines:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// How many of `lines` record `decision` for share `share_id`.
+pub fn audit_count(lines: &[serde_json::Value], decision: &str, share_id: &str) -> usize {
+    lines
+        .iter()
+        .filter(|l| l["decision"] == decision && l["share_id"] == share_id)
+        .count()
 }
 
 impl Drop for Agent {

@@ -15,7 +15,7 @@ use std::{
 
 use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, claim, device, get_share, metric_sample, net,
+    Agent, DRIVER, Options, POOL, alloc, audit_count, claim, device, get_share, metric_sample, net,
     pod::{Layout, Sandbox, pod_uid},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -274,24 +274,8 @@ async fn watchdog_terminates_only_the_process_over_its_share() {
     assert!(pb_.running(), "the process within its share must live");
 
     // The kill happens in the poll; the audit line follows when the engine takes it.
-    let of = |lines: &[serde_json::Value], decision: &str, id: &str| {
-        lines
-            .iter()
-            .filter(|l| l["decision"] == decision && l["share_id"] == id)
-            .count()
-    };
-    let lines = loop {
-        let lines = a.audit_lines();
-        if of(&lines, "terminate", &id_a) > 0 {
-            break lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no terminate audit line: {lines:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let of = |decision: &str, id: &str| of(&lines, decision, id);
+    let lines = a.wait_audit("terminate", &id_a, deadline);
+    let of = |decision: &str, id: &str| audit_count(&lines, decision, id);
     assert_eq!(of("over_limit", &id_a), 1, "{lines:?}");
     assert!(of("terminate", &id_a) >= 1, "{lines:?}");
     assert_eq!(of("over_limit", &id_b) + of("terminate", &id_b), 0);

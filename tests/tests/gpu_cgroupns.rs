@@ -19,7 +19,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, claim, get_share, metric_sample, net,
+    Agent, DRIVER, Options, POOL, alloc, audit_count, claim, get_share, metric_sample, net,
     pod::{CgroupTop, Layout, pod_uid},
     prepare_one, proto as pb, share_id,
 };
@@ -256,23 +256,8 @@ async fn watchdog_in_a_cgroup_namespace(layout: Layout) {
     }
     assert!(y.running(), "the process within its share must live");
 
-    let of = |lines: &[serde_json::Value], decision: &str, id: &str| {
-        lines
-            .iter()
-            .filter(|l| l["decision"] == decision && l["share_id"] == id)
-            .count()
-    };
-    let lines = loop {
-        let lines = a.audit_lines();
-        if of(&lines, "terminate", &id_x) > 0 {
-            break lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no terminate audit line: {lines:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let lines = a.wait_audit("terminate", &id_x, deadline);
+    let of = audit_count;
     assert_eq!(of(&lines, "over_limit", &id_x), 1, "{lines:?}");
     assert_eq!(
         of(&lines, "over_limit", &id_y) + of(&lines, "terminate", &id_y),
