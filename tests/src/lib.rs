@@ -38,6 +38,28 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DRIVER: &str = "shareguard.example.com";
 pub const POOL: &str = "node-a";
 
+/// A `gpu` device `gpu-0` on the SIMULATED back end (80Gi, shares in whole GiB) with this
+/// `watchdog` table, for tests on machines without a GPU.
+pub fn simulated_gpu_device(watchdog: &str) -> String {
+    format!(
+        r#"
+[[device]]
+name = "gpu-0"
+driver = "{DRIVER}"
+pool = "{POOL}"
+kind = "gpu"
+backend = "simulated"
+allowed_namespaces = ["*"]
+watchdog = {watchdog}
+[device.simulated]
+memory = "80Gi"
+[device.capacity.memory]
+default = "1Gi"
+valid_range = {{ min = "1Gi", step = "1Gi" }}
+"#
+    )
+}
+
 /// The path of the `shareguard` binary built alongside the running test.
 pub fn agent_bin() -> PathBuf {
     if let Ok(p) = std::env::var("SHAREGUARD_BIN") {

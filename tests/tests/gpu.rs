@@ -17,34 +17,14 @@ use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL, alloc, audit_count, claim, device, get_share, metric_sample, net,
     pod::{Layout, Sandbox, pod_uid},
-    prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
+    prepare_one, proto as pb, share_id, simulated_gpu_device, unprepare_one, wait_phase,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
 
-fn gpu_device(watchdog: &str) -> String {
-    format!(
-        r#"
-[[device]]
-name = "gpu-0"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "gpu"
-backend = "simulated"
-allowed_namespaces = ["*"]
-watchdog = {watchdog}
-[device.simulated]
-memory = "80Gi"
-[device.capacity.memory]
-default = "1Gi"
-valid_range = {{ min = "1Gi", step = "1Gi" }}
-"#
-    )
-}
-
 /// The agent, with its CDI directory and simulated-processes file in `dir`.
 fn start(dir: &Path, watchdog: &str) -> Agent {
-    let mut o = Options::new(gpu_device(watchdog));
+    let mut o = Options::new(simulated_gpu_device(watchdog));
     // The reconciler would repair what these tests look at first; an hour keeps it out.
     o.agent_extra = format!(
         "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}\nreconcile_period = \"1h\"",
@@ -161,7 +141,9 @@ async fn a_roll_back_the_driver_refuses_holds_the_capacity_until_it_is_removed()
             {"op": "clear_cgroup_limit", "error": "unknown"}]"#,
     )
     .unwrap();
-    let mut o = Options::new(gpu_device("{ period = \"1s\", action = \"report\" }"));
+    let mut o = Options::new(simulated_gpu_device(
+        "{ period = \"1s\", action = \"report\" }",
+    ));
     o.agent_extra = format!(
         "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}\nreconcile_period = \"200ms\"",
         dir.path().join("cdi"),
@@ -436,7 +418,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     let control = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
     let mut o = Options::new(
-        gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
+        simulated_gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
             "memory = \"80Gi\"\n",
             "memory = \"80Gi\"\ncgroup_limits = false\n",
         ),

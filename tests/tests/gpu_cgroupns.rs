@@ -19,9 +19,9 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, audit_count, claim, get_share, metric_sample, net,
+    Agent, Options, alloc, audit_count, claim, get_share, metric_sample, net,
     pod::{CgroupTop, Layout, pod_uid},
-    prepare_one, proto as pb, share_id,
+    prepare_one, proto as pb, share_id, simulated_gpu_device,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
@@ -112,26 +112,6 @@ impl Drop for Workload {
     }
 }
 
-fn gpu_device() -> String {
-    format!(
-        r#"
-[[device]]
-name = "gpu-0"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "gpu"
-backend = "simulated"
-allowed_namespaces = ["*"]
-watchdog = {{ period = "100ms", action = "terminate", grace = "300ms" }}
-[device.simulated]
-memory = "80Gi"
-[device.capacity.memory]
-default = "1Gi"
-valid_range = {{ min = "1Gi", step = "1Gi" }}
-"#
-    )
-}
-
 fn gpu_claim(uid: &str, id: &str, amount: &str, pod_uid: &str) -> pb::ClaimPrepare {
     let mut c = claim(uid, "team-a", "a1", vec![alloc("gpu-0", id, amount)]);
     c.target = Some(pb::PodTarget {
@@ -169,7 +149,9 @@ async fn watchdog_in_a_cgroup_namespace(layout: Layout) {
 
     let dir = tempfile::tempdir().unwrap();
     let processes = dir.path().join("processes.json");
-    let mut o = Options::new(gpu_device());
+    let mut o = Options::new(simulated_gpu_device(
+        r#"{ period = "100ms", action = "terminate", grace = "300ms" }"#,
+    ));
     o.agent_extra = format!(
         "cdi_dir = {:?}\nsimulated_gpu_processes = {processes:?}\nreconcile_period = \"1h\"",
         dir.path().join("cdi"),
