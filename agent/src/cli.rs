@@ -110,6 +110,39 @@ pub enum Cmd {
     },
     /// Query the audit log on this node (reads its files; needs no running agent).
     Audit(AuditArgs),
+    /// Estimate the logical capacity a fleet of devices can promise under a request
+    /// policy and a target utilisation, after what the policy's grid strands and a
+    /// reserve (computed here; needs no running agent).
+    Capacity(CapacityArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CapacityArgs {
+    /// How many devices.
+    #[arg(long)]
+    pub devices: u64,
+    /// Each device's capacity, a quantity (40Gi, 100G).
+    #[arg(long)]
+    pub capacity: String,
+    /// The request policy's smallest share (validRange min).
+    #[arg(long)]
+    pub min: String,
+    /// The request policy's step (validRange step); without it any amount from min up.
+    #[arg(long)]
+    pub step: Option<String>,
+    /// The request policy's largest share (validRange max).
+    #[arg(long)]
+    pub max: Option<String>,
+    /// The share of the packable capacity to promise: 0.7 or 70%.
+    #[arg(long)]
+    pub utilization: String,
+    /// Kept back on every device: an amount (4Gi) or a share of it (10%).
+    #[arg(long)]
+    pub reserve: Option<String>,
+    /// The sizes requests ask for, each with its relative weight: 3Gi=2,10Gi=1. Each is
+    /// rounded up to the policy as the scheduler does.
+    #[arg(long)]
+    pub mix: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -366,6 +399,37 @@ fn verify_audit(path: &std::path::Path) -> anyhow::Result<ExitCode> {
 /// `shareguard audit`: reads the log's files (oldest first), reports malformed lines on
 /// stderr and skips them, and prints what the filters select. Exit code 1 when a file
 /// could not be read to its end, since the answer may then be incomplete.
+fn run_capacity(a: &CapacityArgs, out: Output) -> anyhow::Result<ExitCode> {
+    use crate::capacity::{Plan, PlanError, parse_mix, parse_ratio, parse_reserve};
+    let quantity = |flag: &'static str, s: &str| {
+        shareguard_common::Quantity::parse(s.trim()).map_err(|e| PlanError {
+            flag,
+            reason: format!("{s:?}: {e}"),
+        })
+    };
+    let plan = Plan {
+        devices: a.devices,
+        capacity: quantity("capacity", &a.capacity)?,
+        min: quantity("min", &a.min)?,
+        step: a.step.as_deref().map(|s| quantity("step", s)).transpose()?,
+        max: a.max.as_deref().map(|s| quantity("max", s)).transpose()?,
+        utilization: parse_ratio("utilization", &a.utilization)?,
+        reserve: a.reserve.as_deref().map(parse_reserve).transpose()?,
+        mix: a
+            .mix
+            .as_deref()
+            .map(parse_mix)
+            .transpose()?
+            .unwrap_or_default(),
+    };
+    let e = plan.estimate()?;
+    match out {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&e.to_json())?),
+        Output::Table => print!("{}", e.table()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_audit(a: AuditArgs, out: Output) -> anyhow::Result<ExitCode> {
     let path = match a.file {
         Some(f) => f,
@@ -433,6 +497,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     // Local: no socket, so a stopped agent does not keep an SRE from its audit trail.
     let cmd = match cli.cmd {
         Cmd::Audit(a) => return run_audit(a, out),
+        Cmd::Capacity(a) => return run_capacity(&a, out),
         cmd => cmd,
     };
     let mut c = connect(&cli.socket).await?;
@@ -443,6 +508,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "kubelet-plugin")]
         Cmd::KubeletPluginDirs(_) => bail!("`kubelet-plugin-dirs` is not a client command"),
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
+        Cmd::Capacity(_) => bail!("`capacity` computes locally and is handled before connecting"),
         Cmd::Devices => {
             let r = c
                 .list_devices(pb::ListDevicesRequest {})

@@ -5,6 +5,7 @@
 
 pub mod accounting;
 pub mod audit;
+pub mod capacity;
 pub mod cli;
 pub mod client;
 pub mod config;

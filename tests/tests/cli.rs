@@ -423,3 +423,57 @@ fn no_agent_on_the_socket_is_a_clear_error() {
         stderr(&o)
     );
 }
+
+/// `shareguard capacity` needs no agent: the design card's fleet, as a table and as JSON,
+/// and a bad flag named with its reason (exit 1, nothing on stdout).
+#[test]
+fn capacity_estimates_a_fleet_without_an_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(agent_bin())
+            .arg("--socket")
+            .arg(dir.path().join("nobody.sock"))
+            .arg("capacity")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let card = [
+        "--devices",
+        "100",
+        "--capacity",
+        "40Gi",
+        "--min",
+        "5Gi",
+        "--step",
+        "5Gi",
+        "--utilization",
+        "0.7",
+    ];
+    let o = run(&card);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(
+        row(&out, "promised").split_whitespace().last(),
+        Some("2800Gi")
+    );
+    let mut with_mix = card.to_vec();
+    with_mix.extend(["--reserve", "10%", "--mix", "3Gi=2,10Gi=1", "-o", "json"]);
+    let o = run(&with_mix);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    // 36Gi usable, 35Gi packable; 80% of what is consumed is asked for; 70% of that.
+    assert_eq!(v["packablePerDevice"], "35Gi");
+    assert_eq!(v["roundingEfficiency"], "80%");
+    assert_eq!(v["promised"], "1960Gi");
+    let mut bad = card.to_vec();
+    bad[9] = "1.5";
+    let o = run(&bad);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty());
+    assert!(
+        stderr(&o).contains("--utilization: \"1.5\" is more than the whole"),
+        "{}",
+        stderr(&o)
+    );
+}
