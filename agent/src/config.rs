@@ -142,6 +142,9 @@ pub struct DeviceConfig {
     pub net_line_rate_bps: Option<u64>,
     /// For `gpu` devices: back end, GPU and watchdog.
     pub gpu: Option<GpuConfig>,
+    /// The rollout stage the device starts in, until one is set at runtime (which the
+    /// store keeps); `enforce` by default.
+    pub stage: crate::rollout::Stage,
 }
 
 impl DeviceConfig {
@@ -260,6 +263,8 @@ struct RawDevice {
     index: Option<Spanned<u32>>,
     watchdog: Option<Spanned<RawWatchdog>>,
     simulated: Option<Spanned<RawSimulated>>,
+    /// The first rollout stage: "observe" or "enforce" (the default).
+    stage: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -935,7 +940,20 @@ impl Config {
                         .map_err(|why| err(r.span(), format!("device {name}: line_rate: {why}")))?,
                 ),
             };
+            let stage = match &d.stage {
+                None => crate::rollout::Stage::default(),
+                Some(s) => crate::rollout::Stage::parse(s.get_ref()).ok_or_else(|| {
+                    err(
+                        s.span(),
+                        format!(
+                            "device {name}: stage {:?} is not \"observe\" or \"enforce\"",
+                            s.get_ref()
+                        ),
+                    )
+                })?,
+            };
             devices.push(DeviceConfig {
+                stage,
                 name,
                 driver: d.driver.into_inner(),
                 pool,
@@ -1160,6 +1178,32 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         );
         let e = err_of(&GOOD.replace("value = \"40Gi\"\n", ""));
         assert!(e.message.contains("value is required"), "{e}");
+
+        let e = err_of(&GOOD.replace(
+            "kind = \"generic\"",
+            "kind = \"generic\"\nstage = \"enforced\"",
+        ));
+        assert_eq!(e.line, 12, "{e}");
+        assert!(
+            e.message
+                .contains("stage \"enforced\" is not \"observe\" or \"enforce\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_device_starts_in_the_stage_the_config_gives() {
+        let c = Config::parse(GOOD, "good.toml").unwrap();
+        assert_eq!(c.devices[0].stage, crate::rollout::Stage::Enforce);
+        let c = Config::parse(
+            &GOOD.replace(
+                "kind = \"generic\"",
+                "kind = \"generic\"\nstage = \"observe\"",
+            ),
+            "good.toml",
+        )
+        .unwrap();
+        assert_eq!(c.devices[0].stage, crate::rollout::Stage::Observe);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub fn phase_to_pb(p: Phase) -> pb::Phase {
         Phase::Releasing => pb::Phase::Releasing,
         Phase::Released => pb::Phase::Released,
         Phase::Pending => pb::Phase::Pending,
+        Phase::Observed => pb::Phase::Observed,
     }
 }
 
@@ -169,6 +170,7 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         dedicated: d.usage.dedicated_by.is_some(),
         mechanism: d.facts.mechanism.clone(),
         enforces: d.facts.enforces,
+        stage: d.stage.name().to_owned(),
         attributes: d
             .facts
             .attributes

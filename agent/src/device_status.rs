@@ -22,6 +22,7 @@ fn reason_of(phase: Phase) -> &'static str {
         Phase::Releasing => "Releasing",
         Phase::Released => "Released",
         Phase::Pending => "WaitingForPodSandbox",
+        Phase::Observed => "ObservedNotLimited",
     }
 }
 

@@ -154,6 +154,10 @@ pub enum RequestError {
     },
     #[error("share {0} not found")]
     NotFound(String),
+    #[error("device {0} not found")]
+    UnknownDevice(String),
+    #[error("device {device}: the rollout stage cannot change: {reason}")]
+    StageNotSupported { device: String, reason: String },
     #[error("state store: {0}")]
     Store(#[from] StoreError),
 }
@@ -173,7 +177,8 @@ impl RequestError {
             RequestError::CallerNotAllowed { .. } | RequestError::RoleTooLow { .. } => {
                 tonic::Code::PermissionDenied
             }
-            RequestError::NotFound(_) => tonic::Code::NotFound,
+            RequestError::NotFound(_) | RequestError::UnknownDevice(_) => tonic::Code::NotFound,
+            RequestError::StageNotSupported { .. } => tonic::Code::FailedPrecondition,
             // The store refused a write: the node cannot make anything durable right now.
             RequestError::Store(_) => tonic::Code::Unavailable,
         }

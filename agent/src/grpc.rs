@@ -44,6 +44,7 @@ impl Role {
     pub fn needed_by(rpc: &str) -> Role {
         match rpc {
             "Prepare" | "Unprepare" | "NewEpoch" => Role::KubeletPlugin,
+            "SetStage" => Role::Admin,
             _ => Role::ReadOnly,
         }
     }
@@ -334,5 +335,40 @@ impl NodeAgent for Api {
             .map_err(|e| Status::internal(format!("new epoch task failed: {e}")))?
             .map_err(|e| self.refuse("NewEpoch", Some(uid), 0, e))?;
         Ok(Response::new(pb::NewEpochResponse { epoch }))
+    }
+
+    async fn set_stage(
+        &self,
+        req: Request<pb::SetStageRequest>,
+    ) -> Result<Response<pb::SetStageResponse>, Status> {
+        let uid = self
+            .authenticate(&req, "SetStage")
+            .map_err(|e| self.refuse("SetStage", None, 0, e))?;
+        let r = req.into_inner();
+        let stage = crate::rollout::Stage::parse(&r.stage).ok_or_else(|| {
+            self.refuse(
+                "SetStage",
+                Some(uid),
+                0,
+                RequestError::Invalid {
+                    field: "stage".into(),
+                    message: format!("{:?} is not \"observe\" or \"enforce\"", r.stage),
+                },
+            )
+        })?;
+        // On a task of its own, as Prepare: a stage change runs to its end.
+        let engine = self.engine.clone();
+        let device = r.device.clone();
+        let c = tokio::spawn(async move { engine.set_stage(&device, stage, Some(uid)).await })
+            .await
+            .map_err(|e| Status::internal(format!("stage task failed: {e}")))?
+            .map_err(|e| self.refuse("SetStage", Some(uid), 0, e))?;
+        Ok(Response::new(pb::SetStageResponse {
+            device: c.device,
+            previous: c.previous.name().to_owned(),
+            stage: c.stage.name().to_owned(),
+            shares_changed: u32::try_from(c.shares_changed).unwrap_or(u32::MAX),
+            shares_failed: u32::try_from(c.shares_failed).unwrap_or(u32::MAX),
+        }))
     }
 }

@@ -27,6 +27,7 @@ pub mod metrics_text;
 pub mod metrics_tls;
 pub mod policy;
 pub mod record;
+pub mod rollout;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -51,13 +51,17 @@ pub enum Phase {
     Released,
     /// Admitted and durable, waiting for the pod's sandbox (see `TargetRecord`).
     Pending,
+    /// The device is in the rollout's `observe` stage: admitted, counted and its pod
+    /// found, nothing limited.
+    Observed,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Preparing,
         Phase::Pending,
         Phase::Enforced,
+        Phase::Observed,
         Phase::Accounted,
         Phase::Degraded,
         Phase::Failed,
@@ -83,6 +87,7 @@ impl Phase {
             Phase::Releasing => "RELEASING",
             Phase::Released => "RELEASED",
             Phase::Pending => "PENDING",
+            Phase::Observed => "OBSERVED",
         }
     }
 }

@@ -9,6 +9,7 @@
 //! | `meta`   | `epoch`                     | u64 big-endian: highest epoch accepted  |
 //! | `meta`   | `boot_id`                   | kernel boot id the live shares were verified under |
 //! | `meta`   | `config`                    | JSON `{"digest", "devices"}`: the config the last start ran with (SHA-256 of its text, device names) |
+//! | `meta`   | `stage/<device>`            | [`StageRecord`], versioned: the device's rollout stage as last set at runtime |
 //! | `quarantine` | `<tree>/<key>`          | the bytes of a record this agent could not read, as found; never overwritten |
 //!
 //! A record that does not decode (a newer agent's format, a damaged value) does not stop
@@ -50,10 +51,12 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use tokio::sync::oneshot;
 
 use crate::record::{self, ClaimRecord, DecodeError, ShareRecord};
+use crate::rollout::StageRecord;
 
 const EPOCH_KEY: &[u8] = b"epoch";
 const BOOT_ID_KEY: &[u8] = b"boot_id";
 const CONFIG_KEY: &[u8] = b"config";
+const STAGE_PREFIX: &str = "stage/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -93,6 +96,8 @@ pub struct Batch {
     pub quarantine: Vec<(String, Vec<u8>)>,
     /// The config this start runs with (`meta/config`).
     pub config: Option<ConfigSeen>,
+    /// Rollout stages set at runtime, by device (`meta/stage/<device>`).
+    pub stages: Vec<(String, StageRecord)>,
 }
 
 /// What the store remembers of a start's config, to audit the next start's changes.
@@ -124,6 +129,7 @@ impl Batch {
             && self.boot_id.is_none()
             && self.quarantine.is_empty()
             && self.config.is_none()
+            && self.stages.is_empty()
     }
 }
 
@@ -136,6 +142,8 @@ pub struct Loaded {
     pub boot_id: Option<String>,
     /// Records that did not decode, left where they are.
     pub quarantined: Vec<Quarantined>,
+    /// Rollout stages set at runtime, by device.
+    pub stages: std::collections::BTreeMap<String, StageRecord>,
     /// Entries in the `quarantine` tree once this start's are added: every record ever
     /// quarantined, each once.
     pub quarantine_total: usize,
@@ -341,6 +349,19 @@ impl Store {
             out.boot_id =
                 Some(String::from_utf8(v.to_vec()).map_err(|_| StoreError::Meta("boot_id"))?);
         }
+        for item in t.meta.scan_prefix(STAGE_PREFIX.as_bytes()) {
+            let (k, v) = item?;
+            let device = String::from_utf8_lossy(&k[STAGE_PREFIX.len()..]).into_owned();
+            match record::decode::<StageRecord>(&v) {
+                Ok(r) => {
+                    out.stages.insert(device, r);
+                }
+                // The config's stage applies then; the operator's is named in the log.
+                Err(e) => {
+                    tracing::error!(%device, error = %e, "the device's stored rollout stage does not read; the config's applies");
+                }
+            }
+        }
         Ok(out)
     }
 
@@ -495,6 +516,11 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         .as_ref()
         .map(|c| serde_json::to_vec(c).map_err(|_| StoreError::Meta("config")))
         .transpose()?;
+    let stages: Vec<(String, Vec<u8>)> = batch
+        .stages
+        .iter()
+        .map(|(d, r)| (format!("{STAGE_PREFIX}{d}"), record::encode(r)))
+        .collect();
     let result = (&t.shares, &t.claims, &t.meta, &t.quarantine).transaction(|(s, c, m, q)| {
         for (k, v) in &shares {
             s.insert(*k, v.as_slice())?;
@@ -516,6 +542,9 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         }
         if let Some(c) = &config {
             m.insert(CONFIG_KEY, c.as_slice())?;
+        }
+        for (k, v) in &stages {
+            m.insert(k.as_bytes(), v.as_slice())?;
         }
         for (k, v) in &batch.quarantine {
             if q.get(k.as_bytes())?.is_none() {

@@ -85,6 +85,8 @@ pub struct Enforcement {
     /// What the status should say besides the phase: why a share got another mechanism
     /// than its device's, what part of the pod the limit does not reach.
     pub notes: Vec<String>,
+    /// The device is in the rollout's `observe` stage: nothing was applied, by design.
+    pub observed: bool,
 }
 
 /// A limit held per process (see [`Enforcement::per_process`]).

@@ -560,6 +560,7 @@ impl GpuLimiter {
             resolution,
             per_process: per,
             notes: rec.note.iter().cloned().collect(),
+            observed: false,
         })
     }
 

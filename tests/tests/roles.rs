@@ -127,6 +127,16 @@ fn each_rpc_needs_its_role_and_listed_uids_can_connect() {
         &["release", "--epoch", "0", "some-claim"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    // A rollout stage is the node operators' (admin) alone, not the plugin's.
+    let o = cli_as(&a, &bin, PLUGIN, GROUP, &["rollout", "gen-0", "observe"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&format!(
+            "caller uid {PLUGIN} has the kubelet-plugin role; SetStage needs admin"
+        )),
+        "{}",
+        stderr(&o)
+    );
 
     // In the group but in no list: connects, is refused every call.
     let o = cli_as(&a, &bin, NOBODY_LISTED, GROUP, &["devices"]);

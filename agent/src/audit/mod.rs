@@ -68,6 +68,8 @@ pub enum Decision {
     /// A share followed its pod's sandbox: enforced on a sandbox that appeared or was
     /// replaced, or waiting again after it went away.
     Sandbox,
+    /// A device's rollout stage changed (`SetStage`), and each of its shares with it.
+    Rollout,
 }
 
 /// One decision. Every string may come from a caller: each is capped and made printable
@@ -115,7 +117,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 15] = [
+    pub const ALL: [Decision; 16] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -131,6 +133,7 @@ impl Decision {
         Decision::OverLimit,
         Decision::Terminate,
         Decision::Sandbox,
+        Decision::Rollout,
     ];
 
     /// The name written in the `decision` field.
@@ -151,13 +154,14 @@ impl Decision {
             Decision::OverLimit => "over_limit",
             Decision::Terminate => "terminate",
             Decision::Sandbox => "sandbox",
+            Decision::Rollout => "rollout",
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, config, over_limit, terminate, sandbox)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, config, over_limit, terminate, sandbox, rollout)"
 )]
 pub struct UnknownDecision(pub String);
 

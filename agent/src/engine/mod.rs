@@ -9,6 +9,7 @@ mod prepare;
 mod query;
 mod reconcile;
 mod recover;
+pub mod rollout;
 mod sandbox;
 mod storage;
 #[cfg(test)]
@@ -73,6 +74,9 @@ pub struct Engine {
     state: Mutex<State>,
     locks: locks::ClaimLocks,
     limiters: HashMap<String, Arc<dyn Limiter>>,
+    /// Each device's rollout stage (see [`rollout`]); the limiter the engine uses for a
+    /// device follows it.
+    stages: Mutex<HashMap<String, crate::rollout::Stage>>,
     events: broadcast::Sender<ShareRecord>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
@@ -150,6 +154,7 @@ impl Engine {
             state: Mutex::new(State::default()),
             locks: locks::ClaimLocks::default(),
             limiters,
+            stages: Mutex::new(HashMap::new()),
             events,
             audit,
             metrics,
@@ -185,10 +190,6 @@ impl Engine {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    fn limiter(&self, device: &str) -> Option<&Arc<dyn Limiter>> {
-        self.limiters.get(device)
     }
 
     fn accounting_only(&self, device: &str) -> bool {
@@ -496,6 +497,14 @@ fn judge(
         ""
     };
     let notes: String = e.notes.iter().map(|n| format!("; {n}")).collect();
+    if e.observed {
+        return (
+            Phase::Observed,
+            format!(
+                "observe stage: admitted, counted and its pod found; nothing limited{notes}{note}"
+            ),
+        );
+    }
     if e.enforced.is_empty() && e.watch_only {
         return (
             Phase::Accounted,

@@ -789,7 +789,7 @@ impl Engine {
         &self,
         r: &ShareRecord,
     ) -> Result<shareguard_common::limiter::Enforcement, LimiterError> {
-        let Some(l) = self.limiter(&r.device).cloned() else {
+        let Some(l) = self.limiter(&r.device) else {
             return Err(LimiterError::permanent(format!(
                 "no limiter for device {}",
                 r.device
@@ -814,7 +814,7 @@ impl Engine {
     }
 
     pub(crate) async fn remove_blocking(&self, r: &ShareRecord) -> Result<(), LimiterError> {
-        let Some(l) = self.limiter(&r.device).cloned() else {
+        let Some(l) = self.limiter(&r.device) else {
             return Ok(());
         };
         let key = r.key.clone();

@@ -43,6 +43,7 @@ pub struct DeviceView {
     pub free: BTreeMap<String, Quantity>,
     pub mechanisms: Vec<String>,
     pub facts: DeviceFacts,
+    pub stage: crate::rollout::Stage,
 }
 
 fn sorted(mut v: Vec<ShareRecord>) -> Vec<ShareRecord> {
@@ -131,6 +132,7 @@ impl Engine {
                         .limiter(&d.name)
                         .map(|l| l.device_facts(&d.name))
                         .unwrap_or_default(),
+                    stage: self.stage(&d.name),
                 }
             })
             .collect()

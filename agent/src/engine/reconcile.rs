@@ -37,7 +37,10 @@ pub struct ReconcileStats {
 
 /// The phases the reconciler reads back: what was enforced, or should be again.
 fn reconciled(p: Phase) -> bool {
-    matches!(p, Phase::Enforced | Phase::Degraded | Phase::Unknown)
+    matches!(
+        p,
+        Phase::Enforced | Phase::Observed | Phase::Degraded | Phase::Unknown
+    )
 }
 
 impl Engine {
@@ -130,7 +133,7 @@ impl Engine {
             // Not enforced on any sandbox (host network, several pods): nothing to read back.
             return;
         }
-        let Some(l) = self.limiter(&r.device).cloned() else {
+        let Some(l) = self.limiter(&r.device) else {
             return;
         };
         stats.checked += 1;
@@ -144,8 +147,10 @@ impl Engine {
             });
         let why = match &verified {
             Ok(e) => match self.judge(&r, e) {
-                judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
-                    if matches!(r.phase, Phase::Degraded | Phase::Unknown) {
+                judged @ (Phase::Enforced | Phase::Accounted | Phase::Observed, _) => {
+                    // Repaired by someone else, the kernel came back, or the device's
+                    // stage changed under a share a stage pass did not reach.
+                    if judged.0 != r.phase {
                         // Repaired by someone else (or the kernel came back): say so.
                         self.settle(&r, e, judged, stats, false).await;
                     }
@@ -179,7 +184,7 @@ impl Engine {
         }
         match self.apply_blocking(&r).await {
             Ok(e) => match self.judge(&r, &e) {
-                judged @ ((Phase::Enforced, _) | (Phase::Accounted, _)) => {
+                judged @ (Phase::Enforced | Phase::Accounted | Phase::Observed, _) => {
                     self.settle(&r, &e, judged, stats, true).await;
                 }
                 (_, why) => self.still_degraded(&r, &why, Some(&e)).await,

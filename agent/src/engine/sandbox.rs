@@ -37,7 +37,12 @@ pub(super) fn follows_sandbox(r: &ShareRecord) -> bool {
     !r.quarantined
         && matches!(
             r.phase,
-            Phase::Preparing | Phase::Pending | Phase::Enforced | Phase::Degraded | Phase::Unknown
+            Phase::Preparing
+                | Phase::Pending
+                | Phase::Enforced
+                | Phase::Observed
+                | Phase::Degraded
+                | Phase::Unknown
         )
 }
 
@@ -71,7 +76,10 @@ impl Engine {
         match self.find_sandbox(r, needs).await {
             Found::One(sb) => {
                 let same = r.sandbox.as_ref() == Some(&sb.record);
-                if same && !force && matches!(r.phase, Phase::Enforced | Phase::Degraded) {
+                if same
+                    && !force
+                    && matches!(r.phase, Phase::Enforced | Phase::Observed | Phase::Degraded)
+                {
                     // Settled on this sandbox: drift is the reconciler's to find. Only
                     // the note on the pod's other namespaces may have changed.
                     let reason = with_unwired_note(&r.reason, sb.unwired_netns);
@@ -173,7 +181,10 @@ impl Engine {
         }
         let mut n = r.clone();
         if (r.sandbox.is_some()
-            || matches!(r.phase, Phase::Enforced | Phase::Degraded | Phase::Unknown))
+            || matches!(
+                r.phase,
+                Phase::Enforced | Phase::Observed | Phase::Degraded | Phase::Unknown
+            ))
             && let Err(e) = self.remove_blocking(r).await
         {
             // Kept on the record, so the next pass tries the removal again.

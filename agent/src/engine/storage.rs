@@ -51,6 +51,8 @@ impl Engine {
     /// while it is read and re-verified, and no engine lock is held meanwhile.
     pub(super) fn load_state_from(&self, store: &Store) -> Result<State, OpenError> {
         let loaded = store.load().map_err(|e| self.store_err(e))?;
+        // Before recovery, which verifies each share under its device's stage.
+        self.adopt_stages(&loaded.stages);
         let (mut state, batch) = recover::recover(self, loaded, &self.boot_id)?;
         store
             .submit(batch)

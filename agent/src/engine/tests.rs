@@ -1409,3 +1409,95 @@ fn an_unconstrained_capacity_is_enforced_only_at_or_below_its_request() {
         (Phase::Enforced, "limit applied and read back")
     );
 }
+
+#[test]
+fn a_stage_change_lifts_and_restores_limits_and_keeps_every_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    enforce_three(&cfg, &k, &rt);
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(e.stage("gen-0"), crate::rollout::Stage::Enforce);
+
+    // Rollback: the limits go, every share and its capacity stay.
+    let c = rt
+        .block_on(e.set_stage("gen-0", crate::rollout::Stage::Observe, Some(0)))
+        .unwrap();
+    assert_eq!(
+        (c.previous, c.stage, c.shares_changed, c.shares_failed),
+        (
+            crate::rollout::Stage::Enforce,
+            crate::rollout::Stage::Observe,
+            3,
+            0
+        )
+    );
+    for n in 1..=3 {
+        let r = e.get_share(&share(n)).unwrap();
+        assert_eq!(r.phase, Phase::Observed, "{}", r.reason);
+        assert!(r.enforced.is_empty());
+        assert!(r.reason.contains("nothing limited"), "{}", r.reason);
+    }
+    assert!(lock(&k.installed).is_empty(), "no limit left in the kernel");
+    assert_eq!(allocated(&e, "gen-0"), q("3Gi"));
+    // A new share on the observing device is admitted and counted, not limited.
+    let out = rt
+        .block_on(e.prepare(
+            0,
+            &[claim("c4", "a1", vec![alloc("gen-0", &share(4), "1Gi")])],
+            0,
+        ))
+        .unwrap();
+    assert_eq!(out[0].shares[0].phase, Phase::Observed);
+    assert!(!lock(&k.installed).contains_key(&share(4)));
+    // The reconciler keeps them observed, and lifts a limit that came back.
+    lock(&k.installed).insert(share(1), (BTreeMap::new(), Target::default()));
+    rt.block_on(e.reconcile());
+    assert!(!lock(&k.installed).contains_key(&share(1)));
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Observed);
+
+    // The stage survives a restart: the store's, not the config's.
+    drop(e);
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(e.stage("gen-0"), crate::rollout::Stage::Observe);
+    assert_eq!(e.get_share(&share(2)).unwrap().phase, Phase::Observed);
+    assert!(lock(&k.installed).is_empty());
+
+    // Promotion: every share limited again, read back.
+    let c = rt
+        .block_on(e.set_stage("gen-0", crate::rollout::Stage::Enforce, None))
+        .unwrap();
+    assert_eq!(c.shares_changed, 4);
+    for n in 1..=4 {
+        assert_eq!(e.get_share(&share(n)).unwrap().phase, Phase::Enforced);
+        assert!(lock(&k.installed).contains_key(&share(n)));
+    }
+    assert_eq!(allocated(&e, "gen-0"), q("4Gi"));
+
+    // Each change is audited, for the device and for each share.
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let rollouts: Vec<&str> = audit
+        .lines()
+        .filter(|l| l.contains("\"decision\":\"rollout\""))
+        .collect();
+    assert!(
+        rollouts
+            .iter()
+            .any(|l| l.contains("device gen-0: stage enforce -> observe")),
+        "{rollouts:?}"
+    );
+    assert!(
+        rollouts
+            .iter()
+            .any(|l| l.contains("device gen-0: stage observe -> enforce")),
+        "{rollouts:?}"
+    );
+    assert_eq!(rollouts.len(), 2 + 3 + 4, "{rollouts:?}");
+
+    // Unknown devices are named; a device with nothing to enforce refuses.
+    assert!(matches!(
+        rt.block_on(e.set_stage("nope", crate::rollout::Stage::Observe, None)),
+        Err(crate::error::RequestError::UnknownDevice(_))
+    ));
+}

@@ -1,0 +1,186 @@
+//! Rollout stages as the engine keeps and changes them (see [`crate::rollout`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use shareguard_common::limiter::Limiter;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::{
+    audit::Decision,
+    error::RequestError,
+    record::Phase,
+    rollout::{Stage, StageRecord, observing::Observing},
+    store::Batch,
+    sync::lock,
+};
+
+use super::{
+    Engine, now_ms,
+    sandbox::{Step, follows_sandbox},
+};
+
+/// What a stage change did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StageChange {
+    pub device: String,
+    pub previous: Stage,
+    pub stage: Stage,
+    /// Live shares of the device brought to the new stage in this pass.
+    pub shares_changed: usize,
+    /// Live shares whose change failed; the reconciler and the sandbox loop retry them.
+    pub shares_failed: usize,
+}
+
+impl Engine {
+    /// Takes the stored stages (set at runtime) over the config's first stages.
+    pub(super) fn adopt_stages(&self, stored: &BTreeMap<String, StageRecord>) {
+        let stages: HashMap<String, Stage> = self
+            .cfg
+            .devices
+            .iter()
+            .map(|d| {
+                let s = stored.get(&d.name).map_or(d.stage, |r| r.stage);
+                (d.name.clone(), s)
+            })
+            .collect();
+        *lock(&self.stages) = stages;
+    }
+
+    /// The device's stage now.
+    pub fn stage(&self, device: &str) -> Stage {
+        lock(&self.stages).get(device).copied().unwrap_or_default()
+    }
+
+    /// The limiter the engine uses for `device`: the device's own in `enforce`, one that
+    /// lifts and applies nothing in `observe`.
+    pub(super) fn limiter(&self, device: &str) -> Option<Arc<dyn Limiter>> {
+        let l = self.limiters.get(device)?.clone();
+        Some(match self.stage(device) {
+            Stage::Enforce => l,
+            Stage::Observe => Arc::new(Observing::new(l)),
+        })
+    }
+
+    /// Moves `device` to `stage`: durable and audited first, then every live share of
+    /// the device is applied again under it in one pass (lifted for `observe`, limited
+    /// for `enforce`), keeping every share and the capacity it holds.
+    pub async fn set_stage(
+        &self,
+        device: &str,
+        stage: Stage,
+        caller: Option<u32>,
+    ) -> Result<StageChange, RequestError> {
+        let Some(l) = self.limiters.get(device) else {
+            return Err(RequestError::UnknownDevice(device.to_owned()));
+        };
+        if l.accounting_only() {
+            return Err(RequestError::StageNotSupported {
+                device: device.to_owned(),
+                reason: "it only accounts; there is no limit to lift or to apply".into(),
+            });
+        }
+        if stage == Stage::Observe && l.device_facts(device).mechanism.ends_with("mps") {
+            // Lifting an MPS share stops its daemon, whose pipe directory the claims' CDI
+            // specs name: new containers of those claims would fail to start.
+            return Err(RequestError::StageNotSupported {
+                device: device.to_owned(),
+                reason: "its shares run through their own MPS daemons, which the claims' CDI specs name; observe is not supported for the mps mechanism yet".into(),
+            });
+        }
+        let previous = self.stage(device);
+        let record = StageRecord {
+            stage,
+            changed_at_ms: now_ms(),
+            caller_uid: caller,
+        };
+        self.commit_durable(Batch {
+            stages: vec![(device.to_owned(), record)],
+            ..Default::default()
+        })
+        .await?;
+        lock(&self.stages).insert(device.to_owned(), stage);
+        let epoch = lock(&self.state).epoch;
+        self.audit_node(
+            Decision::Rollout,
+            &format!(
+                "device {device}: stage {} -> {}",
+                previous.name(),
+                stage.name()
+            ),
+            epoch,
+            caller,
+            None,
+        );
+        info!(%device, from = previous.name(), to = stage.name(), "rollout stage changed");
+        let mut change = StageChange {
+            device: device.to_owned(),
+            previous,
+            stage,
+            ..Default::default()
+        };
+        let shares: Vec<(String, String)> = {
+            let st = lock(&self.state);
+            st.records
+                .values()
+                .filter(|r| r.device == device && follows_sandbox(r))
+                .map(|r| (r.key.clone(), r.claim.uid.clone()))
+                .collect()
+        };
+        for (key, claim) in shares {
+            let span = info_span!("restage", share = %key, claim = %claim);
+            match self.restage(&key, &claim, caller).instrument(span).await {
+                Some(true) => change.shares_changed += 1,
+                Some(false) => {}
+                None => change.shares_failed += 1,
+            }
+        }
+        Ok(change)
+    }
+
+    /// Applies share `key` again under its device's stage now, under its claim's lock.
+    /// Some(changed), or None when applying failed (the share says why; the loops retry).
+    async fn restage(&self, key: &str, claim_uid: &str, caller: Option<u32>) -> Option<bool> {
+        let _guard = self.locks.lock(claim_uid).await;
+        let r = lock(&self.state).records.get(key).cloned()?;
+        if !follows_sandbox(&r) {
+            return Some(false);
+        }
+        let (mut next, failed) = match self.step(&r, true).await {
+            Step::Same => return Some(false),
+            Step::Next(n) => (n, None),
+            Step::Failed(mut n, e) => {
+                n.phase = Phase::Degraded;
+                n.reason = format!(
+                    "applying the {} stage failed: {e}; retried by the reconciler, capacity held",
+                    self.stage(&r.device).name()
+                );
+                (n, Some(e))
+            }
+        };
+        if next == r {
+            return Some(false);
+        }
+        next.updated_at_ms = now_ms();
+        if !self.persist_one(&next).await {
+            return None;
+        }
+        self.audit_share(
+            &next,
+            Decision::Rollout,
+            &format!(
+                "{} -> {}: {}",
+                r.phase.name(),
+                next.phase.name(),
+                next.reason
+            ),
+            caller,
+            None,
+        );
+        if let Some(e) = failed {
+            warn!(error = %e, "a share could not be brought to its device's new stage");
+            return None;
+        }
+        Some(true)
+    }
+}

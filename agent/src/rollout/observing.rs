@@ -1,0 +1,79 @@
+//! [`Observing`]: a device's limiter as the engine sees it while the device is in the
+//! `observe` stage. It lifts whatever its device's limiter installed for a share and
+//! applies nothing; its pods are still found (it needs of the pod what the limiter
+//! needs), so that the share is ready to be enforced the moment the stage changes.
+
+use std::sync::Arc;
+
+use shareguard_common::limiter::{
+    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs, TrafficCounters,
+};
+
+pub struct Observing {
+    inner: Arc<dyn Limiter>,
+}
+
+impl Observing {
+    pub fn new(inner: Arc<dyn Limiter>) -> Self {
+        Self { inner }
+    }
+
+    fn observed(&self, device: &str) -> Enforcement {
+        Enforcement {
+            mechanism: self.inner.device_facts(device).mechanism,
+            observed: true,
+            ..Enforcement::default()
+        }
+    }
+}
+
+impl Limiter for Observing {
+    fn mechanisms(&self) -> Vec<String> {
+        self.inner.mechanisms()
+    }
+
+    fn accounting_only(&self) -> bool {
+        false
+    }
+
+    fn needs(&self, device: &str) -> Needs {
+        self.inner.needs(device)
+    }
+
+    /// Lifts what an earlier stage installed (a share enforced before the rollback), and
+    /// installs nothing.
+    fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.inner.remove(&spec.share_key)?;
+        Ok(self.observed(&spec.device))
+    }
+
+    /// What holds in `observe` is that nothing is installed, so verifying makes sure of
+    /// it: a limit an earlier stage left (a crash in the middle of a stage change) is
+    /// lifted here, by the reconciler's pass or at start. The device's limiter is not
+    /// asked to verify, since some re-adopt a share they have not seen (the GPU limiter
+    /// after a restart) and would limit it again.
+    fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.inner.remove(&spec.share_key)?;
+        Ok(self.observed(&spec.device))
+    }
+
+    fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
+        self.inner.remove(share_key)
+    }
+
+    fn counters(&self, share_key: &str) -> Option<TrafficCounters> {
+        self.inner.counters(share_key)
+    }
+
+    /// The same CDI devices as under `enforce`: a stage change never changes what a
+    /// pod's containers were given.
+    fn cdi_device(&self, device: &str, share_key: &str) -> Option<CdiDevice> {
+        self.inner.cdi_device(device, share_key)
+    }
+
+    fn device_facts(&self, device: &str) -> DeviceFacts {
+        let mut f = self.inner.device_facts(device);
+        f.enforces = false;
+        f
+    }
+}
