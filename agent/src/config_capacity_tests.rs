@@ -344,18 +344,18 @@ fn what_a_resource_slice_takes_around_a_device() {
     let ok = config("1", "").replace("capacity.memory", "capacity.\"example.com/egress_rate\"");
     Config::parse(&ok, "t.toml").unwrap();
 
-    // 32 attributes and capacities per device: a generic device publishes 3 attributes.
-    let caps: String = (0..30)
+    // 32 attributes and capacities per device: a generic device publishes 4 attributes.
+    let caps: String = (0..29)
         .map(|i| format!("[device.capacity.c{i}]\nvalue = \"1\"\n"))
         .collect();
     let base = config("1", "");
     let e = Config::parse(&format!("{base}{caps}"), "t.toml").unwrap_err();
     assert!(
         e.message
-            .contains("31 capacities, at most 29 for a generic device"),
+            .contains("30 capacities, at most 28 for a generic device"),
         "{e}"
     );
-    let fits: String = (0..28)
+    let fits: String = (0..27)
         .map(|i| format!("[device.capacity.c{i}]\nvalue = \"1\"\n"))
         .collect();
     Config::parse(&format!("{base}{fits}"), "t.toml").unwrap();

@@ -3,7 +3,7 @@
 //! refuses at start what the API server would refuse when the slice is published.
 
 /// Attributes of every device, in the driver's domain.
-pub const DEVICE_ATTRIBUTES: [&str; 3] = ["kind", "mechanism", "enforced"];
+pub const DEVICE_ATTRIBUTES: [&str; 4] = ["kind", "mechanism", "enforced", "stage"];
 /// Attributes a GPU adds.
 pub const GPU_ATTRIBUTES: [&str; 2] = ["uuid", "model"];
 /// `ResourceSliceMaxAttributesAndCapacitiesPerDevice`.

@@ -1867,7 +1867,7 @@ fn device_refs(expr: &str) -> Vec<DeviceRef> {
 }
 
 /// The attributes the plugin publishes (deviceclasses.yaml lists them).
-const ATTRIBUTES: [&str; 5] = ["kind", "mechanism", "enforced", "uuid", "model"];
+const ATTRIBUTES: [&str; 6] = ["kind", "mechanism", "enforced", "stage", "uuid", "model"];
 
 /// DeviceClass name -> the `kind` its selectors require, if one.
 fn class_kinds(docs: &[(String, Value)]) -> BTreeMap<String, Option<String>> {

@@ -129,6 +129,7 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
         Some(false),
         "accounting enforces nothing"
     );
+    assert_eq!(attrs["stage"].string.as_deref(), Some("enforce"));
     assert!(
         slices(&api)
             .iter()

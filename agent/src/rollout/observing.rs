@@ -71,9 +71,10 @@ impl Limiter for Observing {
         self.inner.cdi_device(device, share_key)
     }
 
+    /// The device's own: `enforced` says what its mechanism can hold, the `stage`
+    /// attribute (from the device listing) whether it does now, so that a DeviceClass
+    /// chooses between them and a rollback does not make a device unschedulable.
     fn device_facts(&self, device: &str) -> DeviceFacts {
-        let mut f = self.inner.device_facts(device);
-        f.enforces = false;
-        f
+        self.inner.device_facts(device)
     }
 }

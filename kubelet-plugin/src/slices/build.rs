@@ -169,7 +169,7 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
             },
         );
     }
-    let [kind, mechanism, enforced] = DEVICE_ATTRIBUTES;
+    let [kind, mechanism, enforced, stage] = DEVICE_ATTRIBUTES;
     let mut attributes = BTreeMap::from([
         (kind.to_owned(), string_attr(&d.kind)),
         (mechanism.to_owned(), string_attr(&d.mechanism)),
@@ -181,6 +181,13 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
             },
         ),
     ]);
+    // An agent from before rollout stages says none: its devices enforce.
+    let stage_name = if d.stage.is_empty() {
+        "enforce"
+    } else {
+        &d.stage
+    };
+    attributes.insert(stage.to_owned(), string_attr(stage_name));
     for (k, v) in &d.attributes {
         attributes.insert(k.clone(), string_attr(v));
     }
@@ -278,12 +285,29 @@ mod tests {
         let attrs = devs[0].attributes.as_ref().unwrap();
         assert_eq!(attrs["enforced"].bool, Some(true));
         assert_eq!(attrs["mechanism"].string.as_deref(), Some("nvml-cgroup"));
+        // An agent that names no stage is one from before stages: its devices enforce.
+        assert_eq!(attrs["stage"].string.as_deref(), Some("enforce"));
         assert_eq!(
             attrs["model"].string.as_ref().unwrap().len(),
             64,
             "cut to the API's bound"
         );
         assert_eq!(devs[0].allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn a_device_says_its_rollout_stage() {
+        let mut devices = inventory(&["gpu-0"]);
+        for d in devices.devices.values_mut() {
+            d.stage = "observe".into();
+        }
+        let (desired, _) = desired("d.example.com", &node(), &devices);
+        let devs = desired[0].slice.spec.devices.as_ref().unwrap();
+        let attrs = devs[0].attributes.as_ref().unwrap();
+        assert_eq!(attrs["stage"].string.as_deref(), Some("observe"));
+        // What the mechanism can hold stays as it is: a rollback leaves the device in
+        // the classes that ask for an enforcing mechanism.
+        assert_eq!(attrs["enforced"].bool, Some(true));
     }
 
     #[test]
