@@ -110,10 +110,15 @@ pub enum Cmd {
     },
     /// Query the audit log on this node (reads its files; needs no running agent).
     Audit(AuditArgs),
-    /// Rollout stages: without arguments each device's stage; with DEVICE and STAGE
-    /// (observe or enforce) moves the device there (admin). `observe` lifts the limits
-    /// and keeps every share and its capacity; `enforce` limits them again.
+    /// Rollout stages: without arguments each device's class and stage; with DEVICE and
+    /// STAGE (observe or enforce) moves the device there, with --class CLASS STAGE every
+    /// device of that DeviceClass (admin). `observe` lifts the limits and keeps every
+    /// share and its capacity; `enforce` limits them again.
     Rollout {
+        /// Every device of this DeviceClass (the config's `class`), all or none.
+        #[arg(long)]
+        class: Option<String>,
+        /// DEVICE, or STAGE after --class.
         device: Option<String>,
         stage: Option<String>,
     },
@@ -516,53 +521,18 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::KubeletPluginDirs(_) => bail!("`kubelet-plugin-dirs` is not a client command"),
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Capacity(_) => bail!("`capacity` computes locally and is handled before connecting"),
-        Cmd::Rollout { device, stage } => match (device, stage) {
-            (Some(device), Some(stage)) => {
-                let r = c
-                    .set_stage(pb::SetStageRequest { device, stage })
-                    .await?
-                    .into_inner();
-                match out {
-                    Output::Json => println!("{}", json(&r)?),
-                    Output::Table => println!(
-                        "{}: {} -> {} ({} shares changed, {} failed)",
-                        r.device, r.previous, r.stage, r.shares_changed, r.shares_failed
-                    ),
-                }
-                if r.shares_failed > 0 {
-                    return Ok(ExitCode::FAILURE);
-                }
-            }
-            (None, None) => {
-                let r = c
-                    .list_devices(pb::ListDevicesRequest {})
-                    .await?
-                    .into_inner();
-                match out {
-                    Output::Json => {
-                        let v: Vec<serde_json::Value> = r
-                            .devices
-                            .iter()
-                            .map(|d| serde_json::json!({"device": d.name, "stage": d.stage, "mechanism": d.mechanism, "liveShares": d.live_shares}))
-                            .collect();
-                        println!("{}", serde_json::to_string(&v)?);
-                    }
-                    Output::Table => {
-                        println!(
-                            "{:<20} {:<8} {:<16} {:>6}",
-                            "DEVICE", "STAGE", "MECHANISM", "SHARES"
-                        );
-                        for d in &r.devices {
-                            println!(
-                                "{:<20} {:<8} {:<16} {:>6}",
-                                d.name, d.stage, d.mechanism, d.live_shares
-                            );
-                        }
-                    }
-                }
-            }
-            _ => bail!("rollout takes DEVICE and STAGE together, or neither"),
-        },
+        Cmd::Rollout {
+            class,
+            device,
+            stage,
+        } => {
+            let a = crate::cli_rollout::RolloutArgs {
+                class,
+                first: device,
+                second: stage,
+            };
+            return crate::cli_rollout::run(&mut c, a, matches!(out, Output::Json)).await;
+        }
         Cmd::Devices => {
             let r = c
                 .list_devices(pb::ListDevicesRequest {})

@@ -145,6 +145,10 @@ pub struct DeviceConfig {
     /// The rollout stage the device starts in, until one is set at runtime (which the
     /// store keeps); `enforce` by default.
     pub stage: crate::rollout::Stage,
+    /// The DeviceClass the device is rolled out and measured with (`class`): a stage
+    /// can be set for every device of a class at once, and the SLO figures are kept
+    /// per class. By default the class in `deploy/` that selects the device's kind.
+    pub class: String,
 }
 
 impl DeviceConfig {
@@ -265,6 +269,8 @@ struct RawDevice {
     simulated: Option<Spanned<RawSimulated>>,
     /// The first rollout stage: "observe" or "enforce" (the default).
     stage: Option<Spanned<String>>,
+    /// The DeviceClass the device belongs to for rollout and SLOs.
+    class: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -952,8 +958,21 @@ impl Config {
                     )
                 })?,
             };
+            let class = match &d.class {
+                None => default_class(kind).to_owned(),
+                Some(c) => {
+                    check_class_name(c.get_ref()).map_err(|why| {
+                        err(
+                            c.span(),
+                            format!("device {name}: class {:?}: {why}", c.get_ref()),
+                        )
+                    })?;
+                    c.get_ref().clone()
+                }
+            };
             devices.push(DeviceConfig {
                 stage,
+                class,
                 name,
                 driver: d.driver.into_inner(),
                 pool,
@@ -972,6 +991,36 @@ impl Config {
     pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
         self.devices.iter().find(|d| d.name == name)
     }
+}
+
+/// The DeviceClass in `deploy/deviceclasses.yaml` that selects a device of `kind`.
+pub fn default_class(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Net => "shareguard-net-bandwidth",
+        DeviceKind::Gpu => "shareguard-gpu-memory",
+        DeviceKind::Generic => "shareguard-accounted",
+    }
+}
+
+/// A DeviceClass's name is a DNS subdomain (RFC 1123): what Kubernetes accepts as one.
+pub fn check_class_name(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("a DeviceClass name has 1 to 253 characters".into());
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !s.split('.').all(label_ok) {
+        return Err(
+            "a DeviceClass name is lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// A `net` device has one symmetric `bandwidth`, or `egressBandwidth` and/or
@@ -1204,6 +1253,26 @@ valid_range = { min = "5Gi", max = "40Gi", step = "5Gi" }
         )
         .unwrap();
         assert_eq!(c.devices[0].stage, crate::rollout::Stage::Observe);
+    }
+
+    #[test]
+    fn a_device_is_in_its_kinds_class_unless_it_names_one() {
+        let c = Config::parse(GOOD, "good.toml").unwrap();
+        assert_eq!(c.devices[0].class, "shareguard-accounted");
+        let with = |class: &str| {
+            GOOD.replace(
+                "kind = \"generic\"",
+                &format!("kind = \"generic\"\nclass = \"{class}\""),
+            )
+        };
+        let c = Config::parse(&with("gpu-a100.example.com"), "good.toml").unwrap();
+        assert_eq!(c.devices[0].class, "gpu-a100.example.com");
+        for bad in ["", "Upper", "-lead", "trail-", "a..b", "under_score"] {
+            let e = err_of(&with(bad));
+            assert_eq!(e.line, 12, "{bad:?}: {e}");
+            assert!(e.message.contains("class"), "{bad:?}: {e}");
+        }
+        assert!(err_of(&with(&"a".repeat(254))).message.contains("1 to 253"));
     }
 
     #[test]

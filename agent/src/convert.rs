@@ -171,6 +171,7 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         mechanism: d.facts.mechanism.clone(),
         enforces: d.facts.enforces,
         stage: d.stage.name().to_owned(),
+        device_class: d.config.class.clone(),
         attributes: d
             .facts
             .attributes

@@ -156,6 +156,8 @@ pub enum RequestError {
     NotFound(String),
     #[error("device {0} not found")]
     UnknownDevice(String),
+    #[error("no device is in DeviceClass {0}")]
+    UnknownClass(String),
     #[error("device {device}: the rollout stage cannot change: {reason}")]
     StageNotSupported { device: String, reason: String },
     #[error("state store: {0}")]
@@ -177,7 +179,9 @@ impl RequestError {
             RequestError::CallerNotAllowed { .. } | RequestError::RoleTooLow { .. } => {
                 tonic::Code::PermissionDenied
             }
-            RequestError::NotFound(_) | RequestError::UnknownDevice(_) => tonic::Code::NotFound,
+            RequestError::NotFound(_)
+            | RequestError::UnknownDevice(_)
+            | RequestError::UnknownClass(_) => tonic::Code::NotFound,
             RequestError::StageNotSupported { .. } => tonic::Code::FailedPrecondition,
             // The store refused a write: the node cannot make anything durable right now.
             RequestError::Store(_) => tonic::Code::Unavailable,

@@ -356,19 +356,73 @@ impl NodeAgent for Api {
                 },
             )
         })?;
+        let invalid = |message: &str| {
+            self.refuse(
+                "SetStage",
+                Some(uid),
+                0,
+                RequestError::Invalid {
+                    field: "device".into(),
+                    message: message.into(),
+                },
+            )
+        };
+        let target = match (r.device.is_empty(), r.device_class.is_empty()) {
+            (false, true) => StageTarget::Device(r.device),
+            (true, false) => StageTarget::Class(r.device_class),
+            (true, true) => return Err(invalid("give a device or a device_class")),
+            (false, false) => return Err(invalid("give a device or a device_class, not both")),
+        };
         // On a task of its own, as Prepare: a stage change runs to its end.
         let engine = self.engine.clone();
-        let device = r.device.clone();
-        let c = tokio::spawn(async move { engine.set_stage(&device, stage, Some(uid)).await })
-            .await
-            .map_err(|e| Status::internal(format!("stage task failed: {e}")))?
-            .map_err(|e| self.refuse("SetStage", Some(uid), 0, e))?;
+        let changes = tokio::spawn(async move {
+            match target {
+                StageTarget::Device(d) => engine
+                    .set_stage(&d, stage, Some(uid))
+                    .await
+                    .map(|c| vec![c]),
+                StageTarget::Class(c) => engine.set_class_stage(&c, stage, Some(uid)).await,
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(format!("stage task failed: {e}")))?
+        .map_err(|e| self.refuse("SetStage", Some(uid), 0, e))?;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let changes: Vec<pb::StageChange> = changes
+            .into_iter()
+            .map(|c| pb::StageChange {
+                device: c.device,
+                previous: c.previous.name().to_owned(),
+                stage: c.stage.name().to_owned(),
+                shares_changed: count(c.shares_changed),
+                shares_failed: count(c.shares_failed),
+            })
+            .collect();
+        let first = changes.first().cloned().unwrap_or_default();
+        let single = changes.len() == 1;
         Ok(Response::new(pb::SetStageResponse {
-            device: c.device,
-            previous: c.previous.name().to_owned(),
-            stage: c.stage.name().to_owned(),
-            shares_changed: u32::try_from(c.shares_changed).unwrap_or(u32::MAX),
-            shares_failed: u32::try_from(c.shares_failed).unwrap_or(u32::MAX),
+            device: if single { first.device } else { String::new() },
+            previous: if single {
+                first.previous
+            } else {
+                String::new()
+            },
+            stage: first.stage,
+            shares_changed: changes
+                .iter()
+                .map(|c| c.shares_changed)
+                .fold(0, u32::saturating_add),
+            shares_failed: changes
+                .iter()
+                .map(|c| c.shares_failed)
+                .fold(0, u32::saturating_add),
+            changes,
         }))
     }
+}
+
+/// What a SetStage names.
+enum StageTarget {
+    Device(String),
+    Class(String),
 }

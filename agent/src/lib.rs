@@ -7,6 +7,7 @@ pub mod accounting;
 pub mod audit;
 pub mod capacity;
 pub mod cli;
+pub mod cli_rollout;
 pub mod client;
 pub mod config;
 pub mod config_gpu;

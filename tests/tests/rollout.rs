@@ -1,7 +1,7 @@
 //! Rollout stages through the real binary with real traffic: a device that starts in
 //! `observe` lets a share's pod through at line rate (OBSERVED, capacity counted);
-//! `shareguard rollout DEVICE enforce` limits it (ENFORCED, read back); `observe` again
-//! is the rollback (the limit lifted, the share and its capacity kept); the stage
+//! `shareguard rollout DEVICE enforce` limits it (ENFORCED, read back); `observe` again,
+//! for the device's whole DeviceClass (`--class`), is the rollback (the limit lifted, the share and its capacity kept); the stage
 //! outlives a restart of the agent; and every change is audited.
 
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
@@ -85,10 +85,11 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
         "enforce: {ratio:.3} of the limit"
     );
 
-    // Rollback: lifted, the share and its capacity kept; and it survives a restart.
-    let out = rollout(&a, &["nic-0", "observe"]);
+    // Rollback of the device's whole DeviceClass (the default for its kind): lifted,
+    // the share and its capacity kept; and it survives a restart.
+    let out = rollout(&a, &["--class", "shareguard-net-bandwidth", "observe"]);
     assert!(
-        out.contains("enforce -> observe (1 shares changed"),
+        out.contains("nic-0: enforce -> observe (1 shares changed"),
         "{out}"
     );
     let s = get_share(&mut c, id.clone()).await;
@@ -109,9 +110,9 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     );
     let listed = rollout(&a, &[]);
     assert!(
-        listed
-            .lines()
-            .any(|l| l.starts_with("nic-0") && l.contains("observe")),
+        listed.lines().any(|l| l.starts_with("nic-0")
+            && l.contains("shareguard-net-bandwidth")
+            && l.contains("observe")),
         "{listed}"
     );
 
@@ -137,6 +138,14 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("device nic-9 not found"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = a.cli(&["rollout", "--class", "shareguard-gpu-memory", "enforce"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("no device is in DeviceClass shareguard-gpu-memory"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );

@@ -71,6 +71,34 @@ impl Engine {
         stage: Stage,
         caller: Option<u32>,
     ) -> Result<StageChange, RequestError> {
+        let mut changes = self.set_stages(&[device.to_owned()], stage, caller).await?;
+        Ok(changes.pop().unwrap_or_default())
+    }
+
+    /// Moves every device of DeviceClass `class` (the config's `class`) to `stage`, as
+    /// [`Engine::set_stage`] does one: all of them or, when one cannot take the stage,
+    /// none (the error names that device).
+    pub async fn set_class_stage(
+        &self,
+        class: &str,
+        stage: Stage,
+        caller: Option<u32>,
+    ) -> Result<Vec<StageChange>, RequestError> {
+        let devices: Vec<String> = self
+            .cfg
+            .devices
+            .iter()
+            .filter(|d| d.class == class)
+            .map(|d| d.name.clone())
+            .collect();
+        if devices.is_empty() {
+            return Err(RequestError::UnknownClass(class.to_owned()));
+        }
+        self.set_stages(&devices, stage, caller).await
+    }
+
+    /// Why `device` cannot take `stage`, if it cannot.
+    fn check_stage(&self, device: &str, stage: Stage) -> Result<(), RequestError> {
         let Some(l) = self.limiters.get(device) else {
             return Err(RequestError::UnknownDevice(device.to_owned()));
         };
@@ -88,37 +116,74 @@ impl Engine {
                 reason: "its shares run through their own MPS daemons, which the claims' CDI specs name; observe is not supported for the mps mechanism yet".into(),
             });
         }
-        let previous = self.stage(device);
-        let record = StageRecord {
-            stage,
-            changed_at_ms: now_ms(),
-            caller_uid: caller,
-        };
+        Ok(())
+    }
+
+    /// Checks every device first, makes the new stages durable in one write, audits
+    /// each, then applies each device's live shares again.
+    async fn set_stages(
+        &self,
+        devices: &[String],
+        stage: Stage,
+        caller: Option<u32>,
+    ) -> Result<Vec<StageChange>, RequestError> {
+        for d in devices {
+            self.check_stage(d, stage)?;
+        }
+        let changed_at_ms = now_ms();
+        let previous: Vec<Stage> = devices.iter().map(|d| self.stage(d)).collect();
         self.commit_durable(Batch {
-            stages: vec![(device.to_owned(), record)],
+            stages: devices
+                .iter()
+                .map(|d| {
+                    let record = StageRecord {
+                        stage,
+                        changed_at_ms,
+                        caller_uid: caller,
+                    };
+                    (d.clone(), record)
+                })
+                .collect(),
             ..Default::default()
         })
         .await?;
-        lock(&self.stages).insert(device.to_owned(), stage);
+        {
+            let mut stages = lock(&self.stages);
+            for d in devices {
+                stages.insert(d.clone(), stage);
+            }
+        }
         let epoch = lock(&self.state).epoch;
-        self.audit_node(
-            Decision::Rollout,
-            &format!(
-                "device {device}: stage {} -> {}",
-                previous.name(),
-                stage.name()
-            ),
-            epoch,
-            caller,
-            None,
-        );
-        info!(%device, from = previous.name(), to = stage.name(), "rollout stage changed");
-        let mut change = StageChange {
-            device: device.to_owned(),
-            previous,
-            stage,
-            ..Default::default()
-        };
+        let mut changes = Vec::with_capacity(devices.len());
+        for (device, previous) in devices.iter().zip(previous) {
+            self.audit_node(
+                Decision::Rollout,
+                &format!(
+                    "device {device}: stage {} -> {}",
+                    previous.name(),
+                    stage.name()
+                ),
+                epoch,
+                caller,
+                None,
+            );
+            info!(%device, from = previous.name(), to = stage.name(), "rollout stage changed");
+            changes.push(StageChange {
+                device: device.clone(),
+                previous,
+                stage,
+                ..Default::default()
+            });
+        }
+        for change in &mut changes {
+            self.restage_device(change, caller).await;
+        }
+        Ok(changes)
+    }
+
+    /// Applies every live share of `change.device` again under its stage now.
+    async fn restage_device(&self, change: &mut StageChange, caller: Option<u32>) {
+        let device = change.device.as_str();
         let shares: Vec<(String, String)> = {
             let st = lock(&self.state);
             st.records
@@ -135,7 +200,6 @@ impl Engine {
                 None => change.shares_failed += 1,
             }
         }
-        Ok(change)
     }
 
     /// Applies share `key` again under its device's stage now, under its claim's lock.

@@ -1501,3 +1501,63 @@ fn a_stage_change_lifts_and_restores_limits_and_keeps_every_share() {
         Err(crate::error::RequestError::UnknownDevice(_))
     ));
 }
+
+#[test]
+fn a_class_changes_stage_as_a_whole_or_not_at_all() {
+    use crate::rollout::Stage;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    enforce_three(&cfg, &k, &rt);
+    let e = open(&cfg, Some(&k), "boot-a");
+    // Both generic test devices are in their kind's class.
+    let class = crate::config::default_class(crate::config::DeviceKind::Generic);
+    let changes = rt
+        .block_on(e.set_class_stage(class, Stage::Observe, Some(0)))
+        .unwrap();
+    let got: Vec<(&str, Stage, usize)> = changes
+        .iter()
+        .map(|c| (c.device.as_str(), c.stage, c.shares_changed))
+        .collect();
+    assert_eq!(
+        got,
+        [("gen-0", Stage::Observe, 3), ("gen-1", Stage::Observe, 0)]
+    );
+    assert_eq!(
+        (e.stage("gen-0"), e.stage("gen-1")),
+        (Stage::Observe, Stage::Observe)
+    );
+    assert!(lock(&k.installed).is_empty());
+    assert!(matches!(
+        rt.block_on(e.set_class_stage("no-such-class", Stage::Enforce, None)),
+        Err(crate::error::RequestError::UnknownClass(_))
+    ));
+    drop(e);
+
+    // One device of the class cannot take a stage (it only accounts): the class is
+    // refused, naming it, and neither device moves, now or after a restart.
+    let mut cfg_mut = (*cfg).clone();
+    let mut limiters = crate::limiters::for_config(&mut cfg_mut)
+        .expect("limiters for the test config")
+        .by_device;
+    limiters.insert(
+        "gen-0".into(),
+        Arc::new(FakeLimiter(k.clone())) as Arc<dyn Limiter>,
+    );
+    let open_mixed =
+        |limiters| Engine::open(cfg.clone(), limiters, "boot-a", Arc::new(Metrics::new())).unwrap();
+    let e = open_mixed(limiters.clone());
+    let err = rt
+        .block_on(e.set_class_stage(class, Stage::Enforce, None))
+        .unwrap_err();
+    assert!(
+        matches!(&err, crate::error::RequestError::StageNotSupported { device, .. } if device == "gen-1"),
+        "{err}"
+    );
+    assert_eq!(e.stage("gen-0"), Stage::Observe);
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Observed);
+    drop(e);
+    let e = open_mixed(limiters);
+    assert_eq!(e.stage("gen-0"), Stage::Observe);
+}
