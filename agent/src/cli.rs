@@ -243,6 +243,7 @@ fn share_rows(shares: &[pb::ShareStatus]) -> String {
             "MECHANISM",
             "REQUESTED",
             "ENFORCED",
+            "ABOVE RATE",
             "REASON",
         ]
         .map(String::from)
@@ -286,10 +287,37 @@ fn share_rows(shares: &[pb::ShareStatus]) -> String {
             s.mechanism.clone(),
             req.join(","),
             enf.join(","),
+            s.traffic
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), above_rate),
             s.reason.clone(),
         ]);
     }
     table(rows)
+}
+
+/// A bandwidth share's time and bytes above its allocated rate, per direction, e.g.
+/// `to-pod 12.0s/+15.0MB from-pod 0s`: in observe, what enforcing would have held back.
+fn above_rate(t: &pb::Traffic) -> String {
+    let dir = |name: &str, d: Option<&pb::DirectionTraffic>| {
+        let d = d.copied().unwrap_or_default();
+        if d.ms_above_rate == 0 {
+            format!("{name} 0s")
+        } else {
+            // Display only: the exact integers are in -o json.
+            #[allow(clippy::cast_precision_loss)]
+            let (secs, mb) = (
+                d.ms_above_rate as f64 / 1000.0,
+                d.bytes_above_rate as f64 / 1e6,
+            );
+            format!("{name} {secs:.1}s/+{mb:.1}MB")
+        }
+    };
+    format!(
+        "{} {}",
+        dir("to-pod", t.to_pod.as_ref()),
+        dir("from-pod", t.from_pod.as_ref())
+    )
 }
 
 fn device_rows(devices: &[pb::DeviceStatus]) -> String {

@@ -2,6 +2,7 @@
 
 use shareguard_proto::v1 as pb;
 
+use crate::rollout::measure::{Above, Measured};
 use crate::{
     device_status,
     engine::{DeviceView, PrepareOutcome},
@@ -53,12 +54,17 @@ fn timestamp(ms: u64) -> pbjson_types::Timestamp {
 }
 
 pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {
-    share_to_pb_with(r, &[])
+    share_to_pb_with(r, &[], None)
 }
 
 /// [`share_to_pb`] with what the agent observes the share using (capacity name ->
-/// amount): shown as its usage and in `device_status_json`.
-pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::ShareStatus {
+/// amount) and, for bandwidth, what it measured of its traffic: shown as its usage and
+/// traffic, and in `device_status_json`.
+pub fn share_to_pb_with(
+    r: &ShareRecord,
+    observed: &[(String, String)],
+    traffic: Option<&Measured>,
+) -> pb::ShareStatus {
     pb::ShareStatus {
         share_id: r.share_id.clone().unwrap_or_default(),
         claim: Some(pb::ClaimRef {
@@ -102,7 +108,7 @@ pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::S
         error: r.error.as_ref().map(error_to_pb),
         policy_version: r.policy_version.clone(),
         allocation_id: r.allocation_id.clone(),
-        device_status_json: device_status::render(r, observed),
+        device_status_json: device_status::render(r, observed, traffic),
         updated_at: Some(timestamp(r.updated_at_ms)),
         admin_access: r.admin_access,
         reason: r.reason.clone(),
@@ -116,6 +122,21 @@ pub fn share_to_pb_with(r: &ShareRecord, observed: &[(String, String)]) -> pb::S
         }),
         // Filled in Prepare's answer (outcome_to_pb), where the claim's CDI spec is known.
         cdi_device_ids: Vec::new(),
+        traffic: traffic.map(traffic_to_pb),
+    }
+}
+
+fn traffic_to_pb(m: &Measured) -> pb::Traffic {
+    let dir = |a: &Above| pb::DirectionTraffic {
+        bytes: a.bytes,
+        ms_above_rate: a.ms_above,
+        bytes_above_rate: a.bytes_above,
+        peak_bps: a.peak_bps,
+    };
+    pb::Traffic {
+        to_pod: Some(dir(&m.to_pod)),
+        from_pod: Some(dir(&m.from_pod)),
+        interval_ms: m.interval_ms,
     }
 }
 

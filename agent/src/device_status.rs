@@ -32,7 +32,11 @@ fn rfc3339_seconds(ms: u64) -> String {
 
 /// The share's status, with what the agent observes it using (capacity name -> amount,
 /// e.g. the GPU watchdog's memory usage) under `data.observed` when there is any.
-pub fn render(r: &ShareRecord, observed: &[(String, String)]) -> String {
+pub fn render(
+    r: &ShareRecord,
+    observed: &[(String, String)],
+    traffic: Option<&crate::rollout::measure::Measured>,
+) -> String {
     let quantities = |m: &std::collections::BTreeMap<String, shareguard_common::Quantity>| {
         m.iter()
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
@@ -77,6 +81,27 @@ pub fn render(r: &ShareRecord, observed: &[(String, String)]) -> String {
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect();
         data.insert("observed".to_owned(), Value::Object(o));
+    }
+    if let Some(m) = traffic
+        && let Some(data) = status.get_mut("data").and_then(Value::as_object_mut)
+    {
+        // Fixed keys and integers: a few hundred bytes at most, well inside the bound.
+        let dir = |a: &crate::rollout::measure::Above| {
+            json!({
+                "bytes": a.bytes,
+                "msAboveRate": a.ms_above,
+                "bytesAboveRate": a.bytes_above,
+                "peakBps": a.peak_bps,
+            })
+        };
+        data.insert(
+            "traffic".to_owned(),
+            json!({
+                "toPod": dir(&m.to_pod),
+                "fromPod": dir(&m.from_pod),
+                "intervalMs": m.interval_ms,
+            }),
+        );
     }
     if let (Some(id), Some(obj)) = (&r.share_id, status.as_object_mut()) {
         obj.insert("shareID".to_owned(), Value::String(id.clone()));
@@ -221,11 +246,21 @@ mod tests {
         for phase in Phase::ALL {
             // A reason far above the bound is cut, not the structure.
             let r = record(phase, &"é".repeat(20_000));
-            let text = render(&r, &[("memory".into(), "3Gi".into())]);
+            // The largest figures traffic can have, with a GPU's usage besides.
+            let most = crate::rollout::measure::Above {
+                bytes: u64::MAX,
+                ms_above: u64::MAX,
+                bytes_above: u64::MAX,
+                peak_bps: u64::MAX,
+            };
+            let mut traffic = crate::rollout::measure::Measured::default();
+            (traffic.to_pod, traffic.from_pod, traffic.interval_ms) = (most, most, u64::MAX);
+            let text = render(&r, &[("memory".into(), "3Gi".into())], Some(&traffic));
             assert!(text.len() <= MAX_BYTES, "{phase:?}: {} bytes", text.len());
             let v: Value = serde_json::from_str(&text).unwrap();
             check_allocated_device_status(&v).unwrap_or_else(|e| panic!("{phase:?}: {e}: {v}"));
             assert_eq!(v["data"]["observed"]["memory"], "3Gi");
+            assert_eq!(v["data"]["traffic"]["fromPod"]["msAboveRate"], u64::MAX);
             assert_eq!(
                 v["conditions"][0]["status"],
                 if phase == Phase::Enforced {
@@ -240,7 +275,7 @@ mod tests {
     #[test]
     fn the_check_rejects_what_the_api_server_would() {
         let good: Value =
-            serde_json::from_str(&render(&record(Phase::Enforced, "ok"), &[])).unwrap();
+            serde_json::from_str(&render(&record(Phase::Enforced, "ok"), &[], None)).unwrap();
         check_allocated_device_status(&good).unwrap();
         let mut bad = good.clone();
         bad["conditions"][0]["reason"] = "not camel case!".into();

@@ -23,7 +23,11 @@ use prometheus_client::{
 };
 use shareguard_common::{Quantity, limiter::TrafficCounters};
 
-use crate::{engine::Engine, error::ClaimError};
+use crate::{
+    engine::Engine,
+    error::ClaimError,
+    rollout::measure::{Above, Measured},
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeviceCapacity {
@@ -103,7 +107,7 @@ struct ShareDirLabels {
 /// agent would then have to keep in step with the kernel.
 #[derive(Debug, Default)]
 struct ShareTraffic {
-    samples: Mutex<Vec<(ShareLabels, TrafficCounters)>>,
+    samples: Mutex<Vec<(ShareLabels, TrafficCounters, Option<Measured>)>>,
 }
 
 impl Collector for ShareTraffic {
@@ -131,7 +135,7 @@ impl Collector for ShareTraffic {
         ];
         for (name, help, pick) in per_direction {
             let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (l, c) in samples.iter() {
+            for (l, c, _) in samples.iter() {
                 let (to, from) = pick(c);
                 ConstCounter::new(to).encode(m.encode_family(&with_dir(l, "to_pod"))?)?;
                 ConstCounter::new(from).encode(m.encode_family(&with_dir(l, "from_pod"))?)?;
@@ -143,8 +147,35 @@ impl Collector for ShareTraffic {
             None,
             MetricType::Counter,
         )?;
-        for (l, c) in samples.iter() {
+        for (l, c, _) in samples.iter() {
             ConstCounter::new(c.drops).encode(m.encode_family(l)?)?;
+        }
+        // What the agent measured against the allocated rate (in observe: what enforcing
+        // would have held back), judged per counters period; lower bounds at that
+        // resolution.
+        type Measure = fn(&Above) -> f64;
+        #[allow(clippy::cast_precision_loss)] // Prometheus samples are floats.
+        let measured: [(&str, &str, Measure); 2] = [
+            (
+                "shareguard_share_above_rate_seconds",
+                "Time the share's traffic ran above its allocated rate, by direction, judged per counters period",
+                |a| a.ms_above as f64 / 1000.0,
+            ),
+            (
+                "shareguard_share_above_rate_bytes",
+                "Bytes beyond the share's allocated rate in the periods it ran above it, by direction",
+                |a| a.bytes_above as f64,
+            ),
+        ];
+        for (name, help, pick) in measured {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (l, _, measured) in samples.iter() {
+                let Some(x) = measured else { continue };
+                ConstCounter::new(pick(&x.to_pod))
+                    .encode(m.encode_family(&with_dir(l, "to_pod"))?)?;
+                ConstCounter::new(pick(&x.from_pod))
+                    .encode(m.encode_family(&with_dir(l, "from_pod"))?)?;
+            }
         }
         Ok(())
     }
@@ -528,7 +559,7 @@ impl Metrics {
         *crate::sync::lock(&self.traffic.samples) = engine
             .share_counters(&live)
             .into_iter()
-            .map(|(r, c)| (share_labels(r), c))
+            .map(|(r, c)| (share_labels(r), c, engine.measured(&r.key)))
             .collect();
         self.requested.clear();
         self.enforced.clear();

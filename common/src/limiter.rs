@@ -170,6 +170,34 @@ pub trait Limiter: Send + Sync {
     /// Removes everything `apply` installed for `share_key`; succeeds if nothing is left.
     fn remove(&self, share_key: &str) -> Result<(), LimiterError>;
 
+    /// The rollout's observe stage: installs what measures the share and limits nothing,
+    /// returning an Enforcement with `observed` set. By default nothing measures: what
+    /// an earlier stage installed is removed.
+    fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.remove(&spec.share_key)?;
+        Ok(self.observed(&spec.device))
+    }
+
+    /// Checks that the share is measured and not limited, as [`Limiter::observe`] left
+    /// it, changing nothing; an error when it is not (the reconciler observes it again).
+    /// By default that nothing is installed: what an earlier stage left (a crash in the
+    /// middle of a stage change) is removed. The device's own `verify` is not asked,
+    /// since some re-adopt a share they have not seen (the GPU limiter after a restart)
+    /// and would limit it again.
+    fn verify_observed(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.remove(&spec.share_key)?;
+        Ok(self.observed(&spec.device))
+    }
+
+    /// An Enforcement that says the share is observed, with the device's mechanism.
+    fn observed(&self, device: &str) -> Enforcement {
+        Enforcement {
+            mechanism: self.device_facts(device).mechanism,
+            observed: true,
+            ..Enforcement::default()
+        }
+    }
+
     /// True for a back end whose `apply` fails before it touches anything (one that is
     /// unavailable on this node): a claim rolled back there has nothing to remove. Its
     /// `remove` may still refuse, since what an earlier run installed is out of its sight,

@@ -18,6 +18,10 @@ pub enum NetError {
     Command { command: String, stderr: String },
     #[error("{0}")]
     Conflict(String),
+    /// The share is installed for the other rollout stage (counted only while it should
+    /// be limited, or the reverse): installing it again for its stage repairs that.
+    #[error("{0}")]
+    OtherStage(String),
     /// The kernel lacks what was asked for (a qdisc, ifb devices).
     #[error("{0}")]
     Unsupported(String),
@@ -37,6 +41,7 @@ impl From<NetError> for LimiterError {
             NetError::NotFound(_)
             | NetError::Netns { .. }
             | NetError::Netlink(_)
+            | NetError::OtherStage(_)
             | NetError::StateUnwritable { .. } => LimiterError::retryable(e.to_string()),
             NetError::NotVeth(_)
             | NetError::Command { .. }

@@ -104,7 +104,7 @@ fn directions(capacity: &str) -> &'static [Direction] {
 }
 
 /// (to the pod, from the pod) in bit/s.
-fn rates(limits: &BTreeMap<String, Quantity>) -> Result<(Option<u64>, Option<u64>), NetError> {
+pub fn rates(limits: &BTreeMap<String, Quantity>) -> Result<(Option<u64>, Option<u64>), NetError> {
     let bps = |name: &str, q: &Quantity| -> Result<u64, NetError> {
         let v = q
             .ceil_units()
@@ -405,7 +405,14 @@ impl NetLimiter {
         })
     }
 
-    fn read_back(&self, bpf: &Bpf, spec: &LimitSpec) -> Result<Enforcement, NetError> {
+    /// What the kernel holds for the share: the limits read back, or with `observing`
+    /// (the rollout's observe stage) that its traffic is counted and nothing shapes it.
+    fn read_back(
+        &self,
+        bpf: &Bpf,
+        spec: &LimitSpec,
+        observing: bool,
+    ) -> Result<Enforcement, NetError> {
         let i = self.backend.state.get(&spec.share_key)?.ok_or_else(|| {
             NetError::NotFound(format!("an installed limit for share {}", spec.share_key))
         })?;
@@ -420,6 +427,22 @@ impl NetLimiter {
             Some(n) => rtnl::index_of(n)?,
             None => None,
         };
+        if i.count_only != observing {
+            return Err(NetError::OtherStage(if observing {
+                format!(
+                    "share {} is limited while its device observes",
+                    spec.share_key
+                )
+            } else {
+                format!(
+                    "share {} is only counted (installed for the observe stage), not limited",
+                    spec.share_key
+                )
+            }));
+        }
+        if observing {
+            return self.read_counting(bpf, &i, cfg.as_ref(), ifb_index);
+        }
         for (index, g) in governed_directions(&i, ifb_index) {
             self.backend.bursts.found(index, g);
         }
@@ -470,28 +493,10 @@ impl NetLimiter {
     }
 }
 
-impl Limiter for NetLimiter {
-    fn mechanisms(&self) -> Vec<String> {
-        vec![self.mechanism.name().to_owned()]
-    }
-
-    fn accounting_only(&self) -> bool {
-        false
-    }
-
-    fn device_facts(&self, _device: &str) -> DeviceFacts {
-        DeviceFacts {
-            mechanism: self.mechanism.name().to_owned(),
-            enforces: true,
-            attributes: Default::default(),
-        }
-    }
-
-    fn needs(&self, _device: &str) -> Needs {
-        Needs::Network
-    }
-
-    fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+impl NetLimiter {
+    /// Installs share `spec`: limited, or counted only (`count_only`, the rollout's
+    /// observe stage). Switching between the two takes the old installation down first.
+    fn install(&self, spec: &LimitSpec, count_only: bool) -> Result<Enforcement, LimiterError> {
         let state = &self.backend.state;
         let mut bpf = lock(&self.backend.bpf);
         let (to, from) = rates(&spec.limits)?;
@@ -537,7 +542,8 @@ impl Limiter for NetLimiter {
             && (old.host_index != host.index
                 || old.host_name != host.name
                 || old.mechanism != self.mechanism
-                || old.path_bps != self.line_rate_bps)
+                || old.path_bps != self.line_rate_bps
+                || old.count_only != count_only)
         {
             // The pod sandbox came back with a new interface, or the device now uses
             // another mechanism or line rate (which may shape what was unconstrained, or
@@ -569,13 +575,10 @@ impl Limiter for NetLimiter {
             Some(s) => s,
             None => free_slot(&others)?,
         };
-        // An unconstrained direction gets no qdisc and no redirect; the programs still
-        // count it.
-        let plan = self.mechanism.plan(
-            state::shaped(to, self.line_rate_bps),
-            state::shaped(from, self.line_rate_bps),
-            slot,
-        );
+        // An unconstrained direction gets no qdisc and no redirect, and an observed
+        // share none in either direction; the programs still count them.
+        let shaped = |bps| state::shaped(bps, self.line_rate_bps).filter(|_| !count_only);
+        let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
         // Traffic from the pod is redirected to an ifb when something has to queue it.
         let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
         // Record first: if anything below fails or the agent dies, remove() still knows
@@ -590,6 +593,7 @@ impl Limiter for NetLimiter {
             ifb: ifb.clone(),
             slot: Some(slot),
             path_bps: self.line_rate_bps,
+            count_only,
         };
         let fresh = existing.is_none();
         state.put(&installed)?;
@@ -619,12 +623,107 @@ impl Limiter for NetLimiter {
         for (index, g) in governed_directions(&installed, ifb_index) {
             self.backend.bursts.installed(&mut bpf, index, g)?;
         }
-        Ok(self.read_back(&bpf, spec)?)
+        Ok(self.read_back(&bpf, spec, count_only)?)
+    }
+}
+
+impl NetLimiter {
+    /// An observed share as the kernel holds it: both programs attached to count it, and
+    /// nothing of ours paces, redirects or queues its traffic.
+    fn read_counting(
+        &self,
+        bpf: &Bpf,
+        i: &Installed,
+        cfg: Option<&IfaceConfig>,
+        ifb_index: Option<u32>,
+    ) -> Result<Enforcement, NetError> {
+        let Some(cfg) = cfg else {
+            return Err(NetError::NotFound(format!(
+                "the counting configuration of interface {}",
+                i.host_name
+            )));
+        };
+        if cfg.flags != 0 || cfg.redirect_ifindex != 0 || cfg.classid != 0 {
+            return Err(NetError::OtherStage(format!(
+                "share {} is paced or classified on {} while its device observes",
+                i.share_key, i.host_name
+            )));
+        }
+        let queued = match self.mechanism.qdisc_kind() {
+            Some(kind) => root_is_ours(i.host_index, kind)?,
+            None => false,
+        };
+        if queued || ifb_index.is_some() {
+            return Err(NetError::OtherStage(format!(
+                "a queue of ours still shapes share {} while its device observes",
+                i.share_key
+            )));
+        }
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            if !bpf
+                .is_attached(&link_name(&i.share_key, dir), i.host_index)
+                .map_err(bpf_err)?
+            {
+                return Err(NetError::NotFound(format!(
+                    "the program counting traffic {} on {}",
+                    match dir {
+                        Direction::ToPod => "to the pod",
+                        Direction::FromPod => "from the pod",
+                    },
+                    i.host_name
+                )));
+            }
+        }
+        Ok(Enforcement {
+            mechanism: i.mechanism.name().to_owned(),
+            observed: true,
+            notes: vec![
+                "its traffic is counted in both directions, with the time it ran above its allocated rate".to_owned(),
+            ],
+            ..Enforcement::default()
+        })
+    }
+}
+
+impl Limiter for NetLimiter {
+    fn mechanisms(&self) -> Vec<String> {
+        vec![self.mechanism.name().to_owned()]
+    }
+
+    fn accounting_only(&self) -> bool {
+        false
+    }
+
+    fn device_facts(&self, _device: &str) -> DeviceFacts {
+        DeviceFacts {
+            mechanism: self.mechanism.name().to_owned(),
+            enforces: true,
+            attributes: Default::default(),
+        }
+    }
+
+    fn needs(&self, _device: &str) -> Needs {
+        Needs::Network
+    }
+
+    fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.install(spec, false)
     }
 
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         let bpf = lock(&self.backend.bpf);
-        Ok(self.read_back(&bpf, spec)?)
+        Ok(self.read_back(&bpf, spec, false)?)
+    }
+
+    /// Counts the share's traffic, both directions, and shapes nothing: the programs on
+    /// the pod's veth and the share's counter slot, no qdisc, no ifb, no pacing.
+    fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.install(spec, true)
+    }
+
+    fn verify_observed(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        let bpf = lock(&self.backend.bpf);
+        Ok(self.read_back(&bpf, spec, true)?)
     }
 
     fn counters(&self, share_key: &str) -> Option<TrafficCounters> {
@@ -722,6 +821,7 @@ mod tests {
             ifb: None,
             slot,
             path_bps: None,
+            count_only: false,
         };
         assert_eq!(free_slot(&[]).unwrap(), 0);
         // A legacy record holds its interface index; an allocated one its slot.

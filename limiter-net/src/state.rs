@@ -42,6 +42,11 @@ pub struct Installed {
     /// from before the field existed shaped every direction.
     #[serde(default)]
     pub path_bps: Option<u64>,
+    /// The device is in the rollout's `observe` stage: the programs count both
+    /// directions and nothing shapes either. Records from before the field existed
+    /// were all limits.
+    #[serde(default)]
+    pub count_only: bool,
 }
 
 impl Installed {
@@ -61,7 +66,7 @@ impl Installed {
     /// The rate the direction is shaped to: its limit, unless it has none or is
     /// unconstrained.
     pub fn shaped(&self, dir: Direction) -> Option<u64> {
-        shaped(self.limit(dir), self.path_bps)
+        shaped(self.limit(dir), self.path_bps).filter(|_| !self.count_only)
     }
 
     /// The counter slot in use: the allocated one, or the interface index of a record
@@ -286,6 +291,7 @@ mod tests {
             ifb: None,
             path_bps: None,
             slot: Some(3),
+            count_only: false,
         };
         assert_eq!(s.get("k").unwrap(), None);
         s.put(&i).unwrap();
@@ -318,6 +324,7 @@ mod tests {
             ifb: None,
             path_bps: Some(25_000_000_000),
             slot: Some(1),
+            count_only: false,
         };
         assert!(i.unconstrained(Direction::ToPod), "equal to the line rate");
         assert_eq!(i.shaped(Direction::ToPod), None);
@@ -348,6 +355,7 @@ mod tests {
             ifb: None,
             path_bps: None,
             slot: Some(idx),
+            count_only: false,
         };
         // Not a real collision of the hash (that would take 2^24 tries), but the file
         // names no longer depend on it: a key and the same key escaped differently never

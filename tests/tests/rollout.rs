@@ -27,12 +27,38 @@ fn rollout(a: &Agent, args: &[&str]) -> String {
     out
 }
 
-/// To-pod goodput now, under the machine-wide traffic lock.
-fn to_pod(server: &net::IperfServer, what: &str) -> f64 {
+/// A to-pod flow now, under the machine-wide traffic lock.
+fn to_pod(server: &net::IperfServer, what: &str) -> net::Measurement {
     let _lock = TrafficLock::acquire();
     let m = server.measure(&Iperf::new(Direction::ToPod));
     eprintln!("{what}: {m}");
-    m.bits_per_second
+    m
+}
+
+/// The share's measured traffic once the counters task has read at least `bytes` to
+/// the pod (it reads every `counters_period`, 1 s here).
+async fn traffic_after(a: &Agent, id: &str, bytes: u64) -> pb::Traffic {
+    let mut c = a.client().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let s = get_share(&mut c, id.to_owned()).await;
+        if let Some(t) = s
+            .traffic
+            .filter(|t| t.to_pod.is_some_and(|d| d.bytes >= bytes))
+        {
+            return t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the counters task never read {bytes} bytes to the pod: {s:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Bytes to the pod the receiver saw in `m`'s measured seconds.
+fn received(m: &net::Measurement) -> u64 {
+    (m.bits_per_second * m.seconds / 8.0) as u64
 }
 
 #[tokio::test]
@@ -47,7 +73,7 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
         "nic-0",
         &format!("stage = \"observe\"\n{}", net::bandwidth_capacity("10G")),
     );
-    let mut a = net::start_agent(devices, &pins, "");
+    let mut a = net::start_agent(devices, &pins, "counters_period = \"1s\"");
     let pod = Pod::new();
     let server = pod.iperf_server();
     let mut c = a.client().await;
@@ -66,8 +92,51 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     assert_eq!(s.phase, pb::Phase::Observed as i32, "{s:?}");
     assert!(s.reason.contains("nothing limited"), "{s:?}");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], LIMIT);
-    let free = to_pod(&server, "observe");
+    let m = to_pod(&server, "observe");
+    let free = m.bits_per_second;
     assert!(free > 3.0 * 100e6, "observe limits nothing: {free}");
+
+    // What observe measured: the flow's bytes, the seconds it ran above the 100M it
+    // was allocated, and the bytes beyond that rate (what enforcing would have held
+    // back), in the share's status, the claim's status data and the metrics.
+    let t = traffic_after(&a, &id, received(&m)).await;
+    let d = t.to_pod.unwrap();
+    eprintln!("observe measured: {t:?}");
+    assert!(
+        (900..=1500).contains(&t.interval_ms),
+        "sampled every second: {t:?}"
+    );
+    assert!(
+        d.ms_above_rate >= 3_000,
+        "a {:.1} s flow at {:.0}x its rate is above it for most seconds: {d:?}",
+        m.seconds,
+        free / 100e6
+    );
+    assert!(
+        d.bytes_above_rate <= d.bytes && d.bytes_above_rate >= d.bytes / 2,
+        "at {:.0}x the rate most bytes are beyond it: {d:?}",
+        free / 100e6
+    );
+    assert!(d.peak_bps as f64 > 3.0 * 100e6, "{d:?}");
+    let s = get_share(&mut c, id.clone()).await;
+    let status: serde_json::Value = serde_json::from_str(&s.device_status_json).unwrap();
+    assert_eq!(
+        status["data"]["traffic"]["toPod"]["msAboveRate"].as_u64(),
+        Some(d.ms_above_rate),
+        "{status}"
+    );
+    let table = String::from_utf8_lossy(&a.cli(&["shares"]).stdout).into_owned();
+    assert!(
+        table.contains("ABOVE RATE") && table.contains("to-pod "),
+        "{table}"
+    );
+    let (_, body) = a.http("/metrics");
+    let seconds = shareguard_tests::metric_sample(
+        &body,
+        "shareguard_share_above_rate_seconds_total",
+        &[("share", &id), ("direction", "to_pod")],
+    );
+    assert!(seconds.is_some_and(|x| x >= 3.0), "{seconds:?}");
 
     // Enforce: the share is limited and read back, without any call for it.
     let out = rollout(&a, &["nic-0", "enforce"]);
@@ -78,11 +147,22 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
     assert_eq!(s.limits[0].enforced, LIMIT, "read back from the kernel");
-    let limited = to_pod(&server, "enforce");
+    let before = traffic_after(&a, &id, 0).await.to_pod.unwrap();
+    let m = to_pod(&server, "enforce");
+    let limited = m.bits_per_second;
     let ratio = limited / 100e6;
     assert!(
         (net::GOODPUT_LOW..=net::GOODPUT_HIGH).contains(&ratio),
         "enforce: {ratio:.3} of the limit"
+    );
+    // Enforced, the share stays within its rate: the bytes beyond it hardly grow (the
+    // counters restarted with the limit's installation; the figures carry on).
+    let after = traffic_after(&a, &id, received(&m)).await.to_pod.unwrap();
+    let beyond = after.bytes_above_rate - before.bytes_above_rate;
+    assert!(
+        beyond < received(&m) / 20,
+        "enforced: {beyond} bytes beyond the rate of {} received; before {before:?}, after {after:?}",
+        received(&m)
     );
 
     // Rollback of the device's whole DeviceClass (the default for its kind): lifted,
@@ -95,7 +175,7 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Observed as i32, "{s:?}");
     assert_eq!(device(&mut c, "nic-0").await.allocated["bandwidth"], LIMIT);
-    let lifted = to_pod(&server, "observe again");
+    let lifted = to_pod(&server, "observe again").bits_per_second;
     assert!(
         lifted > 3.0 * 100e6,
         "the rollback lifts the limit: {lifted}"

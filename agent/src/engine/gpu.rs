@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::{
     audit::{Decision, rfc3339},
-    convert::{share_to_pb, share_to_pb_with},
+    convert::share_to_pb_with,
     gpu_watch::WatchReport,
     record::ShareRecord,
     sync::lock,
@@ -154,10 +154,15 @@ impl Engine {
 
     /// A share's status as the API shows it: the record, plus what the watchdog sees.
     pub fn status(&self, r: &ShareRecord) -> pb::ShareStatus {
+        let traffic = self.measured(&r.key);
         let Some(o) = lock(&self.gpu_obs).get(&r.key).cloned() else {
-            return share_to_pb(r);
+            return share_to_pb_with(r, &[], traffic.as_ref());
         };
-        let mut s = share_to_pb_with(r, &[(MEMORY.to_owned(), bytes(o.used_bytes))]);
+        let mut s = share_to_pb_with(
+            r,
+            &[(MEMORY.to_owned(), bytes(o.used_bytes))],
+            traffic.as_ref(),
+        );
         if o.unknown > 0 {
             s.reason = format!(
                 "{}; watchdog: the driver does not report the memory of {} of the share's processes: the usage shown counts only the others",

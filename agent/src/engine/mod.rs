@@ -14,6 +14,7 @@ mod sandbox;
 mod storage;
 #[cfg(test)]
 mod tests;
+pub mod traffic;
 mod unprepare;
 
 use std::{
@@ -86,8 +87,11 @@ pub struct Engine {
     discovery: Arc<Discovery>,
     /// Wakes the discovery loop: kernel events, and a Prepare that left a share waiting.
     kick: Arc<Notify>,
-    /// Traffic counters by share key, as the metrics task last read them.
-    traffic: Mutex<HashMap<String, shareguard_common::limiter::TrafficCounters>>,
+    /// Traffic counters and what is measured from them, by share key, as the counters
+    /// task last read them (see [`traffic`]).
+    traffic: Mutex<traffic::Traffic>,
+    /// When the engine was opened: the monotonic clock traffic is measured by.
+    started: std::time::Instant,
 }
 
 /// The fence (I4): a request's epoch must be the current one (see [`Engine::fence`]).
@@ -161,7 +165,8 @@ impl Engine {
             gpu_obs: Mutex::new(HashMap::new()),
             discovery,
             kick: Arc::new(Notify::new()),
-            traffic: Mutex::new(HashMap::new()),
+            traffic: Mutex::new(traffic::Traffic::default()),
+            started: std::time::Instant::now(),
         };
         let state = engine.load_state_from(&store)?;
         engine.state = Mutex::new(state);

@@ -3,10 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use shareguard_common::{
-    Quantity,
-    limiter::{DeviceFacts, TrafficCounters},
-};
+use shareguard_common::{Quantity, limiter::DeviceFacts};
 use tokio::sync::broadcast;
 
 use crate::{
@@ -135,41 +132,6 @@ impl Engine {
                     stage: self.stage(&d.name),
                 }
             })
-            .collect()
-    }
-
-    /// Reads what the kernel counted for every live share whose limiter counts traffic,
-    /// on a blocking thread, and keeps it for [`Engine::share_counters`]: a scrape then
-    /// does no kernel or netlink work, however many scrapers there are.
-    pub async fn refresh_counters(self: &std::sync::Arc<Self>) {
-        let e = self.clone();
-        let fresh = tokio::task::spawn_blocking(move || {
-            e.live_records()
-                .into_iter()
-                .filter(|r| !e.accounting_only(&r.device))
-                .filter_map(|r| {
-                    let c = e.limiter(&r.device)?.counters(&r.key)?;
-                    Some((r.key, c))
-                })
-                .collect::<std::collections::HashMap<_, _>>()
-        })
-        .await;
-        match fresh {
-            Ok(m) => *lock(&self.traffic) = m,
-            Err(e) => tracing::warn!(error = %e, "reading traffic counters failed"),
-        }
-    }
-
-    /// What the kernel counted for each of `shares`, as last read by
-    /// [`Engine::refresh_counters`].
-    pub fn share_counters<'a>(
-        &self,
-        shares: &'a [ShareRecord],
-    ) -> Vec<(&'a ShareRecord, TrafficCounters)> {
-        let cached = lock(&self.traffic);
-        shares
-            .iter()
-            .filter_map(|r| Some((r, *cached.get(&r.key)?)))
             .collect()
     }
 

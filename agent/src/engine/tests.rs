@@ -622,7 +622,7 @@ fn the_conditions_transition_time_moves_only_when_its_status_flips() {
     let since = |e: &Engine| {
         let r = e.get_share(&share(1)).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&crate::device_status::render(&r, &[])).unwrap();
+            serde_json::from_str(&crate::device_status::render(&r, &[], None)).unwrap();
         let shown = v["conditions"][0]["lastTransitionTime"]
             .as_str()
             .unwrap()

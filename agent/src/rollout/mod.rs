@@ -9,6 +9,7 @@
 //! device observes, so every path that applies, verifies or removes (Prepare, the
 //! sandbox loop, the reconciler, recovery) follows the stage without knowing of it.
 
+pub mod measure;
 pub mod observing;
 
 use serde::{Deserialize, Serialize};

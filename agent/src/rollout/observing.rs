@@ -1,6 +1,6 @@
 //! [`Observing`]: a device's limiter as the engine sees it while the device is in the
 //! `observe` stage. It lifts whatever its device's limiter installed for a share and
-//! applies nothing; its pods are still found (it needs of the pod what the limiter
+//! applies nothing but what measures it (the device limiter's `observe`); its pods are still found (it needs of the pod what the limiter
 //! needs), so that the share is ready to be enforced the moment the stage changes.
 
 use std::sync::Arc;
@@ -17,14 +17,6 @@ impl Observing {
     pub fn new(inner: Arc<dyn Limiter>) -> Self {
         Self { inner }
     }
-
-    fn observed(&self, device: &str) -> Enforcement {
-        Enforcement {
-            mechanism: self.inner.device_facts(device).mechanism,
-            observed: true,
-            ..Enforcement::default()
-        }
-    }
 }
 
 impl Limiter for Observing {
@@ -40,21 +32,25 @@ impl Limiter for Observing {
         self.inner.needs(device)
     }
 
-    /// Lifts what an earlier stage installed (a share enforced before the rollback), and
-    /// installs nothing.
+    /// Lifts what an earlier stage installed (a share enforced before the rollback) and
+    /// installs only what measures the share (the bandwidth limiter counts its traffic).
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
-        self.inner.remove(&spec.share_key)?;
-        Ok(self.observed(&spec.device))
+        self.inner.observe(spec)
     }
 
-    /// What holds in `observe` is that nothing is installed, so verifying makes sure of
-    /// it: a limit an earlier stage left (a crash in the middle of a stage change) is
-    /// lifted here, by the reconciler's pass or at start. The device's limiter is not
-    /// asked to verify, since some re-adopt a share they have not seen (the GPU limiter
-    /// after a restart) and would limit it again.
+    /// Verifying in `observe` checks that the share is measured and not limited, and a
+    /// limit an earlier stage left (a crash in the middle of a stage change) fails it,
+    /// so that the reconciler's pass or the start lifts it.
     fn verify(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
-        self.inner.remove(&spec.share_key)?;
-        Ok(self.observed(&spec.device))
+        self.inner.verify_observed(spec)
+    }
+
+    fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.inner.observe(spec)
+    }
+
+    fn verify_observed(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        self.inner.verify_observed(spec)
     }
 
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
