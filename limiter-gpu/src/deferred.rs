@@ -159,6 +159,20 @@ impl Limiter for DeferredGpuLimiter {
         }
     }
 
+    fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        match self.get() {
+            Some(l) => l.observe(spec),
+            None => Err(self.unavailable()),
+        }
+    }
+
+    fn verify_observed(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        match self.get() {
+            Some(l) => l.verify_observed(spec),
+            None => Err(self.unavailable()),
+        }
+    }
+
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
         match self.get() {
             Some(l) => l.remove(share_key),

@@ -78,6 +78,9 @@ struct ShareRecord {
     cgroups: Vec<PathBuf>,
     /// Why this share has another mechanism than its device, for its status.
     note: Option<String>,
+    /// The device is in the rollout's observe stage: nothing limits the share, and the
+    /// watchdog only reports its usage (never terminates), whatever the device's action.
+    observed: bool,
 }
 
 /// Host PID -> pod uid, as the watchdog maps GPU processes.
@@ -219,7 +222,11 @@ impl GpuLimiter {
                     pod_uid: pod.clone(),
                     gpu_uuid: r.uuid.clone(),
                     limit_bytes: r.bytes,
-                    action: action_of(&r.device),
+                    action: if r.observed {
+                        Action::Report
+                    } else {
+                        action_of(&r.device)
+                    },
                 })
             })
             .collect()
@@ -360,6 +367,7 @@ impl GpuLimiter {
             pod_uids: spec.target.pod_uids.clone(),
             cgroups,
             note,
+            observed: false,
         })
     }
 
@@ -585,10 +593,71 @@ impl GpuLimiter {
                 r
             }
         };
+        if rec.observed {
+            return Err(GpuError::Transient(format!(
+                "share {} is only watched (installed for the observe stage), not limited",
+                spec.share_key
+            )));
+        }
         if rec.mechanism == Mechanism::NvmlCgroup {
             self.limit_new_leaves(&spec.share_key, &rec)?;
         }
         self.read_back(&spec.share_key, &rec)
+    }
+
+    /// The share as the observe stage keeps it: in the table for the watchdog, which
+    /// reports its usage against its amount, and limited by nothing.
+    fn observed_record(&self, spec: &LimitSpec) -> Result<ShareRecord, GpuError> {
+        Ok(ShareRecord {
+            mechanism: Mechanism::Watchdog,
+            cgroups: Vec::new(),
+            note: None,
+            observed: true,
+            ..self.record_for(spec)?
+        })
+    }
+
+    fn observed_enforcement(&self) -> Enforcement {
+        Enforcement {
+            mechanism: self.label(Mechanism::Watchdog),
+            observed: true,
+            simulated: self.backend.is_simulated(),
+            notes: vec![
+                "the watchdog reports its GPU memory use against its amount and acts on nothing"
+                    .to_owned(),
+            ],
+            ..Enforcement::default()
+        }
+    }
+
+    fn observe_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        let rec = self.observed_record(spec)?;
+        // A limit an earlier stage set comes off first (and the record with it).
+        if self
+            .lock()
+            .get(&spec.share_key)
+            .is_some_and(|r| !r.observed)
+        {
+            self.remove_inner(&spec.share_key)?;
+        }
+        self.admit(&spec.share_key, &rec)?;
+        Ok(self.observed_enforcement())
+    }
+
+    fn verify_observed_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        let recorded = self.lock().get(&spec.share_key).cloned();
+        match recorded {
+            Some(r) if r.observed => {}
+            Some(_) => {
+                return Err(GpuError::Transient(format!(
+                    "share {} is limited while its device observes",
+                    spec.share_key
+                )));
+            }
+            // First sight since a restart: adopt it as observed, touching nothing.
+            None => self.admit(&spec.share_key, &self.observed_record(spec)?)?,
+        }
+        Ok(self.observed_enforcement())
     }
 
     fn remove_inner(&self, key: &str) -> Result<(), GpuError> {
@@ -676,6 +745,14 @@ impl Limiter for GpuLimiter {
 
     fn remove(&self, share_key: &str) -> Result<(), LimiterError> {
         Ok(self.remove_inner(share_key)?)
+    }
+
+    fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        Ok(self.observe_inner(spec)?)
+    }
+
+    fn verify_observed(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
+        Ok(self.verify_observed_inner(spec)?)
     }
 
     fn cdi_device(&self, device: &str, share_key: &str) -> Option<CdiDevice> {

@@ -593,3 +593,51 @@ fn containers_leaf_cgroups_get_the_pods_limit_as_they_appear() {
         assert_eq!(hard_limit(&b, &pod.path().join(t)), None, "{t}");
     }
 }
+
+#[test]
+fn an_observed_share_is_watched_in_report_mode_and_limited_by_nothing() {
+    let b = sim(vec![SimulatedGpu::new("GPU-a", 80 * GIB)]);
+    let l = limiter(&b);
+    let s = spec("s1", "8Gi", POD_A);
+    let terminate = Action::Terminate {
+        grace: std::time::Duration::from_secs(1),
+    };
+    let e = l.observe(&s).unwrap();
+    assert!(e.observed && e.enforced.is_empty(), "{e:?}");
+    assert_eq!(
+        limit_of(&b, POD_A),
+        None,
+        "nothing limits an observed share"
+    );
+    // The watchdog reports its usage against its amount, whatever the device's action.
+    let w = l.watched_shares(terminate);
+    assert_eq!(w.len(), 1);
+    assert_eq!((w[0].limit_bytes, w[0].action), (8 * GIB, Action::Report));
+    assert!(l.verify_observed(&s).unwrap().observed);
+    // Under enforce, an observed share is not limited: the reconciler applies it.
+    let err = l.verify(&s).unwrap_err();
+    assert_eq!(err.retry, Retry::Retryable, "{err}");
+    l.apply(&s).unwrap();
+    assert_eq!(limit_of(&b, POD_A), Some(8 * GIB));
+    assert_eq!(l.watched_shares(terminate)[0].action, terminate);
+    // Back to observe: the limit comes off, the share stays watched, its capacity held.
+    assert_eq!(l.verify_observed(&s).unwrap_err().retry, Retry::Retryable);
+    l.observe(&s).unwrap();
+    assert_eq!(
+        b.cgroup_limits()
+            .into_iter()
+            .find(|(_, p, _)| *p == cg(POD_A))
+            .map(|(_, _, x)| x.hard_bytes)
+            .filter(|x| *x != 0),
+        None
+    );
+    assert_eq!(l.watched_shares(terminate)[0].action, Action::Report);
+    assert!(
+        l.observe(&spec("s2", "73Gi", POD_B)).is_err(),
+        "its 8Gi still counts"
+    );
+    // After a restart, the share is adopted as observed without touching the driver.
+    let again = limiter(&b);
+    assert!(again.verify_observed(&s).unwrap().observed);
+    assert_eq!(again.watched_shares(terminate)[0].action, Action::Report);
+}

@@ -633,3 +633,85 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     assert!(!mps.0.join(&id).exists(), "its directory is gone");
     assert!(!path.exists(), "the CDI spec is removed");
 }
+
+/// The rollout's observe stage on a GPU: the share is admitted and counted, nothing
+/// limits it, and the watchdog reports its usage against its amount without acting on
+/// it, whatever the device's action; `rollout gpu-0 enforce` limits it and the device's
+/// action (terminate) applies again.
+#[tokio::test]
+async fn an_observed_gpu_share_is_reported_and_never_terminated() {
+    if !net::privileged("an_observed_gpu_share_is_reported_and_never_terminated") {
+        return;
+    }
+    let mut pa = Sandbox::start(&pod_uid(), Layout::Systemd, None);
+    let uid_a = pa.uid().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let devices =
+        simulated_gpu_device(r#"{ period = "100ms", action = "terminate", grace = "300ms" }"#)
+            .replace("kind = \"gpu\"", "kind = \"gpu\"\nstage = \"observe\"");
+    let mut o = Options::new(devices);
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}\nreconcile_period = \"1h\"",
+        dir.path().join("cdi"),
+        dir.path().join("processes.json")
+    );
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+    let id = share_id();
+    let r = prepare_one(&mut c, 0, gpu_claim("oa", &id, "10Gi", &uid_a)).await;
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Observed as i32, "{r:?}");
+    assert!(r.shares[0].limits[0].enforced.is_empty(), "{r:?}");
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "10Gi");
+
+    // 12Gi of its 10Gi: reported (audit, metric, status), never terminated.
+    fs::write(
+        dir.path().join("processes.json"),
+        serde_json::json!([{ "gpu_uuid": UUID, "pid": pa.pid(), "used_bytes": 12u64 << 30 }])
+            .to_string(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lines = a.wait_audit("over_limit", &id, deadline);
+    assert_eq!(audit_count(&lines, "terminate", &id), 0, "{lines:?}");
+    // Well past the grace under which `terminate` would have acted: ten more polls.
+    let polls = a.wait_metric(
+        "shareguard_gpu_watchdog_polls_total",
+        &[("result", "ok")],
+        |_| true,
+    );
+    a.wait_metric(
+        "shareguard_gpu_watchdog_polls_total",
+        &[("result", "ok")],
+        |n| n >= polls + 10.0,
+    );
+    assert!(
+        pa.running(),
+        "an observed share's process is never terminated"
+    );
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Observed as i32, "{s:?}");
+    assert_eq!(
+        (s.usage[0].name.as_str(), s.usage[0].used.as_str()),
+        ("memory", "12Gi")
+    );
+    assert!(s.reason.contains("over the memory limit since"), "{s:?}");
+    let status: serde_json::Value = serde_json::from_str(&s.device_status_json).unwrap();
+    assert_eq!(status["data"]["observed"]["memory"], "12Gi", "{status}");
+
+    // Enforce: limited and read back; the device's action applies to it again.
+    let o = a.cli(&["rollout", "gpu-0", "enforce"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.limits[0].enforced, "10Gi", "{s:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pa.running() {
+        assert!(
+            Instant::now() < deadline,
+            "enforced, the process over its share is terminated:\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
