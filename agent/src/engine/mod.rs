@@ -78,6 +78,8 @@ pub struct Engine {
     /// Each device's rollout stage (see [`rollout`]); the limiter the engine uses for a
     /// device follows it.
     stages: Mutex<HashMap<String, crate::rollout::Stage>>,
+    /// Held for the whole of a stage change (see [`rollout`]).
+    stage_change: tokio::sync::Mutex<()>,
     events: broadcast::Sender<ShareRecord>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
@@ -159,6 +161,7 @@ impl Engine {
             locks: locks::ClaimLocks::default(),
             limiters,
             stages: Mutex::new(HashMap::new()),
+            stage_change: tokio::sync::Mutex::new(()),
             events,
             audit,
             metrics,

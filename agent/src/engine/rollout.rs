@@ -130,8 +130,15 @@ impl Engine {
         for d in devices {
             self.check_stage(d, stage)?;
         }
+        // One change at a time: what each device was in is then what the audit says,
+        // and two changes never interleave their passes over the shares.
+        let _one = self.stage_change.lock().await;
         let changed_at_ms = now_ms();
         let previous: Vec<Stage> = devices.iter().map(|d| self.stage(d)).collect();
+        // Every device's record is written, so that a stage set at runtime outlives a
+        // later change of the config's first stage even where the two agreed. A device
+        // already in the stage gets no audit line (nothing changed); its shares are still
+        // applied again below, which repairs one left in the other stage's form.
         self.commit_durable(Batch {
             stages: devices
                 .iter()
@@ -156,6 +163,15 @@ impl Engine {
         let epoch = lock(&self.state).epoch;
         let mut changes = Vec::with_capacity(devices.len());
         for (device, previous) in devices.iter().zip(previous) {
+            changes.push(StageChange {
+                device: device.clone(),
+                previous,
+                stage,
+                ..Default::default()
+            });
+            if previous == stage {
+                continue;
+            }
             self.audit_node(
                 Decision::Rollout,
                 &format!(
@@ -168,12 +184,6 @@ impl Engine {
                 None,
             );
             info!(%device, from = previous.name(), to = stage.name(), "rollout stage changed");
-            changes.push(StageChange {
-                device: device.clone(),
-                previous,
-                stage,
-                ..Default::default()
-            });
         }
         for change in &mut changes {
             self.restage_device(change, caller).await;

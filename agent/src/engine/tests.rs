@@ -1529,6 +1529,24 @@ fn a_class_changes_stage_as_a_whole_or_not_at_all() {
         (Stage::Observe, Stage::Observe)
     );
     assert!(lock(&k.installed).is_empty());
+    // Asking again changes nothing and says so: no new audit line, no share changed.
+    let device_lines = || {
+        std::fs::read_to_string(dir.path().join("audit.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"decision\":\"rollout\"") && l.contains(": stage "))
+            .count()
+    };
+    assert_eq!(device_lines(), 2);
+    let again = rt
+        .block_on(e.set_class_stage(class, Stage::Observe, Some(0)))
+        .unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|c| c.previous == Stage::Observe && c.shares_changed == 0)
+    );
+    assert_eq!(device_lines(), 2);
     assert!(matches!(
         rt.block_on(e.set_class_stage("no-such-class", Stage::Enforce, None)),
         Err(crate::error::RequestError::UnknownClass(_))
