@@ -132,8 +132,8 @@ pub struct DeviceConfig {
     /// Namespaces that may request admin access.
     pub admin_namespaces: Vec<String>,
     pub capacities: BTreeMap<String, CapacityConfig>,
-    /// For `net` devices: the mechanism the config insists on; `None` lets the kernel
-    /// probe choose the strongest available.
+    /// For `net` devices: the mechanism the config insists on; `None` (`auto`) takes
+    /// the first of `AUTO_ORDER` the kernel probe finds (never `edt-fq`).
     pub net_mechanism: Option<Mechanism>,
     /// For `net` devices: what the path from a pod carries at most, bit/s (`line_rate`).
     /// A share direction limited at or above it is counted but not shaped (its status

@@ -16,6 +16,14 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// What `mechanism = "auto"` picks on this kernel (see [`crate::mechanism::AUTO_ORDER`]).
+    pub fn auto(&self) -> crate::mechanism::Mechanism {
+        crate::mechanism::AUTO_ORDER
+            .into_iter()
+            .find(|m| m.unsupported(self).is_none())
+            .unwrap_or(crate::mechanism::Mechanism::BpfPolicer)
+    }
+
     /// Mechanism names the kernel can run, strongest first.
     pub fn available(&self) -> Vec<&'static str> {
         crate::mechanism::Mechanism::ALL

@@ -313,7 +313,10 @@ fn main() {
         ms(pct(&sorted, 0.9)),
         ms(pct(&sorted, 0.99)),
         ms(*sorted.last().unwrap()),
-        shareguard_limiter_net::probe::probe().unwrap().available()[0]
+        shareguard_limiter_net::probe::probe()
+            .unwrap()
+            .auto()
+            .name()
     );
     let tenth = |i: usize| {
         let chunk = &lat[i * lat.len() / 10..(i + 1) * lat.len() / 10];

@@ -65,7 +65,12 @@ fn assert_within_band(m: &net::Measurement, limit_bps: f64, low: f64, high: f64,
 fn auto_mechanism() -> &'static str {
     // Once per process: the probe uses a device named after the process id.
     static AUTO: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    AUTO.get_or_init(|| shareguard_limiter_net::probe::probe().unwrap().available()[0])
+    AUTO.get_or_init(|| {
+        shareguard_limiter_net::probe::probe()
+            .unwrap()
+            .auto()
+            .name()
+    })
 }
 
 fn enforced_share(r: &pb::ClaimResult, rate: &str) -> pb::ShareStatus {

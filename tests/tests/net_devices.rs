@@ -40,10 +40,17 @@ async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
         &pins,
     );
     let mut c = a.client().await;
+    // auto: htb-ebpf where the kernel can run it, else the policer; never edt-fq, which
+    // is used only by name until it has run end to end on a kernel with sch_fq.
+    let auto = if kernel.available().contains(&"htb-ebpf") {
+        "htb-ebpf"
+    } else {
+        "bpf-policer"
+    };
     assert_eq!(
         device(&mut c, "auto").await.mechanisms,
-        [kernel.available()[0]],
-        "auto is the strongest the kernel has: {kernel:?}"
+        [auto],
+        "auto on {kernel:?}"
     );
     assert_eq!(device(&mut c, "police").await.mechanisms, ["bpf-policer"]);
     assert_eq!(device(&mut c, "htb").await.mechanisms, ["htb-ebpf"]);
