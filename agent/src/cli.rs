@@ -126,6 +126,10 @@ pub enum Cmd {
     /// policy and a target utilisation, after what the policy's grid strands and a
     /// reserve (computed here; needs no running agent).
     Capacity(CapacityArgs),
+    /// List everything shareguard put on this node (qdiscs, ifbs, BPF pins, CDI specs,
+    /// MPS daemons, plugin directories, state, audit log); with --apply, remove it. The
+    /// agent must be stopped. Needs no running agent.
+    Cleanup(crate::cli_cleanup::CleanupArgs),
 }
 
 #[derive(Args, Debug)]
@@ -538,6 +542,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     let cmd = match cli.cmd {
         Cmd::Audit(a) => return run_audit(a, out),
         Cmd::Capacity(a) => return run_capacity(&a, out),
+        Cmd::Cleanup(a) => return crate::cli_cleanup::run(&a, matches!(out, Output::Json)).await,
         cmd => cmd,
     };
     let mut c = connect(&cli.socket).await?;
@@ -549,6 +554,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::KubeletPluginDirs(_) => bail!("`kubelet-plugin-dirs` is not a client command"),
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Capacity(_) => bail!("`capacity` computes locally and is handled before connecting"),
+        Cmd::Cleanup(_) => bail!("`cleanup` works locally and is handled before connecting"),
         Cmd::Rollout {
             class,
             device,

@@ -6,7 +6,9 @@
 pub mod accounting;
 pub mod audit;
 pub mod capacity;
+pub mod cleanup;
 pub mod cli;
+pub mod cli_cleanup;
 pub mod cli_rollout;
 pub mod client;
 pub mod config;

@@ -336,6 +336,36 @@ impl MpsDaemons {
         Ok(None)
     }
 
+    /// The share keys of every daemon directory under the configured directory (each
+    /// keeps its key in a file; one without is listed by its directory name, which is
+    /// the key for a short plain key). For `shareguard cleanup`.
+    pub fn share_keys(&self) -> Result<Vec<String>, GpuError> {
+        let base = &self.cfg.dir;
+        if !exists(base)? {
+            return Ok(Vec::new());
+        }
+        let mut keys = Vec::new();
+        for entry in fs::read_dir(base).map_err(|e| io_err("listing", base, &e))? {
+            let entry = entry.map_err(|e| io_err("listing", base, &e))?;
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let key = fs::read_to_string(entry.path().join("key")).unwrap_or(name.clone());
+            // Only a directory this key names: another is not a share's daemon.
+            if dir_name(&key) == name {
+                keys.push(key);
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// The configured directory the share daemons live in.
+    pub fn base_dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+
     /// Ends the share's daemon, detaches its /dev/shm and removes its directory;
     /// nothing left is success.
     pub fn stop(&self, share_key: &str) -> Result<(), GpuError> {

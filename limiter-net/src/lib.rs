@@ -14,6 +14,7 @@
 
 pub mod bpf;
 pub mod burst;
+pub mod cleanup;
 pub mod error;
 pub mod limiter;
 pub mod mechanism;

@@ -356,6 +356,56 @@ pub fn ensure_ifb(name: &str, share_key: &str) -> Result<u32, NetError> {
     })
 }
 
+/// Every ifb in shareguard's group ([`IFB_GROUP`]): (name, alias). What a crash left
+/// between making an ifb and recording it is among them.
+pub fn our_ifbs() -> Result<Vec<(String, Option<String>)>, NetError> {
+    with_netlink(None, move |h| {
+        Box::pin(async move {
+            let mut dump = h.link().get().execute();
+            let mut out = Vec::new();
+            loop {
+                match dump.try_next().await {
+                    Ok(Some(m)) => {
+                        if kind_is(&m, &InfoKind::Ifb)
+                            && group_of(&m) == Some(IFB_GROUP)
+                            && let Some(name) = name_of(&m)
+                        {
+                            out.push((name, alias_of(&m).map(str::to_owned)));
+                        }
+                    }
+                    Ok(None) => return Ok(out),
+                    Err(e) => return Err(nl_err("listing links", e)),
+                }
+            }
+        })
+    })
+}
+
+/// Deletes link `name` if it is an ifb in shareguard's group (whatever its alias);
+/// succeeds if it does not exist.
+pub fn delete_our_ifb(name: &str) -> Result<(), NetError> {
+    let name = name.to_owned();
+    with_netlink(None, move |h| {
+        Box::pin(async move {
+            let Some(m) = link_by_name(&h, &name).await? else {
+                return Ok(());
+            };
+            if !(kind_is(&m, &InfoKind::Ifb) && group_of(&m) == Some(IFB_GROUP)) {
+                return Err(NetError::Conflict(format!(
+                    "link {name} is not an ifb shareguard made; left alone"
+                )));
+            }
+            match h.link().del(m.header.index).execute().await {
+                Ok(()) => Ok(()),
+                Err(e) => match nl_err(&format!("delete {name}"), e) {
+                    NetError::NotFound(_) => Ok(()),
+                    e => Err(e),
+                },
+            }
+        })
+    })
+}
+
 /// Deletes the ifb `name` shareguard made for `share_key` (see [`ensure_ifb`]);
 /// succeeds if it does not exist, and leaves a link of that name that is not ours alone.
 pub fn delete_ifb(name: &str, share_key: &str) -> Result<(), NetError> {
