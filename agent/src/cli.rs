@@ -130,6 +130,9 @@ pub enum Cmd {
     /// MPS daemons, plugin directories, state, audit log); with --apply, remove it. The
     /// agent must be stopped. Needs no running agent.
     Cleanup(crate::cli_cleanup::CleanupArgs),
+    /// The agent's config file, without an agent.
+    #[command(subcommand)]
+    Config(ConfigCmd),
 }
 
 #[derive(Args, Debug)]
@@ -159,6 +162,32 @@ pub struct CapacityArgs {
     /// rounded up to the policy as the scheduler does.
     #[arg(long)]
     pub mix: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCmd {
+    /// Validate FILE as the agent would at start: exit 0 (warnings on stderr), or 1 with
+    /// `file:line: reason`. Reads only the file: devices and GPUs are not probed.
+    Check { file: PathBuf },
+}
+
+/// `shareguard config check FILE`.
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match config::Config::load(file) {
+        Ok(cfg) => {
+            for d in &cfg.devices {
+                for w in crate::config_warnings::device_warnings(d) {
+                    eprintln!("{}: warning: {w}", file.display());
+                }
+            }
+            println!("{}: ok ({} devices)", file.display(), cfg.devices.len());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -357,7 +386,11 @@ fn device_rows(devices: &[pb::DeviceStatus]) -> String {
             d.mechanisms.join(","),
         ]);
     }
-    table(rows)
+    let mut out = table(rows);
+    for w in devices.iter().flat_map(|d| &d.warnings) {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
 }
 
 fn read_input(file: &str) -> anyhow::Result<String> {
@@ -543,6 +576,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Audit(a) => return run_audit(a, out),
         Cmd::Capacity(a) => return run_capacity(&a, out),
         Cmd::Cleanup(a) => return crate::cli_cleanup::run(&a, matches!(out, Output::Json)).await,
+        Cmd::Config(ConfigCmd::Check { file }) => return Ok(check_config(&file)),
         cmd => cmd,
     };
     let mut c = connect(&cli.socket).await?;
@@ -555,6 +589,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Audit(_) => bail!("`audit` reads local files and is handled before connecting"),
         Cmd::Capacity(_) => bail!("`capacity` computes locally and is handled before connecting"),
         Cmd::Cleanup(_) => bail!("`cleanup` works locally and is handled before connecting"),
+        Cmd::Config(_) => bail!("`config` works locally and is handled before connecting"),
         Cmd::Rollout {
             class,
             device,

@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod config_gpu;
 pub mod config_node;
+pub mod config_warnings;
 pub mod convert;
 pub mod device_status;
 pub mod discovery;

@@ -110,6 +110,9 @@ fn log_pools(cfg: &Config) {
                 "the device's pool is neither the node's name nor below it (\"<node>/...\"): its ResourceSlice is refused by the admission policy, and a pool another node also has is counted as one"
             );
         }
+        for w in crate::config_warnings::device_warnings(d) {
+            warn!(device = %d.name, "{w}");
+        }
     }
 }
 

@@ -477,3 +477,52 @@ fn capacity_estimates_a_fleet_without_an_agent() {
         stderr(&o)
     );
 }
+
+/// `shareguard config check FILE` validates without an agent: 0 with warnings on stderr
+/// for a config that works but is probably not meant, 1 with `file:line: reason` for one
+/// the agent would refuse; `devices` repeats the warnings of the running agent.
+#[tokio::test]
+async fn config_check_validates_and_warns_and_devices_repeats_the_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.toml");
+    let check = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        std::process::Command::new(agent_bin())
+            .args(["config", "check"])
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let net = "[agent]\nstate_dir = \"/nonexistent\"\n[[device]]\nname = \"nic-0\"\ndriver = \"d.example.com\"\npool = \"p\"\nkind = \"net\"\n[device.capacity.bandwidth]\nvalue = \"10Gi\"\n";
+    let o = check(net);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(": ok (1 devices)"), "{}", stdout(&o));
+    let warned = stderr(&o);
+    assert!(warned.contains("allowed_namespaces is empty"), "{warned}");
+    assert!(warned.contains("did you mean \"10G\""), "{warned}");
+    let o = check(&net.replace("kind = \"net\"", "kind = \"fpga\""));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{}:7: device nic-0: kind \"fpga\"",
+            file.display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+
+    let a = Agent::start(Options::new(generic_device(
+        "gen-0",
+        "40Gi",
+        "5Gi",
+        &[],
+        &[],
+    )));
+    let table = ok(&a, &["devices"]);
+    assert!(
+        table.contains("warning: device gen-0: allowed_namespaces is empty"),
+        "{table}"
+    );
+    let v = ok_json(&a, &["devices"]);
+    assert!(v.to_string().contains("allowed_namespaces is empty"), "{v}");
+}
