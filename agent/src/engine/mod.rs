@@ -11,6 +11,7 @@ mod reconcile;
 mod recover;
 pub mod rollout;
 mod sandbox;
+mod slo;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -29,6 +30,7 @@ use tracing::info;
 
 pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
+pub use slo::ClassSlo;
 
 use crate::{
     audit::AuditLog,
@@ -88,6 +90,8 @@ pub struct Engine {
     kick: Arc<Notify>,
     /// Traffic counters by share key, as the metrics task last read them.
     traffic: Mutex<HashMap<String, shareguard_common::limiter::TrafficCounters>>,
+    /// The SLO figures' events (see [`crate::slo`] and [`slo`]).
+    slo: crate::slo::Slo,
 }
 
 /// The fence (I4): a request's epoch must be the current one (see [`Engine::fence`]).
@@ -123,6 +127,8 @@ impl Engine {
         boot_id: &str,
         metrics: Arc<Metrics>,
     ) -> Result<Engine, OpenError> {
+        // The start recovery is timed from (see [`crate::slo`]).
+        let started = std::time::Instant::now();
         for d in &cfg.devices {
             if !limiters.contains_key(&d.name) {
                 return Err(OpenError::NoLimiter(d.name.clone()));
@@ -147,7 +153,9 @@ impl Engine {
             })?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let discovery = Arc::new(open_discovery(&cfg)?);
+        let slo = crate::slo::Slo::new(&cfg.slo, started);
         let mut engine = Engine {
+            slo,
             cfg,
             store: Mutex::new(None),
             boot_id: boot_id.to_owned(),
@@ -166,6 +174,7 @@ impl Engine {
         let state = engine.load_state_from(&store)?;
         engine.state = Mutex::new(state);
         engine.store = Mutex::new(Some(store));
+        engine.slo_check_recovery();
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 if let Some(held) = d.usage.allocated.get(name).filter(|h| **h > cap.value) {
@@ -291,6 +300,7 @@ impl Engine {
             st.claims.insert(c.claim.uid.clone(), c.clone());
         }
         for r in &batch.put_shares {
+            self.slo_changed(r);
             st.put(r.clone());
         }
         Ok(store.submit(batch))
