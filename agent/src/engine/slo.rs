@@ -186,7 +186,10 @@ impl Engine {
                 let spec;
                 let enforceable = if self.should_be_enforced(r) {
                     spec = self.spec_of(r).limits;
-                    Some((&spec, &r.enforced))
+                    // Not verified as held: what its record last read back is stale
+                    // (drift found) or does not match; it holds nothing for the figure.
+                    let held = !matches!(r.phase, Phase::Degraded | Phase::Unknown);
+                    Some((&spec, if held { &r.enforced } else { &none }))
                 } else {
                     None
                 };

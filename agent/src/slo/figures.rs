@@ -88,6 +88,9 @@ impl ReadBack {
     }
 }
 
+/// Amounts by capacity name.
+pub type Amounts = BTreeMap<String, Quantity>;
+
 /// Sums [`ReadBack`] over a class's live shares.
 #[derive(Debug, Default)]
 pub struct ReadBackSum {
@@ -100,13 +103,12 @@ impl ReadBackSum {
     /// allocation: the whole device) and what was read back. A share should be enforced
     /// when its device is in the enforce stage, the device's mechanism enforces (not
     /// accounting, not a watchdog alone) and the share is past its admission with a
-    /// sandbox to hold it on (not PREPARING, PENDING or RELEASING). Sums that overflow
-    /// saturate at what they reached; a figure off by that much says so on its own.
-    pub fn add(
-        &mut self,
-        consumed: &BTreeMap<String, Quantity>,
-        enforceable: Option<(&BTreeMap<String, Quantity>, &BTreeMap<String, Quantity>)>,
-    ) {
+    /// sandbox to hold it on (not PREPARING, PENDING or RELEASING). Each capacity's read
+    /// back counts up to what the share asked for: a looser limit does not hold the
+    /// share to its amount, and must not make up for another share's shortfall. Sums
+    /// that overflow stop where they reached; a figure off by that much says so on its
+    /// own.
+    pub fn add(&mut self, consumed: &Amounts, enforceable: Option<(&Amounts, &Amounts)>) {
         let add = |a: &mut Quantity, b: &Quantity| {
             if let Some(s) = a.checked_add(b) {
                 *a = s;
@@ -121,7 +123,7 @@ impl ReadBackSum {
                 add(&mut e.requested, q);
                 e.shares += 1;
                 if let Some(got) = enforced.get(name) {
-                    add(&mut e.read_back, got);
+                    add(&mut e.read_back, got.min(q));
                 }
             }
         }
@@ -223,14 +225,17 @@ mod tests {
         s.add(&other, Some((&other, &BTreeMap::new())));
         // Pending or observed: allocated, not expected to be enforced.
         s.add(&map(&[("bandwidth", "30M")]), None);
+        // Held looser than asked: counts as what was asked, never more.
+        let loose = map(&[("bandwidth", "50M")]);
+        s.add(&loose, Some((&loose, &map(&[("bandwidth", "80M")]))));
         let r = s.finish();
         assert_eq!(r.len(), 1);
-        assert_eq!(r[0].allocated, q("180M"));
-        assert_eq!(r[0].requested, q("150M"));
-        assert_eq!(r[0].read_back, q("100M"));
-        assert_eq!(r[0].shares, 2);
+        assert_eq!(r[0].allocated, q("230M"));
+        assert_eq!(r[0].requested, q("200M"));
+        assert_eq!(r[0].read_back, q("150M"));
+        assert_eq!(r[0].shares, 3);
         let ratio = r[0].ratio().unwrap();
-        assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "{ratio}");
+        assert!((ratio - 0.75).abs() < 1e-9, "{ratio}");
         let none = ReadBack::default();
         assert_eq!(none.ratio(), None, "nothing to enforce: no ratio, not 0");
     }
