@@ -3,8 +3,9 @@
 //! json` reports is checked against what this test did and measured itself, and each
 //! verdict is produced by objectives the test sets in the config:
 //!
-//! - promote: three shares ENFORCED and read back, two refusals (over capacity, a
-//!   namespace not allowed) within `refusal_rate_max = 0.5`, `min_samples = 3`;
+//! - promote: three shares ENFORCED and read back (one measured with iperf3 at its
+//!   limit), two refusals (over capacity, a namespace not allowed) within
+//!   `refusal_rate_max = 0.5`, `min_samples = 3`;
 //! - roll back: the test deletes one share's root qdisc; the reconciler repairs it, and
 //!   one repair is over `drift_repairs_max = 0`;
 //! - hold: after kill -9 and a restart, the window is empty again (fewer claims than
@@ -22,7 +23,7 @@ use serde_json::Value;
 use shareguard_common::Quantity;
 use shareguard_tests::{
     Agent, DRIVER, POOL, alloc, generic_device, metric_sample,
-    net::{self, PinDir, Pod},
+    net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id,
 };
 
@@ -160,6 +161,19 @@ async fn slo_figures_match_what_the_test_measured_and_each_verdict_follows_its_o
     )
     .await;
     assert_eq!(r.error.as_ref().unwrap().code, "PermissionDenied", "{r:?}");
+
+    // What is read back is what the traffic gets: one share's goodput is its limit.
+    {
+        let server = pods[1].iperf_server();
+        let _lock = TrafficLock::acquire();
+        let m = server.measure(&Iperf::new(Direction::ToPod));
+        eprintln!("share 1, to the pod: {m}");
+        let ratio = m.bits_per_second / 100e6;
+        assert!(
+            (net::GOODPUT_LOW..=net::GOODPUT_HIGH).contains(&ratio),
+            "{ratio:.3} of the limit"
+        );
+    }
 
     // Promote: every objective met on enough samples.
     let v = slo_json(&a);
