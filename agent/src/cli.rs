@@ -122,6 +122,13 @@ pub enum Cmd {
         device: Option<String>,
         stage: Option<String>,
     },
+    /// The SLO figures per DeviceClass, each beside its objective, and the verdict on
+    /// each class (promote, hold or roll back) with the figures that decided it.
+    Slo {
+        /// One DeviceClass only.
+        #[arg(long)]
+        class: Option<String>,
+    },
     /// Estimate the logical capacity a fleet of devices can promise under a request
     /// policy and a target utilisation, after what the policy's grid strands and a
     /// reserve (computed here; needs no running agent).
@@ -231,7 +238,7 @@ fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(v)?)
 }
 
-fn table(rows: Vec<Vec<String>>) -> String {
+pub(crate) fn table(rows: Vec<Vec<String>>) -> String {
     let cols = rows.first().map(Vec::len).unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -601,6 +608,9 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 second: stage,
             };
             return crate::cli_rollout::run(&mut c, a, matches!(out, Output::Json)).await;
+        }
+        Cmd::Slo { class } => {
+            return crate::cli_slo::run(&mut c, class, matches!(out, Output::Json)).await;
         }
         Cmd::Devices => {
             let r = c

@@ -34,6 +34,8 @@ pub const DEFAULT_PATH: &str = "/etc/shareguard/agent.toml";
 pub struct Config {
     pub agent: AgentConfig,
     pub devices: Vec<DeviceConfig>,
+    /// `[slo]`: the SLO figures' windows and objectives (see [`crate::config_slo`]).
+    pub slo: crate::slo::SloConfig,
 }
 
 #[derive(Clone, Debug)]
@@ -182,6 +184,7 @@ struct RawConfig {
     agent: RawAgent,
     #[serde(default, rename = "device")]
     devices: Vec<Spanned<RawDevice>>,
+    slo: Option<crate::config_slo::RawSlo>,
 }
 
 /// `metrics_tls = { cert_file = "...", key_file = "...", client_ca_file = "..." }`.
@@ -985,7 +988,12 @@ impl Config {
                 gpu,
             });
         }
-        Ok(Config { agent, devices })
+        let slo = crate::config_slo::parse(raw.slo, &err)?;
+        Ok(Config {
+            agent,
+            devices,
+            slo,
+        })
     }
 
     pub fn device(&self, name: &str) -> Option<&DeviceConfig> {

@@ -202,3 +202,60 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
             .collect(),
     }
 }
+
+/// One class's SLO figures and verdict (see [`crate::slo`]).
+pub fn class_slo_to_pb(s: &crate::engine::ClassSlo) -> pb::ClassSlo {
+    let f = &s.figures;
+    let window = |d: std::time::Duration| humantime::format_duration(d).to_string();
+    let (recovery_seconds, unverified_shares) = match &f.recovery {
+        crate::slo::Recovery::Done(d) => (Some(d.as_secs_f64()), 0),
+        crate::slo::Recovery::Waiting { unverified, .. } => (None, *unverified),
+    };
+    pb::ClassSlo {
+        device_class: f.class.clone(),
+        stage: f.stage.name().to_owned(),
+        devices: f.devices.clone(),
+        verdict: s.verdict.kind.name().to_owned(),
+        reasons: s.verdict.reasons.clone(),
+        window: window(f.window.span),
+        short_window: window(f.short.span),
+        figures: s
+            .verdict
+            .lines
+            .iter()
+            .map(|l| pb::SloFigure {
+                name: l.figure.to_owned(),
+                unit: l.unit.to_owned(),
+                value: l.value,
+                short_value: l.short_value,
+                comparison: l.comparison.to_owned(),
+                objective: l.objective,
+                samples: l.samples,
+                status: l.status.name().to_owned(),
+                enforcement: l.enforcement,
+                note: l.note.clone(),
+            })
+            .collect(),
+        refusals: f
+            .window
+            .refusals
+            .iter()
+            .map(|(r, n)| (r.name().to_owned(), *n))
+            .collect(),
+        claims: f.window.claims,
+        read_back: f
+            .read_back
+            .iter()
+            .map(|r| pb::SloReadBack {
+                capacity: r.capacity.clone(),
+                allocated: r.allocated.to_string(),
+                requested: r.requested.to_string(),
+                read_back: r.read_back.to_string(),
+                ratio: r.ratio(),
+                shares: r.shares,
+            })
+            .collect(),
+        recovery_seconds,
+        unverified_shares,
+    }
+}

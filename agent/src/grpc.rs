@@ -23,7 +23,8 @@ const WATCH_QUEUE: usize = 256;
 /// one of its uid's lists gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
-    /// GetShare, ListShares, WatchShares, ListDevices: monitoring, read-only operators.
+    /// GetShare, ListShares, WatchShares, ListDevices, GetSlo: monitoring, read-only
+    /// operators.
     ReadOnly,
     /// And Prepare, Unprepare, NewEpoch: the kubelet plugin.
     KubeletPlugin,
@@ -45,7 +46,9 @@ impl Role {
         match rpc {
             "Prepare" | "Unprepare" | "NewEpoch" => Role::KubeletPlugin,
             "SetStage" => Role::Admin,
-            _ => Role::ReadOnly,
+            "GetShare" | "ListShares" | "WatchShares" | "ListDevices" | "GetSlo" => Role::ReadOnly,
+            // An RPC missing from this table needs the most, not the least.
+            _ => Role::Admin,
         }
     }
 }
@@ -319,6 +322,23 @@ impl NodeAgent for Api {
             devices,
             epoch: self.engine.epoch(),
         }))
+    }
+
+    async fn get_slo(
+        &self,
+        req: Request<pb::GetSloRequest>,
+    ) -> Result<Response<pb::GetSloResponse>, Status> {
+        self.caller(&req, "GetSlo")?;
+        let class = req.into_inner().device_class;
+        let only = (!class.is_empty()).then_some(class.as_str());
+        let classes = self
+            .engine
+            .slo(only)
+            .map_err(|e| e.to_status())?
+            .iter()
+            .map(crate::convert::class_slo_to_pb)
+            .collect();
+        Ok(Response::new(pb::GetSloResponse { classes }))
     }
 
     async fn new_epoch(

@@ -206,6 +206,8 @@ pub struct Metrics {
     sandbox_transitions: Family<DevicePhaseLabel, Counter>,
     overcommitted: Family<DeviceCapacity, Gauge>,
     quarantined: Gauge,
+    /// The SLO figures per class (see [`crate::metrics_slo`]).
+    slo: crate::metrics_slo::SloMetrics,
     /// Held through a render: a render sets and clears the per-share families before it
     /// encodes them, so two at once would each encode half of the other's. It also guards
     /// the last render, served again to scrapes within `metrics_max_age` of it.
@@ -372,7 +374,9 @@ impl Metrics {
             "1 while a device's live shares hold more than its configured capacity (it was shrunk under them); new shares are refused until enough are released",
             overcommitted.clone(),
         );
+        let slo = crate::metrics_slo::SloMetrics::register(&mut registry);
         Self {
+            slo,
             rendering: Mutex::new(None),
             sandbox_transitions,
             overcommitted,
@@ -417,6 +421,24 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// A claim of `class` answered after `took` (see [`crate::metrics_slo`]).
+    pub fn slo_prepared(
+        &self,
+        class: &str,
+        took: Duration,
+        refusal: Option<crate::slo::RefusalReason>,
+    ) {
+        self.slo.prepared(class, took, refusal);
+    }
+
+    pub fn slo_converged(&self, class: &str, took: Duration) {
+        self.slo.converged(class, took);
+    }
+
+    pub fn slo_repaired(&self, class: &str) {
+        self.slo.repaired(class);
     }
 
     pub fn gpu_over_limit(&self, device: &str) {
@@ -593,6 +615,7 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(i64::try_from(o.limit_bytes).unwrap_or(i64::MAX));
         }
+        self.slo.set(engine);
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)

@@ -102,6 +102,14 @@ fn each_rpc_needs_its_role_and_listed_uids_can_connect() {
     let o = cli_as(&a, &bin, READER, GROUP, &["devices"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("gen-0"));
+    // The SLO figures and verdicts are a read too.
+    let o = cli_as(&a, &bin, READER, GROUP, &["slo"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("CLASS shareguard-accounted"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let o = cli_as(
         &a,
         &bin,

@@ -11,6 +11,7 @@ mod reconcile;
 mod recover;
 pub mod rollout;
 mod sandbox;
+mod slo;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ use tracing::info;
 
 pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
+pub use slo::ClassSlo;
 
 use crate::{
     audit::AuditLog,
@@ -94,6 +96,8 @@ pub struct Engine {
     traffic: Mutex<traffic::Traffic>,
     /// When the engine was opened: the monotonic clock traffic is measured by.
     started: std::time::Instant,
+    /// The SLO figures' events (see [`crate::slo`] and [`slo`]).
+    slo: crate::slo::Slo,
 }
 
 /// The fence (I4): a request's epoch must be the current one (see [`Engine::fence`]).
@@ -129,6 +133,8 @@ impl Engine {
         boot_id: &str,
         metrics: Arc<Metrics>,
     ) -> Result<Engine, OpenError> {
+        // The start recovery is timed from (see [`crate::slo`]).
+        let started = std::time::Instant::now();
         for d in &cfg.devices {
             if !limiters.contains_key(&d.name) {
                 return Err(OpenError::NoLimiter(d.name.clone()));
@@ -153,7 +159,9 @@ impl Engine {
             })?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let discovery = Arc::new(open_discovery(&cfg)?);
+        let slo = crate::slo::Slo::new(&cfg.slo, started);
         let mut engine = Engine {
+            slo,
             cfg,
             store: Mutex::new(None),
             boot_id: boot_id.to_owned(),
@@ -169,11 +177,12 @@ impl Engine {
             discovery,
             kick: Arc::new(Notify::new()),
             traffic: Mutex::new(traffic::Traffic::default()),
-            started: std::time::Instant::now(),
+            started,
         };
         let state = engine.load_state_from(&store)?;
         engine.state = Mutex::new(state);
         engine.store = Mutex::new(Some(store));
+        engine.slo_check_recovery();
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 if let Some(held) = d.usage.allocated.get(name).filter(|h| **h > cap.value) {
@@ -299,6 +308,7 @@ impl Engine {
             st.claims.insert(c.claim.uid.clone(), c.clone());
         }
         for r in &batch.put_shares {
+            self.slo_changed(r);
             st.put(r.clone());
         }
         Ok(store.submit(batch))

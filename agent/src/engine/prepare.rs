@@ -140,8 +140,9 @@ impl Engine {
                 }
             },
         };
-        self.metrics
-            .observe_prepare(started.elapsed(), out.error.as_ref());
+        let took = started.elapsed();
+        self.metrics.observe_prepare(took, out.error.as_ref());
+        self.slo_prepared(c, took, out.error.as_ref(), &out.shares);
         out
     }
 
@@ -303,6 +304,7 @@ impl Engine {
                 ..Default::default()
             },
         )?;
+        self.slo_admitted(&wanted);
         Ok(Admission::New(wanted, durable))
     }
 

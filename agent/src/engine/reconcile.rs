@@ -66,6 +66,7 @@ impl Engine {
                 .await;
         }
         self.metrics.reconciled(started.elapsed());
+        self.slo_check_recovery();
         stats
     }
 
@@ -219,6 +220,7 @@ impl Engine {
                 self.audit_share(&n, Decision::Repair, &n.reason, None, None);
                 stats.repaired += 1;
                 self.metrics.repaired(&r.device);
+                self.slo_repaired(r);
             }
             info!(phase = phase.name(), "enforcement verified again");
         }

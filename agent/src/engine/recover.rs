@@ -20,6 +20,8 @@ pub(super) fn recover(
     boot_id: &str,
 ) -> Result<(State, Batch), OpenError> {
     check_inventory(engine, &loaded.shares)?;
+    // Before anything is re-verified: the phases as stored say what must be.
+    engine.slo_expect_recovery(&loaded.shares);
     let rebooted = loaded.boot_id.as_deref().is_some_and(|b| b != boot_id);
     let mut state = State::default();
     state.epoch = loaded.epoch;

@@ -299,6 +299,7 @@ impl Engine {
                 stats.changed += 1;
             }
         }
+        self.slo_check_recovery();
         stats
     }
 

@@ -1579,3 +1579,6 @@ fn a_class_changes_stage_as_a_whole_or_not_at_all() {
     let e = open_mixed(limiters);
     assert_eq!(e.stage("gen-0"), Stage::Observe);
 }
+
+#[path = "slo_tests.rs"]
+mod slo_tests;
