@@ -220,7 +220,7 @@ impl Engine {
         if !follows_sandbox(&r) {
             return Some(false);
         }
-        let (mut next, failed) = match self.step(&r, true).await {
+        let (next, failed) = match self.step(&r, true).await {
             Step::Same => return Some(false),
             Step::Next(n) => (n, None),
             Step::Failed(mut n, e) => {
@@ -235,22 +235,8 @@ impl Engine {
         if next == r {
             return Some(false);
         }
-        next.updated_at_ms = now_ms();
-        if !self.persist_one(&next).await {
-            return None;
-        }
-        self.audit_share(
-            &next,
-            Decision::Rollout,
-            &format!(
-                "{} -> {}: {}",
-                r.phase.name(),
-                next.phase.name(),
-                next.reason
-            ),
-            caller,
-            None,
-        );
+        self.persist_change(&r, next, Decision::Rollout, caller)
+            .await?;
         if let Some(e) = failed {
             warn!(error = %e, "a share could not be brought to its device's new stage");
             return None;

@@ -233,33 +233,49 @@ impl Engine {
         if next == r {
             return false;
         }
-        let mut next = next;
-        next.updated_at_ms = now_ms();
         info!(
             from = r.phase.name(),
             to = next.phase.name(),
             reason = %next.reason,
             "share followed its pod's sandbox"
         );
-        if self.persist_one(&next).await {
-            self.audit_share(
-                &next,
-                Decision::Sandbox,
-                &format!(
-                    "{} -> {}: {}",
-                    r.phase.name(),
-                    next.phase.name(),
-                    next.reason
-                ),
-                None,
-                None,
-            );
-            self.metrics
-                .sandbox_transition(&next.device, next.phase.name());
-            true
-        } else {
-            false
+        match self.persist_change(&r, next, Decision::Sandbox, None).await {
+            Some(next) => {
+                self.metrics
+                    .sandbox_transition(&next.device, next.phase.name());
+                true
+            }
+            None => false,
         }
+    }
+
+    /// The tail of every path that moves a share on its own (the sandbox loop, a stage
+    /// change): `next`, stamped, made durable, then audited under `decision` as
+    /// "FROM -> TO: reason". None when the store refused it (logged; the loops retry).
+    pub(super) async fn persist_change(
+        &self,
+        before: &ShareRecord,
+        mut next: ShareRecord,
+        decision: Decision,
+        caller: Option<u32>,
+    ) -> Option<ShareRecord> {
+        next.updated_at_ms = now_ms();
+        if !self.persist_one(&next).await {
+            return None;
+        }
+        self.audit_share(
+            &next,
+            decision,
+            &format!(
+                "{} -> {}: {}",
+                before.phase.name(),
+                next.phase.name(),
+                next.reason
+            ),
+            caller,
+            None,
+        );
+        Some(next)
     }
 
     /// Persists one record and publishes it; false (logged) when the store refused it.
