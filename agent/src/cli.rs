@@ -80,27 +80,36 @@ pub enum Cmd {
     Shares {
         #[arg(long)]
         device: Option<String>,
-        #[arg(long)]
+        /// Only claims in this namespace.
+        #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// Every namespace (the default; as kubectl's -A).
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
         /// e.g. enforced, accounted, released
         #[arg(long)]
         phase: Option<String>,
     },
-    /// One share by shareID (or dedicated key).
+    /// One share by shareID (or dedicated key), or a claim's shares by NAMESPACE/NAME.
     Share { id: String },
-    /// Stream share changes (a snapshot first).
+    /// Stream share changes (a snapshot first); tables get a header and each line the
+    /// time it arrived.
     Watch {
         #[arg(long)]
         device: Option<String>,
-        #[arg(long)]
+        /// Only claims in this namespace.
+        #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// Every namespace (the default; as kubectl's -A).
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
     },
     /// Send a PrepareRequest written in proto3 canonical JSON ("-" reads stdin).
     Prepare {
         #[arg(short = 'f', long = "file")]
         file: String,
     },
-    /// Release claims by uid.
+    /// Release claims by uid, or by NAMESPACE/NAME.
     Release {
         #[arg(required = true)]
         claim_uids: Vec<String>,
@@ -575,6 +584,48 @@ fn run_audit(a: AuditArgs, out: Output) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Every share `req` matches, page by page, so that a node with 100k shares lists within
+/// the default message size.
+async fn list_all(
+    c: &mut shareguard_proto::v1::node_agent_client::NodeAgentClient<tonic::transport::Channel>,
+    mut req: pb::ListSharesRequest,
+) -> anyhow::Result<pb::ListSharesResponse> {
+    let mut r = pb::ListSharesResponse::default();
+    loop {
+        let page = c.list_shares(req.clone()).await?.into_inner();
+        r.shares.extend(page.shares);
+        if page.next_page_token.is_empty() {
+            return Ok(r);
+        }
+        req.page_token = page.next_page_token;
+    }
+}
+
+/// The shares of the claim `NAMESPACE/NAME`.
+async fn claim_shares(
+    c: &mut shareguard_proto::v1::node_agent_client::NodeAgentClient<tonic::transport::Channel>,
+    id: &str,
+) -> anyhow::Result<Vec<pb::ShareStatus>> {
+    let Some((namespace, name)) = id
+        .split_once('/')
+        .filter(|(n, c)| !n.is_empty() && !c.is_empty() && !c.contains('/'))
+    else {
+        bail!("{id:?} is not NAMESPACE/NAME");
+    };
+    let r = list_all(
+        c,
+        pb::ListSharesRequest {
+            namespace: namespace.to_owned(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(r.shares
+        .into_iter()
+        .filter(|s| s.claim.as_ref().is_some_and(|c| c.name == name))
+        .collect())
+}
+
 /// Runs a client subcommand. Returns the exit code: 1 when any claim was refused.
 pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
@@ -626,6 +677,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             device,
             namespace,
             phase,
+            all_namespaces: _,
         } => {
             let phase = match phase {
                 None => pb::Phase::Unspecified,
@@ -633,25 +685,28 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                     parse_phase(&p).with_context(|| format!("--phase: {p:?} is not a phase"))?,
                 ),
             };
-            // Page by page, so that a node with 100k shares lists within the default
-            // message size; one answer is printed once every page is in.
-            let mut r = pb::ListSharesResponse::default();
-            loop {
-                let page = c
-                    .list_shares(pb::ListSharesRequest {
-                        device: device.clone().unwrap_or_default(),
-                        namespace: namespace.clone().unwrap_or_default(),
-                        phase: phase as i32,
-                        page_size: 0,
-                        page_token: std::mem::take(&mut r.next_page_token),
-                    })
-                    .await?
-                    .into_inner();
-                r.shares.extend(page.shares);
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                r.next_page_token = page.next_page_token;
+            let r = list_all(
+                &mut c,
+                pb::ListSharesRequest {
+                    device: device.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                    phase: phase as i32,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            match out {
+                Output::Json => println!("{}", json(&r)?),
+                Output::Table => print!("{}", share_rows(&r.shares)),
+            }
+        }
+        Cmd::Share { id } if id.contains('/') => {
+            let r = pb::ListSharesResponse {
+                shares: claim_shares(&mut c, &id).await?,
+                next_page_token: String::new(),
+            };
+            if r.shares.is_empty() {
+                bail!("claim {id}: no share of it on this node");
             }
             match out {
                 Output::Json => println!("{}", json(&r)?),
@@ -668,7 +723,11 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 Output::Table => print!("{}", share_rows(std::slice::from_ref(&r))),
             }
         }
-        Cmd::Watch { device, namespace } => {
+        Cmd::Watch {
+            device,
+            namespace,
+            all_namespaces: _,
+        } => {
             let mut s = c
                 .watch_shares(pb::WatchSharesRequest {
                     device: device.unwrap_or_default(),
@@ -676,8 +735,12 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 })
                 .await?
                 .into_inner();
+            if out == Output::Table {
+                println!("TIME                 KIND         SHARE CLAIM DEVICE PHASE");
+            }
             while let Some(ev) = s.next().await {
                 let ev = ev?;
+                let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
                 match out {
                     // One event per line, so the stream can be piped into line tools.
                     Output::Json => println!("{}", serde_json::to_string(&ev)?),
@@ -687,7 +750,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                             .unwrap_or_default();
                         match ev.share {
                             Some(sh) => println!(
-                                "{kind} {} {}/{} {} {}",
+                                "{at} {kind:<12} {} {}/{} {} {}",
                                 if sh.share_id.is_empty() {
                                     "(dedicated)"
                                 } else {
@@ -701,7 +764,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                                 sh.device,
                                 phase_name(sh.phase)
                             ),
-                            None => println!("{kind}"),
+                            None => println!("{at} {kind}"),
                         }
                     }
                 }
@@ -757,6 +820,26 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                         .epoch
                 }
             };
+            // NAMESPACE/NAME is the uid of the claim of that name that holds shares here.
+            let mut claim_uids = claim_uids;
+            for id in &mut claim_uids {
+                if id.contains('/') {
+                    let live: std::collections::BTreeSet<String> = claim_shares(&mut c, id)
+                        .await?
+                        .into_iter()
+                        .filter(|s| s.phase != pb::Phase::Released as i32)
+                        .filter_map(|s| s.claim.map(|c| c.uid))
+                        .collect();
+                    *id = match live.len() {
+                        1 => live.into_iter().next().unwrap_or_default(),
+                        0 => bail!("claim {id}: no live share of it on this node"),
+                        _ => bail!(
+                            "claim {id}: more than one claim of that name holds shares here ({}); give the uid",
+                            live.into_iter().collect::<Vec<_>>().join(", ")
+                        ),
+                    };
+                }
+            }
             let claims = claim_uids
                 .iter()
                 .map(|uid| pb::ClaimRef {

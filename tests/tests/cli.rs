@@ -526,3 +526,82 @@ async fn config_check_validates_and_warns_and_devices_repeats_the_warnings() {
     let v = ok_json(&a, &["devices"]);
     assert!(v.to_string().contains("allowed_namespaces is empty"), "{v}");
 }
+
+/// kubectl's habits: `-n`/`-A`, a claim named NAMESPACE/NAME for `share` and `release`,
+/// and `watch` with a header and the time of each line.
+#[tokio::test]
+async fn namespaces_and_claims_by_name_as_kubectl_spells_them() {
+    let a = Agent::start(two_devices());
+    let mut c = a.client().await;
+    let (a0, b1) = (share_id(), share_id());
+    for (uid, ns, dev, id) in [
+        ("k-a0", "team-a", "gen-0", &a0),
+        ("k-b1", "team-b", "gen-1", &b1),
+    ] {
+        let r = prepare_one(
+            &mut c,
+            0,
+            claim(uid, ns, "alloc-1", vec![alloc(dev, id, "10Gi")]),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+    }
+    let only_a = ok_json(&a, &["shares", "-n", "team-a"]);
+    assert_eq!(share_ids(&only_a), std::slice::from_ref(&a0));
+    let mut both = vec![a0.clone(), b1.clone()];
+    both.sort();
+    assert_eq!(share_ids(&ok_json(&a, &["shares", "-A"])), both);
+    let o = a.cli(&["shares", "-A", "-n", "team-a"]);
+    assert!(!o.status.success(), "-A and -n together are refused");
+
+    // The claim by its name: `claim()` names claim `uid` "claim-<uid>".
+    let table = ok(&a, &["share", "team-b/claim-k-b1"]);
+    assert!(row(&table, &b1).contains("team-b/claim-k-b1"), "{table}");
+    let o = a.cli(&["share", "team-b/no-such-claim"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("no share of it"),
+        "{}",
+        stderr(&o)
+    );
+    let out = ok(&a, &["release", "team-b/claim-k-b1"]);
+    assert_eq!(out.trim(), "claim k-b1: released");
+    assert_eq!(
+        get_share(&mut c, b1.clone()).await.phase,
+        pb::Phase::Released as i32
+    );
+    // Released, the name no longer names a live claim.
+    let o = a.cli(&["release", "team-b/claim-k-b1"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("no live share"),
+        "{}",
+        stderr(&o)
+    );
+
+    // watch: a header, then each line with the time it came.
+    let mut w = std::process::Command::new(agent_bin())
+        .args(["watch", "-n", "team-a"])
+        .env("SHAREGUARD_SOCKET", &a.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(w.stdout.take().unwrap()));
+    let header = lines.next().unwrap().unwrap();
+    assert!(
+        header.starts_with("TIME") && header.contains("PHASE"),
+        "{header}"
+    );
+    let first = lines.next().unwrap().unwrap();
+    w.kill().unwrap();
+    let _ = w.wait();
+    let (time, rest) = first.split_once(' ').unwrap();
+    // RFC 3339 in seconds, UTC: 2026-12-03T18:45:00Z.
+    let b = time.as_bytes();
+    assert!(
+        b.len() == 20 && b[4] == b'-' && b[10] == b'T' && b[19] == b'Z',
+        "{first}"
+    );
+    assert!(
+        rest.starts_with("SNAPSHOT") && rest.contains(&a0),
+        "{first}"
+    );
+}
