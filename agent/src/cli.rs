@@ -39,7 +39,8 @@ pub struct Cli {
         default_value = "/run/shareguard/agent.sock"
     )]
     pub socket: PathBuf,
-    /// Output format: human tables, or proto3 canonical JSON.
+    /// Output format: human tables, proto3 canonical JSON, the same as YAML, or tables
+    /// with more columns (yaml and wide for devices, shares and share).
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(subcommand)]
@@ -50,6 +51,95 @@ pub struct Cli {
 pub enum Output {
     Table,
     Json,
+    Yaml,
+    Wide,
+}
+
+impl Cli {
+    /// Parses the command line as [`Parser::parse`] does, and refuses a global flag given
+    /// to a subcommand that would ignore it: a flag that silently does nothing misleads.
+    pub fn parse_checked() -> Cli {
+        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+        let m = Cli::command().get_matches();
+        let cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+        let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+        if let Err(msg) = cli
+            .cmd
+            .takes(given("socket"), given("output").then_some(cli.output))
+        {
+            Cli::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, msg)
+                .exit();
+        }
+        cli
+    }
+}
+
+impl Cmd {
+    fn name(&self) -> &'static str {
+        match self {
+            Cmd::Agent { .. } => "agent",
+            #[cfg(feature = "kubelet-plugin")]
+            Cmd::KubeletPlugin(_) => "kubelet-plugin",
+            #[cfg(feature = "kubelet-plugin")]
+            Cmd::KubeletPluginDirs(_) => "kubelet-plugin-dirs",
+            Cmd::Devices => "devices",
+            Cmd::Shares { .. } => "shares",
+            Cmd::Share { .. } => "share",
+            Cmd::Watch { .. } => "watch",
+            Cmd::Prepare { .. } => "prepare",
+            Cmd::Release { .. } => "release",
+            Cmd::Audit(_) => "audit",
+            Cmd::Rollout { .. } => "rollout",
+            Cmd::Slo { .. } => "slo",
+            Cmd::Capacity(_) => "capacity",
+            Cmd::Cleanup(_) => "cleanup",
+            Cmd::Config(_) => "config",
+        }
+    }
+
+    /// Whether this subcommand uses `--socket` (when given) and `-o FORMAT` (when given).
+    fn takes(&self, socket: bool, output: Option<Output>) -> Result<(), String> {
+        let name = self.name();
+        let local = matches!(
+            self,
+            Cmd::Agent { .. } | Cmd::Audit(_) | Cmd::Capacity(_) | Cmd::Cleanup(_) | Cmd::Config(_)
+        );
+        #[cfg(feature = "kubelet-plugin")]
+        let local = local || matches!(self, Cmd::KubeletPlugin(_) | Cmd::KubeletPluginDirs(_));
+        if socket && local {
+            return Err(format!(
+                "--socket is not used by `{name}`, which does not talk to a running agent (the agent and cleanup take the socket from --config)"
+            ));
+        }
+        let formats: &[Output] = match self {
+            Cmd::Devices | Cmd::Shares { .. } | Cmd::Share { .. } => {
+                &[Output::Table, Output::Json, Output::Yaml, Output::Wide]
+            }
+            Cmd::Agent { .. } | Cmd::Config(_) => &[],
+            #[cfg(feature = "kubelet-plugin")]
+            Cmd::KubeletPlugin(_) | Cmd::KubeletPluginDirs(_) => &[],
+            _ => &[Output::Table, Output::Json],
+        };
+        match output {
+            Some(o) if !formats.contains(&o) => Err(format!(
+                "`{name}` {}",
+                if formats.is_empty() {
+                    "prints no output that -o could format".to_owned()
+                } else {
+                    format!(
+                        "offers -o {}",
+                        formats
+                            .iter()
+                            .filter_map(|f| f.to_possible_value().map(|v| v.get_name().to_owned()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -247,6 +337,21 @@ fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(v)?)
 }
 
+/// `v` as `out` asks: JSON, the same as YAML, or `table(wide)`.
+fn print_as<T: serde::Serialize>(
+    out: Output,
+    v: &T,
+    table: impl FnOnce(bool) -> String,
+) -> anyhow::Result<()> {
+    match out {
+        Output::Json => println!("{}", json(v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        Output::Table => print!("{}", table(false)),
+        Output::Wide => print!("{}", table(true)),
+    }
+    Ok(())
+}
+
 pub(crate) fn table(rows: Vec<Vec<String>>) -> String {
     let cols = rows.first().map(Vec::len).unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
@@ -282,22 +387,26 @@ fn phase_name(p: i32) -> String {
         .unwrap_or_else(|_| p.to_string())
 }
 
-fn share_rows(shares: &[pb::ShareStatus]) -> String {
-    let mut rows = vec![
-        [
-            "SHARE",
-            "CLAIM",
-            "DEVICE",
-            "PHASE",
-            "MECHANISM",
-            "REQUESTED",
-            "ENFORCED",
-            "ABOVE RATE",
-            "REASON",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ];
+/// Shares as a table; `wide` adds the claim's uid, the pod interface the share is on,
+/// its policy version and when it last changed.
+fn share_rows(shares: &[pb::ShareStatus], wide: bool) -> String {
+    let mut header: Vec<String> = [
+        "SHARE",
+        "CLAIM",
+        "DEVICE",
+        "PHASE",
+        "MECHANISM",
+        "REQUESTED",
+        "ENFORCED",
+        "ABOVE RATE",
+    ]
+    .map(String::from)
+    .to_vec();
+    if wide {
+        header.extend(["CLAIM UID", "INTERFACE", "POLICY", "UPDATED"].map(String::from));
+    }
+    header.push("REASON".into());
+    let mut rows = vec![header];
     for s in shares {
         let claim = s
             .claim
@@ -339,8 +448,34 @@ fn share_rows(shares: &[pb::ShareStatus]) -> String {
             s.traffic
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), above_rate),
-            s.reason.clone(),
         ]);
+        if let Some(row) = rows.last_mut() {
+            if wide {
+                let or_dash = |v: &str| {
+                    if v.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        v.to_owned()
+                    }
+                };
+                row.extend([
+                    or_dash(s.claim.as_ref().map_or("", |c| c.uid.as_str())),
+                    or_dash(s.sandbox.as_ref().map_or("", |b| b.host_interface.as_str())),
+                    or_dash(&s.policy_version),
+                    s.updated_at.as_ref().map_or_else(
+                        || "-".to_owned(),
+                        |t| {
+                            let secs = u64::try_from(t.seconds).unwrap_or(0);
+                            humantime::format_rfc3339_seconds(
+                                std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs),
+                            )
+                            .to_string()
+                        },
+                    ),
+                ]);
+            }
+            row.push(s.reason.clone());
+        }
     }
     table(rows)
 }
@@ -369,22 +504,26 @@ fn above_rate(t: &pb::Traffic) -> String {
     )
 }
 
-fn device_rows(devices: &[pb::DeviceStatus]) -> String {
-    let mut rows = vec![
-        [
-            "DEVICE",
-            "DRIVER",
-            "POOL",
-            "KIND",
-            "CAPACITY",
-            "ALLOCATED",
-            "FREE",
-            "SHARES",
-            "MECHANISMS",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ];
+/// Devices as a table; `wide` adds the DeviceClass, the rollout stage, whether the
+/// mechanism enforces, and the allowed namespaces.
+fn device_rows(devices: &[pb::DeviceStatus], wide: bool) -> String {
+    let mut header: Vec<String> = [
+        "DEVICE",
+        "DRIVER",
+        "POOL",
+        "KIND",
+        "CAPACITY",
+        "ALLOCATED",
+        "FREE",
+        "SHARES",
+        "MECHANISMS",
+    ]
+    .map(String::from)
+    .to_vec();
+    if wide {
+        header.extend(["CLASS", "STAGE", "ENFORCES", "NAMESPACES"].map(String::from));
+    }
+    let mut rows = vec![header];
     for d in devices {
         rows.push(vec![
             d.name.clone(),
@@ -401,6 +540,18 @@ fn device_rows(devices: &[pb::DeviceStatus]) -> String {
             ),
             d.mechanisms.join(","),
         ]);
+        if wide && let Some(row) = rows.last_mut() {
+            row.extend([
+                d.device_class.clone(),
+                d.stage.clone(),
+                d.enforces.to_string(),
+                if d.allowed_namespaces.is_empty() {
+                    "-".to_owned()
+                } else {
+                    d.allowed_namespaces.join(",")
+                },
+            ]);
+        }
     }
     let mut out = table(rows);
     for w in devices.iter().flat_map(|d| &d.warnings) {
@@ -518,7 +669,7 @@ fn run_capacity(a: &CapacityArgs, out: Output) -> anyhow::Result<ExitCode> {
     let e = plan.estimate()?;
     match out {
         Output::Json => println!("{}", serde_json::to_string_pretty(&e.to_json())?),
-        Output::Table => print!("{}", e.table()),
+        Output::Table | Output::Yaml | Output::Wide => print!("{}", e.table()),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -575,7 +726,7 @@ fn run_audit(a: AuditArgs, out: Output) -> anyhow::Result<ExitCode> {
                 writeln!(stdout, "{}", e.raw)?;
             }
         }
-        Output::Table => print!("{}", audit_rows(&selected)),
+        Output::Table | Output::Yaml | Output::Wide => print!("{}", audit_rows(&selected)),
     }
     Ok(if incomplete {
         ExitCode::FAILURE
@@ -668,10 +819,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 .list_devices(pb::ListDevicesRequest {})
                 .await?
                 .into_inner();
-            match out {
-                Output::Json => println!("{}", json(&r)?),
-                Output::Table => print!("{}", device_rows(&r.devices)),
-            }
+            print_as(out, &r, |wide| device_rows(&r.devices, wide))?;
         }
         Cmd::Shares {
             device,
@@ -695,10 +843,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
             )
             .await?;
-            match out {
-                Output::Json => println!("{}", json(&r)?),
-                Output::Table => print!("{}", share_rows(&r.shares)),
-            }
+            print_as(out, &r, |wide| share_rows(&r.shares, wide))?;
         }
         Cmd::Share { id } if id.contains('/') => {
             let r = pb::ListSharesResponse {
@@ -708,20 +853,14 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             if r.shares.is_empty() {
                 bail!("claim {id}: no share of it on this node");
             }
-            match out {
-                Output::Json => println!("{}", json(&r)?),
-                Output::Table => print!("{}", share_rows(&r.shares)),
-            }
+            print_as(out, &r, |wide| share_rows(&r.shares, wide))?;
         }
         Cmd::Share { id } => {
             let r = c
                 .get_share(pb::GetShareRequest { share_id: id })
                 .await?
                 .into_inner();
-            match out {
-                Output::Json => println!("{}", json(&r)?),
-                Output::Table => print!("{}", share_rows(std::slice::from_ref(&r))),
-            }
+            print_as(out, &r, |wide| share_rows(std::slice::from_ref(&r), wide))?;
         }
         Cmd::Watch {
             device,
@@ -744,7 +883,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 match out {
                     // One event per line, so the stream can be piped into line tools.
                     Output::Json => println!("{}", serde_json::to_string(&ev)?),
-                    Output::Table => {
+                    Output::Table | Output::Yaml | Output::Wide => {
                         let kind = pb::watch_shares_response::Kind::try_from(ev.kind)
                             .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())
                             .unwrap_or_default();
@@ -777,11 +916,11 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             let r = c.prepare(req).await?.into_inner();
             match out {
                 Output::Json => println!("{}", json(&r)?),
-                Output::Table => {
+                Output::Table | Output::Yaml | Output::Wide => {
                     let shares: Vec<pb::ShareStatus> =
                         r.claims.values().flat_map(|c| c.shares.clone()).collect();
                     if !shares.is_empty() {
-                        print!("{}", share_rows(&shares));
+                        print!("{}", share_rows(&shares, false));
                     }
                 }
             }

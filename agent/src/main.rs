@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use shareguard::cli::{Cli, Cmd, run_client};
 use tracing_subscriber::EnvFilter;
 
@@ -20,7 +19,7 @@ fn init_logs() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_checked();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

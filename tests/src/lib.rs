@@ -356,8 +356,9 @@ impl Agent {
     /// Runs the CLI against this agent.
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(agent_bin())
-            .arg("--socket")
-            .arg(&self.socket)
+            // The environment, not --socket: the local subcommands (audit, cleanup,
+            // config, capacity) refuse a --socket they would not use.
+            .env("SHAREGUARD_SOCKET", &self.socket)
             .args(args)
             .output()
             .unwrap()
@@ -366,8 +367,9 @@ impl Agent {
     /// Runs the CLI against this agent with `input` on its standard input.
     pub fn cli_with_stdin(&self, args: &[&str], input: &str) -> Output {
         let mut child = Command::new(agent_bin())
-            .arg("--socket")
-            .arg(&self.socket)
+            // The environment, not --socket: the local subcommands (audit, cleanup,
+            // config, capacity) refuse a --socket they would not use.
+            .env("SHAREGUARD_SOCKET", &self.socket)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -431,8 +431,7 @@ fn capacity_estimates_a_fleet_without_an_agent() {
     let dir = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
         std::process::Command::new(agent_bin())
-            .arg("--socket")
-            .arg(dir.path().join("nobody.sock"))
+            .env("SHAREGUARD_SOCKET", dir.path().join("nobody.sock"))
             .arg("capacity")
             .args(args)
             .output()
@@ -603,5 +602,82 @@ async fn namespaces_and_claims_by_name_as_kubectl_spells_them() {
     assert!(
         rest.starts_with("SNAPSHOT") && rest.contains(&a0),
         "{first}"
+    );
+}
+
+/// `-o yaml` and `-o wide` where they mean something, and a global flag a subcommand
+/// would ignore refused there rather than dropped.
+#[tokio::test]
+async fn yaml_and_wide_output_and_flags_a_subcommand_would_ignore() {
+    let a = Agent::start(two_devices());
+    let mut c = a.client().await;
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim(
+            "y-1",
+            "team-a",
+            "alloc-1",
+            vec![alloc("gen-0", &id, "10Gi")],
+        ),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let y: serde_yaml::Value = serde_yaml::from_str(&ok(&a, &["shares", "-o", "yaml"])).unwrap();
+    assert_eq!(
+        y["shares"][0]["shareId"].as_str(),
+        Some(id.as_str()),
+        "{y:?}"
+    );
+    assert_eq!(
+        y["shares"][0]["phase"].as_str(),
+        Some("PHASE_ACCOUNTED"),
+        "{y:?}"
+    );
+    let wide = ok(&a, &["shares", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().contains("CLAIM UID"), "{wide}");
+    assert!(row(&wide, &id).contains(" y-1 "), "{wide}");
+    let devices = ok(&a, &["devices", "-o", "wide"]);
+    assert!(
+        row(&devices, "gen-0").contains("shareguard-accounted"),
+        "{devices}"
+    );
+
+    let refused = |args: &[&str], why: &str| {
+        let o = std::process::Command::new(agent_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+    };
+    refused(
+        &["--socket", "/x", "audit", "--file", "/x"],
+        "--socket is not used by `audit`",
+    );
+    refused(
+        &[
+            "capacity",
+            "--socket",
+            "/x",
+            "--devices",
+            "1",
+            "--capacity",
+            "1Gi",
+            "--min",
+            "1Gi",
+            "--utilization",
+            "1",
+        ],
+        "--socket is not used by `capacity`",
+    );
+    refused(
+        &["rollout", "-o", "yaml"],
+        "`rollout` offers -o table, json",
+    );
+    refused(
+        &["config", "check", "/x", "-o", "json"],
+        "`config` prints no output that -o could format",
     );
 }
