@@ -55,7 +55,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, Client, net,
+    Agent, Client, claim_ref, net,
     net::{Direction, Iperf, IperfServer, LoadAvg, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -229,7 +229,17 @@ impl Drop for Claims<'_> {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             self.release();
+            return;
         }
+        // The bench is failing: still ask the agent to remove what it installed (its ifbs
+        // outlive it), as far as it answers within a few seconds, and never panic again.
+        let claims = self.uids.drain(..).map(|u| claim_ref(&u)).collect();
+        let call = self
+            .client
+            .unprepare(pb::UnprepareRequest { epoch: 0, claims });
+        let _ = self
+            .rt
+            .block_on(tokio::time::timeout(Duration::from_secs(5), call));
     }
 }
 
