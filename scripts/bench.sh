@@ -9,3 +9,6 @@ cargo build --release --locked -p shareguard
 cargo bench --locked -p shareguard-tests --bench agent
 # Traffic through network namespaces: needs root.
 cargo bench --locked -p shareguard-tests --bench bandwidth
+# Many tenants on one NIC; draws docs/isolation-*.png with a DejaVu font.
+ensure_debs fonts-dejavu-core
+cargo bench --locked -p shareguard-tests --bench isolation

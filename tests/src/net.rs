@@ -1309,12 +1309,26 @@ impl IperfServer {
     /// Runs the iperf3 client from the root namespace against this server. Does not take
     /// [`TrafficLock`]; callers measuring throughput should hold it.
     pub fn measure(&self, run: &Iperf) -> Measurement {
+        self.measure_client(None, run)
+    }
+
+    /// As [`IperfServer::measure`], with the client in namespace `from`: traffic that
+    /// reaches the pod through whatever route `from` has to it (another host across a
+    /// NIC) rather than straight over the pod's veth.
+    pub fn measure_from(&self, from: &Netns, run: &Iperf) -> Measurement {
+        self.measure_client(Some(from), run)
+    }
+
+    fn measure_client(&self, from: Option<&Netns>, run: &Iperf) -> Measurement {
         self.wait_listen_socket();
         let out = tempfile::Builder::new()
             .prefix("sg-iperf3-client-")
             .tempfile()
             .unwrap_or_else(|e| panic!("iperf3 client output: {e}"));
-        let mut cmd = Command::new("iperf3");
+        let mut cmd = match from {
+            Some(ns) => ns.exec("iperf3"),
+            None => Command::new("iperf3"),
+        };
         cmd.args([
             "-c",
             &self.addr.to_string(),
@@ -1496,12 +1510,63 @@ pub fn ping_rtt_from_pod(pod: &Pod, count: u32, interval: Duration) -> Vec<f64> 
     ))
 }
 
+/// What a [`ping_for`] sent and got back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pings {
+    /// Round-trip times in ms of the replies; lost ones are missing.
+    pub rtts: Vec<f64>,
+    /// Requests sent (ping's "packets transmitted").
+    pub sent: u32,
+}
+
+/// Pings `to` from inside namespace `ns` every `interval` for `duration` (`-w`): a
+/// window of time rather than a count, since ping's intervals stretch on this VM (500
+/// pings every 10 ms took 8 s in the isolation bench), and a window meant to lie inside a
+/// load must not run past it.
+pub fn ping_for(ns: &Netns, to: Ipv4Addr, interval: Duration, duration: Duration) -> Pings {
+    let deadline = duration.as_secs().max(1).to_string();
+    let count = (duration.as_secs_f64() / interval.as_secs_f64()).ceil() as u32;
+    let out = ping_output(
+        &["ip", "netns", "exec", ns.name()],
+        to,
+        count,
+        interval,
+        &["-w", &deadline],
+    );
+    Pings {
+        rtts: parse_ping(&out),
+        sent: parse_ping_sent(&out),
+    }
+}
+
+/// ping's "N packets transmitted" (0 when it printed no summary).
+pub fn parse_ping_sent(out: &str) -> u32 {
+    out.lines()
+        .find_map(|l| {
+            l.split_once(" packets transmitted")
+                .and_then(|(n, _)| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn ping_args(prefix: &[&str], to: Ipv4Addr, count: u32, interval: Duration) -> String {
+    ping_output(prefix, to, count, interval, &[])
+}
+
+fn ping_output(
+    prefix: &[&str],
+    to: Ipv4Addr,
+    count: u32,
+    interval: Duration,
+    extra: &[&str],
+) -> String {
     let count = count.to_string();
     let interval = format!("{:.3}", interval.as_secs_f64());
     let to = to.to_string();
     let mut args: Vec<&str> = prefix.to_vec();
-    args.extend(["ping", "-n", "-c", &count, "-i", &interval, "-W", "2", &to]);
+    args.extend(["ping", "-n", "-c", &count, "-i", &interval, "-W", "2"]);
+    args.extend(extra);
+    args.push(&to);
     // ping exits 1 when some replies are missing; the caller judges from the count.
     let out = Command::new(args[0])
         .args(&args[1..])
@@ -1618,6 +1683,13 @@ mod tests {
                    \n--- 198.18.0.6 ping statistics ---\n\
                    rtt min/avg/max/mdev = 0.236/0.539/0.843/0.303 ms\n";
         assert_eq!(parse_ping(out), vec![0.843, 12.5]);
+        assert_eq!(parse_ping_sent(out), 0);
+        assert_eq!(
+            parse_ping_sent(
+                "--- x ping statistics ---\n500 packets transmitted, 498 received, 0.4% packet loss, time 4990ms\n"
+            ),
+            500
+        );
     }
 
     #[test]

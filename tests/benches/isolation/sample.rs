@@ -1,0 +1,103 @@
+//! What the wire carried, sampled beside a run: each tenant's byte counter behind its
+//! shaper, and the NIC queue's backlog.
+//!
+//! The highest 1-second rate comes from the interface counters rather than iperf3's
+//! intervals: those count what the receiving program read in each interval, and a
+//! receiver the busy CPUs delayed reads two intervals' bytes in one (in a first run of
+//! this bench, one interval at 1.35 x the limit of a flow whose 6-second mean was under
+//! 0.956 of it).
+
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
+
+use shareguard_tests::net::Direction;
+
+use crate::nic::Nic;
+
+/// How often the counters are read.
+const EVERY: Duration = Duration::from_millis(100);
+
+/// The sysfs byte counter that counts tenant traffic in `dir` behind its shaper:
+/// to the pod, what the host end sent it (after the share's HTB on that end); from the
+/// pod, what the share's ifb sent on (after its HTB), or without a share what the host end
+/// took in.
+pub fn counter(dir: Direction, host_if: &str, share_id: Option<&str>) -> String {
+    let (dev, which) = match (dir, share_id) {
+        (Direction::ToPod, _) => (host_if.to_owned(), "tx_bytes"),
+        (Direction::FromPod, Some(id)) => {
+            let ifb = shareguard_limiter_net::state::ifb_name(id);
+            assert!(
+                fs::metadata(format!("/sys/class/net/{ifb}")).is_ok(),
+                "share {id} has no ifb {ifb}: the bench reads what leaves the share's shaper there"
+            );
+            (ifb, "tx_bytes")
+        }
+        (Direction::FromPod, None) => (host_if.to_owned(), "rx_bytes"),
+    };
+    format!("/sys/class/net/{dev}/statistics/{which}")
+}
+
+fn read(path: &str) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{path}: no counter"))
+}
+
+/// Samples of one run: per counter (seconds since the first sample, bytes), and the NIC
+/// queue's backlog in bytes.
+pub struct Samples {
+    pub bytes: Vec<Vec<(f64, u64)>>,
+    pub backlog: Vec<u64>,
+}
+
+/// Reads `counters` and the NIC's backlog in `dir` every 100 ms from `start` until `end`
+/// (both after `t0`).
+pub fn sample(
+    nic: &Nic,
+    dir: Direction,
+    counters: &[String],
+    t0: Instant,
+    start: Duration,
+    end: Duration,
+) -> Samples {
+    let mut s = Samples {
+        bytes: vec![Vec::new(); counters.len()],
+        backlog: Vec::new(),
+    };
+    if let Some(wait) = start.checked_sub(t0.elapsed()) {
+        std::thread::sleep(wait);
+    }
+    let first = Instant::now();
+    while t0.elapsed() < end {
+        let at = first.elapsed().as_secs_f64();
+        for (c, v) in counters.iter().zip(&mut s.bytes) {
+            v.push((at, read(c)));
+        }
+        s.backlog.push(nic.backlog(dir));
+        std::thread::sleep(EVERY);
+    }
+    s
+}
+
+/// The highest rate over any window of at least one second between two samples, bit/s
+/// (NaN with less than a second of samples).
+pub fn peak_1s(v: &[(f64, u64)]) -> f64 {
+    let mut best = f64::NAN;
+    for (i, &(t, b)) in v.iter().enumerate() {
+        if let Some(&(t2, b2)) = v[i..].iter().find(|(t2, _)| t2 - t >= 1.0) {
+            best = best.max((b2 - b) as f64 * 8.0 / (t2 - t));
+        }
+    }
+    best
+}
+
+/// The mean rate between the first and the last sample, bit/s.
+pub fn mean(v: &[(f64, u64)]) -> f64 {
+    match (v.first(), v.last()) {
+        (Some(&(t, b)), Some(&(t2, b2))) if t2 > t => (b2 - b) as f64 * 8.0 / (t2 - t),
+        _ => f64::NAN,
+    }
+}
