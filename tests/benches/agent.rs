@@ -736,7 +736,16 @@ fn report(s: &Settings, points: &[Point]) -> String {
     if let Some(p) = points.first() {
         let _ = writeln!(w, "| disk (agent store and fsync file) | {} |", p.disk);
     }
-    let _ = writeln!(w, "| agent binary | `{}` |", agent_bin().display());
+    // Relative to the repository, as docs/benchmarks.md quotes it: a checkout's
+    // absolute path says nothing to a reader.
+    let bin = agent_bin();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shown = root
+        .canonicalize()
+        .ok()
+        .and_then(|r| bin.strip_prefix(r).ok().map(std::path::Path::to_path_buf))
+        .unwrap_or(bin);
+    let _ = writeln!(w, "| agent binary | `{}` |", shown.display());
     let _ = writeln!(
         w,
         "| sizes | {} sequential samples after {} warm-up, {} fsync samples, {} ops per throughput run{} |",
