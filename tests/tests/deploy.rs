@@ -2069,3 +2069,17 @@ fn example_claim_template_asks_for_an_amount_the_net_device_policy_allows() {
     let declared: BTreeSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(used, declared, "claims the containers use");
 }
+
+/// The LICENSE file is the license Cargo.toml declares for every crate.
+#[test]
+fn the_license_file_is_the_one_cargo_toml_names() {
+    let cargo = fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains("license = \"Apache-2.0\""),
+        "Cargo.toml's license changed"
+    );
+    let text = fs::read_to_string(repo().join("LICENSE")).unwrap();
+    let head: Vec<&str> = text.lines().take(2).map(str::trim).collect();
+    assert_eq!(head, ["Apache License", "Version 2.0, January 2004"]);
+    assert!(text.trim_end().ends_with("END OF TERMS AND CONDITIONS"));
+}
