@@ -206,6 +206,7 @@ pub struct Metrics {
     sandbox_transitions: Family<DevicePhaseLabel, Counter>,
     overcommitted: Family<DeviceCapacity, Gauge>,
     quarantined: Gauge,
+    store_up: Gauge,
     /// The SLO figures per class (see [`crate::metrics_slo`]).
     slo: crate::metrics_slo::SloMetrics,
     /// Held through a render: a render sets and clears the per-share families before it
@@ -362,6 +363,12 @@ impl Metrics {
             "Stored records this agent could not read, kept as found in the store's quarantine (shares among them are listed UNKNOWN)",
             quarantined.clone(),
         );
+        let store_up = Gauge::default();
+        registry.register(
+            "shareguard_store_up",
+            "1 while the state store takes writes; 0 while it failed and is being reopened (Prepare and Unprepare are refused as Unavailable meanwhile)",
+            store_up.clone(),
+        );
         let sandbox_transitions = Family::<DevicePhaseLabel, Counter>::default();
         registry.register(
             "shareguard_sandbox_transitions",
@@ -381,6 +388,7 @@ impl Metrics {
             sandbox_transitions,
             overcommitted,
             quarantined,
+            store_up,
             requested,
             enforced,
             enforce_seconds,
@@ -536,6 +544,8 @@ impl Metrics {
 
     /// [`Metrics::render`], with the rendering lock held by the caller.
     fn render_locked(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
+        self.store_up
+            .set(i64::from(engine.store_problem().is_none()));
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 let l = DeviceCapacity {

@@ -56,38 +56,90 @@ fn the_slo_rules_pass_promtool_check_and_their_unit_tests() {
     assert!(said.contains("SUCCESS"), "{said}");
 }
 
-/// Every metric the rules read is one the agent exports (by name, in metrics_slo.rs), so
-/// a renamed metric cannot leave the rules reading nothing.
+#[test]
+fn the_operations_alerts_pass_promtool_check_and_their_unit_tests() {
+    let Some((ok, said)) = promtool(&["check", "rules", "shareguard-alerts.rules.yaml"]) else {
+        return;
+    };
+    assert!(ok, "promtool check rules:\n{said}");
+    let (ok, said) = promtool(&["test", "rules", "shareguard-alerts.rules.test.yaml"]).unwrap();
+    assert!(ok, "promtool test rules:\n{said}");
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// The agent's metric sources: where every exported family is registered by name.
+fn metric_sources() -> String {
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("agent/src");
+    ["metrics.rs", "metrics_slo.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(agent.join(f)).unwrap())
+        .collect()
+}
+
+/// Every metric the rules read is one the agent exports (by name, in metrics.rs and
+/// metrics_slo.rs), so a renamed metric cannot leave the rules reading nothing.
 #[test]
 fn the_rules_read_only_metrics_the_agent_exports() {
-    let rules = std::fs::read_to_string(rules_dir().join("shareguard-slo.rules.yaml")).unwrap();
-    let source = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap()
-            .join("agent/src/metrics_slo.rs"),
-    )
-    .unwrap();
-    let mut read = std::collections::BTreeSet::new();
-    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
-        // A prefix in a comment (`shareguard_slo_objective_*`) names no metric.
-        if word.starts_with("shareguard_slo_") && !word.ends_with('_') {
-            read.insert(word.to_owned());
+    let source = metric_sources();
+    for file in ["shareguard-slo.rules.yaml", "shareguard-alerts.rules.yaml"] {
+        let rules = std::fs::read_to_string(rules_dir().join(file)).unwrap();
+        let mut read = std::collections::BTreeSet::new();
+        for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            // A prefix in a comment (`shareguard_slo_objective_*`) names no metric.
+            if word.starts_with("shareguard_") && !word.ends_with('_') {
+                read.insert(word.to_owned());
+            }
+        }
+        assert!(!read.is_empty(), "{file}");
+        for name in read {
+            // Counters are exported as NAME_total, histograms as NAME_bucket.
+            let base = name
+                .strip_suffix("_total")
+                .or_else(|| name.strip_suffix("_bucket"))
+                .unwrap_or(&name);
+            let objective = base.strip_prefix("shareguard_slo_objective_");
+            let known = source.contains(&format!("\"{base}\""))
+                || objective.is_some_and(|o| source.contains(&format!("(\"{o}\"")));
+            assert!(
+                known,
+                "{file} reads {name}, which the agent does not export"
+            );
         }
     }
-    assert!(!read.is_empty());
-    for name in read {
-        // Counters are exported as NAME_total, histograms as NAME_bucket.
-        let base = name
-            .strip_suffix("_total")
-            .or_else(|| name.strip_suffix("_bucket"))
-            .unwrap_or(&name);
-        let objective = base.strip_prefix("shareguard_slo_objective_");
-        let known = source.contains(&format!("\"{base}\""))
-            || objective.is_some_and(|o| source.contains(&format!("(\"{o}\"")));
-        assert!(
-            known,
-            "the rules read {name}, which the agent does not export"
-        );
+}
+
+/// deploy/prometheus/prometheusrule.yaml carries exactly the groups of the two rule
+/// files, in order. `SHAREGUARD_WRITE_PROMETHEUSRULE=1` rewrites its spec from them.
+#[test]
+fn the_prometheusrule_is_the_rule_files() {
+    let load = |f: &str| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(rules_dir().join(f)).unwrap()).unwrap()
+    };
+    let mut groups = Vec::new();
+    for f in ["shareguard-alerts.rules.yaml", "shareguard-slo.rules.yaml"] {
+        groups.extend(load(f)["groups"].as_sequence().unwrap().iter().cloned());
     }
+    let mut cr = load("prometheusrule.yaml");
+    assert_eq!(cr["kind"].as_str(), Some("PrometheusRule"));
+    assert_eq!(cr["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    let want = serde_yaml::Value::Sequence(groups);
+    if std::env::var_os("SHAREGUARD_WRITE_PROMETHEUSRULE").is_some() {
+        let path = rules_dir().join("prometheusrule.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let head: String = text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        cr["spec"]["groups"] = want;
+        std::fs::write(&path, head + &serde_yaml::to_string(&cr).unwrap()).unwrap();
+        return;
+    }
+    assert!(
+        cr["spec"]["groups"] == want,
+        "prometheusrule.yaml differs from the rule files: rerun this test with SHAREGUARD_WRITE_PROMETHEUSRULE=1"
+    );
 }
