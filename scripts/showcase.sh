@@ -255,8 +255,8 @@ wait_phase() { # NAMESPACE PHASE: until the namespace's nic-0 share is in PHASE
 }
 mkpod a 0 "$pod_a"
 mkpod b 1 "$pod_b"
-wait_phase team-a PHASE_ENFORCED
-wait_phase team-b PHASE_ENFORCED
+wait_phase team-a ENFORCED
+wait_phase team-b ENFORCED
 echo "both sandboxes found and enforced, with no further call:"
 sg shares --device nic-0
 measure() { # ADDR [-R]
@@ -277,7 +277,7 @@ step "pod b is deleted before its Unprepare: its share waits again, capacity hel
 kill -9 "${sandboxes[1]}"; wait "${sandboxes[1]}" 2>/dev/null || true
 rm_cgroups "sgs-$$-b"
 ip link del "${tag}b"; ip netns del "${tag}-b"
-wait_phase team-b PHASE_PENDING
+wait_phase team-b PENDING
 sg shares --device nic-0
 sg devices | grep -E 'NAME|nic-0'
 sg release bw-a bw-b

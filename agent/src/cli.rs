@@ -333,8 +333,45 @@ pub struct AuditArgs {
     pub verify: bool,
 }
 
+/// `v` as JSON, with enum values spelled as the tables and `--phase` spell them
+/// ([`plain_enums`]).
 fn json<T: serde::Serialize>(v: &T) -> anyhow::Result<String> {
-    Ok(serde_json::to_string_pretty(v)?)
+    Ok(serde_json::to_string_pretty(&plain(v)?)?)
+}
+
+fn plain<T: serde::Serialize>(v: &T) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(v)?;
+    plain_enums(&mut v);
+    Ok(v)
+}
+
+/// One spelling of a phase everywhere the CLI prints one: `ENFORCED`, as in the tables,
+/// the claim's status and `--phase`, not proto3 JSON's `PHASE_ENFORCED`; the same for a
+/// watch event's `kind`. The gRPC API itself is unchanged.
+pub(crate) fn plain_enums(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                let prefix = match k.as_str() {
+                    "phase" => "PHASE_",
+                    "kind" => "KIND_",
+                    _ => {
+                        plain_enums(x);
+                        continue;
+                    }
+                };
+                if let serde_json::Value::String(s) = x
+                    && let Some(rest) = s.strip_prefix(prefix)
+                {
+                    *s = rest.to_owned();
+                } else {
+                    plain_enums(x);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(plain_enums),
+        _ => {}
+    }
 }
 
 /// `v` as `out` asks: JSON, the same as YAML, or `table(wide)`.
@@ -345,7 +382,7 @@ fn print_as<T: serde::Serialize>(
 ) -> anyhow::Result<()> {
     match out {
         Output::Json => println!("{}", json(v)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&plain(v)?)?),
         Output::Table => print!("{}", table(false)),
         Output::Wide => print!("{}", table(true)),
     }
@@ -882,7 +919,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
                 match out {
                     // One event per line, so the stream can be piped into line tools.
-                    Output::Json => println!("{}", serde_json::to_string(&ev)?),
+                    Output::Json => println!("{}", serde_json::to_string(&plain(&ev)?)?),
                     Output::Table | Output::Yaml | Output::Wide => {
                         let kind = pb::watch_shares_response::Kind::try_from(ev.kind)
                             .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())

@@ -170,7 +170,7 @@ async fn shares_in_table_and_json_with_filters() {
         .iter()
         .find(|s| s["shareId"] == a0.as_str())
         .unwrap();
-    assert_eq!(s["phase"], "PHASE_ACCOUNTED", "{s}");
+    assert_eq!(s["phase"], "ACCOUNTED", "{s}");
     assert_eq!(
         s["claim"],
         json!({"uid": "cli-a0", "namespace": "team-a", "name": "claim-cli-a0"})
@@ -250,7 +250,7 @@ async fn one_share_in_table_and_json() {
     let v = ok_json(&a, &["share", &id]);
     assert_eq!(v["shareId"], id.as_str());
     assert_eq!(v["device"], "gen-0");
-    assert_eq!(v["phase"], "PHASE_ACCOUNTED");
+    assert_eq!(v["phase"], "ACCOUNTED");
     assert_eq!(v["limits"][0]["requested"], "15Gi");
     let status: Value = serde_json::from_str(v["deviceStatusJson"].as_str().unwrap()).unwrap();
     assert_eq!(status["data"]["requested"]["memory"], "15Gi");
@@ -295,7 +295,7 @@ async fn prepare_reads_camel_case_json_from_stdin() {
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let r = &v["claims"]["cli-stdin"];
     assert_eq!(r["shares"][0]["shareId"], id.as_str(), "{v}");
-    assert_eq!(r["shares"][0]["phase"], "PHASE_ACCOUNTED", "{v}");
+    assert_eq!(r["shares"][0]["phase"], "ACCOUNTED", "{v}");
     assert!(r.get("error").is_none(), "{v}");
 
     // What the CLI sent is what the agent stored, camelCase fields included.
@@ -630,11 +630,7 @@ async fn yaml_and_wide_output_and_flags_a_subcommand_would_ignore() {
         Some(id.as_str()),
         "{y:?}"
     );
-    assert_eq!(
-        y["shares"][0]["phase"].as_str(),
-        Some("PHASE_ACCOUNTED"),
-        "{y:?}"
-    );
+    assert_eq!(y["shares"][0]["phase"].as_str(), Some("ACCOUNTED"), "{y:?}");
     let wide = ok(&a, &["shares", "-o", "wide"]);
     assert!(wide.lines().next().unwrap().contains("CLAIM UID"), "{wide}");
     assert!(row(&wide, &id).contains(" y-1 "), "{wide}");

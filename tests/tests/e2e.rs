@@ -411,7 +411,7 @@ fn b_e_pods_get_their_bandwidth_both_ways_and_give_it_back() {
         STATUS_TIMEOUT,
         || {
             let s = c.agent_cli(node, &["share", &share_id]);
-            if s["phase"] == "PHASE_RELEASED" {
+            if s["phase"] == "RELEASED" {
                 Ok(())
             } else {
                 Err(format!("{s}"))
@@ -779,7 +779,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     );
     wait_for("the new agent to verify the share", STATUS_TIMEOUT, || {
         let phase = share_phase(&c, node, &share_id);
-        if phase == "PHASE_ENFORCED" {
+        if phase == "ENFORCED" {
             Ok(())
         } else {
             Err(phase)
@@ -801,7 +801,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     wait_enforced_status(&c, &after.name);
     assert_eq!(
         share_phase(&c, node, &share_id),
-        "PHASE_ENFORCED",
+        "ENFORCED",
         "the first share is still enforced"
     );
     let pod = c.json(&["get", "pod", "-n", &ns.name, "client"]);
