@@ -17,6 +17,7 @@ use crate::{
     claims::{self, KubeletDevice, Prepared},
     cluster::Cluster,
     error::ClaimError,
+    events::Events,
     inventory::DriverDevices,
     kubelet::Successors,
     policy::PolicySnapshot,
@@ -61,6 +62,8 @@ pub struct Driver {
     devices: RwLock<Arc<Devices>>,
     /// Where calls go once this instance is fenced.
     successors: Successors,
+    /// Where a refused claim is told to its owner.
+    events: Events,
 }
 
 /// Where a call came from: kubelet, or a fenced instance that passed it on.
@@ -82,6 +85,7 @@ impl Driver {
         cluster: Cluster,
         devices: Devices,
         successors: Successors,
+        events: Events,
     ) -> Self {
         Self {
             name: name.to_owned(),
@@ -89,6 +93,7 @@ impl Driver {
             cluster,
             devices: RwLock::new(Arc::new(devices)),
             successors,
+            events,
         }
     }
 
@@ -189,6 +194,7 @@ impl Driver {
                 }
                 Err(e) => {
                     warn!(claim = %c.name, claim_uid = %c.uid, error = %e, "claim not prepared");
+                    self.tell_refused(c, None, &e);
                     answers.push((c.uid.clone(), Err(e.to_string())));
                 }
             }
@@ -200,6 +206,15 @@ impl Driver {
             Ok(r) => r.claims,
             Err(e) => {
                 warn!(error = %e, "the agent's Prepare failed");
+                let code = match &e {
+                    ClaimError::Agent { code, .. } if *code == tonic::Code::Unavailable => {
+                        Some("Unavailable")
+                    }
+                    _ => None,
+                };
+                for (c, _) in &asked {
+                    self.tell_refused(c, code, &e);
+                }
                 answers.extend(
                     asked
                         .iter()
@@ -213,7 +228,11 @@ impl Driver {
             let answer = match results.remove(&c.uid) {
                 None => Err("the node agent gave no answer for the claim".to_owned()),
                 Some(r) => match r.error.as_ref().filter(|e| !e.code.is_empty()) {
-                    Some(e) => Err(self.agent.claim_error(e).to_string()),
+                    Some(e) => {
+                        let err = self.agent.claim_error(e);
+                        self.tell_refused(c, Some(&e.code), &err);
+                        Err(err.to_string())
+                    }
                     None => Ok(answer_devices(devices, &r)),
                 },
             };
@@ -227,6 +246,20 @@ impl Driver {
             answers.push((c.uid.clone(), answer));
         }
         answers
+    }
+
+    /// An Event on the claim and its pods for a refusal, unless this instance was only
+    /// replaced (the call is passed on, and the successor answers it).
+    fn tell_refused(&self, c: &pb::ClaimRef, code: Option<&str>, e: &ClaimError) {
+        if matches!(e, ClaimError::Fenced(_)) {
+            return;
+        }
+        let message = match e {
+            // The agent's words without the plugin's preamble.
+            ClaimError::Refused(text) => text.clone(),
+            other => other.to_string(),
+        };
+        self.events.refused(c, &self.name, code, &message);
     }
 
     async fn build(&self, c: &pb::ClaimRef, devices: &Devices) -> Result<Prepared, ClaimError> {

@@ -14,6 +14,7 @@ mod cluster;
 mod dirs;
 mod driver;
 pub mod error;
+pub mod events;
 mod health;
 pub mod inventory;
 pub mod kubelet;

@@ -21,6 +21,7 @@ use crate::{
     cluster::{self, Cluster},
     driver::{Devices, Driver},
     error::PluginError,
+    events::Events,
     health::{self, Readiness},
     inventory::{DriverDevices, Inventory},
     kubelet::{Registration, RegistrationState, SocketFile, Successors, V1, V1Beta1},
@@ -98,6 +99,10 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Events on claims and pods, written by a task of their own (events/mod.rs).
+    let (events, events_task) =
+        Events::start(cluster.clients().clone(), &args.node_name, stop_rx.clone());
+    tokio::spawn(events_task.instrument(info_span!("events")));
     let mut servers = JoinSet::new();
     let mut dra_sockets = Vec::new();
     let mut reg_sockets = Vec::new();
@@ -111,6 +116,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             cluster.clone(),
             Devices::new(devices.clone()),
             Successors::new(&dra_path),
+            events.clone(),
         ));
         let (dra_listener, dra_socket) = SocketFile::bind(&dra_path)?;
         let dra = tonic::transport::Server::builder()
@@ -153,6 +159,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             cluster.clients().clone(),
             agent.clone(),
             inventory.drivers.keys().cloned().collect(),
+            events.clone(),
         )
         .run(stop_rx.clone()),
     );

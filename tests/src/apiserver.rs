@@ -470,6 +470,67 @@ impl Objects {
         Some(v)
     }
 
+    fn create_event(&mut self, mut key: Key, body: &[u8]) -> Response {
+        let mut v: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")),
+        };
+        let Some(name) = v["metadata"]["name"].as_str().map(str::to_owned) else {
+            return status(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "metadata.name: Required value".into(),
+            );
+        };
+        key.name = name;
+        if self.items.contains_key(&key) {
+            return status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("events {:?} already exists", key.name),
+            );
+        }
+        self.uids += 1;
+        v["metadata"]["uid"] = json!(format!("stand-in-event-{}", self.uids));
+        self.bump(&mut v);
+        self.insert(key, v.clone());
+        (
+            StatusCode::CREATED,
+            [(header::CONTENT_TYPE, "application/json")],
+            v.to_string(),
+        )
+            .into_response()
+    }
+
+    /// A JSON merge patch (RFC 7386) onto a stored Event.
+    fn merge_event(&mut self, key: &Key, body: &[u8]) -> Response {
+        fn merge(into: &mut Value, patch: &Value) {
+            match (into, patch) {
+                (Value::Object(i), Value::Object(p)) => {
+                    for (k, v) in p {
+                        if v.is_null() {
+                            i.remove(k);
+                        } else {
+                            merge(i.entry(k.clone()).or_insert(Value::Null), v);
+                        }
+                    }
+                }
+                (i, p) => *i = p.clone(),
+            }
+        }
+        let patch: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")),
+        };
+        let Some(mut v) = self.items.get(key).cloned() else {
+            return not_found(key);
+        };
+        merge(&mut v, &patch);
+        self.bump(&mut v);
+        self.insert(key.clone(), v.clone());
+        ok(&v)
+    }
+
     fn notify(&self) {
         if let Some(tx) = &self.changed {
             tx.send_replace(self.resource_version);
@@ -750,6 +811,16 @@ async fn handle(
             }
         }
         (Method::DELETE, None) if key.plural == "resourceslices" => o.delete(&key, &body),
+        // Events, as the kubelet plugin writes them: a create, and a merge patch that
+        // counts a repeat in the Event's series.
+        (Method::POST, None) if key.plural == "events" && key.name.is_empty() => {
+            o.create_event(key, &body)
+        }
+        (Method::PATCH, None)
+            if key.plural == "events" && content_type.starts_with("application/merge-patch") =>
+        {
+            o.merge_event(&key, &body)
+        }
         (method, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",

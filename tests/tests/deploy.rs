@@ -1659,6 +1659,8 @@ fn cluster_role_grants_exactly_the_verbs_the_plugin_uses() {
         ("resource.k8s.io", "resourceslices", "patch"),
         ("resource.k8s.io", "resourceslices", "delete"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
     ]
     .into_iter()
     .map(|(g, r, v)| (g.to_owned(), r.to_owned(), v.to_owned(), "*".to_owned()))

@@ -676,3 +676,186 @@ async fn a_subrequest_is_answered_with_its_parent_request() {
     let s = get_share(&mut agent.client().await, share).await;
     assert_eq!(s.request, "mem/small", "{s:?}");
 }
+
+/// The Events of the API stand-in, as (kind of the object, its name, type, reason,
+/// series count, note), oldest first.
+fn events(api: &ApiServer) -> Vec<(String, String, String, String, i32, String)> {
+    let mut all: Vec<k8s_openapi::api::events::v1::Event> = api.list();
+    all.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+    all.into_iter()
+        .map(|e| {
+            let r = e.regarding.unwrap_or_default();
+            (
+                r.kind.unwrap_or_default(),
+                r.name.unwrap_or_default(),
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.series.map_or(1, |s| s.count),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (10 s at most) until `cond` holds of the stand-in's Events.
+fn wait_events(
+    api: &ApiServer,
+    what: &str,
+    cond: impl Fn(&[(String, String, String, String, i32, String)]) -> bool,
+) -> Vec<(String, String, String, String, i32, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let e = events(api);
+        if cond(&e) {
+            return e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 10 s; events: {e:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A claim the node refuses gets a Warning Event on itself and on its pod, naming the
+/// reason; kubelet's retry counts in that Event's series instead of writing another.
+#[tokio::test]
+async fn a_refused_claim_gets_an_event_on_itself_and_its_pod() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (too_big, _) = share_claim(&api, "too-big", &pod_uid, "16Gi");
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let mut prepare = async || {
+        let r = kubelet
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![v1_claim(NS, "too-big", &too_big)],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.claims[&too_big].error.contains("refused"), "{r:?}");
+    };
+    prepare().await;
+    let first = wait_events(&api, "an event on the claim and the pod", |e| e.len() == 2);
+    let on: Vec<(&str, &str)> = first.iter().map(|e| (e.0.as_str(), e.1.as_str())).collect();
+    assert!(on.contains(&("ResourceClaim", "too-big")), "{first:#?}");
+    assert!(on.contains(&("Pod", "p1")), "{first:#?}");
+    for e in &first {
+        assert_eq!(
+            (e.2.as_str(), e.3.as_str()),
+            ("Warning", "AllocationInvalid"),
+            "{e:?}"
+        );
+        assert!(
+            e.5.contains(&format!("{DRIVER} on node {NODE} refused the claim"))
+                && e.5.contains("16Gi is above the maximum 8Gi"),
+            "{e:?}"
+        );
+    }
+
+    // kubelet calls again: the same two Events, each counted twice.
+    prepare().await;
+    let again = wait_events(&api, "the repeat counted in the series", |e| {
+        e.iter().all(|e| e.4 == 2)
+    });
+    assert_eq!(again.len(), 2, "{again:#?}");
+    // A claim that was prepared draws no Event.
+    let (fits, _) = share_claim(&api, "fits", &pod_uid, "1Gi");
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "fits", &fits)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&fits].error, "", "{r:?}");
+    assert!(
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("POST") && r.contains("/events"))
+            .count()
+            == 2,
+        "{:?}",
+        api.requests()
+    );
+}
+
+/// A share that waited for its pod's sandbox gets a Normal Event on the claim and the
+/// pod once it is enforced, saying what was read back. Root only (the pod's cgroup).
+#[tokio::test]
+async fn a_share_enforced_after_waiting_gets_an_event() {
+    if !shareguard_tests::net::privileged("a_share_enforced_after_waiting_gets_an_event") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = Options::new(shareguard_tests::simulated_gpu_device(
+        r#"{ period = "100ms", action = "report" }"#,
+    ));
+    o.agent_extra = format!("cdi_dir = {:?}", dir.path().join("cdi"));
+    let agent = Agent::start(o);
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = shareguard_tests::pod::pod_uid();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let uid = share_id();
+    api.put(&claim(
+        NS,
+        "gpu",
+        &uid,
+        Some(vec![result(
+            "gpu",
+            DRIVER,
+            POOL,
+            "gpu-0",
+            Some(&share_id()),
+            &[("memory", "2Gi")],
+        )]),
+        &[("p1", &pod_uid)],
+    ));
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(NS, "gpu", &uid)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[&uid].error, "", "{r:?}");
+    // No sandbox yet: the share waits, and nothing is told.
+    let s = &agent
+        .client()
+        .await
+        .list_shares(pb::ListSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shares[0];
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    assert!(events(&api).is_empty(), "{:#?}", events(&api));
+
+    let _sandbox = shareguard_tests::pod::Sandbox::start(
+        &pod_uid,
+        shareguard_tests::pod::Layout::Cgroupfs,
+        None,
+    );
+    let e = wait_events(&api, "ShareEnforced on the claim and the pod", |e| {
+        e.len() == 2
+    });
+    for e in &e {
+        assert_eq!(
+            (e.2.as_str(), e.3.as_str()),
+            ("Normal", "ShareEnforced"),
+            "{e:?}"
+        );
+        assert!(
+            e.5.contains("memory 2Gi enforced and read back")
+                && e.5.contains("after waiting for the pod's sandbox"),
+            "{e:?}"
+        );
+    }
+    let mut kinds: Vec<&str> = e.iter().map(|e| e.0.as_str()).collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["Pod", "ResourceClaim"]);
+}

@@ -21,7 +21,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::build::{self, Target};
-use crate::{agent::Agent, cluster::Clients};
+use crate::{agent::Agent, cluster::Clients, events::Events};
 
 /// A claim's status is written at most this often; changes in between are merged.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -83,6 +83,8 @@ pub struct StatusWriter {
     /// reads only its own shares, not every share on the node.
     shares: Shares,
     claims: BTreeMap<Target, ClaimState>,
+    /// Where a share's move worth telling its owner goes.
+    events: Events,
 }
 
 /// Claim -> share key -> latest status. A share's claim never changes (allocation
@@ -112,13 +114,19 @@ fn share_key(s: &pb::ShareStatus) -> String {
 }
 
 impl StatusWriter {
-    pub fn new(clients: Clients, agent: Arc<Agent>, drivers: BTreeSet<String>) -> Self {
+    pub fn new(
+        clients: Clients,
+        agent: Arc<Agent>,
+        drivers: BTreeSet<String>,
+        events: Events,
+    ) -> Self {
         Self {
             clients,
             agent,
             drivers,
             shares: HashMap::new(),
             claims: BTreeMap::new(),
+            events,
         }
     }
 
@@ -180,6 +188,16 @@ impl StatusWriter {
             }
             (Ok(pb::watch_shares_response::Kind::SnapshotEnd), _) => {
                 if let Some(snap) = snapshot.take() {
+                    // What moved while the stream was down is told as any move is;
+                    // shares first seen (a start of the plugin) are not.
+                    for (t, now) in &snap {
+                        for (key, s) in now {
+                            let before = self.shares.get(t).and_then(|m| m.get(key));
+                            if before.is_some() {
+                                self.events.share_changed(before, s);
+                            }
+                        }
+                    }
                     // Claims known before and not in the snapshot are marked too: their
                     // entries go.
                     let old = std::mem::replace(&mut self.shares, snap);
@@ -193,6 +211,8 @@ impl StatusWriter {
                     return;
                 }
                 if let Some(t) = Target::of(&s) {
+                    let before = self.shares.get(&t).and_then(|m| m.get(&share_key(&s)));
+                    self.events.share_changed(before, &s);
                     self.claims.entry(t).or_default().dirty = true;
                 }
                 insert(&mut self.shares, s);
