@@ -275,6 +275,9 @@ pub enum ConfigCmd {
     /// Validate FILE as the agent would at start: exit 0 (warnings on stderr), or 1 with
     /// `file:line: reason`. Reads only the file: devices and GPUs are not probed.
     Check { file: PathBuf },
+    /// Print the reference of every config key (type, default, meaning) as Markdown:
+    /// docs/config-reference.md is this output.
+    Reference,
 }
 
 /// `shareguard config check FILE`.
@@ -823,6 +826,10 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Capacity(a) => return run_capacity(&a, out),
         Cmd::Cleanup(a) => return crate::cli_cleanup::run(&a, matches!(out, Output::Json)).await,
         Cmd::Config(ConfigCmd::Check { file }) => return Ok(check_config(&file)),
+        Cmd::Config(ConfigCmd::Reference) => {
+            print!("{}", crate::config_reference::markdown());
+            return Ok(ExitCode::SUCCESS);
+        }
         cmd => cmd,
     };
     let mut c = connect(&cli.socket).await?;

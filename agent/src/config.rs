@@ -177,9 +177,11 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The file as parsed, before any check; its shape is also what
+/// [`crate::config_reference`] walks.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawConfig {
+pub(crate) struct RawConfig {
     #[serde(default)]
     agent: RawAgent,
     #[serde(default, rename = "device")]

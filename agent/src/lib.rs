@@ -15,6 +15,7 @@ pub mod client;
 pub mod config;
 pub mod config_gpu;
 pub mod config_node;
+pub mod config_reference;
 pub mod config_slo;
 pub mod config_warnings;
 pub mod convert;

@@ -477,6 +477,41 @@ fn capacity_estimates_a_fleet_without_an_agent() {
     );
 }
 
+/// `shareguard config reference` prints docs/config-reference.md (the agent's unit test
+/// checks that file against the parser's keys); every key it lists, written into a
+/// config, is one the parser takes (no "unknown field").
+#[test]
+fn config_reference_prints_the_docs_reference_of_keys_the_parser_takes() {
+    let o = std::process::Command::new(agent_bin())
+        .args(["config", "reference"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config-reference.md"),
+    )
+    .unwrap();
+    assert_eq!(stdout(&o), docs);
+    let agent_keys: Vec<&str> = docs
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `agent."))
+        .filter_map(|l| l.split('`').next())
+        .filter(|k| !k.contains('.'))
+        .collect();
+    assert!(agent_keys.len() > 25, "{agent_keys:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.toml");
+    for k in agent_keys {
+        std::fs::write(&file, format!("[agent]\n{k} = 0\n")).unwrap();
+        let o = std::process::Command::new(agent_bin())
+            .args(["config", "check"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!stderr(&o).contains("unknown field"), "{k}: {}", stderr(&o));
+    }
+}
+
 /// `shareguard config check FILE` validates without an agent: 0 with warnings on stderr
 /// for a config that works but is probably not meant, 1 with `file:line: reason` for one
 /// the agent would refuse; `devices` repeats the warnings of the running agent.

@@ -1,0 +1,854 @@
+//! The reference of every config key: its TOML type, its default and what it means.
+//!
+//! The keys and their TOML types come from the parser itself: [`keys`] walks the
+//! config's `Deserialize` impls with a deserializer that records, for every struct, the
+//! fields it asks for (serde hands each struct's field list to `deserialize_struct`),
+//! so a key added to the parser and not to [`DOCS`] (or one left in [`DOCS`] after the
+//! parser dropped it) fails a test. `shareguard config reference` prints the result;
+//! docs/config-reference.md is that output, and a test keeps them equal.
+
+use std::collections::BTreeMap;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// (key, type as the reference states it, default, meaning). The key is the TOML path;
+/// `<name>` stands for a table key the user picks (a capacity's or a class's name).
+/// The stated type refines the TOML one (a duration, a quantity, a path are strings).
+pub const DOCS: &[(&str, &str, &str, &str)] = &[
+    // [agent]
+    (
+        "agent.node_name",
+        "string",
+        "--node-name, else $NODE_NAME, else the host name",
+        "The node's name as the API server knows it: the default pool of every device.",
+    ),
+    (
+        "agent.socket",
+        "path",
+        "/run/shareguard/agent.sock",
+        "The gRPC API's unix socket (mode 0600, or 0660 with socket_group).",
+    ),
+    (
+        "agent.state_dir",
+        "path",
+        "/var/lib/shareguard",
+        "The sled store (<state_dir>/store, mode 0700) and, by default, the audit log.",
+    ),
+    (
+        "agent.metrics_addr",
+        "address",
+        "127.0.0.1:9464",
+        "/metrics, /healthz and /readyz (port 0: any free port). Other than loopback only with metrics_token_file or metrics_tls with client_ca_file.",
+    ),
+    (
+        "agent.health_addr",
+        "address",
+        "none",
+        "/healthz and /readyz alone, without authentication, for kubelet's probes.",
+    ),
+    (
+        "agent.metrics_token_file",
+        "path",
+        "none",
+        "A bearer token /metrics asks for (read for each request).",
+    ),
+    (
+        "agent.metrics_tls.cert_file",
+        "path",
+        "required in metrics_tls",
+        "TLS certificate of metrics_addr (read for each connection: renewed in place).",
+    ),
+    (
+        "agent.metrics_tls.key_file",
+        "path",
+        "required in metrics_tls",
+        "Its private key.",
+    ),
+    (
+        "agent.metrics_tls.client_ca_file",
+        "path",
+        "none",
+        "Only scrapers with a certificate of this CA are served.",
+    ),
+    (
+        "agent.audit_log",
+        "path",
+        "<state_dir>/audit.jsonl",
+        "The audit log, one JSON line per decision.",
+    ),
+    (
+        "agent.audit_max_bytes",
+        "integer or quantity",
+        "64Mi",
+        "The audit log is rotated before it would pass this size.",
+    ),
+    (
+        "agent.audit_keep",
+        "integer",
+        "4",
+        "Rotated audit files kept (audit.jsonl.1 is the newest).",
+    ),
+    (
+        "agent.allowed_uids",
+        "array of integers",
+        "[0]",
+        "Peer uids with the admin role (every RPC).",
+    ),
+    (
+        "agent.plugin_uids",
+        "array of integers",
+        "[]",
+        "Peer uids with the kubelet-plugin role: Prepare, Unprepare, NewEpoch and the reads.",
+    ),
+    (
+        "agent.reader_uids",
+        "array of integers",
+        "[]",
+        "Peer uids with the read-only role: GetShare, ListShares, WatchShares, ListDevices, GetSlo.",
+    ),
+    (
+        "agent.socket_group",
+        "integer",
+        "none",
+        "The socket 0660 and its directory 0750 in this group, for non-root uids above; the agent must be in the group.",
+    ),
+    (
+        "agent.max_claims_per_request",
+        "integer",
+        "128",
+        "Larger Prepare and Unprepare batches are refused.",
+    ),
+    (
+        "agent.tombstone_retention",
+        "duration",
+        "24h",
+        "How long RELEASED and FAILED records are kept for audit.",
+    ),
+    (
+        "agent.bpffs_dir",
+        "path",
+        "/sys/fs/bpf/shareguard",
+        "Pinned maps and links of the bandwidth limiter.",
+    ),
+    (
+        "agent.cdi_dir",
+        "path",
+        "/var/run/cdi",
+        "CDI specs of claims with GPU shares.",
+    ),
+    (
+        "agent.cgroup_root",
+        "path",
+        "the cgroup v2 mount from the mount table",
+        "Where pods' cgroups are looked for.",
+    ),
+    (
+        "agent.pod_cgroup_roots",
+        "array of paths",
+        "[]",
+        "kubelet cgroup roots nested deeper than two levels.",
+    ),
+    (
+        "agent.rescan_period",
+        "duration",
+        "5s",
+        "Every pod looked for again (events find them at once; this bounds a lost event).",
+    ),
+    (
+        "agent.counters_period",
+        "duration",
+        "5s",
+        "Traffic counters read from the kernel, for metrics and what observe measures.",
+    ),
+    (
+        "agent.max_watchers",
+        "integer",
+        "64",
+        "WatchShares streams served at once.",
+    ),
+    (
+        "agent.metrics_max_age",
+        "duration",
+        "1s",
+        "Scrapes within this age of a render share it.",
+    ),
+    (
+        "agent.mps_control",
+        "path",
+        "/usr/bin/nvidia-cuda-mps-control",
+        "NVIDIA's MPS control program.",
+    ),
+    (
+        "agent.mps_dir",
+        "path",
+        "/run/shareguard-mps",
+        "Per-share MPS daemons' directories (at most 40 bytes).",
+    ),
+    (
+        "agent.mps_launcher",
+        "array of strings",
+        "[]",
+        "A command an MPS daemon is started through, e.g. systemd-run; {name} is the share's unit name.",
+    ),
+    (
+        "agent.mps_shm_size",
+        "quantity",
+        "64Mi",
+        "Cap of each MPS share's /dev/shm tmpfs (whole MiB).",
+    ),
+    (
+        "agent.simulated_gpu_processes",
+        "path",
+        "none",
+        "SIMULATED GPUs only: a JSON file of the processes the simulated driver reports.",
+    ),
+    (
+        "agent.simulated_gpu_faults",
+        "path",
+        "none",
+        "SIMULATED GPUs only: a JSON file of faults the simulated driver injects.",
+    ),
+    (
+        "agent.reconcile_period",
+        "duration",
+        "10s",
+        "How often every enforced share is read back and drift repaired.",
+    ),
+    // [[device]]
+    (
+        "device.name",
+        "string",
+        "required",
+        "Unique on the node; a DNS label.",
+    ),
+    (
+        "device.driver",
+        "string",
+        "required",
+        "The DRA driver name (a DNS subdomain) the device is published under.",
+    ),
+    (
+        "device.pool",
+        "string",
+        "agent.node_name",
+        "The ResourceSlice pool; no two nodes may share one.",
+    ),
+    (
+        "device.kind",
+        "string",
+        "required",
+        "net (bandwidth through eBPF on tc), gpu (GPU memory) or generic (accounting only).",
+    ),
+    (
+        "device.allowed_namespaces",
+        "array of strings",
+        "[] (none: a warning at start)",
+        "Namespaces whose claims may use the device; \"*\" allows all.",
+    ),
+    (
+        "device.admin_namespaces",
+        "array of strings",
+        "[]",
+        "Namespaces whose claims may use adminAccess on the device.",
+    ),
+    (
+        "device.capacity.<name>.value",
+        "quantity",
+        "net: the interface's link speed; else required",
+        "The device's capacity of <name> (bandwidth in bit/s; binary suffixes get a hint).",
+    ),
+    (
+        "device.capacity.<name>.default",
+        "quantity",
+        "none",
+        "The request policy's default amount.",
+    ),
+    (
+        "device.capacity.<name>.valid_values",
+        "array of quantities",
+        "[]",
+        "The request policy's allowed amounts (instead of valid_range).",
+    ),
+    (
+        "device.capacity.<name>.valid_range.min",
+        "quantity",
+        "required in valid_range",
+        "The smallest amount.",
+    ),
+    (
+        "device.capacity.<name>.valid_range.max",
+        "quantity",
+        "the capacity",
+        "The largest amount.",
+    ),
+    (
+        "device.capacity.<name>.valid_range.step",
+        "quantity",
+        "none (any amount from min)",
+        "Amounts are min + n * step.",
+    ),
+    (
+        "device.interface",
+        "string",
+        "none",
+        "net: the NIC the device stands for; its speed is the capacity when value is not set.",
+    ),
+    (
+        "device.mechanism",
+        "string",
+        "auto",
+        "net: auto (htb-ebpf, else bpf-policer), or htb-ebpf, bpf-policer, edt-fq by name.",
+    ),
+    (
+        "device.line_rate",
+        "quantity",
+        "none",
+        "net: what a pod's path carries at most (bit/s); a share at or above it is counted, not shaped.",
+    ),
+    (
+        "device.backend",
+        "string",
+        "nvml",
+        "gpu: nvml, or simulated (named as such everywhere).",
+    ),
+    (
+        "device.uuid",
+        "string",
+        "none",
+        "gpu: the GPU by UUID (or index).",
+    ),
+    (
+        "device.index",
+        "integer",
+        "none",
+        "gpu: the GPU by NVML index (or uuid).",
+    ),
+    (
+        "device.watchdog.period",
+        "duration",
+        "1s",
+        "gpu: how often the GPU's processes are read.",
+    ),
+    (
+        "device.watchdog.action",
+        "string",
+        "report",
+        "gpu: report, or terminate the process of a share over its limit.",
+    ),
+    (
+        "device.watchdog.grace",
+        "duration",
+        "10s",
+        "gpu, terminate only: how long a share may stay over its limit first.",
+    ),
+    (
+        "device.simulated.memory",
+        "quantity",
+        "required in simulated",
+        "SIMULATED GPU: its memory.",
+    ),
+    (
+        "device.simulated.cgroup_limits",
+        "boolean",
+        "true",
+        "SIMULATED GPU: offers per-cgroup memory limits.",
+    ),
+    (
+        "device.simulated.mps",
+        "boolean",
+        "true",
+        "SIMULATED GPU: offers MPS.",
+    ),
+    (
+        "device.stage",
+        "string",
+        "enforce",
+        "The rollout stage to start in: enforce, or observe (admitted, counted, measured, nothing limited).",
+    ),
+    (
+        "device.class",
+        "string",
+        "by kind: shareguard-net-bandwidth, shareguard-gpu-memory, shareguard-accounted",
+        "The DeviceClass for rollout and SLOs.",
+    ),
+    // [slo]
+    (
+        "slo.window",
+        "duration",
+        "1h",
+        "The window the verdict is judged over.",
+    ),
+    (
+        "slo.short_window",
+        "duration",
+        "5m",
+        "A shorter window reported beside it.",
+    ),
+    (
+        "slo.prepare_p99",
+        "duration",
+        "100ms",
+        "Objective: Prepare p99.",
+    ),
+    (
+        "slo.convergence_p99",
+        "duration",
+        "10s",
+        "Objective: admission to ENFORCED p99.",
+    ),
+    (
+        "slo.refusal_rate_max",
+        "float",
+        "0.05",
+        "Objective: refused claims over claims asked for.",
+    ),
+    (
+        "slo.read_back_ratio_min",
+        "float",
+        "0.99",
+        "Objective: limits read back over requested.",
+    ),
+    (
+        "slo.drift_repairs_max",
+        "integer",
+        "5",
+        "Objective: drift repairs in the window.",
+    ),
+    (
+        "slo.recovery_max",
+        "duration",
+        "10s",
+        "Objective: agent start to every share verified.",
+    ),
+    (
+        "slo.min_samples",
+        "integer",
+        "20",
+        "Fewer claims in the window than this: hold.",
+    ),
+    (
+        "slo.class.<name>.prepare_p99",
+        "duration",
+        "slo.prepare_p99",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.convergence_p99",
+        "duration",
+        "slo.convergence_p99",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.refusal_rate_max",
+        "float",
+        "slo.refusal_rate_max",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.read_back_ratio_min",
+        "float",
+        "slo.read_back_ratio_min",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.drift_repairs_max",
+        "integer",
+        "slo.drift_repairs_max",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.recovery_max",
+        "duration",
+        "slo.recovery_max",
+        "The objective for DeviceClass <name>.",
+    ),
+    (
+        "slo.class.<name>.min_samples",
+        "integer",
+        "slo.min_samples",
+        "The objective for DeviceClass <name>.",
+    ),
+];
+
+/// Every key the parser accepts, with its TOML type as the parser reads it.
+pub fn keys() -> BTreeMap<String, &'static str> {
+    let mut found = BTreeMap::new();
+    // The walk feeds every field a placeholder of the type it asks for; RawConfig's
+    // Deserialize takes any such input, so this cannot fail.
+    let _ = <crate::config::RawConfig as serde::Deserialize>::deserialize(Walk {
+        path: String::new(),
+        found: &mut found,
+        record: true,
+    });
+    found
+}
+
+/// Whether the reference's stated type can be the parser's TOML type.
+fn fits(stated: &str, toml: &str) -> bool {
+    match toml {
+        "string" => matches!(
+            stated,
+            "string" | "path" | "address" | "duration" | "quantity"
+        ),
+        "integer" => stated == "integer",
+        "float" => stated == "float",
+        "boolean" => stated == "boolean",
+        "array" => stated.starts_with("array of "),
+        "any" => stated.contains(" or "),
+        _ => false,
+    }
+}
+
+/// The reference as Markdown (docs/config-reference.md).
+pub fn markdown() -> String {
+    let mut out = String::from(
+        "# Config reference\n\n\
+         Every key of the agent's config file (`shareguard agent --config FILE`), generated\n\
+         from the parser by `shareguard config reference`; a test fails when this file\n\
+         differs from its output or a key is missing. `<name>` is a name you choose (a\n\
+         capacity, a DeviceClass). Durations are written as `500ms`, `10s`, `1h`; quantities\n\
+         as Kubernetes quantities (`10G` bit/s, `40Gi` bytes). `shareguard config check FILE`\n\
+         validates a file without starting the agent.\n\n",
+    );
+    let mut section = "";
+    for (key, ty, default, meaning) in DOCS {
+        let top = key.split('.').next().unwrap_or_default();
+        if top != section {
+            section = top;
+            let title = match top {
+                "agent" => "`[agent]`",
+                "device" => "`[[device]]` (one table per device)",
+                _ => "`[slo]`",
+            };
+            out.push_str(&format!(
+                "## {title}\n\n| key | type | default | meaning |\n|---|---|---|---|\n"
+            ));
+        }
+        out.push_str(&format!("| `{key}` | {ty} | {default} | {meaning} |\n"));
+        if DOCS
+            .iter()
+            .skip_while(|d| d.0 != *key)
+            .nth(1)
+            .is_none_or(|next| next.0.split('.').next() != Some(top))
+        {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Keys the parser accepts and the reference lacks, keys the reference has and the
+/// parser does not accept, and keys whose stated type the parser's contradicts.
+pub fn mismatches() -> Vec<String> {
+    let parsed = keys();
+    let mut out = Vec::new();
+    for (key, toml) in &parsed {
+        match DOCS.iter().find(|d| d.0 == key) {
+            None => out.push(format!("{key} ({toml}) is not in the reference")),
+            Some(d) if !fits(d.1, toml) => {
+                out.push(format!("{key}: stated {:?}, parsed as {toml}", d.1));
+            }
+            Some(_) => {}
+        }
+    }
+    for d in DOCS {
+        if !parsed.contains_key(d.0) {
+            out.push(format!("{} is in the reference but not accepted", d.0));
+        }
+    }
+    out
+}
+
+/// A deserializer that answers every request with a placeholder of the asked type and
+/// records the path of every leaf.
+struct Walk<'a> {
+    path: String,
+    found: &'a mut BTreeMap<String, &'static str>,
+    /// False for map keys and span bookkeeping, which are no config keys.
+    record: bool,
+}
+
+/// toml's `Spanned<T>`: a struct of this name with a start, an end and the value.
+const SPANNED: &str = "$__serde_spanned_private_Spanned";
+const SPANNED_VALUE: &str = "$__serde_spanned_private_value";
+
+impl Walk<'_> {
+    fn leaf(&mut self, ty: &'static str) {
+        if self.record && !self.path.is_empty() {
+            // A sequence's element reports after the sequence: keep "array".
+            self.found.entry(self.path.clone()).or_insert(ty);
+        }
+    }
+
+    fn child(&mut self, key: &str) -> Walk<'_> {
+        let path = if self.path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.path)
+        };
+        Walk {
+            path,
+            found: self.found,
+            record: self.record,
+        }
+    }
+}
+
+impl<'de> Deserializer<'de> for Walk<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        // Only untagged enums ask for "anything" (an integer or a quantity string).
+        self.leaf("any");
+        v.visit_i64(0)
+    }
+    fn deserialize_bool<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        self.leaf("boolean");
+        v.visit_bool(false)
+    }
+    fn deserialize_i8<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_i16<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_i32<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_i64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_u8<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_u16<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_u32<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_u64(v)
+    }
+    fn deserialize_u64<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        self.leaf("integer");
+        v.visit_u64(0)
+    }
+    fn deserialize_f32<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_f64(v)
+    }
+    fn deserialize_f64<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        self.leaf("float");
+        v.visit_f64(0.0)
+    }
+    fn deserialize_char<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_str(v)
+    }
+    fn deserialize_str<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        self.leaf("string");
+        v.visit_str("x")
+    }
+    fn deserialize_string<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_str(v)
+    }
+    fn deserialize_bytes<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_str(v)
+    }
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_str(v)
+    }
+    fn deserialize_option<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        v.visit_some(self)
+    }
+    fn deserialize_unit<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        v.visit_unit()
+    }
+    fn deserialize_unit_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        v: V,
+    ) -> Result<V::Value, Self::Error> {
+        v.visit_unit()
+    }
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        v: V,
+    ) -> Result<V::Value, Self::Error> {
+        v.visit_newtype_struct(self)
+    }
+    fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        let Walk {
+            path,
+            found,
+            record,
+        } = self;
+        let r = v.visit_seq(OneElement(Some(Walk {
+            path: path.clone(),
+            found: &mut *found,
+            record,
+        })));
+        // An array of tables (`[[device]]`) is a path of tables, not a key; an array of
+        // values is one key, whatever its element recorded.
+        let prefix = format!("{path}.");
+        if record && !path.is_empty() && !found.keys().any(|k| k.starts_with(&prefix)) {
+            found.insert(path, "array");
+        }
+        r
+    }
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, v: V) -> Result<V::Value, Self::Error> {
+        self.deserialize_seq(v)
+    }
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: usize,
+        v: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.deserialize_seq(v)
+    }
+    fn deserialize_map<V: Visitor<'de>>(mut self, v: V) -> Result<V::Value, Self::Error> {
+        // A table of user-named tables: one entry, named `<name>`.
+        v.visit_map(Fields {
+            fields: &["<name>"],
+            at: 0,
+            walk: self.child("<name>"),
+            key_walk: true,
+        })
+    }
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, Self::Error> {
+        v.visit_map(Fields {
+            fields,
+            at: 0,
+            walk: self,
+            key_walk: name == SPANNED,
+        })
+    }
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom(
+            "the config has no externally tagged enums",
+        ))
+    }
+    fn deserialize_identifier<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        v.visit_str("x")
+    }
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Self::Error> {
+        v.visit_unit()
+    }
+}
+
+struct OneElement<'a>(Option<Walk<'a>>);
+
+impl<'de> SeqAccess<'de> for OneElement<'_> {
+    type Error = de::value::Error;
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, Self::Error> {
+        match self.0.take() {
+            Some(w) => seed.deserialize(w).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A struct's fields (or a map's one `<name>` entry), each walked under its key.
+struct Fields<'a> {
+    fields: &'static [&'static str],
+    at: usize,
+    walk: Walk<'a>,
+    /// For a Spanned wrapper and a map: the entries do not extend the path (the span's
+    /// fields are bookkeeping; the map's value already has `<name>` in its path).
+    key_walk: bool,
+}
+
+impl<'de> MapAccess<'de> for Fields<'_> {
+    type Error = de::value::Error;
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        let Some(f) = self.fields.get(self.at) else {
+            return Ok(None);
+        };
+        if *f == "<name>" {
+            // A map key: walked, recorded as nothing (a Spanned<String> key is a struct).
+            return seed
+                .deserialize(Walk {
+                    path: String::new(),
+                    found: &mut *self.walk.found,
+                    record: false,
+                })
+                .map(Some);
+        }
+        seed.deserialize(de::value::BorrowedStrDeserializer::new(f))
+            .map(Some)
+    }
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        let f = self.fields.get(self.at).copied().unwrap_or_default();
+        self.at += 1;
+        if self.key_walk {
+            let record = self.walk.record && (f == SPANNED_VALUE || f == "<name>");
+            return seed.deserialize(Walk {
+                path: self.walk.path.clone(),
+                found: &mut *self.walk.found,
+                record,
+            });
+        }
+        seed.deserialize(self.walk.child(f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_in_the_reference_and_only_those() {
+        let keys = keys();
+        // The walk itself: it found keys of every level.
+        for k in [
+            "agent.socket",
+            "agent.metrics_tls.cert_file",
+            "device.capacity.<name>.valid_range.step",
+            "device.watchdog.grace",
+            "slo.class.<name>.min_samples",
+        ] {
+            assert!(keys.contains_key(k), "{k} not found: {keys:?}");
+        }
+        assert_eq!(keys["agent.allowed_uids"], "array");
+        assert_eq!(keys["agent.audit_keep"], "integer");
+        assert_eq!(keys["device.simulated.mps"], "boolean");
+        assert_eq!(keys["slo.refusal_rate_max"], "float");
+        assert_eq!(keys["agent.audit_max_bytes"], "any");
+        assert!(!keys.contains_key("device"), "a table is no key: {keys:?}");
+        let m = mismatches();
+        assert!(m.is_empty(), "{m:#?}");
+    }
+
+    #[test]
+    fn the_docs_file_is_the_generated_reference() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config-reference.md");
+        let want = markdown();
+        if std::env::var_os("SHAREGUARD_WRITE_CONFIG_REFERENCE").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/config-reference.md is not `shareguard config reference`'s output; \
+             SHAREGUARD_WRITE_CONFIG_REFERENCE=1 cargo test -p shareguard config_reference writes it"
+        );
+    }
+}
