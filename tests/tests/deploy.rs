@@ -1051,7 +1051,8 @@ fn check_document(doc: &serde_json::Value) -> Result<(), String> {
     use k8s_openapi::api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
         apps::v1::DaemonSet,
-        core::v1::{ConfigMap, Namespace, Pod, ServiceAccount},
+        batch::v1::Job,
+        core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
         resource::v1::{DeviceClass, ResourceClaimTemplate},
     };
@@ -1062,6 +1063,8 @@ fn check_document(doc: &serde_json::Value) -> Result<(), String> {
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(doc),
         ("v1", "ConfigMap") => round_trip::<ConfigMap>(doc),
         ("v1", "Pod") => round_trip::<Pod>(doc),
+        ("v1", "Service") => round_trip::<Service>(doc),
+        ("batch/v1", "Job") => round_trip::<Job>(doc),
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(doc),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(doc),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
@@ -1110,6 +1113,7 @@ fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
             "daemonset.yaml",
             "deviceclasses.yaml",
             "examples/bandwidth-200m.yaml",
+            "examples/bandwidth-200m-client.yaml",
             "kubelet-plugin.yaml",
             "podmonitor.yaml",
             "rbac.yaml",
