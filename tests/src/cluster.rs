@@ -203,9 +203,26 @@ impl Cluster {
     /// `shareguard -o json ARGS` in the agent container on `node`: the SRE's CLI on the
     /// agent's socket.
     pub fn agent_cli(&self, node: &str, args: &[&str]) -> Value {
+        let out = self.agent_cli_with(node, args, None);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "shareguard {args:?} failed: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("shareguard {args:?} gave no JSON: {e}: {text}"))
+    }
+
+    /// `shareguard -o json ARGS` in the agent's container on `node`, with `stdin`, as it
+    /// ended.
+    pub fn agent_cli_with(&self, node: &str, args: &[&str], stdin: Option<&str>) -> Output {
         let pod = self.agent_pod(node);
-        let mut all = vec![
-            "exec",
+        let mut all = vec!["exec"];
+        if stdin.is_some() {
+            all.push("-i");
+        }
+        all.extend([
             "-n",
             "shareguard-system",
             &pod,
@@ -215,11 +232,9 @@ impl Cluster {
             "shareguard",
             "-o",
             "json",
-        ];
+        ]);
         all.extend(args);
-        let text = self.ok(&all);
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("shareguard {args:?} gave no JSON: {e}: {text}"))
+        self.run(&all, stdin)
     }
 
     /// kubelet's `dra_operations_duration_seconds` of `node`: (operation, count, sum)

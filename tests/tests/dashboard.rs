@@ -17,10 +17,10 @@ use std::{
 
 use serde_json::Value;
 use shareguard_tests::{
-    DRIVER, POOL, alloc, claim, metric_sample,
+    alloc, claim, metric_sample,
     net::{self, PinDir, Pod},
     pod::{Layout, Sandbox, pod_uid},
-    prepare_one, proto as pb, share_id, wait_phase,
+    prepare_one, proto as pb, share_id, simulated_gpu_device, wait_phase,
 };
 
 fn dashboard() -> Value {
@@ -131,29 +131,14 @@ async fn every_metric_the_dashboard_reads_has_samples_in_a_live_agent() {
 
     let dir = tempfile::tempdir().unwrap();
     let pins = PinDir::new();
-    let devices = net::net_device(
-        "nic-0",
-        &format!(
-            "mechanism = \"htb-ebpf\"\n{}",
-            net::bandwidth_capacity("10G")
-        ),
-    ) + &format!(
-        r#"
-[[device]]
-name = "gpu-0"
-driver = "{DRIVER}"
-pool = "{POOL}"
-kind = "gpu"
-backend = "simulated"
-allowed_namespaces = ["*"]
-watchdog = {{ period = "100ms", action = "terminate", grace = "200ms" }}
-[device.simulated]
-memory = "80Gi"
-[device.capacity.memory]
-default = "1Gi"
-valid_range = {{ min = "1Gi", step = "1Gi" }}
-"#
-    );
+    let devices =
+        net::net_device(
+            "nic-0",
+            &format!(
+                "mechanism = \"htb-ebpf\"\n{}",
+                net::bandwidth_capacity("10G")
+            ),
+        ) + &simulated_gpu_device(r#"{ period = "100ms", action = "terminate", grace = "200ms" }"#);
     let extra = format!(
         "cdi_dir = {:?}\nsimulated_gpu_processes = {:?}\nreconcile_period = \"300ms\"\ncounters_period = \"200ms\"",
         dir.path().join("cdi"),

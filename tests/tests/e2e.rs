@@ -1738,21 +1738,10 @@ impl Drop for Filler<'_> {
     fn drop(&mut self) {
         if !self.released {
             self.released = true;
-            let _ = self.c.run(
-                &[
-                    "exec",
-                    "-n",
-                    "shareguard-system",
-                    &self.c.agent_pod(self.node),
-                    "-c",
-                    "agent",
-                    "--",
-                    "shareguard",
-                    "release",
-                    &self.uid,
-                ],
-                None,
-            );
+            // Best effort: the scenario has failed already when this releases.
+            let _ = self
+                .c
+                .agent_cli_with(self.node, &["release", &self.uid], None);
         }
     }
 }
@@ -1801,29 +1790,15 @@ fn m_a_claim_the_node_refuses_is_told_in_events() {
             }],
         }],
     };
-    let pod = c.agent_pod(node);
     let mut filler = Filler {
         c: &c,
         node,
         uid: uid.clone(),
         released: false,
     };
-    let out = c.run(
-        &[
-            "exec",
-            "-i",
-            "-n",
-            "shareguard-system",
-            &pod,
-            "-c",
-            "agent",
-            "--",
-            "shareguard",
-            "-o",
-            "json",
-            "prepare",
-            "-",
-        ],
+    let out = c.agent_cli_with(
+        node,
+        &["prepare", "-"],
         Some(&serde_json::to_string(&req).unwrap()),
     );
     assert!(
