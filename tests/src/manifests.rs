@@ -57,6 +57,36 @@ pub mod pod_monitor {
         pub relabelings: Option<Vec<Relabeling>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub authorization: Option<Authorization>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub scheme: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tls_config: Option<SafeTlsConfig>,
+    }
+
+    /// SafeTLSConfig: TLS settings from Secrets or ConfigMaps in the monitor's namespace
+    /// (the chart's tlsConfig value, with metrics TLS on).
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct SafeTlsConfig {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ca: Option<SecretOrConfigMap>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cert: Option<SecretOrConfigMap>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub key_secret: Option<SecretKeySelector>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub server_name: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub insecure_skip_verify: Option<bool>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct SecretOrConfigMap {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub secret: Option<SecretKeySelector>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub config_map: Option<SecretKeySelector>,
     }
 
     /// SafeAuthorization: a credential from a Secret in the monitor's namespace.
