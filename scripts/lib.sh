@@ -126,3 +126,33 @@ ensure_py_clients() {
   fi
   "$venv/bin/pip" install -q 'grpcio==1.85.3' 'h2==4.4.1'
 }
+
+# Helm, for tests/tests/chart.rs: it lints deploy/chart and renders it, and deploy/*.yaml
+# must equal the default render. Built from the Go module proxy (Helm's release
+# downloads are on GitHub), pinned so that every run renders with the same Helm, into
+# the cache the test cluster's programs use (tests/cluster/lib.sh), in a folder named by
+# the version so that a changed pin builds anew. Exports SHAREGUARD_HELM, where the test
+# looks. Fast when it is there.
+SHAREGUARD_HELM_VERSION=v4.3.2
+ensure_helm() {
+  local dir="${SGC_CACHE:-/var/cache/shareguard-cluster}/helm-$SHAREGUARD_HELM_VERSION"
+  if [ ! -x "$dir/helm" ]; then
+    echo "==> building helm $SHAREGUARD_HELM_VERSION from the Go module proxy into $dir (a few minutes)"
+    # Helm 4.3 needs Go 1.26 (its go.mod), as the test cluster's build does; Debian's
+    # golang-go is older, so a missing Go is an error, not a package to install.
+    if ! command -v go >/dev/null 2>&1; then
+      echo "go not found: Helm (and the test cluster, tests/cluster/build.sh) is built with Go 1.26 or later" >&2
+      exit 1
+    fi
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    # The version ldflag is what Helm's release build stamps, so that `helm version`
+    # names the pinned release.
+    CGO_ENABLED=0 GOBIN="$dir.tmp" go install -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$SHAREGUARD_HELM_VERSION" \
+      "helm.sh/helm/v4/cmd/helm@$SHAREGUARD_HELM_VERSION"
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+  fi
+  export SHAREGUARD_HELM="$dir/helm"
+}

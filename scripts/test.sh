@@ -14,6 +14,9 @@ ensure_fuzz_toolchain
 ensure_debs prometheus systemd openssl
 # Other languages' gRPC clients, for tests/tests/other_clients.rs.
 ensure_py_clients
+# Helm (pinned, from the Go module proxy) for tests/tests/chart.rs: lints deploy/chart and
+# holds deploy/*.yaml to its render. Exports SHAREGUARD_HELM, which the test reads.
+ensure_helm
 
 if [ "${CI:-}" = "true" ] && [ "$(id -u)" != 0 ]; then
   echo "CI=true but not root: the privileged tests must run in CI" >&2

@@ -28,6 +28,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod k8s;
 pub mod kubelet;
+pub mod manifests;
 pub mod net;
 pub mod plugin;
 pub mod pod;

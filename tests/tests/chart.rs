@@ -1,0 +1,575 @@
+//! The Helm chart in deploy/chart/ and the plain manifests rendered from it.
+//!
+//! deploy/*.yaml are the chart's render with the default values, one file per template,
+//! byte for byte: one source of truth, whether a user applies deploy/ with kubectl or
+//! installs the chart. `SHAREGUARD_WRITE_MANIFESTS=1` rewrites them from the chart. The
+//! chart passes `helm lint --strict`, and a render with other values (another driver,
+//! image, namespace, node selector, devices, no PodMonitor; and metrics over TLS) is
+//! held to what deploy.rs holds deploy/ to: every document its Kubernetes type with no
+//! unknown field, the config one the agent's parser accepts, the driver named
+//! everywhere a driver is named.
+//!
+//! Helm comes from scripts/test.sh (`ensure_helm` in scripts/lib.sh builds the pinned
+//! version and exports SHAREGUARD_HELM). Without it these tests skip, except under
+//! `CI=true`, where they fail.
+
+#![allow(clippy::unwrap_used)] // Helpers of tests, too: a panic is a test failure; it says where.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde::Deserialize;
+use serde_yaml::Value;
+use shareguard::config::{Config, DeviceKind};
+use shareguard::config_node::NodeNameSources;
+use shareguard::rollout::Stage;
+use shareguard_tests::manifests::check_document;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/chart")
+}
+
+/// The Helm version scripts/lib.sh pins (`SHAREGUARD_HELM_VERSION=`).
+fn pinned_helm_version() -> String {
+    let lib = fs::read_to_string(repo().join("scripts/lib.sh")).unwrap();
+    lib.lines()
+        .find_map(|l| l.strip_prefix("SHAREGUARD_HELM_VERSION="))
+        .expect("scripts/lib.sh pins SHAREGUARD_HELM_VERSION")
+        .trim()
+        .to_owned()
+}
+
+/// SHAREGUARD_HELM, else where ensure_helm puts the pinned version. None (a failure
+/// under CI=true) when neither is there. No `helm` from PATH: another version could
+/// render other bytes, and the comparison with deploy/ would then say nothing of the
+/// chart.
+fn helm() -> Option<PathBuf> {
+    let cache = std::env::var_os("SGC_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/shareguard-cluster"));
+    let candidate = match std::env::var_os("SHAREGUARD_HELM") {
+        Some(p) => PathBuf::from(p),
+        None => cache
+            .join(format!("helm-{}", pinned_helm_version()))
+            .join("helm"),
+    };
+    if candidate.is_file() {
+        return Some(candidate);
+    }
+    let why = format!(
+        "no helm at {} (SHAREGUARD_HELM, else the pinned version where scripts/lib.sh's ensure_helm builds it; scripts/test.sh runs it)",
+        candidate.display()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}; CI=true, so this fails instead of skipping");
+    }
+    eprintln!("SKIP: {why}");
+    None
+}
+
+/// `helm args...` in the repository: success, stdout, stderr.
+fn run(helm: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(helm)
+        .args(args)
+        .current_dir(repo())
+        // Helm's own state (repositories, plugins, cache) must not come from the user
+        // running the tests, nor go into their home.
+        .env("HELM_CONFIG_HOME", repo().join("target/helm/config"))
+        .env("HELM_CACHE_HOME", repo().join("target/helm/cache"))
+        .env("HELM_DATA_HOME", repo().join("target/helm/data"))
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", helm.display()));
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `helm template` of the chart as the release `shareguard` in shareguard-system, with
+/// `values` files on top of the defaults.
+fn render(helm: &Path, values: &[&Path]) -> String {
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "shareguard",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "shareguard-system",
+    ];
+    for v in values {
+        args.extend(["-f", v.to_str().unwrap()]);
+    }
+    let (ok, out, err) = run(helm, &args);
+    assert!(ok, "helm {}:\n{err}", args.join(" "));
+    out
+}
+
+/// Helm's output split back into files: template name (e.g. `daemonset.yaml`) ->
+/// its documents as a manifest file. Helm prints each document as `---`, `# Source:
+/// CHART/templates/NAME`, then the document with its surrounding whitespace trimmed,
+/// so a file is its documents joined by `---` lines, ending in one newline.
+fn split_by_template(out: &str) -> BTreeMap<String, String> {
+    let mut docs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current: Option<(String, Vec<&str>)> = None;
+    let mut flush = |c: Option<(String, Vec<&str>)>| {
+        if let Some((name, lines)) = c {
+            docs.entry(name)
+                .or_default()
+                .push(lines.join("\n").trim().to_owned());
+        }
+    };
+    for line in out.lines() {
+        if line == "---" {
+            flush(current.take());
+        } else if let Some(src) = line.strip_prefix("# Source: shareguard/templates/") {
+            let c = current.as_mut().expect("a # Source: line after ---");
+            assert!(c.0.is_empty() && c.1.is_empty(), "a second # Source: line");
+            c.0 = src.to_owned();
+        } else {
+            current
+                .get_or_insert_with(|| (String::new(), Vec::new()))
+                .1
+                .push(line);
+        }
+        if line == "---" {
+            current = Some((String::new(), Vec::new()));
+        }
+    }
+    flush(current.take());
+    assert!(
+        !docs.contains_key(""),
+        "output outside a # Source: document:\n{out}"
+    );
+    docs.into_iter()
+        .map(|(name, d)| (name, d.join("\n---\n") + "\n"))
+        .collect()
+}
+
+/// The first line where `a` and `b` differ, for a message.
+fn first_different_line(a: &str, b: &str) -> String {
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    for n in 1.. {
+        match (la.next(), lb.next()) {
+            (None, None) => return "only in the line endings".to_owned(),
+            (x, y) if x == y => {}
+            (x, y) => {
+                return format!(
+                    "line {n}:\n  deploy/: {}\n  chart:   {}",
+                    x.unwrap_or("(end)"),
+                    y.unwrap_or("(end)")
+                );
+            }
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn helm_lint_accepts_the_chart_strictly() {
+    let Some(helm) = helm() else { return };
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    for args in [vec!["lint", chart], vec!["lint", "--strict", chart]] {
+        let (ok, out, err) = run(&helm, &args);
+        assert!(ok, "helm {}:\n{out}\n{err}", args.join(" "));
+        assert!(
+            out.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{out}"
+        );
+    }
+    // With every value this file's other test sets, too.
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    fs::write(&values, OTHER_VALUES).unwrap();
+    let (ok, out, err) = run(
+        &helm,
+        &["lint", "--strict", chart, "-f", values.to_str().unwrap()],
+    );
+    assert!(ok, "helm lint --strict with other values:\n{out}\n{err}");
+}
+
+#[test]
+fn the_chart_is_the_workspace_version_and_its_image() {
+    let chart: Value =
+        serde_yaml::from_str(&fs::read_to_string(chart().join("Chart.yaml")).unwrap()).unwrap();
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(chart["name"], "shareguard");
+    // The image tag defaults to appVersion: the workspace's version, which the
+    // Dockerfile builds.
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+/// deploy/*.yaml are the default render. `SHAREGUARD_WRITE_MANIFESTS=1` writes them.
+#[test]
+fn deploy_manifests_are_the_charts_default_render() {
+    let Some(helm) = helm() else { return };
+    let rendered = split_by_template(&render(&helm, &[]));
+    let deploy = repo().join("deploy");
+    if std::env::var_os("SHAREGUARD_WRITE_MANIFESTS").is_some() {
+        for (name, text) in &rendered {
+            fs::write(deploy.join(name), text).unwrap();
+        }
+    }
+    // Every template renders with the defaults, and every manifest in deploy/ is a
+    // template's: none is edited by hand beside the chart.
+    let files: BTreeSet<String> = fs::read_dir(&deploy)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    let templates: BTreeSet<String> = rendered.keys().cloned().collect();
+    assert_eq!(
+        files, templates,
+        "deploy/*.yaml and the chart's templates differ in files"
+    );
+    let mut stale = Vec::new();
+    for (name, text) in &rendered {
+        let on_disk = fs::read_to_string(deploy.join(name)).unwrap();
+        if &on_disk != text {
+            stale.push(format!(
+                "deploy/{name}: {}",
+                first_different_line(&on_disk, text)
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "deploy/ is not the chart's default render; change deploy/chart/ and rerun this test \
+         with SHAREGUARD_WRITE_MANIFESTS=1 (`SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p \
+         shareguard-tests --test chart`):\n{}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn the_splitter_rebuilds_files_from_helms_output() {
+    // Helm's framing: documents trimmed, each after `---` and its template's name.
+    let out = "---\n# Source: shareguard/templates/a.yaml\n# head\nkind: A\n---\n# Source: shareguard/templates/b.yaml\nkind: B\n---\n# Source: shareguard/templates/a.yaml\n# between\nkind: A2\n";
+    let files = split_by_template(out);
+    assert_eq!(
+        files["a.yaml"],
+        "# head\nkind: A\n---\n# between\nkind: A2\n"
+    );
+    assert_eq!(files["b.yaml"], "kind: B\n");
+    assert_eq!(files.len(), 2);
+}
+
+/// Values unlike the defaults in every way the chart offers.
+const OTHER_VALUES: &str = r#"
+driverName: gpu.acme.io
+namespace:
+  name: sg
+  create: false
+image:
+  repository: registry.acme.io/shareguard
+  tag: "9.9.9"
+  pullPolicy: Always
+imagePullSecrets:
+  - name: regcred
+agent:
+  nodeSelector:
+    acme.io/shareguard: "true"
+  resources:
+    requests: {cpu: 100m, memory: 128Mi}
+    limits: {memory: 2Gi}
+  devices:
+    - name: nic-1
+      kind: net
+      interface: ens5
+      mechanism: bpf-policer
+      lineRate: 25G
+      allowedNamespaces: [team-a, team-b]
+      adminNamespaces: [ops]
+      stage: observe
+      capacity:
+        bandwidth:
+          value: 40G
+          default: 100M
+          validRange: {min: 100M, step: 100M}
+    - name: gen-0
+      kind: generic
+      allowedNamespaces: [team-c]
+      capacity:
+        memory:
+          value: 40Gi
+          default: 10Gi
+          validValues: [10Gi, 20Gi]
+  extraToml: |
+    [[node]]
+    name = "worker-1"
+    [node.device.nic-1]
+    interface = "ens6"
+kubeletPlugin:
+  nodeSelector:
+    acme.io/shareguard: "true"
+podMonitor:
+  enabled: false
+"#;
+
+fn documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_sequence()
+        .map(|s| s.iter().map(|x| x.as_str().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// The render with `values`, each document checked as its Kubernetes type.
+fn render_checked(helm: &Path, values: &str) -> (String, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    fs::write(&file, values).unwrap();
+    let out = render(helm, &[&file]);
+    let docs = documents(&out);
+    let mut failures = Vec::new();
+    for d in &docs {
+        if let Err(e) = check_document(&serde_json::to_value(d).unwrap()) {
+            failures.push(format!("{:?} {:?}: {e}", d["kind"], d["metadata"]["name"]));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    (out, docs)
+}
+
+#[test]
+fn other_values_render_valid_manifests_that_use_them() {
+    let Some(helm) = helm() else { return };
+    let (out, docs) = render_checked(&helm, OTHER_VALUES);
+    let driver = "gpu.acme.io";
+    let image = "registry.acme.io/shareguard:9.9.9";
+
+    // The default driver, namespace and image are gone, comments included: a comment
+    // that named the old driver would mislead whoever reads the installed objects.
+    for old in [
+        "shareguard.example.com",
+        "shareguard-system",
+        "shareguard:0.1.0",
+    ] {
+        assert!(!out.contains(old), "{old} is still in the render");
+    }
+    let kinds: BTreeSet<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert!(!kinds.contains("PodMonitor"), "podMonitor.enabled=false");
+    assert!(!kinds.contains("Namespace"), "namespace.create=false");
+    for want in [
+        "ConfigMap",
+        "DaemonSet",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DeviceClass",
+    ] {
+        assert!(kinds.contains(want), "no {want} in the render");
+    }
+    for d in &docs {
+        let ns = &d["metadata"]["namespace"];
+        assert!(
+            ns.is_null() || ns == "sg",
+            "{:?} in namespace {ns:?}",
+            d["metadata"]["name"]
+        );
+    }
+
+    // RBAC: the claim status subresource is granted for this driver only.
+    let role = of_kind(&docs, "ClusterRole")[0];
+    let named: Vec<Vec<&str>> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["resourceNames"].is_null())
+        .map(|r| strs(&r["resourceNames"]))
+        .collect();
+    assert_eq!(named, vec![vec![driver]]);
+    let binding = of_kind(&docs, "ClusterRoleBinding")[0];
+    assert_eq!(binding["subjects"][0]["namespace"], "sg");
+
+    // Admission: this driver, and the plugin's account in this namespace.
+    let policy = serde_json::to_string(&of_kind(&docs, "ValidatingAdmissionPolicy")[0]).unwrap();
+    assert!(policy.contains(&format!("s.spec.driver == \\\"{driver}\\\"")));
+    assert!(policy.contains("system:serviceaccount:sg:shareguard-kubelet-plugin"));
+
+    // Every DeviceClass selects this driver's devices first.
+    let classes = of_kind(&docs, "DeviceClass");
+    assert_eq!(classes.len(), 3);
+    for c in classes {
+        let expr = c["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(
+            expr.starts_with(&format!("device.driver == \"{driver}\"")),
+            "{expr}"
+        );
+    }
+
+    // The config is one the agent accepts, with these devices, this driver, and the
+    // [[node]] table applied on its node.
+    let cm = of_kind(&docs, "ConfigMap")[0];
+    let toml = cm["data"]["agent.toml"].as_str().unwrap();
+    let on = |node: &str| {
+        let sources = NodeNameSources {
+            given: Some(node.to_owned()),
+            host: Some("the-test-host".to_owned()),
+        };
+        Config::parse_for(toml, "rendered agent.toml", &sources)
+            .unwrap_or_else(|e| panic!("the agent refuses the rendered config: {e}\n{toml}"))
+    };
+    let cfg = on("worker-2");
+    let names: Vec<&str> = cfg.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["nic-1", "gen-0"]);
+    for d in &cfg.devices {
+        assert_eq!(d.driver, driver);
+        assert_eq!(d.pool, "worker-2", "the pool is the node's name");
+    }
+    let nic = &cfg.devices[0];
+    assert_eq!(nic.kind, DeviceKind::Net);
+    assert_eq!(nic.allowed_namespaces, ["team-a", "team-b"]);
+    assert_eq!(nic.admin_namespaces, ["ops"]);
+    assert_eq!(nic.stage, Stage::Observe);
+    assert_eq!(nic.net_line_rate_bps, Some(25_000_000_000));
+    assert!(toml.contains("interface = \"ens5\""), "{toml}");
+    assert!(toml.contains("mechanism = \"bpf-policer\""), "{toml}");
+    assert!(
+        !toml.contains("value = \"10G\""),
+        "the default device is gone"
+    );
+    let generic = &cfg.devices[1];
+    assert_eq!(generic.kind, DeviceKind::Generic);
+    assert_eq!(generic.allowed_namespaces, ["team-c"]);
+    assert!(generic.capacities.contains_key("memory"));
+    assert_eq!(generic.stage, Stage::Enforce);
+    assert!(
+        on("worker-1")
+            .devices
+            .iter()
+            .any(|d| d.name == "nic-1" && d.driver == driver),
+        "extraToml's [[node]] table"
+    );
+    assert!(
+        toml.contains("[node.device.nic-1]\ninterface = \"ens6\""),
+        "{toml}"
+    );
+
+    // Both DaemonSets: the image in every container, the pull policy and secret, and
+    // the node selector.
+    let sets = of_kind(&docs, "DaemonSet");
+    assert_eq!(sets.len(), 2);
+    for ds in sets {
+        let pod = &ds["spec"]["template"]["spec"];
+        let name = ds["metadata"]["name"].as_str().unwrap();
+        let containers: Vec<&Value> = ["containers", "initContainers"]
+            .iter()
+            .flat_map(|k| pod[*k].as_sequence().into_iter().flatten())
+            .collect();
+        assert!(!containers.is_empty());
+        for c in containers {
+            assert_eq!(c["image"], image, "{name} {:?}", c["name"]);
+            assert_eq!(c["imagePullPolicy"], "Always", "{name}");
+        }
+        assert_eq!(pod["nodeSelector"]["acme.io/shareguard"], "true", "{name}");
+        assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred", "{name}");
+        assert_eq!(pod["tolerations"][0]["operator"], "Exists", "{name}");
+    }
+    let agent = of_kind(&docs, "DaemonSet")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "shareguard-agent")
+        .unwrap();
+    let res = &agent["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(res["requests"]["cpu"], "100m");
+    assert_eq!(res["limits"]["memory"], "2Gi");
+
+    // The plugin's directories are the driver's.
+    let plugin = serde_json::to_string(
+        of_kind(&docs, "DaemonSet")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "shareguard-kubelet-plugin")
+            .unwrap(),
+    )
+    .unwrap();
+    for dir in [
+        "/var/lib/kubelet/plugins_registry/gpu.acme.io",
+        "/var/lib/kubelet/plugins/gpu.acme.io",
+    ] {
+        assert!(plugin.contains(dir), "{dir} not in the plugin's DaemonSet");
+    }
+}
+
+/// Metrics over TLS: the agent's config names the mounted Secret's files, the
+/// DaemonSet mounts it, and the PodMonitor scrapes over https with its tlsConfig.
+#[test]
+fn metrics_tls_values_reach_the_config_the_mount_and_the_podmonitor() {
+    let Some(helm) = helm() else { return };
+    let values = r#"
+metrics:
+  tls:
+    secretName: metrics-tls
+podMonitor:
+  tlsConfig:
+    ca: {secret: {name: metrics-tls, key: ca.crt}}
+    cert: {secret: {name: prometheus-client, key: tls.crt}}
+    keySecret: {name: prometheus-client, key: tls.key}
+"#;
+    let (_, docs) = render_checked(&helm, values);
+    let toml = of_kind(&docs, "ConfigMap")[0]["data"]["agent.toml"]
+        .as_str()
+        .unwrap();
+    let sources = NodeNameSources {
+        given: Some("worker-1".to_owned()),
+        host: None,
+    };
+    Config::parse_for(toml, "rendered agent.toml", &sources)
+        .unwrap_or_else(|e| panic!("the agent refuses the rendered config: {e}"));
+    assert!(
+        toml.lines().any(|l| l
+            .trim_start()
+            .starts_with("metrics_tls = { cert_file = \"/etc/shareguard-metrics-tls/tls.crt\"")),
+        "{toml}"
+    );
+    let agent = of_kind(&docs, "DaemonSet")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "shareguard-agent")
+        .unwrap();
+    let pod = &agent["spec"]["template"]["spec"];
+    let vol = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-tls")
+        .expect("a metrics-tls volume");
+    assert_eq!(vol["secret"]["secretName"], "metrics-tls");
+    let mounted = pod["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "metrics-tls" && m["mountPath"] == "/etc/shareguard-metrics-tls");
+    assert!(
+        mounted,
+        "metrics-tls is not mounted where metrics_tls reads"
+    );
+    let pm = of_kind(&docs, "PodMonitor");
+    assert_eq!(pm.len(), 1);
+    let ep = &pm[0]["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(ep["scheme"], "https");
+    assert_eq!(ep["tlsConfig"]["keySecret"]["name"], "prometheus-client");
+}
