@@ -1776,7 +1776,11 @@ fn m_a_claim_the_node_refuses_is_told_in_events() {
                 name: "filler".into(),
             }),
             allocation_id: "a1".into(),
-            target: None,
+            // A pod that never comes: the share waits for it, capacity held.
+            target: Some(shareguard_tests::proto::PodTarget {
+                pod_uids: vec![shareguard_tests::share_id()],
+                ..Default::default()
+            }),
             allocations: vec![shareguard_tests::proto::DeviceAllocation {
                 request: "net".into(),
                 driver: DRIVER.into(),
@@ -1798,7 +1802,7 @@ fn m_a_claim_the_node_refuses_is_told_in_events() {
     };
     let out = c.agent_cli_with(
         node,
-        &["prepare", "-"],
+        &["prepare", "--file", "-"],
         Some(&serde_json::to_string(&req).unwrap()),
     );
     assert!(
