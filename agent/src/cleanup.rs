@@ -79,8 +79,12 @@ pub fn find(cfg: &Config, kubelet_dir: &Path, keep_audit: bool) -> anyhow::Resul
             action: Action::Tree(p.to_owned()),
         })
     };
+    // A directory something is mounted on (a volume of its own, or a container's
+    // hostPath when cleanup runs from the image) is emptied but stays: removing it is
+    // not ours to do, and rmdir would fail with EBUSY anyway.
+    let mounts = mount_points();
     let empty_dir = |kind: &'static str, p: &Path| {
-        p.is_dir().then(|| Item {
+        (p.is_dir() && !is_mounted_on(&mounts, p)).then(|| Item {
             kind,
             what: format!("{} (once empty)", p.display()),
             action: Action::EmptyDir(p.to_owned()),
@@ -133,6 +137,23 @@ pub fn find(cfg: &Config, kubelet_dir: &Path, keep_audit: bool) -> anyhow::Resul
     }
     items.extend(empty_dir("state", &a.state_dir));
     Ok(keep_emptied(items))
+}
+
+/// The mount points of this process's mount namespace; none when mountinfo cannot be
+/// read (then a mounted directory is listed, and its removal reports EBUSY).
+fn mount_points() -> std::collections::HashSet<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| {
+            shareguard_limiter_gpu::cgroupns::mount_points(&m)
+                .into_iter()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `p` as configured or as it resolves (/var/run/cdi is /run/cdi on most hosts).
+fn is_mounted_on(mounts: &std::collections::HashSet<PathBuf>, p: &Path) -> bool {
+    mounts.contains(p) || p.canonicalize().is_ok_and(|c| mounts.contains(&c))
 }
 
 /// Drops the directories that would not be empty once the other items are gone: they

@@ -115,6 +115,16 @@ pub fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
     out
 }
 
+/// Every mount point of mountinfo text, unescaped: what is mounted over a directory
+/// (`shareguard cleanup` leaves such a directory, not its own to remove).
+pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(unescape(point)))
+        .collect()
+}
+
 /// The cgroup v2 mount that shows the most of the hierarchy: a root furthest above the
 /// reader's namespace root first, then one at it, then a subtree; the first of equals.
 pub fn best_cgroup2_mount(mountinfo: &str) -> Option<CgroupMount> {

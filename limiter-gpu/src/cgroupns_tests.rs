@@ -233,3 +233,16 @@ fn the_real_namespace_of_this_process() {
         eprintln!("in a cgroup namespace: {roots:?}");
     }
 }
+
+#[test]
+fn mount_points_are_every_fifth_field_unescaped() {
+    let table = format!(
+        "{NAMESPACED_HYBRID}60 31 8:1 /nodes/n1/state /var/lib/shareguard rw - ext4 /dev/sda1 rw\n\
+         61 31 8:1 /x /mnt/with\\040space rw - ext4 /dev/sda1 rw\nshort line\n"
+    );
+    let points = mount_points(&table);
+    assert_eq!(points.len(), 7, "{points:?}");
+    assert!(points.contains(&PathBuf::from("/var/lib/shareguard")));
+    assert!(points.contains(&PathBuf::from("/mnt/with space")));
+    assert!(!points.contains(&PathBuf::from("/var/lib")));
+}

@@ -51,6 +51,11 @@ async fn cleanup_lists_then_removes_everything_shareguard_put_on_the_node() {
     if !net::privileged("cleanup_lists_then_removes_everything_shareguard_put_on_the_node") {
         return;
     }
+    // `cleanup --apply` removes every ifb in shareguard's device group on the machine,
+    // as it must on a node: also a measuring test's in another test process (seen when
+    // this test ran beside the bandwidth tests). Measurements hold this lock, so they
+    // never run while it does.
+    let _lock = net::TrafficLock::acquire();
     let pins = PinDir::new();
     let cdi = tempfile::tempdir().unwrap();
     let devices = format!(

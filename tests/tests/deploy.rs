@@ -260,11 +260,16 @@ fn unit_sandbox_grants_only_what_the_agent_uses() {
     }
 }
 
-/// The manifest files: deploy/*.yaml (what `kubectl apply -f deploy/` applies) and the
-/// examples in deploy/examples/ (checked the same way, applied by hand).
+/// The manifest files: deploy/*.yaml (what `kubectl apply -f deploy/` applies), the
+/// examples in deploy/examples/ and the node cleanup pod in deploy/uninstall/ (checked
+/// the same way, applied by hand).
 fn manifest_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for dir in [repo().join("deploy"), repo().join("deploy/examples")] {
+    for dir in [
+        repo().join("deploy"),
+        repo().join("deploy/examples"),
+        repo().join("deploy/uninstall"),
+    ] {
         let mut here: Vec<PathBuf> = fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.unwrap().path())
@@ -276,7 +281,7 @@ fn manifest_files() -> Vec<PathBuf> {
     files
 }
 
-/// Every YAML document under deploy/ and deploy/examples/, with the file it came from.
+/// Every YAML document of [`manifest_files`], with the file it came from.
 fn manifests() -> Vec<(String, Value)> {
     let mut docs = Vec::new();
     for f in manifest_files() {
@@ -938,6 +943,7 @@ fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
             "kubelet-plugin.yaml",
             "podmonitor.yaml",
             "rbac.yaml",
+            "uninstall/node-cleanup.yaml",
         ])
     );
 }
@@ -1866,7 +1872,12 @@ fn example_claim_template_asks_for_an_amount_the_net_device_policy_allows() {
     );
 
     // The example pod uses the template, from the container that runs.
-    let pod: Pod = the_typed(&docs, "Pod");
+    let examples: Vec<(String, Value)> = docs
+        .iter()
+        .filter(|(f, _)| f.contains("/examples/"))
+        .cloned()
+        .collect();
+    let pod: Pod = the_typed(&examples, "Pod");
     let spec = pod.spec.as_ref().unwrap();
     assert_ne!(
         spec.host_network,
@@ -1909,4 +1920,145 @@ fn the_license_file_is_the_one_cargo_toml_names() {
     let head: Vec<&str> = text.lines().take(2).map(str::trim).collect();
     assert_eq!(head, ["Apache License", "Version 2.0, January 2004"]);
     assert!(text.trim_end().ends_with("END OF TERMS AND CONDITIONS"));
+}
+
+/// deploy/uninstall/node-cleanup.yaml: `shareguard cleanup --apply` from the agent's
+/// image on one node, with the agent's config from the ConfigMap shareguard-cleanup.
+/// Every directory the shipped config names is reached through a host mount of one of
+/// its parents, never mounted itself (cleanup leaves a directory something is mounted
+/// on), in the host's network and PID namespaces, with no capability the agent lacks.
+#[test]
+fn the_node_cleanup_pod_reaches_every_path_the_agent_config_names() {
+    use k8s_openapi::api::core::v1::Pod;
+    let docs = manifests();
+    let cleanup: Vec<(String, Value)> = docs
+        .iter()
+        .filter(|(f, _)| f.ends_with("uninstall/node-cleanup.yaml"))
+        .cloned()
+        .collect();
+    let pod: Pod = the_typed(&cleanup, "Pod");
+    let spec = pod.spec.as_ref().unwrap();
+    let node = spec.node_name.as_deref().expect("nodeName, to be replaced");
+    assert_eq!(
+        pod.metadata.name.as_deref(),
+        Some(format!("shareguard-cleanup-{node}").as_str()),
+        "one placeholder names the pod and its node"
+    );
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(spec.host_network, Some(true), "ifb links and qdiscs");
+    assert_eq!(spec.host_pid, Some(true), "MPS daemons");
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.containers.len(), 1);
+    let c = &spec.containers[0];
+
+    let agent_ds = daemonset_named(&docs, AGENT_DS);
+    let agent = pod_spec(&agent_ds)
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .unwrap();
+    assert_eq!(c.image, agent.image, "the agent's image");
+    let added = |c: &k8s_openapi::api::core::v1::Container| -> BTreeSet<String> {
+        let caps = c.security_context.as_ref().unwrap().capabilities.as_ref();
+        assert_eq!(
+            caps.and_then(|k| k.drop.clone()),
+            Some(vec!["ALL".to_owned()])
+        );
+        caps.and_then(|k| k.add.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    };
+    let extra: Vec<String> = added(c).difference(&added(agent)).cloned().collect();
+    assert!(
+        extra.is_empty(),
+        "capabilities the agent has not: {extra:?}"
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let env = c.env.as_deref().unwrap_or_default();
+    let node_name = env
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node_name
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName"),
+        "the config is read as the agent reads it"
+    );
+
+    // The config: the ConfigMap shareguard-cleanup's agent.toml, where the command
+    // reads it.
+    let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap();
+    let config_mount = mounts.iter().find(|m| m.name == "config").unwrap();
+    assert_eq!(
+        volume("config")
+            .config_map
+            .as_ref()
+            .map(|m| m.name.as_str()),
+        Some("shareguard-cleanup")
+    );
+    let command = c.command.clone().unwrap();
+    assert_eq!(
+        command,
+        [
+            "/usr/local/bin/shareguard".to_owned(),
+            "cleanup".into(),
+            "--config".into(),
+            format!("{}/agent.toml", config_mount.mount_path),
+            "--apply".into(),
+        ]
+    );
+
+    // Host directories, each at its own path in the container.
+    let host: Vec<&str> = mounts
+        .iter()
+        .filter_map(|m| {
+            let h = volume(&m.name).host_path.as_ref()?;
+            assert_eq!(
+                h.path, m.mount_path,
+                "{}: the host's path, as the host names it",
+                m.name
+            );
+            assert_ne!(
+                m.read_only,
+                Some(true),
+                "{}: cleanup removes from it",
+                m.name
+            );
+            Some(m.mount_path.as_str())
+        })
+        .collect();
+    let cfg = configmap_config(&docs);
+    let a = &cfg.agent;
+    let mut paths = vec![
+        a.state_dir.clone(),
+        a.audit_log.clone(),
+        a.socket.parent().unwrap().to_owned(),
+        a.mps.dir.clone(),
+        a.bpffs_dir.clone(),
+        // Where the kubelet plugin's directories are (cleanup's --kubelet-dir default).
+        PathBuf::from("/var/lib/kubelet/plugins"),
+        PathBuf::from("/var/lib/kubelet/plugins_registry"),
+    ];
+    // /var/run is a link to /run on the host (every current distribution) and in the
+    // image (Debian's base), so /var/run/cdi is the host's /run/cdi.
+    paths.push(match a.cdi_dir.strip_prefix("/var/run") {
+        Ok(rest) => Path::new("/run").join(rest),
+        Err(_) => a.cdi_dir.clone(),
+    });
+    for p in &paths {
+        assert!(
+            host.iter().any(|m| p.starts_with(m) && p != Path::new(m)),
+            "{} is not below any host mount of the cleanup pod ({host:?})",
+            p.display()
+        );
+    }
 }
