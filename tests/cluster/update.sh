@@ -8,12 +8,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 tag="$1"
-# The cluster's programs (ctr, kubectl), cached by up.sh's build.
+"$here/tag-image.sh" "$tag"
+# The cluster's programs (kubectl), cached by up.sh's build.
 export PATH="$("$here/build.sh" | tail -n 1):$PATH"
-for node in "${SGC_NODES[@]}"; do
-  sgc_in_node "$node" ctr --address /run/containerd/containerd.sock -n k8s.io images tag \
-    --force localhost/shareguard:dev "localhost/shareguard:$tag" >/dev/null
-done
 start=$(date +%s%N)
 SGC_SHAREGUARD_TAG="$tag" "$here/install.sh"
 sgc_log "updated to localhost/shareguard:$tag in $(( ($(date +%s%N) - start) / 1000000 )) ms"

@@ -172,6 +172,28 @@ impl Cluster {
         )
     }
 
+    /// `helm ARGS` on this cluster; its stdout, or a panic with its stderr. Helm is
+    /// SHAREGUARD_HELM, the pinned build scripts/test.sh's `ensure_helm` exports.
+    pub fn helm(&self, args: &[&str]) -> String {
+        let helm = std::env::var_os("SHAREGUARD_HELM").unwrap_or_else(|| {
+            panic!("SHAREGUARD_HELM is not set: scripts/test.sh (ensure_helm in scripts/lib.sh) builds Helm and sets it")
+        });
+        let out = Command::new(&helm)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", Path::new(&helm).display()));
+        assert!(
+            out.status.success(),
+            "helm {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The shareguard agent pod (DaemonSet `shareguard-agent`) on `node`.
     pub fn agent_pod(&self, node: &str) -> String {
         self.shareguard_pod(node, "agent")
