@@ -168,6 +168,14 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     )
     .await;
     assert_eq!(r.error, None, "{r:?}");
+    // Its process has just started: a starting sandbox's first process is in the
+    // host's namespace for a moment, so the verdict waits until the pod's processes
+    // have run for a while; then it comes by itself (this agent rescans hourly).
+    assert_eq!(r.shares[0].phase, pb::Phase::Pending as i32, "{r:?}");
+    assert!(
+        r.shares[0].reason.contains("waiting to see whether"),
+        "{r:?}"
+    );
     let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
     assert!(s.reason.contains("hostNetwork"), "{s:?}");
     assert!(s.limits[0].enforced.is_empty(), "{s:?}");

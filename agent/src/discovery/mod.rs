@@ -87,7 +87,19 @@ pub struct Discovery {
     proc_root: PathBuf,
     /// The agent's own (the host's) network namespace.
     host_netns: u64,
+    /// When a pod whose verdict was put off (see [`HOST_NETWORK_SETTLE`]) is to be
+    /// looked at again: the discovery loop wakes then, not only on events.
+    recheck: Mutex<Option<std::time::Instant>>,
+    /// Told when `recheck` is set, so that the loop waits for the new time.
+    recheck_set: tokio::sync::Notify,
 }
+
+/// How long a pod's processes must have run before "all of them in the host's network
+/// namespace" means hostNetwork. The runtime puts a sandbox's first process in the
+/// pod's cgroup before that process joins the sandbox's namespace (runc's init joins it
+/// after the cgroup), so for a moment a pod with a network of its own looks like a
+/// hostNetwork one; judged then, the share went DEGRADED and was repaired a moment later.
+pub const HOST_NETWORK_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Discovery {
     pub fn new(
@@ -102,6 +114,8 @@ impl Discovery {
             roots: Mutex::new(Vec::new()),
             proc_root,
             host_netns,
+            recheck: Mutex::new(None),
+            recheck_set: tokio::sync::Notify::new(),
         };
         d.refresh_roots();
         d
@@ -120,6 +134,29 @@ impl Discovery {
             }
         }
         *lock(&self.roots) = roots;
+    }
+
+    /// The earliest time a pod whose verdict was put off is to be looked at again,
+    /// cleared.
+    pub fn take_recheck(&self) -> Option<std::time::Instant> {
+        lock(&self.recheck).take()
+    }
+
+    /// Returns once a recheck time was set since the last call (or at once, if one
+    /// was set meanwhile).
+    pub async fn recheck_set(&self) {
+        self.recheck_set.notified().await;
+    }
+
+    fn recheck_at(&self, at: std::time::Instant) {
+        {
+            let mut r = lock(&self.recheck);
+            if r.is_some_and(|t| t <= at) {
+                return;
+            }
+            *r = Some(at);
+        }
+        self.recheck_set.notify_one();
     }
 
     pub fn roots(&self) -> Vec<PathBuf> {
@@ -243,6 +280,15 @@ impl Discovery {
         let mut spaces = process::netns_of(&self.proc_root, &pids);
         spaces.remove(&self.host_netns);
         if spaces.is_empty() {
+            if let Some(age) = process::oldest_age(&self.proc_root, &pids)
+                && age < HOST_NETWORK_SETTLE
+            {
+                self.recheck_at(std::time::Instant::now() + (HOST_NETWORK_SETTLE - age));
+                return PodState::Waiting(format!(
+                    "pod {uid}'s processes, started {} ms ago, are all in the host's network namespace: waiting to see whether its sandbox has a network of its own",
+                    age.as_millis()
+                ));
+            }
             return PodState::HostNetwork;
         }
         let ifname = target.interface.as_deref().unwrap_or(DEFAULT_POD_IFACE);

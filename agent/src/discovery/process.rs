@@ -95,6 +95,37 @@ pub fn netns_of(proc_root: &Path, pids: &[u32]) -> BTreeMap<u64, u32> {
     m
 }
 
+/// The kernel's clock ticks per second in `/proc/PID/stat` (USER_HZ): 100 on every
+/// architecture Linux runs pods on, fixed by its ABI whatever the kernel's own HZ.
+const USER_HZ: u64 = 100;
+
+/// How long the oldest of `pids` has been running: `/proc/uptime` less its start time
+/// (field 22 of `/proc/PID/stat`, read after the command's closing parenthesis, as the
+/// command may hold spaces and parentheses). None when no start time can be read.
+pub fn oldest_age(proc_root: &Path, pids: &[u32]) -> Option<std::time::Duration> {
+    let uptime: f64 = fs::read_to_string(proc_root.join("uptime"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let started = pids
+        .iter()
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+            let (_, after) = stat.rsplit_once(')')?;
+            // After the command: state is field 3, so start time (22) is the 20th.
+            after.split_whitespace().nth(19)?.parse::<u64>().ok()
+        })
+        .min()?;
+    let since_boot = std::time::Duration::from_millis(started.saturating_mul(1000) / USER_HZ);
+    Some(
+        std::time::Duration::try_from_secs_f64(uptime)
+            .ok()?
+            .saturating_sub(since_boot),
+    )
+}
+
 /// The inode of the agent's own network namespace: the host's, where pods' veths have
 /// their host side.
 pub fn own_netns_inode() -> std::io::Result<u64> {
@@ -104,6 +135,41 @@ pub fn own_netns_inode() -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_process_ages_from_its_start_time() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("uptime"), "100.50 180.00\n").unwrap();
+        // Field 22 (start time) is 9050 ticks in one, 2000 in the other, whose command
+        // holds a space and a parenthesis.
+        let stat = |pid: u32, comm: &str, start: u64| {
+            let dir = d.path().join(pid.to_string());
+            std::fs::create_dir(&dir).unwrap();
+            let rest: Vec<String> = (4..=21).map(|f| f.to_string()).collect();
+            std::fs::write(
+                dir.join("stat"),
+                format!("{pid} ({comm}) S {} {start} 23 24\n", rest.join(" ")),
+            )
+            .unwrap();
+        };
+        stat(10, "pause", 9050);
+        stat(11, "runc:[2:INIT]) x", 2000);
+        assert_eq!(
+            oldest_age(d.path(), &[10]),
+            Some(std::time::Duration::from_millis(10_000))
+        );
+        assert_eq!(
+            oldest_age(d.path(), &[10, 11, 12]),
+            Some(std::time::Duration::from_millis(80_500))
+        );
+        assert_eq!(oldest_age(d.path(), &[12]), None, "no such process");
+        // This process has run for at most as long as the machine.
+        let own = oldest_age(Path::new("/proc"), &[std::process::id()]).unwrap();
+        assert!(
+            own < std::time::Duration::from_secs(24 * 3600 * 365),
+            "{own:?}"
+        );
+    }
 
     #[test]
     fn pids_come_from_the_cgroup_and_below() {

@@ -337,9 +337,22 @@ impl Engine {
                     "pod discovery pass"
                 );
             }
-            tokio::select! {
-                () = self.kick.notified() => {}
-                () = tokio::time::sleep(period) => {}
+            // A pod whose verdict was put off (by this pass or by a Prepare meanwhile)
+            // is looked at again when it is due, besides events and the period.
+            let mut due: Option<std::time::Instant> = None;
+            loop {
+                if let Some(at) = self.discovery.take_recheck() {
+                    due = Some(due.map_or(at, |d| d.min(at)));
+                }
+                let wait = due.map_or(period, |at| {
+                    at.saturating_duration_since(std::time::Instant::now())
+                        .min(period)
+                });
+                tokio::select! {
+                    () = self.kick.notified() => break,
+                    () = self.discovery.recheck_set() => {}
+                    () = tokio::time::sleep(wait) => break,
+                }
             }
         }
     }
