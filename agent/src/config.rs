@@ -187,6 +187,7 @@ pub(crate) struct RawConfig {
     #[serde(default, rename = "device")]
     devices: Vec<Spanned<RawDevice>>,
     slo: Option<crate::config_slo::RawSlo>,
+    rollout: Option<crate::config_rollout::RawRollout>,
 }
 
 /// `metrics_tls = { cert_file = "...", key_file = "...", client_ca_file = "..." }`.
@@ -639,6 +640,7 @@ impl Config {
             reconcile_period,
         };
 
+        let class_stages = crate::config_rollout::parse(raw.rollout, &err)?;
         let mut devices = Vec::with_capacity(raw.devices.len());
         // What each device stands for: two devices for one GPU or one NIC would hand out
         // its capacity twice.
@@ -951,18 +953,6 @@ impl Config {
                         .map_err(|why| err(r.span(), format!("device {name}: line_rate: {why}")))?,
                 ),
             };
-            let stage = match &d.stage {
-                None => crate::rollout::Stage::default(),
-                Some(s) => crate::rollout::Stage::parse(s.get_ref()).ok_or_else(|| {
-                    err(
-                        s.span(),
-                        format!(
-                            "device {name}: stage {:?} is not \"observe\" or \"enforce\"",
-                            s.get_ref()
-                        ),
-                    )
-                })?,
-            };
             let class = match &d.class {
                 None => default_class(kind).to_owned(),
                 Some(c) => {
@@ -974,6 +964,19 @@ impl Config {
                     })?;
                     c.get_ref().clone()
                 }
+            };
+            let stage = match &d.stage {
+                // The class's first stage, where `[rollout.class]` names it.
+                None => class_stages.get(&class).copied().unwrap_or_default(),
+                Some(s) => crate::rollout::Stage::parse(s.get_ref()).ok_or_else(|| {
+                    err(
+                        s.span(),
+                        format!(
+                            "device {name}: stage {:?} is not \"observe\" or \"enforce\"",
+                            s.get_ref()
+                        ),
+                    )
+                })?,
             };
             devices.push(DeviceConfig {
                 stage,

@@ -362,7 +362,7 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
     (
         "device.stage",
         "string",
-        "enforce",
+        "its class's (rollout.class), else enforce",
         "The rollout stage to start in: enforce, or observe (admitted, counted, measured, nothing limited).",
     ),
     (
@@ -370,6 +370,13 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "string",
         "by kind: shareguard-net-bandwidth, shareguard-gpu-memory, shareguard-accounted",
         "The DeviceClass for rollout and SLOs.",
+    ),
+    // [rollout]
+    (
+        "rollout.class.<name>",
+        "string",
+        "none",
+        "The stage DeviceClass <name>'s devices start in (a device's own stage wins).",
     ),
     // [slo]
     (
@@ -518,6 +525,7 @@ pub fn markdown() -> String {
             let title = match top {
                 "agent" => "`[agent]`",
                 "device" => "`[[device]]` (one table per device)",
+                "rollout" => "`[rollout]`",
                 _ => "`[slo]`",
             };
             out.push_str(&format!(

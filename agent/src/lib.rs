@@ -16,6 +16,7 @@ pub mod config;
 pub mod config_gpu;
 pub mod config_node;
 pub mod config_reference;
+pub mod config_rollout;
 pub mod config_slo;
 pub mod config_warnings;
 pub mod convert;

@@ -311,6 +311,8 @@ agent:
     name = "worker-1"
     [node.device.nic-1]
     interface = "ens6"
+    [rollout.class]
+    "shareguard-accounted" = "observe"
 kubeletPlugin:
   nodeSelector:
     acme.io/shareguard: "true"
@@ -412,7 +414,7 @@ fn other_values_render_valid_manifests_that_use_them() {
 
     // Every DeviceClass selects this driver's devices first.
     let classes = of_kind(&docs, "DeviceClass");
-    assert_eq!(classes.len(), 3);
+    assert_eq!(classes.len(), 4);
     for c in classes {
         let expr = c["spec"]["selectors"][0]["cel"]["expression"]
             .as_str()
@@ -458,7 +460,9 @@ fn other_values_render_valid_manifests_that_use_them() {
     assert_eq!(generic.kind, DeviceKind::Generic);
     assert_eq!(generic.allowed_namespaces, ["team-c"]);
     assert!(generic.capacities.contains_key("memory"));
-    assert_eq!(generic.stage, Stage::Enforce);
+    // Its class's first stage, from extraToml's [rollout.class].
+    assert_eq!(generic.class, "shareguard-accounted");
+    assert_eq!(generic.stage, Stage::Observe);
     assert!(
         on("worker-1")
             .devices

@@ -1734,6 +1734,7 @@ fn device_class_selectors_name_the_configmap_drivers_and_published_attributes() 
     let classes: Vec<DeviceClass> = typed(&docs, "DeviceClass");
     assert!(!classes.is_empty());
     let mut enforced_kinds = BTreeSet::new();
+    let mut stage_classes = BTreeMap::new();
     for c in &classes {
         let name = c.metadata.name.clone().unwrap();
         let selectors = c.spec.selectors.as_deref().unwrap_or_default();
@@ -1774,6 +1775,16 @@ fn device_class_selectors_name_the_configmap_drivers_and_published_attributes() 
                             kind = Some(k);
                         }
                         enforced |= attr == "enforced" && lit.is_none();
+                        if attr == "stage" {
+                            let stage = lit.as_deref().unwrap_or_else(|| {
+                                panic!("{name}: stage not compared with a literal")
+                            });
+                            assert!(
+                                ["enforce", "observe"].contains(&stage),
+                                "{name}: no rollout stage is called {stage:?}"
+                            );
+                            stage_classes.insert(name.clone(), stage.to_owned());
+                        }
                     }
                     DeviceRef::Capacity(domain, cap) => {
                         assert!(drivers.contains(domain), "{name}: capacity domain {domain}");
@@ -1791,6 +1802,14 @@ fn device_class_selectors_name_the_configmap_drivers_and_published_attributes() 
     }
     // An enforcing class for each kind the ConfigMap's devices enforce.
     assert_eq!(enforced_kinds, set(&["gpu", "net"]));
+    // One class keeps new claims off NICs being observed (deviceclasses.yaml says which).
+    assert_eq!(
+        stage_classes,
+        BTreeMap::from([(
+            "shareguard-net-bandwidth-limited".to_owned(),
+            "enforce".to_owned()
+        )])
+    );
 }
 
 #[test]

@@ -54,7 +54,10 @@ impl Engine {
                 .filter(|r| !e.accounting_only(&r.device))
                 .filter_map(|r| {
                     let c = e.limiter(&r.device)?.counters(&r.key)?;
-                    Some((r, c))
+                    // Stamped as read: the interval judged is the one the kernel
+                    // counted over, not one stretched or shrunk by however long this
+                    // thread or the task that waits for it were kept off a CPU.
+                    Some((r, c, Instant::now()))
                 })
                 .collect::<Vec<_>>()
         })
@@ -74,14 +77,14 @@ impl Engine {
             };
             let mut tracked = std::mem::take(&mut t.tracked);
             let mut due = Vec::new();
-            for (r, c) in &fresh {
+            for (r, c, read_at) in &fresh {
                 let (to, from) = rates(self, r);
                 let entry = tracked.remove(&r.key).unwrap_or(Tracked {
                     measured: Measured::default(),
                     reported: None,
                 });
                 let mut entry = entry;
-                entry.measured.sample(clock_ms(now), c, to, from);
+                entry.measured.sample(clock_ms(*read_at), c, to, from);
                 if r.phase == Phase::Observed
                     && entry.reported.is_none_or(|(at, m)| {
                         now.duration_since(at) >= REPORT_PERIOD
@@ -95,7 +98,7 @@ impl Engine {
             }
             // Shares not read this time (released, or no longer counted) are forgotten
             // with `tracked`'s leftovers.
-            t.counters = fresh.iter().map(|(r, c)| (r.key.clone(), *c)).collect();
+            t.counters = fresh.iter().map(|(r, c, _)| (r.key.clone(), *c)).collect();
             due
         };
         self.publish(&due);

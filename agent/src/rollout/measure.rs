@@ -1,7 +1,11 @@
 //! What the agent measures of a bandwidth share's traffic, whatever its stage: the bytes
 //! each direction carried and, from the counters sampled every `counters_period`, how long
-//! and by how much the share ran above its allocated rate. In `observe` that is what
-//! enforcing would have held back; under `enforce` it stays near zero.
+//! and by how much the share ran above its allocated rate. The counting programs see a
+//! packet before any shaper does, so the figures are what the pod's traffic offered: in
+//! `observe` what enforcing would have held back; under `enforce` what the shaper did
+//! hold back (queued, then sent later, or dropped): near zero for a flow that has found
+//! its rate, a few MB at a flow's start (TCP's start-up probes far above the rate
+//! before it settles).
 //!
 //! The time above the rate is judged per sampling interval, from the interval's average:
 //! a burst shorter than one interval is averaged with the rest of it, so both figures
