@@ -227,6 +227,11 @@ pub enum Cmd {
         /// One DeviceClass only.
         #[arg(long)]
         class: Option<String>,
+        /// Exit with the verdict, for a pipeline that gates a rollout on it: 0 when
+        /// every class shown says promote, 3 when one says hold and none roll back, 4
+        /// when one says roll back (1 stays an error, 2 a usage error).
+        #[arg(long)]
+        check: bool,
     },
     /// Estimate the logical capacity a fleet of devices can promise under a request
     /// policy and a target utilisation, after what the policy's grid strands and a
@@ -855,8 +860,8 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             return crate::cli_rollout::run(&mut c, a, matches!(out, Output::Json)).await;
         }
-        Cmd::Slo { class } => {
-            return crate::cli_slo::run(&mut c, class, matches!(out, Output::Json)).await;
+        Cmd::Slo { class, check } => {
+            return crate::cli_slo::run(&mut c, class, check, matches!(out, Output::Json)).await;
         }
         Cmd::Devices => {
             let r = c

@@ -105,9 +105,25 @@ pub fn table(r: &pb::GetSloResponse) -> String {
         .join("\n")
 }
 
+/// `slo --check`'s exit status for the classes shown: the worst verdict among them.
+/// A verdict this binary does not know (a newer agent's) counts as hold: a gate must
+/// not pass on what it cannot read.
+fn check_status(r: &pb::GetSloResponse) -> u8 {
+    r.classes
+        .iter()
+        .map(|c| match c.verdict.as_str() {
+            "promote" => 0,
+            "roll back" => 4,
+            _ => 3,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 pub async fn run(
     c: &mut NodeAgentClient<Channel>,
     class: Option<String>,
+    check: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let r = c
@@ -121,12 +137,36 @@ pub async fn run(
     } else {
         print!("{}", table(&r));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if check {
+        ExitCode::from(check_status(&r))
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_exits_with_the_worst_verdict_shown() {
+        let of = |verdicts: &[&str]| {
+            check_status(&pb::GetSloResponse {
+                classes: verdicts
+                    .iter()
+                    .map(|v| pb::ClassSlo {
+                        verdict: (*v).to_owned(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            })
+        };
+        assert_eq!(of(&[]), 0);
+        assert_eq!(of(&["promote", "promote"]), 0);
+        assert_eq!(of(&["promote", "hold"]), 3);
+        assert_eq!(of(&["hold", "roll back", "promote"]), 4);
+        assert_eq!(of(&["promote", "something newer"]), 3);
+    }
 
     #[test]
     fn the_table_puts_each_figure_beside_its_objective_and_the_verdict_first() {

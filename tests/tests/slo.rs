@@ -70,6 +70,12 @@ fn slo_json(a: &Agent) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// `shareguard slo --check --class CLASS`'s exit status: what a pipeline gating the
+/// rollout on the verdict sees.
+fn check(a: &Agent, class: &str) -> Option<i32> {
+    a.cli(&["slo", "--check", "--class", class]).status.code()
+}
+
 fn class<'a>(v: &'a Value, name: &str) -> &'a Value {
     v["classes"]
         .as_array()
@@ -181,6 +187,7 @@ async fn slo_figures_match_what_the_test_measured_and_each_verdict_follows_its_o
     eprintln!("before drift: {n:#}");
     assert_eq!(n["stage"], "enforce");
     assert_eq!(n["verdict"], "promote", "{:?}", reasons(n));
+    assert_eq!(check(&a, NET), Some(0));
     assert!(
         reasons(n)[0].contains("stay in enforce"),
         "{:?}",
@@ -220,6 +227,9 @@ async fn slo_figures_match_what_the_test_measured_and_each_verdict_follows_its_o
     assert_eq!(count(&g["claims"]), 1);
     assert_eq!(count(&figure(g, "prepare_p99")["samples"]), 1);
     assert_eq!(g["verdict"], "hold");
+    assert_eq!(check(&a, ACCOUNTED), Some(3));
+    // Over every class, the worst verdict decides.
+    assert_eq!(a.cli(&["slo", "--check"]).status.code(), Some(3));
     assert!(
         reasons(g)[0].starts_with("too few claims: 1 in the window, min_samples is 50"),
         "{:?}",
@@ -247,6 +257,7 @@ async fn slo_figures_match_what_the_test_measured_and_each_verdict_follows_its_o
     let n = class(&v, NET);
     eprintln!("after drift: {n:#}");
     assert_eq!(n["verdict"], "roll back");
+    assert_eq!(check(&a, NET), Some(4));
     assert_eq!(
         reasons(n),
         vec!["drift_repairs 1 is not <= 0".to_owned()],
@@ -335,6 +346,7 @@ async fn slo_figures_match_what_the_test_measured_and_each_verdict_follows_its_o
     assert_eq!(count(&n["unverifiedShares"]), 0);
     assert_eq!(value(n, "recovery"), Some(recovery));
     assert_eq!(n["verdict"], "hold");
+    assert_eq!(check(&a, NET), Some(3));
     assert!(
         reasons(n)[0].starts_with("too few claims: 0 in the window, min_samples is 3"),
         "{:?}",
