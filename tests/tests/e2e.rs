@@ -138,6 +138,21 @@ fn wait_enforced_status(c: &Cluster, ns: &str) -> Value {
     )
 }
 
+/// Pod `pod` on `node` in `ns` with a claim of `kind` asking for `amount`, once it runs
+/// and its claim says Enforced: the claim's status entry.
+fn enforced_pod(
+    c: &Cluster,
+    ns: &str,
+    pod: &str,
+    node: &str,
+    amount: &str,
+    kind: ClaimKind,
+) -> Value {
+    c.apply(&bandwidth_pod(ns, pod, node, amount, kind));
+    wait_running(c, ns, pod);
+    wait_enforced_status(c, ns)
+}
+
 /// TCP goodput of iperf3 from pod `ns/pod` to `server` (or from `server` with
 /// `reverse`), in bit/s.
 fn iperf(c: &Cluster, ns: &str, pod: &str, server: &str, reverse: bool) -> f64 {
@@ -733,15 +748,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     let node = NODES[1];
     let (_server_ns, server) = iperf_server(&c, node);
     let ns = c.namespace("e2e-f");
-    c.apply(&bandwidth_pod(
-        &ns.name,
-        "client",
-        node,
-        "200M",
-        ClaimKind::Template,
-    ));
-    wait_running(&c, &ns.name, "client");
-    wait_enforced_status(&c, &ns.name);
+    enforced_pod(&c, &ns.name, "client", node, "200M", ClaimKind::Template);
     let claim = only_claim(&c, &ns.name);
     let share_id = first_share_id(&claim);
 
@@ -790,15 +797,7 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
     run_script("restart-kubelet.sh", &[node]);
     // A claim prepared after the restart: kubelet found the plugin again.
     let after = c.namespace("e2e-f2");
-    c.apply(&bandwidth_pod(
-        &after.name,
-        "client",
-        node,
-        "100M",
-        ClaimKind::Template,
-    ));
-    wait_running(&c, &after.name, "client");
-    wait_enforced_status(&c, &after.name);
+    enforced_pod(&c, &after.name, "client", node, "100M", ClaimKind::Template);
     assert_eq!(
         share_phase(&c, node, &share_id),
         "ENFORCED",
@@ -2056,15 +2055,7 @@ fn o_a_rollback_to_observe_lifts_the_limit_and_is_seen_in_the_slice_and_the_clai
     let node = NODES[0];
     let (_server_ns, server) = iperf_server(&c, node);
     let ns = c.namespace("e2e-rollout");
-    c.apply(&bandwidth_pod(
-        &ns.name,
-        "client",
-        node,
-        "100M",
-        ClaimKind::Standalone,
-    ));
-    wait_running(&c, &ns.name, "client");
-    wait_enforced_status(&c, &ns.name);
+    enforced_pod(&c, &ns.name, "client", node, "100M", ClaimKind::Standalone);
     let held = allocated_bandwidth(&c, node);
     assert_eq!(slice_stage(&c, node).as_deref(), Some("enforce"));
 
@@ -2179,15 +2170,7 @@ fn z_an_uninstall_leaves_no_object_and_no_slice() {
     {
         // A pod with a share, gone before the uninstall as the docs say.
         let ns = c.namespace("e2e-z");
-        c.apply(&bandwidth_pod(
-            &ns.name,
-            "p",
-            NODES[0],
-            "10M",
-            ClaimKind::Template,
-        ));
-        wait_running(&c, &ns.name, "p");
-        wait_enforced_status(&c, &ns.name);
+        enforced_pod(&c, &ns.name, "p", NODES[0], "10M", ClaimKind::Template);
     }
     run_script("uninstall.sh", &[]);
     assert_nothing_installed(&c);
@@ -2388,15 +2371,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     );
 
     let before = c.namespace("e2e-zz");
-    c.apply(&bandwidth_pod(
-        &before.name,
-        "p",
-        NODES[0],
-        "10M",
-        ClaimKind::Template,
-    ));
-    wait_running(&c, &before.name, "p");
-    wait_enforced_status(&c, &before.name);
+    enforced_pod(&c, &before.name, "p", NODES[0], "10M", ClaimKind::Template);
     let share = first_share_id(&only_claim(&c, &before.name));
     assert_eq!(share_phase(&c, NODES[0], &share), "ENFORCED");
     // The config the agents run with, kept for the cleanup after the uninstall.
@@ -2449,15 +2424,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     );
     wait_enforced_status(&c, &before.name);
     let after = c.namespace("e2e-zz");
-    c.apply(&bandwidth_pod(
-        &after.name,
-        "p",
-        NODES[1],
-        "10M",
-        ClaimKind::Template,
-    ));
-    wait_running(&c, &after.name, "p");
-    wait_enforced_status(&c, &after.name);
+    enforced_pod(&c, &after.name, "p", NODES[1], "10M", ClaimKind::Template);
 
     // Uninstall as the docs say: the pods with claims first.
     drop(before);
