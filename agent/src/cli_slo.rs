@@ -6,7 +6,7 @@ use std::{fmt::Write as _, process::ExitCode};
 use shareguard_proto::v1::{self as pb, node_agent_client::NodeAgentClient};
 use tonic::transport::Channel;
 
-use crate::slo::verdict::fmt;
+use crate::slo::{VerdictKind, verdict::fmt};
 
 fn value(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "-".to_owned(), |v| fmt(v, unit))
@@ -111,10 +111,13 @@ pub fn table(r: &pb::GetSloResponse) -> String {
 fn check_status(r: &pb::GetSloResponse) -> u8 {
     r.classes
         .iter()
-        .map(|c| match c.verdict.as_str() {
-            "promote" => 0,
-            "roll back" => 4,
-            _ => 3,
+        .map(|c| {
+            let kind = VerdictKind::ALL.into_iter().find(|k| k.name() == c.verdict);
+            match kind {
+                Some(VerdictKind::Promote) => 0,
+                Some(VerdictKind::RollBack) => 4,
+                Some(VerdictKind::Hold) | None => 3,
+            }
         })
         .max()
         .unwrap_or(0)

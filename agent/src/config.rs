@@ -968,15 +968,7 @@ impl Config {
             let stage = match &d.stage {
                 // The class's first stage, where `[rollout.class]` names it.
                 None => class_stages.get(&class).copied().unwrap_or_default(),
-                Some(s) => crate::rollout::Stage::parse(s.get_ref()).ok_or_else(|| {
-                    err(
-                        s.span(),
-                        format!(
-                            "device {name}: stage {:?} is not \"observe\" or \"enforce\"",
-                            s.get_ref()
-                        ),
-                    )
-                })?,
+                Some(s) => crate::config_rollout::parse_stage(s, &format!("device {name}"), &err)?,
             };
             devices.push(DeviceConfig {
                 stage,

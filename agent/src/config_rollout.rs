@@ -42,19 +42,27 @@ pub(crate) fn parse(
                 format!("rollout.class {:?}: {why}", class.get_ref()),
             )
         })?;
-        let s = Stage::parse(stage.get_ref()).ok_or_else(|| {
-            err(
-                stage.span(),
-                format!(
-                    "rollout.class {:?}: stage {:?} is not \"observe\" or \"enforce\"",
-                    class.get_ref(),
-                    stage.get_ref()
-                ),
-            )
-        })?;
+        let s = parse_stage(&stage, &format!("rollout.class {:?}", class.get_ref()), err)?;
         out.insert(class.into_inner(), s);
     }
     Ok(out)
+}
+
+/// A `stage` value, `observe` or `enforce`; `owner` names where it was written.
+pub(crate) fn parse_stage(
+    s: &Spanned<String>,
+    owner: &str,
+    err: ErrAt<'_>,
+) -> Result<Stage, ConfigError> {
+    Stage::parse(s.get_ref()).ok_or_else(|| {
+        err(
+            s.span(),
+            format!(
+                "{owner}: stage {:?} is not \"observe\" or \"enforce\"",
+                s.get_ref()
+            ),
+        )
+    })
 }
 
 #[cfg(test)]
