@@ -583,6 +583,16 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     // A second client of the same share: MPS bounds each client on its own, so the two
     // may hold 20Gi together. The status says so, never 10Gi ENFORCED; with one client
     // again it is the share's limit once more.
+    let drift_lines = audit_count(&a.audit_lines(), "drift", &id);
+    let drift_metric = || {
+        metric_sample(
+            &a.http("/metrics").1,
+            "shareguard_reconcile_drift_total",
+            &[("device", "gpu-0")],
+        )
+        .unwrap_or(0.0)
+    };
+    let drifts = drift_metric();
     let second = Sandbox::start(&pod, Layout::Systemd, None);
     fs::write(
         &processes,
@@ -611,6 +621,17 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         ),
         "{s:?}"
     );
+    // The tenant started a process; nothing undid the limit. Not drift: no drift line or
+    // count (the drift alert would fire on a tenant's action), no repair tried, and one
+    // `degrade` line that says why.
+    assert!(
+        !s.reason.contains("drift") && !s.reason.contains("repair"),
+        "{s:?}"
+    );
+    let lines = a.audit_lines();
+    assert_eq!(audit_count(&lines, "drift", &id), drift_lines, "{lines:?}");
+    assert_eq!(audit_count(&lines, "degrade", &id), 1, "{lines:?}");
+    assert_eq!(drift_metric(), drifts);
     drop(second);
     report(true);
     loop {

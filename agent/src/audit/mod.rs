@@ -54,6 +54,10 @@ pub enum Decision {
     /// The reconciler applied a drifted share's limit again: verified, or not (the
     /// reason says which).
     Repair,
+    /// The reconciler found a share no longer held whole for a reason applying its limit
+    /// again cannot change, and that is not drift: the limit is in place as set (MPS
+    /// bounds each client process on its own, and the share now has more than one).
+    Degrade,
     /// A released or failed share's record was removed after its retention.
     Sweep,
     /// A stored record could not be read at start: kept as found, and what it held
@@ -117,7 +121,7 @@ pub struct AuditLine<'a> {
 
 impl Decision {
     /// Every decision, in the order `shareguard audit --decision` lists them.
-    pub const ALL: [Decision; 16] = [
+    pub const ALL: [Decision; 17] = [
         Decision::Admit,
         Decision::Repeat,
         Decision::Refuse,
@@ -127,6 +131,7 @@ impl Decision {
         Decision::Epoch,
         Decision::Drift,
         Decision::Repair,
+        Decision::Degrade,
         Decision::Sweep,
         Decision::Quarantine,
         Decision::Config,
@@ -148,6 +153,7 @@ impl Decision {
             Decision::Epoch => "epoch",
             Decision::Drift => "drift",
             Decision::Repair => "repair",
+            Decision::Degrade => "degrade",
             Decision::Sweep => "sweep",
             Decision::Quarantine => "quarantine",
             Decision::Config => "config",
@@ -161,7 +167,7 @@ impl Decision {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, sweep, quarantine, config, over_limit, terminate, sandbox, rollout)"
+    "{0:?} is not a decision (one of: admit, repeat, refuse, fail, release, recover, epoch, drift, repair, degrade, sweep, quarantine, config, over_limit, terminate, sandbox, rollout)"
 )]
 pub struct UnknownDecision(pub String);
 

@@ -157,6 +157,14 @@ impl Engine {
                     }
                     return;
                 }
+                // The limit is in place as set, but the share's processes outnumber what
+                // it holds whole (MPS bounds each client on its own): the tenant started
+                // a process, nothing undid the limit, and applying it again changes
+                // nothing. Not drift: no drift count (which alerts), no repair.
+                (_, why) if self.judge(&r, &as_set(e)).0 == Phase::Enforced => {
+                    self.outgrown(&r, e, &why).await;
+                    return;
+                }
                 (_, why) => why,
             },
             Err(e) => e.to_string(),
@@ -226,6 +234,30 @@ impl Engine {
         }
     }
 
+    /// Persists `r` as DEGRADED for `why` with the bound `e` read back, when that changes
+    /// the record: a share whose limit holds per process and whose processes are more
+    /// than one (see [`as_set`]).
+    async fn outgrown(
+        &self,
+        r: &ShareRecord,
+        e: &shareguard_common::limiter::Enforcement,
+        why: &str,
+    ) {
+        if r.phase == Phase::Degraded && r.reason == why && r.enforced == e.enforced {
+            return;
+        }
+        let mut n = r.clone();
+        n.phase = Phase::Degraded;
+        n.reason = why.to_owned();
+        n.mechanism = e.mechanism.clone();
+        n.enforced = e.enforced.clone();
+        n.updated_at_ms = now_ms();
+        warn!(reason = %why, "the share's processes are more than its limit holds whole");
+        if self.persist_one(&n).await {
+            self.audit_share(&n, Decision::Degrade, &n.reason, None, None);
+        }
+    }
+
     /// Persists `r` as DEGRADED for `why`, with what was read back where the read-back
     /// worked (an MPS share with more processes than one holds more than its request:
     /// the status must show that bound, not the one read before).
@@ -254,4 +286,17 @@ impl Engine {
             }
         }
     }
+}
+
+/// `e` as the limit was set: each capacity held per process at its per-process figure,
+/// not at the bound of the share's processes together. Judged ENFORCED, the limit itself
+/// is in place and only the number of processes makes the share's bound larger.
+pub(super) fn as_set(
+    e: &shareguard_common::limiter::Enforcement,
+) -> shareguard_common::limiter::Enforcement {
+    let mut set = e.clone();
+    for (name, per) in &e.per_process {
+        set.enforced.insert(name.clone(), per.each);
+    }
+    set
 }

@@ -1377,6 +1377,18 @@ fn a_limit_held_per_process_is_enforced_only_while_one_process_holds_it() {
         why.contains("2 processes of the share, each bound to 10Gi on its own, may hold 20Gi together, more than the share's 10Gi"),
         "{why}"
     );
+    // As set, the limit is the share's: the reconciler takes that as no drift.
+    assert_eq!(
+        super::judge(&wanted, &super::reconcile::as_set(&e("20Gi", 2))).0,
+        Phase::Enforced
+    );
+    // A per-process figure that is not the share's is no such case.
+    let mut off = e("20Gi", 2);
+    off.per_process.get_mut("memory").unwrap().each = q("20Gi");
+    assert_eq!(
+        super::judge(&wanted, &super::reconcile::as_set(&off)).0,
+        Phase::Degraded
+    );
 }
 
 #[test]
