@@ -1397,18 +1397,6 @@ impl Drop for PluginOnEveryNode<'_> {
     }
 }
 
-/// shareguard's ResourceSlices of `node`.
-fn node_slices(c: &Cluster, node: &str) -> usize {
-    c.json(&[
-        "get",
-        "resourceslices",
-        "--field-selector",
-        &format!("spec.nodeName={node},spec.driver={DRIVER}"),
-    ])["items"]
-        .as_array()
-        .map_or(0, Vec::len)
-}
-
 /// j. The plugin taken off one node (its DaemonSet no longer reaches it): kubelet
 /// deletes that node's slices once no instance has been registered for 30 s, not
 /// before; the other node's slice stays (its plugin is replaced meanwhile, since the
@@ -1453,11 +1441,11 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
             n => Err(format!("{n} pods")),
         }
     });
-    assert_eq!(node_slices(&c, node), 1, "wiped at once");
+    assert_eq!(node_slices(&c, node).len(), 1, "wiped at once");
     wait_for(
         "the node's slices wiped by kubelet",
         POD_TIMEOUT,
-        || match node_slices(&c, node) {
+        || match node_slices(&c, node).len() {
             0 => Ok(()),
             n => Err(format!("{n} slices")),
         },
@@ -1478,7 +1466,7 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
     wait_for(
         "the node's slice published again",
         POD_TIMEOUT,
-        || match node_slices(&c, node) {
+        || match node_slices(&c, node).len() {
             1 => Ok(()),
             n => Err(format!("{n} slices")),
         },
@@ -1599,13 +1587,7 @@ impl Drop for UsualApiServer {
 /// Whether every device of `node`'s shareguard slice has `allowMultipleAllocations`
 /// (what the DRAConsumableCapacity gate guards), and the slice's name.
 fn slice_whole(c: &Cluster, node: &str) -> Option<(String, bool)> {
-    let slices = c.json(&[
-        "get",
-        "resourceslices",
-        "--field-selector",
-        &format!("spec.nodeName={node},spec.driver={DRIVER}"),
-    ]);
-    let s = slices["items"].as_array()?.first()?.clone();
+    let s = node_slices(c, node).into_iter().next()?;
     let devices = field(&s, "spec.devices")
         .as_array()
         .cloned()
@@ -1615,6 +1597,17 @@ fn slice_whole(c: &Cluster, node: &str) -> Option<(String, bool)> {
             .iter()
             .all(|d| d["allowMultipleAllocations"] == true);
     Some((field(&s, "metadata.name").as_str()?.to_string(), whole))
+}
+
+/// The ResourceSlices shareguard's plugin published for `node`, as the API server has them.
+fn node_slices(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
+    let slices = c.json(&[
+        "get",
+        "resourceslices",
+        "--field-selector",
+        &format!("spec.nodeName={node},spec.driver={DRIVER}"),
+    ]);
+    slices["items"].as_array().cloned().unwrap_or_default()
 }
 
 /// l. An API server with DRAConsumableCapacity off (a cluster where the gate was
@@ -1978,14 +1971,7 @@ fn n_the_bandwidth_example_and_its_client_job_work_as_shipped() {
 
 /// `nic-0`'s rollout stage in `node`'s ResourceSlice, once the slice has one.
 fn slice_stage(c: &Cluster, node: &str) -> Option<String> {
-    let slices = c.json(&[
-        "get",
-        "resourceslices",
-        "--field-selector",
-        &format!("spec.nodeName={node},spec.driver={DRIVER}"),
-    ]);
-    slices["items"]
-        .as_array()?
+    node_slices(c, node)
         .iter()
         .flat_map(|s| {
             field(s, "spec.devices")
@@ -2348,7 +2334,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
         wait_for(
             &format!("{node}'s slices"),
             POD_TIMEOUT,
-            || match node_slices(&c, node) {
+            || match node_slices(&c, node).len() {
                 0 => Err("none yet".to_string()),
                 n => Ok(n),
             },
