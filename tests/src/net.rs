@@ -1126,6 +1126,11 @@ pub struct Iperf {
     /// (docs/htb-tuning.md, "Reordering"). One CPU makes the figure the shaper's, as for
     /// traffic from another node, which a NIC delivers to one CPU per flow.
     pub cpu: Option<u32>,
+    /// The sender's rate, bit/s (`-b`, iperf3 pacing its writes of one segment each): a
+    /// fixed offered load rather than whatever TCP takes. `None`: unpaced. Not `--fq-rate`: iperf3 3.12's
+    /// server does not apply it, and with `-R` the server sends (measured on loopback:
+    /// 21.9 Gbit/s with `--fq-rate 45M`, 45.1 Mbit/s with `-b 45M`).
+    pub pace_bps: Option<u64>,
 }
 
 impl Iperf {
@@ -1139,6 +1144,7 @@ impl Iperf {
             streams: 1,
             congestion: None,
             cpu: Some(0),
+            pace_bps: None,
         }
     }
 }
@@ -1352,6 +1358,12 @@ impl IperfServer {
         }
         if let Some(cpu) = run.cpu {
             cmd.args(["-A", &format!("{cpu},{cpu}")]);
+        }
+        if let Some(bps) = run.pace_bps {
+            // iperf3 hands both to the server too, which sends with -R. Its pacing
+            // writes whole blocks when it is behind: 128 KiB by default, a burst that
+            // takes 1 ms on a 1 Gbit/s wire; one segment's payload keeps it to a packet.
+            cmd.args(["-b", &bps.to_string(), "-l", "1448"]);
         }
         if run.direction == Direction::FromPod {
             cmd.arg("-R");

@@ -39,7 +39,11 @@
 //! `ISOLATION_TENANTS` (default `1,2,4,8,16,32`), `ISOLATION_SECONDS` (measured seconds per
 //! run, default 6), `ISOLATION_DIRECTIONS` (default `to-pod,from-pod`) and
 //! `ISOLATION_PLOTS` (directory for the PNGs, default the repository's `docs/`) make a
-//! smaller run.
+//! smaller run. Two more change what is measured: `ISOLATION_OFFERED` (`saturate`, the
+//! default, or a multiple of each tenant's share, e.g. `0.9`: its bulk flow is paced to
+//! that rate, a fixed offered load, in the unshared runs too) and `ISOLATION_NIC` (the
+//! NIC's line rate in bit/s, default the device's capacity, 1 Gbit/s; above it, the
+//! capacity a node publishes is kept below what its wire carries).
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up has nothing to report.
 
@@ -60,9 +64,15 @@ use shareguard_tests::{
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
 
-use crate::nic::{LINE, LINE_RATE_BPS, Nic};
+use crate::nic::Nic;
 
 const DEVICE: &str = "nic-shared";
+/// The net device's `bandwidth` capacity, and by default the NIC's line rate: what the
+/// shares of the device add up to at most is what the wire carries. 1 Gbit/s keeps 32
+/// tenants' traffic (forwarded, shaped twice) within what two cores route.
+const CAPACITY_BPS: u64 = 1_000_000_000;
+/// [`CAPACITY_BPS`] as a quantity, written as the agent writes it back.
+const CAPACITY: &str = "1G";
 /// The request policy's minimum (and step), bit/s and as the quantity a claim carries.
 const MIN_BPS: u64 = 5_000_000;
 const MIN: &str = "5M";
@@ -95,6 +105,70 @@ impl Tenant {
     }
 }
 
+/// What each tenant's bulk flow offers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Offered {
+    /// Whatever TCP takes: always more than a share.
+    Saturate,
+    /// This multiple of the tenant's share, paced by the sender.
+    Paced(f64),
+}
+
+impl Offered {
+    fn parse(v: &str) -> Offered {
+        if v == "saturate" {
+            return Offered::Saturate;
+        }
+        match v.parse::<f64>() {
+            Ok(f) if f > 0.0 && f.is_finite() => Offered::Paced(f),
+            _ => panic!("ISOLATION_OFFERED={v:?}: `saturate` or a positive multiple of the share"),
+        }
+    }
+
+    /// The pacing rate for a tenant whose share is (or would be) `share_bps`.
+    fn pace(self, share_bps: u64) -> Option<u64> {
+        match self {
+            Offered::Saturate => None,
+            Offered::Paced(f) => Some((share_bps as f64 * f).round() as u64),
+        }
+    }
+}
+
+/// What a whole bench run varies: the offered load and the NIC's line rate.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    pub offered: Offered,
+    pub nic_bps: u64,
+}
+
+impl Variant {
+    /// The plots' file name suffix: none for the default (saturating, line rate =
+    /// capacity), whose plots docs/benchmarks.md shows first.
+    pub fn suffix(&self) -> String {
+        let mut s = String::new();
+        if let Offered::Paced(f) = self.offered {
+            s.push_str(&format!("-paced-{f}"));
+        }
+        if self.nic_bps != CAPACITY_BPS {
+            s.push_str(&format!("-nic-{}M", self.nic_bps / 1_000_000));
+        }
+        s
+    }
+
+    /// What the tenants do, for a plot's words.
+    pub fn load(&self) -> String {
+        match self.offered {
+            Offered::Saturate => "saturating their shares".to_owned(),
+            Offered::Paced(f) => format!("offering {f} x their share"),
+        }
+    }
+
+    /// The NIC's line rate, for a plot's words.
+    pub fn nic(&self) -> String {
+        format!("{} Mbit/s", self.nic_bps / 1_000_000)
+    }
+}
+
 /// What a run allocates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Setup {
@@ -104,12 +178,14 @@ pub enum Setup {
     WholeNic,
 }
 
-/// A tenant in a run: which one, its share's rate and id (none without a share).
+/// A tenant in a run: which one, its share's rate and id (none without a share), and the
+/// rate its bulk flow is paced to (none: as fast as TCP goes).
 #[derive(Clone, Debug)]
 struct Active {
     i: usize,
     limit_bps: Option<u64>,
     share_id: Option<String>,
+    pace_bps: Option<u64>,
 }
 
 /// One tenant's bulk flow and sparse flow in a run.
@@ -144,13 +220,15 @@ pub struct Run {
     /// The NIC queue's backlog in the run's direction, bytes, every 100 ms.
     pub nic_backlog: Vec<u64>,
     pub nic_drops: u64,
+    /// The NIC's line rate, bit/s.
+    pub nic_bps: u64,
     /// Busy share of all CPUs over the run, 0..1.
     pub cpu_busy: f64,
     pub load: LoadAvg,
 }
 
 fn config() -> String {
-    let (min, line) = (MIN, LINE);
+    let (min, line) = (MIN, CAPACITY);
     net::net_device(
         DEVICE,
         &format!(
@@ -288,6 +366,7 @@ fn run(
                     seconds,
                     omit: OMIT_S,
                     cpu: Some(a.i as u32 % 2),
+                    pace_bps: a.pace_bps,
                     ..Iperf::new(dir)
                 };
                 s.spawn(move || tenants[a.i].server.measure_from(nic.netns(), &run))
@@ -335,6 +414,7 @@ fn run(
         quiet_local,
         nic_backlog: samples.backlog,
         nic_drops: nic.drops(dir) - drops,
+        nic_bps: nic.line_bps(),
         cpu_busy: (busy1 - cpu.0) as f64 / (all1 - cpu.1).max(1) as f64,
         load: LoadAvg::now(),
     };
@@ -371,6 +451,13 @@ fn main() {
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs"),
         PathBuf::from,
     );
+    let offered = Offered::parse(&env_or("ISOLATION_OFFERED", "saturate".to_owned()));
+    let nic_bps: u64 = env_or("ISOLATION_NIC", CAPACITY_BPS);
+    assert!(
+        nic_bps >= CAPACITY_BPS,
+        "ISOLATION_NIC: at least the device's capacity, {CAPACITY_BPS}"
+    );
+    let variant = Variant { offered, nic_bps };
     let max_n = counts.iter().copied().max().unwrap_or(1).max(2);
     let bench_start = Instant::now();
     let load_before = LoadAvg::now();
@@ -379,7 +466,7 @@ fn main() {
     let pins = PinDir::new();
     let agent: Agent = net::start_agent(config(), &pins, "");
     let mut client = rt.block_on(agent.client());
-    let nic = Nic::new();
+    let nic = Nic::new(nic_bps);
     let quiet = Pod::new();
     nic.attach(&quiet);
     let tenants: Vec<Tenant> = (0..max_n)
@@ -410,12 +497,13 @@ fn main() {
         runs.push(go(&[], "quiet alone, no share", Setup::WholeNic));
         {
             let mut c = Claims::new(&rt, &mut client);
-            let share = c.add(&tenants[0].pod, LINE);
+            let share = c.add(&tenants[0].pod, CAPACITY);
             runs.push(go(
                 &[Active {
                     i: 0,
-                    limit_bps: Some(LINE_RATE_BPS),
+                    limit_bps: Some(CAPACITY_BPS),
                     share_id: Some(share.share_id),
+                    pace_bps: offered.pace(CAPACITY_BPS),
                 }],
                 "NIC whole to one tenant (share = capacity)",
                 Setup::WholeNic,
@@ -431,6 +519,7 @@ fn main() {
                 i,
                 limit_bps: Some(bps),
                 share_id: Some(share.share_id),
+                pace_bps: offered.pace(bps),
             };
             runs.push(go(&[a], &format!("alone at {rate}"), Setup::Shares));
         }
@@ -445,6 +534,7 @@ fn main() {
                         i,
                         limit_bps: Some(bps),
                         share_id: Some(share.share_id),
+                        pace_bps: offered.pace(bps),
                     }
                 })
                 .collect();
@@ -457,6 +547,8 @@ fn main() {
                     i,
                     limit_bps: None,
                     share_id: None,
+                    // The same load as with shares: what the tenant would have been given.
+                    pace_bps: offered.pace(tenants[i].rate().1),
                 })
                 .collect();
             runs.push(go(&unshared, "whole NIC, no shares", Setup::WholeNic));
@@ -469,12 +561,13 @@ fn main() {
         runs: &runs,
         mechanism: &mechanism,
         seconds,
+        variant,
         load_before,
         load_after,
         elapsed,
     });
     fs::create_dir_all(&plots).unwrap();
-    for path in plot::draw(&runs, &plots) {
+    for path in plot::draw(&runs, &plots, &variant) {
         eprintln!("wrote {}", path.display());
     }
     // Claims are released; the agent goes first, then its pins, the pods, the NIC.

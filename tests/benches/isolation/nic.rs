@@ -1,7 +1,7 @@
 //! The one NIC every tenant's traffic crosses: a "remote host" (a network namespace) behind
-//! one veth pair whose two directions are each shaped to [`LINE_RATE_BPS`] with a queue of
-//! [`QUEUE_BYTES`], routed to from the root namespace, where every tenant pod's host-side
-//! veth is and where the agent puts its limits.
+//! one veth pair whose two directions are each shaped to the NIC's line rate with a queue
+//! of 10 ms at that rate ([`queue_bytes`]), routed to from the root namespace, where every
+//! tenant pod's host-side veth is and where the agent puts its limits.
 //!
 //! Routing rather than a bridge: the harness's pods each have their own /30 with the host
 //! end's address as the gateway, as a routed CNI (Calico, Cilium in native routing) sets
@@ -18,27 +18,25 @@ use shareguard_tests::{
     pod,
 };
 
-/// The NIC's line rate in each direction, and the net device's `bandwidth` capacity: what
-/// the shares of the device add up to at most is what the wire carries. 1 Gbit/s keeps 32
-/// tenants' traffic (forwarded, shaped twice) within what two cores route.
-pub const LINE_RATE_BPS: u64 = 1_000_000_000;
-/// [`LINE_RATE_BPS`] as a quantity, written as the agent writes it back.
-pub const LINE: &str = "1G";
-/// The NIC's queue in each direction: 10 ms at line rate, a byte limit (a packet limit
-/// would let 64 KiB GSO packets make it 50 times longer). About what a 1G NIC's ring and a
-/// FIFO qdisc in front of it hold without AQM; the same queue with and without shares, so
-/// the comparison is about who fills it.
-pub const QUEUE_BYTES: u64 = LINE_RATE_BPS / 8 / 100;
+/// The NIC's queue in each direction for a line rate of `line_bps`: 10 ms at line rate, a
+/// byte limit (a packet limit would let 64 KiB GSO packets make it 50 times longer). About
+/// what a NIC's ring and a FIFO qdisc in front of it hold without AQM; the same queue with
+/// and without shares, so the comparison is about who fills it.
+pub fn queue_bytes(line_bps: u64) -> u64 {
+    line_bps / 8 / 100
+}
 
 /// The remote host and its link. Dropping it removes the qdisc, then the link and the
 /// namespace (the `Pod` guard), also on panic.
 pub struct Nic {
     _egress: Qdisc,
     remote: Pod,
+    line_bps: u64,
 }
 
 impl Nic {
-    pub fn new() -> Nic {
+    /// The NIC, shaped to `line_bps` each way.
+    pub fn new(line_bps: u64) -> Nic {
         // A pod's network without a sandbox: the harness's namespace, veth and address
         // block, and nothing the agent would take for a pod.
         let remote = Pod::network_only(&pod::pod_uid());
@@ -52,8 +50,8 @@ impl Nic {
             &remote.host_addr().to_string(),
         ]);
         let htb = Htb {
-            leaf: Leaf::Bfifo(QUEUE_BYTES),
-            ..Htb::new(LINE_RATE_BPS)
+            leaf: Leaf::Bfifo(queue_bytes(line_bps)),
+            ..Htb::new(line_bps)
         };
         // From the pods to the remote host: the root namespace's end of the wire.
         let egress = htb.apply(remote.host_if());
@@ -65,7 +63,13 @@ impl Nic {
         Nic {
             _egress: egress,
             remote,
+            line_bps,
         }
+    }
+
+    /// Its line rate each way, bit/s.
+    pub fn line_bps(&self) -> u64 {
+        self.line_bps
     }
 
     /// Routes `pod`'s traffic through the NIC: forwarding on its host end, and a default

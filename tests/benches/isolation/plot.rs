@@ -16,7 +16,7 @@ use plotters::{
 };
 use shareguard_tests::net::{self, Direction};
 
-use crate::{Run, Setup, report};
+use crate::{Run, Setup, Variant, report};
 
 const SIZE: (u32, u32) = (1400, 560);
 /// The font plotters draws text with (ab_glyph: no fontconfig); the Debian package
@@ -44,8 +44,8 @@ fn load_font() {
     });
 }
 
-/// Draws both plots into `dir` and returns their paths.
-pub fn draw(runs: &[Run], dir: &Path) -> Vec<PathBuf> {
+/// Draws both plots of `variant` into `dir` and returns their paths.
+pub fn draw(runs: &[Run], dir: &Path, variant: &Variant) -> Vec<PathBuf> {
     load_font();
     let mut dirs: Vec<Direction> = Vec::new();
     for r in runs {
@@ -53,19 +53,22 @@ pub fn draw(runs: &[Run], dir: &Path) -> Vec<PathBuf> {
             dirs.push(r.dir);
         }
     }
-    let goodput = dir.join("isolation-goodput.png");
+    let (suffix, load, nic) = (variant.suffix(), variant.load(), variant.nic());
+    let goodput = dir.join(format!("isolation-goodput{suffix}.png"));
     write_png(
         &goodput,
-        "Each tenant's goodput and highest 1-s rate / its share, N tenants saturating one 1G NIC",
+        &format!(
+            "Each tenant's goodput and highest 1-s rate / its share, N tenants {load} on one {nic} NIC"
+        ),
         &dirs,
-        |area, d| goodput_panel(area, runs, d),
+        |area, d| goodput_panel(area, runs, d, &load),
     );
-    let rtt = dir.join("isolation-rtt.png");
+    let rtt = dir.join(format!("isolation-rtt{suffix}.png"));
     write_png(
         &rtt,
-        "Quiet tenant's ping RTT p99 across the NIC, beside N saturating tenants",
+        &format!("Quiet tenant's ping RTT p99 across the {nic} NIC, beside N tenants {load}"),
         &dirs,
-        |area, d| rtt_panel(area, runs, d),
+        |area, d| rtt_panel(area, runs, d, &load),
     );
     vec![goodput, rtt]
 }
@@ -115,7 +118,7 @@ fn across(y: f64) -> [(SegmentValue<i32>, f64); 2] {
     [(SegmentValue::Exact(0), y), (SegmentValue::Last, y)]
 }
 
-fn goodput_panel(area: &Area<'_>, runs: &[Run], dir: Direction) {
+fn goodput_panel(area: &Area<'_>, runs: &[Run], dir: Direction, load: &str) {
     // "alone" first (each size by itself), then each N with shares.
     let shares = report::by_n(runs, dir);
     let mut labels = vec!["alone".to_owned()];
@@ -175,7 +178,7 @@ fn goodput_panel(area: &Area<'_>, runs: &[Run], dir: Direction) {
         .unwrap();
     chart
         .configure_mesh()
-        .x_desc("tenants saturating their shares (N)")
+        .x_desc(format!("tenants {load} (N)"))
         .y_desc("rate / limit")
         .x_labels(labels.len())
         .x_label_formatter(&|x| label_at(&labels, x))
@@ -235,7 +238,7 @@ fn goodput_panel(area: &Area<'_>, runs: &[Run], dir: Direction) {
         .unwrap();
 }
 
-fn rtt_panel(area: &Area<'_>, runs: &[Run], dir: Direction) {
+fn rtt_panel(area: &Area<'_>, runs: &[Run], dir: Direction, load: &str) {
     let rows = report::by_n(runs, dir);
     let labels: Vec<String> = rows.iter().map(|(n, _, _)| n.to_string()).collect();
     let base = report::alone_p99(runs, dir);
@@ -280,7 +283,7 @@ fn rtt_panel(area: &Area<'_>, runs: &[Run], dir: Direction) {
         .unwrap();
     chart
         .configure_mesh()
-        .x_desc("tenants saturating the NIC (N)")
+        .x_desc(format!("tenants {load} (N)"))
         .y_desc("quiet tenant's ping RTT p99, ms (log)")
         .x_labels(labels.len())
         .x_label_formatter(&|x| label_at(&labels, x))

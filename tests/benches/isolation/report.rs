@@ -5,15 +5,13 @@ use std::time::Duration;
 
 use shareguard_tests::net::{self, Direction, LoadAvg};
 
-use crate::{
-    Run, Setup,
-    nic::{LINE_RATE_BPS, QUEUE_BYTES},
-};
+use crate::{Offered, Run, Setup, Variant, nic::queue_bytes};
 
 pub struct Context<'a> {
     pub runs: &'a [Run],
     pub mechanism: &'a str,
     pub seconds: u32,
+    pub variant: Variant,
     pub load_before: LoadAvg,
     pub load_after: LoadAvg,
     pub elapsed: Duration,
@@ -60,7 +58,7 @@ fn ms(v: &[f64]) -> String {
 
 /// The NIC queue's highest sampled backlog, in ms at line rate.
 fn backlog_ms(r: &Run) -> f64 {
-    r.nic_backlog.iter().copied().max().unwrap_or(0) as f64 * 8.0 / LINE_RATE_BPS as f64 * 1e3
+    r.nic_backlog.iter().copied().max().unwrap_or(0) as f64 * 8.0 / r.nic_bps as f64 * 1e3
 }
 
 /// What a share may send above its rate at once, bytes: its classes' buckets (57 KiB at
@@ -95,9 +93,17 @@ pub fn print(c: &Context<'_>) {
     println!("| mechanism (the agent's probe) | {} |", c.mechanism);
     println!(
         "| NIC | {} Mbit/s each way, {} KB FIFO (10 ms) |",
-        LINE_RATE_BPS / 1_000_000,
-        QUEUE_BYTES / 1000
+        c.variant.nic_bps / 1_000_000,
+        queue_bytes(c.variant.nic_bps) / 1000
     );
+    match c.variant.offered {
+        Offered::Saturate => {
+            println!("| offered load | saturating: each bulk flow as fast as TCP goes |");
+        }
+        Offered::Paced(f) => println!(
+            "| offered load | fixed: each bulk flow paced to {f} x its tenant's share (TCP payload, iperf3 -b), with and without shares |"
+        ),
+    }
     println!(
         "| per run | 1 s warm-up, {} s measured; sparse flows: ping every 10 ms for {} s, from 0.5 s after the warm-up |",
         c.seconds,
@@ -150,10 +156,7 @@ fn runs_table(runs: &[Run]) {
             r.label,
             r.n,
             dash(format!("{:.1}", sum / 1e6), r.flows.is_empty()),
-            dash(
-                format!("{:.3}", sum / LINE_RATE_BPS as f64),
-                r.flows.is_empty()
-            ),
+            dash(format!("{:.3}", sum / r.nic_bps as f64), r.flows.is_empty()),
             dash(
                 format!(
                     "{:.3}..{:.3}",
