@@ -255,7 +255,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "device.capacity.<name>.value",
         "quantity",
         "net: the interface's link speed; else required",
-        "The device's capacity of <name> (bandwidth in bit/s; binary suffixes get a hint).",
+        "The device's capacity of <name> (bandwidth in bit/s; binary suffixes get a hint). \
+         For net, the link speed lets the shares fill the wire, and a tenant's packets then \
+         wait behind the others' bursts in the NIC's queue: where tenants need their latency \
+         kept, publish a fraction of it (a tenth kept a quiet tenant's p99 within 10% beside \
+         32 tenants saturating their shares, half did not: docs/benchmarks.md, \
+         \"The NIC's line rate against the capacity\").",
     ),
     (
         "device.capacity.<name>.default",
