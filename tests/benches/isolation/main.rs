@@ -220,8 +220,6 @@ pub struct Run {
     /// The NIC queue's backlog in the run's direction, bytes, every 100 ms.
     pub nic_backlog: Vec<u64>,
     pub nic_drops: u64,
-    /// The NIC's line rate, bit/s.
-    pub nic_bps: u64,
     /// Busy share of all CPUs over the run, 0..1.
     pub cpu_busy: f64,
     pub load: LoadAvg,
@@ -414,7 +412,6 @@ fn run(
         quiet_local,
         nic_backlog: samples.backlog,
         nic_drops: nic.drops(dir) - drops,
-        nic_bps: nic.line_bps(),
         cpu_busy: (busy1 - cpu.0) as f64 / (all1 - cpu.1).max(1) as f64,
         load: LoadAvg::now(),
     };

@@ -31,7 +31,6 @@ pub fn queue_bytes(line_bps: u64) -> u64 {
 pub struct Nic {
     _egress: Qdisc,
     remote: Pod,
-    line_bps: u64,
 }
 
 impl Nic {
@@ -63,13 +62,7 @@ impl Nic {
         Nic {
             _egress: egress,
             remote,
-            line_bps,
         }
-    }
-
-    /// Its line rate each way, bit/s.
-    pub fn line_bps(&self) -> u64 {
-        self.line_bps
     }
 
     /// Routes `pod`'s traffic through the NIC: forwarding on its host end, and a default

@@ -56,9 +56,9 @@ fn ms(v: &[f64]) -> String {
     format!("{:.3}", net::percentile(v, 99.0))
 }
 
-/// The NIC queue's highest sampled backlog, in ms at line rate.
-fn backlog_ms(r: &Run) -> f64 {
-    r.nic_backlog.iter().copied().max().unwrap_or(0) as f64 * 8.0 / r.nic_bps as f64 * 1e3
+/// The NIC queue's highest sampled backlog, in ms at the line rate `line_bps`.
+fn backlog_ms(r: &Run, line_bps: u64) -> f64 {
+    r.nic_backlog.iter().copied().max().unwrap_or(0) as f64 * 8.0 / line_bps as f64 * 1e3
 }
 
 /// What a share may send above its rate at once, bytes: its classes' buckets (57 KiB at
@@ -115,7 +115,7 @@ pub fn print(c: &Context<'_>) {
     );
     println!("| bench duration | {:.0} s |", c.elapsed.as_secs_f64());
     println!();
-    runs_table(c.runs);
+    runs_table(c.runs, c.variant.nic_bps);
     println!();
     quiet_table(c.runs);
     println!();
@@ -127,7 +127,7 @@ pub fn print(c: &Context<'_>) {
 }
 
 /// One line per run.
-fn runs_table(runs: &[Run]) {
+fn runs_table(runs: &[Run], line_bps: u64) {
     println!(
         "| direction | run | N | goodput Mbit/s (sum) | / line rate | goodput / limit, min..max | highest 1 s on the wire / limit, max | sparse flows' p99 ms, median (max) | retransmits | NIC drops | NIC queue max ms | quiet tenant p99 ms | quiet pings lost | quiet to its host end p99 ms | CPU busy |"
     );
@@ -156,7 +156,7 @@ fn runs_table(runs: &[Run]) {
             r.label,
             r.n,
             dash(format!("{:.1}", sum / 1e6), r.flows.is_empty()),
-            dash(format!("{:.3}", sum / r.nic_bps as f64), r.flows.is_empty()),
+            dash(format!("{:.3}", sum / line_bps as f64), r.flows.is_empty()),
             dash(
                 format!(
                     "{:.3}..{:.3}",
@@ -179,7 +179,7 @@ fn runs_table(runs: &[Run]) {
             ),
             r.flows.iter().map(|f| f.m.retransmits).sum::<u64>(),
             r.nic_drops,
-            backlog_ms(r),
+            backlog_ms(r, line_bps),
             ms(&r.quiet),
             (r.quiet_sent as usize).saturating_sub(r.quiet.len()),
             ms(&r.quiet_local),
