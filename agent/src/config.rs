@@ -283,6 +283,10 @@ struct RawDevice {
 #[serde(deny_unknown_fields)]
 struct RawCapacity {
     value: Option<Spanned<String>>,
+    /// For `net` devices with an interface and no `value`: the capacity as this
+    /// percentage of the link speed, so that one config leaves the same headroom on
+    /// nodes whose NICs differ.
+    link_percent: Option<Spanned<i64>>,
     default: Option<Spanned<String>>,
     #[serde(default)]
     valid_values: Vec<String>,
@@ -821,6 +825,20 @@ impl Config {
                         ),
                     ));
                 }
+                let percent = match &cap.link_percent {
+                    None => None,
+                    Some(p) => Some(
+                        link_percent(p.get_ref(), cap.value.is_some(), kind, &d.interface)
+                            .map_err(|why| {
+                                err(
+                                    p.span(),
+                                    format!(
+                                        "device {name}: capacity {cname_s}.link_percent: {why}"
+                                    ),
+                                )
+                            })?,
+                    ),
+                };
                 let value = match (&cap.value, kind, &d.interface) {
                     (Some(v), _, _) => Quantity::parse(v.get_ref()).map_err(|e| {
                         err(
@@ -829,7 +847,7 @@ impl Config {
                         )
                     })?,
                     (None, DeviceKind::Net, Some(nic)) => {
-                        link_speed(nic.get_ref()).map_err(|why| {
+                        link_speed(nic.get_ref(), percent.unwrap_or(100)).map_err(|why| {
                             err(
                                 nic.span(),
                                 format!("device {name}: capacity {cname_s} has no value and {why}"),
@@ -1061,8 +1079,34 @@ fn line_rate_bps(text: &str) -> Result<u64, String> {
     u64::try_from(bits).map_err(|_| format!("{q} is above 2^64-1 bit/s"))
 }
 
-/// A NIC's link speed from sysfs, in bit/s.
-fn link_speed(nic: &str) -> Result<Quantity, String> {
+/// A capacity's `link_percent`, checked before any link is read: a whole percentage of
+/// the link speed, where there is a link speed and no `value` to say otherwise.
+fn link_percent(
+    percent: &i64,
+    has_value: bool,
+    kind: DeviceKind,
+    interface: &Option<Spanned<String>>,
+) -> Result<u8, String> {
+    if kind != DeviceKind::Net {
+        return Err("only for kind \"net\" (a percentage of its interface's link speed)".into());
+    }
+    if has_value {
+        return Err(
+            "value is set too; set one: value is the capacity, link_percent a percentage of the link speed"
+                .into(),
+        );
+    }
+    if interface.is_none() {
+        return Err("needs the device's interface, whose link speed it is a percentage of".into());
+    }
+    u8::try_from(*percent)
+        .ok()
+        .filter(|p| (1..=100).contains(p))
+        .ok_or_else(|| format!("{percent} is not a whole percentage from 1 to 100"))
+}
+
+/// `percent` % of a NIC's link speed from sysfs, in bit/s.
+fn link_speed(nic: &str, percent: u8) -> Result<Quantity, String> {
     if nic.is_empty() || nic.contains('/') || nic == "." || nic == ".." {
         return Err(format!("interface {nic:?} is not an interface name"));
     }
@@ -1075,8 +1119,14 @@ fn link_speed(nic: &str) -> Result<Quantity, String> {
         .ok()
         .filter(|m: &i128| *m > 0)
         .ok_or_else(|| format!("{path} reports no link speed ({:?})", text.trim()))?;
-    Quantity::from_units(mbit * 1_000_000, shareguard_common::Format::DecimalSI)
-        .ok_or_else(|| format!("{path}: speed out of range"))
+    percent_of_mbit(mbit, percent).ok_or_else(|| format!("{path}: speed out of range"))
+}
+
+/// `percent` % of `mbit` Mbit/s as a decimal quantity of bit/s. Exact: a Mbit/s is
+/// 10^6 bit/s, so a hundredth of it is a whole 10^4.
+fn percent_of_mbit(mbit: i128, percent: u8) -> Option<Quantity> {
+    let bits = mbit.checked_mul(10_000)?.checked_mul(i128::from(percent))?;
+    Quantity::from_units(bits, shareguard_common::Format::DecimalSI)
 }
 
 /// 1-based line of a byte offset, for error messages.
@@ -1606,6 +1656,86 @@ value = "10G"
         ));
         assert!(
             e.message.contains("line_rate is only for kind \"net\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_percentage_of_the_link_speed_is_exact() {
+        for (mbit, percent, want) in [
+            (10_000, 10, "1G"),
+            (10_000, 100, "10G"),
+            (25_000, 33, "8250M"),
+            (1_000, 1, "10M"),
+            (100, 7, "7M"),
+            (400_000, 50, "200G"),
+        ] {
+            assert_eq!(
+                percent_of_mbit(mbit, percent).map(|q| q.to_string()),
+                Some(want.to_owned()),
+                "{percent}% of {mbit} Mbit/s"
+            );
+        }
+        assert_eq!(percent_of_mbit(i128::MAX / 1000, 100), None, "overflow");
+    }
+
+    #[test]
+    fn link_percent_is_refused_where_it_cannot_apply() {
+        // Each is refused before a link is read, so no interface here has to exist.
+        let net = |iface: &str, cap: &str| {
+            NET.replace("kind = \"net\"", &format!("kind = \"net\"{iface}"))
+                .replace("value = \"10G\"\n", cap)
+        };
+        for (text, line, why) in [
+            (
+                net("\ninterface = \"eth0\"", "link_percent = 0\n"),
+                14,
+                "0 is not a whole percentage from 1 to 100",
+            ),
+            (
+                net("\ninterface = \"eth0\"", "link_percent = 101\n"),
+                14,
+                "101 is not a whole percentage",
+            ),
+            (
+                net("\ninterface = \"eth0\"", "link_percent = -5\n"),
+                14,
+                "-5 is not a whole percentage",
+            ),
+            (
+                net(
+                    "\ninterface = \"eth0\"",
+                    "value = \"10G\"\nlink_percent = 10\n",
+                ),
+                15,
+                "value is set too",
+            ),
+            (
+                net("", "link_percent = 10\n"),
+                13,
+                "needs the device's interface",
+            ),
+            (
+                GOOD.replace("value = \"40Gi\"", "link_percent = 10"),
+                0,
+                "only for kind \"net\"",
+            ),
+        ] {
+            let e = err_of(&text);
+            assert!(
+                e.message.contains("capacity ") && e.message.contains(".link_percent: "),
+                "the error names the field: {e}\n{text}"
+            );
+            assert!(e.message.contains(why), "{e}\n{text}");
+            if line > 0 {
+                assert_eq!(e.line, line, "{e}\n{text}");
+            }
+        }
+        // A link the machine lacks: the speed is read and its absence said.
+        let e = err_of(&net("\ninterface = \"sg-none0\"", "link_percent = 10\n"));
+        assert!(
+            e.message
+                .contains("/sys/class/net/sg-none0/speed cannot be read"),
             "{e}"
         );
     }

@@ -254,12 +254,21 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
     (
         "device.capacity.<name>.value",
         "quantity",
-        "net: the interface's link speed; else required",
+        "net: the interface's link speed times link_percent; else required",
         "The device's capacity of <name> (bandwidth in bit/s; binary suffixes get a hint). \
          For net, the link speed lets the shares fill the wire, and a tenant's packets then \
          wait behind the others' bursts in the NIC's queue: where tenants need their latency \
-         kept, publish a fraction of it (a tenth kept a quiet tenant's p99 within 10% beside \
-         32 tenants saturating their shares, half did not: docs/benchmarks.md, \
+         kept, publish a fraction of it (link_percent).",
+    ),
+    (
+        "device.capacity.<name>.link_percent",
+        "integer",
+        "100",
+        "net with an interface, instead of value: 1 to 100, the capacity as this percentage \
+         of the interface's link speed, read at start, so one config keeps the same headroom on \
+         nodes whose NICs differ. In the isolation bench, with 1 to 32 tenants saturating \
+         their shares, 10 kept a quiet tenant's p99 within 10% of its p99 alone at every \
+         count; 20 did up to 8 tenants, and 50 and 100 did not (docs/benchmarks.md, \
          \"The NIC's line rate against the capacity\").",
     ),
     (

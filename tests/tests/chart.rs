@@ -519,6 +519,50 @@ fn other_values_render_valid_manifests_that_use_them() {
     }
 }
 
+/// A net capacity given as a percentage of the link speed reaches the config as
+/// `link_percent`, with no `value`, and the agent takes it: it goes on to read the
+/// interface's speed, which this machine lacks.
+#[test]
+fn link_percent_reaches_the_config() {
+    let Some(helm) = helm() else { return };
+    let values = r#"
+agent:
+  devices:
+    - name: nic-0
+      kind: net
+      interface: sg-chart-none0
+      allowedNamespaces: ["*"]
+      capacity:
+        bandwidth:
+          linkPercent: 10
+          default: 10M
+          validRange: {min: 10M, step: 10M}
+"#;
+    let (_, docs) = render_checked(&helm, values);
+    let toml = of_kind(&docs, "ConfigMap")[0]["data"]["agent.toml"]
+        .as_str()
+        .unwrap();
+    let capacity: Vec<&str> = toml
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| *l != "[device.capacity.bandwidth]")
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert!(capacity.contains(&"link_percent = 10"), "{toml}");
+    assert!(!capacity.iter().any(|l| l.starts_with("value")), "{toml}");
+    assert!(toml.contains("publishes `link_percent` of the"), "{toml}");
+    let sources = NodeNameSources {
+        given: Some("worker-1".to_owned()),
+        host: None,
+    };
+    let e = Config::parse_for(toml, "rendered agent.toml", &sources).unwrap_err();
+    assert!(
+        e.message
+            .contains("/sys/class/net/sg-chart-none0/speed cannot be read"),
+        "{e}\n{toml}"
+    );
+}
+
 /// Metrics over TLS: the agent's config names the mounted Secret's files, the
 /// DaemonSet mounts it, and the PodMonitor scrapes over https with its tlsConfig.
 #[test]

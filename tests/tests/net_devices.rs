@@ -84,6 +84,7 @@ async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
     );
 }
 
+/// Also a percentage of it (`link_percent`), the headroom an operator keeps.
 #[tokio::test]
 async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
     if !net::privileged("link_speed_of_the_interface_is_the_capacity_when_none_is_given") {
@@ -96,22 +97,44 @@ async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
         .parse()
         .unwrap();
     let pins = PinDir::new();
+    let policy = "default = \"10M\"\nvalid_range = { min = \"10M\", step = \"10M\" }\n";
     let nic = net_device(
         "nic",
         &format!(
-            "interface = {:?}\n[device.capacity.bandwidth]\ndefault = \"10M\"\nvalid_range = {{ min = \"10M\", step = \"10M\" }}\n",
+            "interface = {:?}\n[device.capacity.bandwidth]\n{policy}",
             pod.host_if()
         ),
     );
-    let a = start(nic.clone(), &pins);
+    // The same kind of link, published at a tenth of its speed (headroom kept for latency).
+    let other = Pod::new();
+    let tenth = net_device(
+        "nic-tenth",
+        &format!(
+            "interface = {:?}\n[device.capacity.bandwidth]\nlink_percent = 10\n{policy}",
+            other.host_if()
+        ),
+    );
+    let a = start(format!("{nic}{tenth}"), &pins);
     let mut c = a.client().await;
-    let d = device(&mut c, "nic").await;
-    let expected = if speed.is_multiple_of(1000) {
-        format!("{}G", speed / 1000)
-    } else {
-        format!("{speed}M")
+    let mbit = |m: u64| {
+        if m.is_multiple_of(1000) {
+            format!("{}G", m / 1000)
+        } else {
+            format!("{m}M")
+        }
     };
-    assert_eq!(d.capacity["bandwidth"], expected, "{speed} Mbit/s: {d:?}");
+    let d = device(&mut c, "nic").await;
+    assert_eq!(
+        d.capacity["bandwidth"],
+        mbit(speed),
+        "{speed} Mbit/s: {d:?}"
+    );
+    let d = device(&mut c, "nic-tenth").await;
+    assert_eq!(
+        d.capacity["bandwidth"],
+        mbit(speed / 10),
+        "10% of {speed} Mbit/s: {d:?}"
+    );
     drop(c);
     drop(a);
 

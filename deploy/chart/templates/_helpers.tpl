@@ -32,7 +32,10 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
     # Bandwidth on the node's NIC.
 {{- $bw := dig "capacity" "bandwidth" "" $d }}
 {{- if kindIs "map" $bw }}{{ if hasKey $bw "value" }} `value` is given: without it the agent reads the
-    # link speed of `interface` from /sys/class/net, which is per node.
+    # link speed of `interface` from /sys/class/net, which is per node, and publishes
+    # it, or the `link_percent` of it that leaves tenants' latency headroom.
+{{- else if hasKey $bw "linkPercent" }} No `value`: the agent publishes `link_percent` of the
+    # link speed of `interface` from /sys/class/net, on each node.
 {{- else }} No `value`: the agent reads the link speed of `interface`
     # from /sys/class/net, on each node.
 {{- end }}{{ end }}
@@ -96,6 +99,9 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
     [device.capacity.{{ $name }}]
 {{- if hasKey $c "value" }}
     value = {{ include "shareguard.tomlString" $c.value }}
+{{- end }}
+{{- if hasKey $c "linkPercent" }}
+    link_percent = {{ $c.linkPercent | int }}
 {{- end }}
 {{- if hasKey $c "default" }}
     default = {{ include "shareguard.tomlString" $c.default }}
