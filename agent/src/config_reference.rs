@@ -406,6 +406,13 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "A shorter window reported beside it.",
     ),
     (
+        "slo.save_period",
+        "duration",
+        "30s",
+        "How often the windows are saved in the store for the next start (also at every \
+         stop); a crash loses what came after the last save. 1s to 7 days.",
+    ),
+    (
         "slo.prepare_p99",
         "duration",
         "100ms",

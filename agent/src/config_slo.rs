@@ -5,6 +5,7 @@
 //! [slo]
 //! window = "1h"                # the verdict's window
 //! short_window = "5m"          # shown beside it
+//! save_period = "30s"          # how often the windows are saved for the next start
 //! prepare_p99 = "100ms"        # the defaults for every class...
 //! convergence_p99 = "10s"
 //! refusal_rate_max = 0.05
@@ -34,6 +35,7 @@ use crate::{
 pub(crate) struct RawSlo {
     window: Option<Spanned<String>>,
     short_window: Option<Spanned<String>>,
+    save_period: Option<Spanned<String>>,
     prepare_p99: Option<Spanned<String>>,
     convergence_p99: Option<Spanned<String>>,
     refusal_rate_max: Option<Spanned<f64>>,
@@ -150,6 +152,9 @@ pub(crate) fn parse(raw: Option<RawSlo>, err: ErrAt<'_>) -> Result<SloConfig, Co
     if let Some(s) = &raw.short_window {
         c.short_window = window("slo.short_window", s, err)?;
     }
+    if let Some(s) = &raw.save_period {
+        c.save_period = window("slo.save_period", s, err)?;
+    }
     if c.short_window > c.window {
         let at = raw
             .short_window
@@ -232,6 +237,7 @@ value = "40Gi"
                 r#"[slo]
 window = "30m"
 short_window = "1m"
+save_period = "10s"
 prepare_p99 = "20ms"
 min_samples = 3
 drift_repairs_max = 0
@@ -245,6 +251,7 @@ recovery_max = "2s"
         .unwrap();
         assert_eq!(c.slo.window, Duration::from_secs(1800));
         assert_eq!(c.slo.short_window, Duration::from_secs(60));
+        assert_eq!(c.slo.save_period, Duration::from_secs(10));
         let d = c.slo.objectives("other");
         assert_eq!(
             (d.prepare_p99, d.min_samples, d.drift_repairs_max),
@@ -270,6 +277,7 @@ recovery_max = "2s"
             ("min_samples = 0", "slo.min_samples", 0),
             ("window = \"10ms\"", "slo.window", 0),
             ("short_window = \"2h\"", "slo.short_window", 0),
+            ("save_period = \"100ms\"", "slo.save_period", 0),
             ("prepare_p95 = \"1s\"", "prepare_p95", 0),
             (
                 "[slo.class.\"Bad_Name\"]\nprepare_p99 = \"1s\"",

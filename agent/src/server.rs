@@ -263,6 +263,21 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
     // the agent was away), then on every kernel event and every rescan period.
     tokio::spawn(engine.clone().discovery_loop(cfg.agent.rescan_period));
 
+    // The SLO windows, saved for the next start (crate::slo::persist); once more at
+    // the stop below.
+    let saver = engine.clone();
+    let period = cfg.slo.save_period;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = saver.save_slo().wait().await {
+                warn!(error = %e, "SLO windows not saved; the next save tries again");
+            }
+        }
+    });
+
     let reconciler = engine.clone();
     let period = cfg.agent.reconcile_period;
     tokio::spawn(async move {
@@ -330,6 +345,10 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         }
     }
     ready.store(false, Ordering::Release);
+    match engine.save_slo().wait().await {
+        Ok(()) => info!("SLO windows saved"),
+        Err(e) => warn!(error = %e, "SLO windows not saved at stop"),
+    }
     let _ = std::fs::remove_file(&cfg.agent.socket);
     info!("stopped");
     Ok(())

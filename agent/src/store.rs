@@ -10,6 +10,7 @@
 //! | `meta`   | `boot_id`                   | kernel boot id the live shares were verified under |
 //! | `meta`   | `config`                    | JSON `{"digest", "devices"}`: the config the last start ran with (SHA-256 of its text, device names) |
 //! | `meta`   | `stage/<device>`            | [`StageRecord`], versioned: the device's rollout stage as last set at runtime |
+//! | `meta`   | `slo/<class>`               | [`crate::slo::persist::SloRecord`], versioned: the class's SLO window as last saved (periodically and at stop; not acknowledged to anyone) |
 //! | `quarantine` | `<tree>/<key>`          | the bytes of a record this agent could not read, as found; never overwritten |
 //!
 //! A record that does not decode (a newer agent's format, a damaged value) does not stop
@@ -57,6 +58,7 @@ const EPOCH_KEY: &[u8] = b"epoch";
 const BOOT_ID_KEY: &[u8] = b"boot_id";
 const CONFIG_KEY: &[u8] = b"config";
 const STAGE_PREFIX: &str = "stage/";
+const SLO_PREFIX: &str = "slo/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -98,6 +100,8 @@ pub struct Batch {
     pub config: Option<ConfigSeen>,
     /// Rollout stages set at runtime, by device (`meta/stage/<device>`).
     pub stages: Vec<(String, StageRecord)>,
+    /// SLO windows by class, encoded and within the bound (`meta/slo/<class>`).
+    pub slo: Vec<(String, Vec<u8>)>,
 }
 
 /// What the store remembers of a start's config, to audit the next start's changes.
@@ -117,6 +121,16 @@ impl Batch {
         for c in &self.put_claims {
             bounded("claims", &c.claim.uid, record::encode(c))?;
         }
+        for (class, v) in &self.slo {
+            if v.len() > record::MAX_RECORD_BYTES {
+                return Err(StoreError::TooLarge {
+                    tree: "meta",
+                    key: format!("{SLO_PREFIX}{class}"),
+                    bytes: v.len(),
+                    max: record::MAX_RECORD_BYTES,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -130,6 +144,7 @@ impl Batch {
             && self.quarantine.is_empty()
             && self.config.is_none()
             && self.stages.is_empty()
+            && self.slo.is_empty()
     }
 }
 
@@ -144,6 +159,8 @@ pub struct Loaded {
     pub quarantined: Vec<Quarantined>,
     /// Rollout stages set at runtime, by device.
     pub stages: std::collections::BTreeMap<String, StageRecord>,
+    /// Saved SLO windows by class, as stored (decoded by [`crate::slo`]).
+    pub slo: std::collections::BTreeMap<String, Vec<u8>>,
     /// Entries in the `quarantine` tree once this start's are added: every record ever
     /// quarantined, each once.
     pub quarantine_total: usize,
@@ -362,6 +379,11 @@ impl Store {
                 }
             }
         }
+        for item in t.meta.scan_prefix(SLO_PREFIX.as_bytes()) {
+            let (k, v) = item?;
+            let class = String::from_utf8_lossy(&k[SLO_PREFIX.len()..]).into_owned();
+            out.slo.insert(class, v.to_vec());
+        }
         Ok(out)
     }
 
@@ -521,6 +543,14 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         .iter()
         .map(|(d, r)| (format!("{STAGE_PREFIX}{d}"), record::encode(r)))
         .collect();
+    let slo: Vec<(String, Vec<u8>)> = batch
+        .slo
+        .iter()
+        .map(|(c, v)| {
+            let key = format!("{SLO_PREFIX}{c}");
+            bounded("meta", &key, v.clone()).map(|v| (key, v))
+        })
+        .collect::<Result<_, _>>()?;
     let result = (&t.shares, &t.claims, &t.meta, &t.quarantine).transaction(|(s, c, m, q)| {
         for (k, v) in &shares {
             s.insert(*k, v.as_slice())?;
@@ -544,6 +574,9 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
             m.insert(CONFIG_KEY, c.as_slice())?;
         }
         for (k, v) in &stages {
+            m.insert(k.as_bytes(), v.as_slice())?;
+        }
+        for (k, v) in &slo {
             m.insert(k.as_bytes(), v.as_slice())?;
         }
         for (k, v) in &batch.quarantine {

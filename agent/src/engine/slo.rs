@@ -16,7 +16,7 @@ use crate::{
     sync::lock,
 };
 
-use super::Engine;
+use super::{Engine, now_ms};
 
 /// One class's figures, its objectives and the verdict on them.
 #[derive(Clone, Debug)]
@@ -43,6 +43,38 @@ pub(super) fn to_verify(p: Phase) -> bool {
 }
 
 impl Engine {
+    /// Loads the SLO windows the store saved (once per process, see
+    /// [`crate::slo::persist`]), for the classes the config's devices are in.
+    pub(super) fn slo_restore(&self, saved: &BTreeMap<String, Vec<u8>>) {
+        if saved.is_empty() {
+            return;
+        }
+        let classes: BTreeSet<String> = self.cfg.devices.iter().map(|d| d.class.clone()).collect();
+        let loaded = self.slo.restore(saved, &classes, Instant::now(), now_ms());
+        if !loaded.is_empty() {
+            tracing::info!(classes = ?loaded, "SLO windows loaded as last saved");
+        }
+    }
+
+    /// Saves every class's SLO window in the store; resolves once it is durable. Not a
+    /// change anyone waits for: a full disk fails it like any write, and the next save
+    /// tries again.
+    pub fn save_slo(&self) -> crate::store::Durable {
+        let batch = crate::store::Batch {
+            slo: self.slo.snapshot(Instant::now(), now_ms()),
+            ..Default::default()
+        };
+        if batch.slo.is_empty() {
+            return self.submit(crate::store::Batch::default());
+        }
+        if let Err(e) = batch.check_sizes() {
+            // Not reached (each record is cut to fit), and never worth the store.
+            tracing::error!(error = %e, "SLO windows not saved");
+            return crate::store::Durable::failed();
+        }
+        self.submit(batch)
+    }
+
     /// The DeviceClass of `device`, if the config has the device.
     pub(super) fn class_of(&self, device: &str) -> Option<&str> {
         self.cfg.device(device).map(|d| d.class.as_str())

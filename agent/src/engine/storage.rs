@@ -53,6 +53,8 @@ impl Engine {
         let loaded = store.load().map_err(|e| self.store_err(e))?;
         // Before recovery, which verifies each share under its device's stage.
         self.adopt_stages(&loaded.stages);
+        // Before anything is recorded: the first Prepare lands behind what was saved.
+        self.slo_restore(&loaded.slo);
         let (mut state, batch) = recover::recover(self, loaded, &self.boot_id)?;
         store
             .submit(batch)

@@ -12,11 +12,13 @@
 //! - [`objectives`]: what each class's figures are judged against.
 //! - [`figures`]: one class's figures over a window.
 //! - [`verdict`]: the verdict and its reasons.
+//! - [`persist`]: the windows saved in the store and loaded at start.
 //!
 //! The rules are written down in `docs/operations.md` ("SLO figures and verdicts").
 
 pub mod figures;
 pub mod objectives;
+pub mod persist;
 pub mod verdict;
 pub mod window;
 
@@ -188,6 +190,9 @@ struct Inner {
     recovery: BTreeMap<String, RecoveryState>,
     /// Whether the start's recovery was set up: a store reopened later is not a start.
     recovery_set: bool,
+    /// Whether the saved windows were loaded: a store reopened later holds only what
+    /// this process saved itself.
+    restored: bool,
 }
 
 /// The recorder the engine feeds.
@@ -197,6 +202,9 @@ pub struct Slo {
     short_window: Duration,
     /// The agent's start: when the engine began to open the store.
     started: Instant,
+    /// Where the count windows number their buckets from: a window before the start,
+    /// so that counts loaded from before it keep their place (see [`persist`]).
+    count_origin: Instant,
     inner: std::sync::Mutex<Inner>,
 }
 
@@ -206,12 +214,16 @@ impl Slo {
             window: cfg.window,
             short_window: cfg.short_window,
             started,
+            // Where the machine has been up for less than a window, counts loaded from
+            // before the start land in its first bucket: they then leave the window
+            // early, never late.
+            count_origin: started.checked_sub(cfg.window).unwrap_or(started),
             inner: std::sync::Mutex::new(Inner::default()),
         }
     }
 
     fn with_class<T>(&self, inner: &mut Inner, class: &str, f: impl Fn(&mut Windows) -> T) {
-        let (long, short, origin) = (self.window, self.short_window, self.started);
+        let (long, short, origin) = (self.window, self.short_window, self.count_origin);
         let c = inner
             .classes
             .entry(class.to_owned())
@@ -333,6 +345,106 @@ impl Slo {
         }
     }
 
+    /// Each class's verdict window as saved in the store (see [`persist`]): its key's
+    /// class and the encoded record.
+    pub fn snapshot(&self, now: Instant, now_ms: u64) -> Vec<(String, Vec<u8>)> {
+        let mut inner = lock(&self.inner);
+        inner
+            .classes
+            .iter_mut()
+            .map(|(class, c)| {
+                let w = &mut c.long;
+                let (prepare, prepare_dropped) = w.prepare.entries(now);
+                let (convergence, convergence_dropped) = w.convergence.entries(now);
+                let rec = persist::SloRecord {
+                    saved_ms: now_ms,
+                    prepare: persist::samples(&prepare),
+                    prepare_dropped_ms: prepare_dropped.map(persist::ms),
+                    convergence: persist::samples(&convergence),
+                    convergence_dropped_ms: convergence_dropped.map(persist::ms),
+                    claims: persist::counts(&w.claims.entries(now)),
+                    refusals: w
+                        .refusals
+                        .iter_mut()
+                        .map(|(r, cw)| (r.name().to_owned(), persist::counts(&cw.entries(now))))
+                        .filter(|(_, v)| !v.is_empty())
+                        .collect(),
+                    repairs: persist::counts(&w.repairs.entries(now)),
+                };
+                (class.clone(), rec.encode_bounded())
+            })
+            .collect()
+    }
+
+    /// Loads the saved windows of `classes` (the config's; a class no device names any
+    /// more is left out), before anything is recorded. Returns the classes loaded; a
+    /// record that does not decode is logged and skipped: the class starts empty.
+    pub fn restore(
+        &self,
+        saved: &BTreeMap<String, Vec<u8>>,
+        classes: &BTreeSet<String>,
+        now: Instant,
+        now_ms: u64,
+    ) -> Vec<String> {
+        let mut inner = lock(&self.inner);
+        let mut loaded = Vec::new();
+        if std::mem::replace(&mut inner.restored, true) {
+            return loaded;
+        }
+        for (class, bytes) in saved.iter().filter(|(c, _)| classes.contains(*c)) {
+            let rec: persist::SloRecord = match crate::record::decode(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(%class, error = %e, "the saved SLO window does not read; the class starts empty");
+                    continue;
+                }
+            };
+            let r = persist::Rebase::new(rec.saved_ms, now_ms, now, self.window);
+            let prepare = r.samples(&rec.prepare);
+            let convergence = r.samples(&rec.convergence);
+            let claims = r.counts(&rec.claims);
+            let repairs = r.counts(&rec.repairs);
+            let refusals: Vec<(RefusalReason, Vec<(Instant, u64)>)> = rec
+                .refusals
+                .iter()
+                .filter_map(|(name, v)| Some((persist::reason(name)?, r.counts(v))))
+                .collect();
+            let prepare_dropped = rec.prepare_dropped_ms.and_then(|a| r.at(a));
+            let convergence_dropped = rec.convergence_dropped_ms.and_then(|a| r.at(a));
+            self.with_class(&mut inner, class, |w| {
+                for (at, v) in &prepare {
+                    w.prepare.record(*at, *v);
+                }
+                for (at, v) in &convergence {
+                    w.convergence.record(*at, *v);
+                }
+                if let Some(at) = prepare_dropped {
+                    w.prepare.mark_dropped(at);
+                }
+                if let Some(at) = convergence_dropped {
+                    w.convergence.mark_dropped(at);
+                }
+                for (at, n) in &claims {
+                    w.claims.add(*at, *n);
+                }
+                for (at, n) in &repairs {
+                    w.repairs.add(*at, *n);
+                }
+                for (reason, counts) in &refusals {
+                    let cw = w
+                        .refusals
+                        .entry(*reason)
+                        .or_insert_with(|| CountWindow::new(w.span, w.origin));
+                    for (at, n) in counts {
+                        cw.add(*at, *n);
+                    }
+                }
+            });
+            loaded.push(class.clone());
+        }
+        loaded
+    }
+
     /// The figures kept for `class` over the verdict's window and the short one.
     pub fn windows(&self, class: &str, now: Instant) -> (WindowFigures, WindowFigures) {
         let mut inner = lock(&self.inner);
@@ -421,6 +533,61 @@ mod tests {
             (w.convergence_samples, w.convergence_p99),
             (1, Some(Duration::from_millis(40)))
         );
+    }
+
+    #[test]
+    fn windows_saved_at_a_stop_are_the_windows_after_the_next_start() {
+        let cfg = SloConfig::default(); // 1 h, and 5 min beside it
+        let t0 = Instant::now();
+        let before = Slo::new(&cfg, t0);
+        let (a, gone) = (classes(&["a"]), classes(&["gone"]));
+        let min = Duration::from_secs(60);
+        let ms = Duration::from_millis(1);
+        // 50 min before the stop: one claim; 2 min before: two more, one refused;
+        // a repair and a convergence in between; a class the next config lacks.
+        let stop = t0 + 60 * min;
+        before.prepared(&a, 7 * ms, None, stop - 50 * min);
+        before.prepared(&a, 3 * ms, None, stop - 2 * min);
+        before.prepared(&a, ms, Some(RefusalReason::Capacity), stop - 2 * min);
+        before.repaired("a", stop - 30 * min);
+        before.admitted("s1", "a", stop - 40 * min);
+        before.converged("s1", stop - 40 * min + 250 * ms);
+        before.prepared(&gone, ms, None, stop - min);
+        let saved: BTreeMap<String, Vec<u8>> =
+            before.snapshot(stop, 1_000_000_000).into_iter().collect();
+        assert_eq!(saved.len(), 2);
+
+        // The next start, 5 min of wall time later, on a fresh monotonic clock.
+        let t1 = Instant::now() + 120 * min;
+        let after = Slo::new(&cfg, t1);
+        let wall = 1_000_000_000 + 5 * 60 * 1000;
+        let configured = classes(&["a", "b"]);
+        assert_eq!(after.restore(&saved, &configured, t1, wall), ["a"]);
+        assert!(
+            after.restore(&saved, &configured, t1, wall).is_empty(),
+            "once per process"
+        );
+        let (long, short) = after.windows("a", t1);
+        assert_eq!((long.claims, long.prepare_samples), (3, 2));
+        assert_eq!(long.prepare_p99, Some(7 * ms));
+        assert_eq!(long.refusals[&RefusalReason::Capacity], 1);
+        assert_eq!(long.drift_repairs, 1);
+        assert_eq!(
+            (long.convergence_samples, long.convergence_p99),
+            (1, Some(250 * ms))
+        );
+        // 2 + 5 = 7 min old: outside the 5-min window.
+        assert_eq!((short.claims, short.prepare_samples), (0, 0));
+        assert_eq!(after.windows("gone", t1).0.claims, 0, "not configured");
+        // They keep ageing: 50 + 5 + 6 = 61 min after, the first claim has left.
+        let (long, _) = after.windows("a", t1 + 6 * min);
+        assert_eq!((long.claims, long.prepare_samples), (2, 1));
+        assert_eq!(long.prepare_p99, Some(3 * ms));
+        // New events land beside the loaded ones.
+        after.prepared(&a, 9 * ms, None, t1 + 6 * min);
+        let (long, short) = after.windows("a", t1 + 6 * min);
+        assert_eq!((long.claims, short.claims), (3, 1));
+        assert_eq!(long.prepare_p99, Some(9 * ms));
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct SloConfig {
     pub window: Duration,
     /// A shorter window, shown beside it: what changed lately (`short_window`).
     pub short_window: Duration,
+    /// How often the windows are saved in the store (`save_period`); also at every
+    /// stop. A crash loses what came after the last save.
+    pub save_period: Duration,
     pub defaults: Objectives,
     pub classes: BTreeMap<String, Objectives>,
 }
@@ -60,6 +63,7 @@ impl Default for SloConfig {
         Self {
             window: Duration::from_secs(3600),
             short_window: Duration::from_secs(300),
+            save_period: Duration::from_secs(30),
             defaults: Objectives::default(),
             classes: BTreeMap::new(),
         }

@@ -103,6 +103,27 @@ impl SampleWindow {
         }
     }
 
+    /// What the window holds at `now`, oldest first, as (age, value); and since when
+    /// samples were dropped for the cap, if they were (for [`super::persist`]).
+    pub fn entries(&mut self, now: Instant) -> (Vec<(Duration, Duration)>, Option<Duration>) {
+        self.expire(now);
+        let kept = self
+            .samples
+            .iter()
+            .map(|(at, v)| (now.saturating_duration_since(*at), *v))
+            .collect();
+        (
+            kept,
+            self.dropped.map(|at| now.saturating_duration_since(at)),
+        )
+    }
+
+    /// Samples before `at` were dropped: [`Samples::truncated`] until `at` leaves the
+    /// window.
+    pub fn mark_dropped(&mut self, at: Instant) {
+        self.dropped = Some(self.dropped.map_or(at, |d| d.max(at)));
+    }
+
     pub fn samples(&mut self, now: Instant) -> Samples {
         self.expire(now);
         let mut sorted: Vec<Duration> = self.samples.iter().map(|(_, d)| *d).collect();
@@ -156,6 +177,25 @@ impl CountWindow {
             Some((last, count)) if *last > b => *count = count.saturating_add(n),
             _ => self.buckets.push_back((b, n)),
         }
+    }
+
+    /// The buckets holding events at `now`, oldest first, as (age of the bucket's
+    /// start, count), for [`super::persist`].
+    pub fn entries(&mut self, now: Instant) -> Vec<(Duration, u64)> {
+        self.expire(now);
+        let width = self.width;
+        let origin = self.origin;
+        self.buckets
+            .iter()
+            .map(|(b, c)| {
+                let start = u32::try_from(*b)
+                    .ok()
+                    .and_then(|b| width.checked_mul(b))
+                    .and_then(|d| origin.checked_add(d))
+                    .unwrap_or(now);
+                (now.saturating_duration_since(start), *c)
+            })
+            .collect()
     }
 
     pub fn count(&mut self, now: Instant) -> u64 {
