@@ -345,9 +345,12 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         }
     }
     ready.store(false, Ordering::Release);
-    match engine.save_slo().wait().await {
-        Ok(()) => info!("SLO windows saved"),
-        Err(e) => warn!(error = %e, "SLO windows not saved at stop"),
+    // Bounded: a disk that hangs must not keep the pod from stopping, and the windows
+    // are worth less than a prompt stop.
+    match tokio::time::timeout(STOP_GRACE, engine.save_slo().wait()).await {
+        Ok(Ok(())) => info!("SLO windows saved"),
+        Ok(Err(e)) => warn!(error = %e, "SLO windows not saved at stop"),
+        Err(_) => warn!(grace = ?STOP_GRACE, "SLO windows not saved at stop: the store did not answer in time"),
     }
     let _ = std::fs::remove_file(&cfg.agent.socket);
     info!("stopped");
