@@ -350,7 +350,9 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
     match tokio::time::timeout(STOP_GRACE, engine.save_slo().wait()).await {
         Ok(Ok(())) => info!("SLO windows saved"),
         Ok(Err(e)) => warn!(error = %e, "SLO windows not saved at stop"),
-        Err(_) => warn!(grace = ?STOP_GRACE, "SLO windows not saved at stop: the store did not answer in time"),
+        Err(_) => {
+            warn!(grace = ?STOP_GRACE, "SLO windows not saved at stop: the store did not answer in time")
+        }
     }
     let _ = std::fs::remove_file(&cfg.agent.socket);
     info!("stopped");

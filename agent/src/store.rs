@@ -100,8 +100,9 @@ pub struct Batch {
     pub config: Option<ConfigSeen>,
     /// Rollout stages set at runtime, by device (`meta/stage/<device>`).
     pub stages: Vec<(String, StageRecord)>,
-    /// SLO windows by class, encoded and within the bound (`meta/slo/<class>`).
-    pub slo: Vec<(String, Vec<u8>)>,
+    /// SLO windows by class, encoded and within the bound (`meta/slo/<class>`); None
+    /// deletes the class's.
+    pub slo: Vec<(String, Option<Vec<u8>>)>,
 }
 
 /// What the store remembers of a start's config, to audit the next start's changes.
@@ -121,7 +122,7 @@ impl Batch {
         for c in &self.put_claims {
             bounded("claims", &c.claim.uid, record::encode(c))?;
         }
-        for (class, v) in &self.slo {
+        for (class, v) in self.slo.iter().filter_map(|(c, v)| Some((c, v.as_ref()?))) {
             if v.len() > record::MAX_RECORD_BYTES {
                 return Err(StoreError::TooLarge {
                     tree: "meta",
@@ -543,12 +544,15 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         .iter()
         .map(|(d, r)| (format!("{STAGE_PREFIX}{d}"), record::encode(r)))
         .collect();
-    let slo: Vec<(String, Vec<u8>)> = batch
+    let slo: Vec<(String, Option<Vec<u8>>)> = batch
         .slo
         .iter()
         .map(|(c, v)| {
             let key = format!("{SLO_PREFIX}{c}");
-            bounded("meta", &key, v.clone()).map(|v| (key, v))
+            match v {
+                Some(v) => bounded("meta", &key, v.clone()).map(|v| (key, Some(v))),
+                None => Ok((key, None)),
+            }
         })
         .collect::<Result<_, _>>()?;
     let result = (&t.shares, &t.claims, &t.meta, &t.quarantine).transaction(|(s, c, m, q)| {
@@ -577,7 +581,10 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
             m.insert(k.as_bytes(), v.as_slice())?;
         }
         for (k, v) in &slo {
-            m.insert(k.as_bytes(), v.as_slice())?;
+            match v {
+                Some(v) => m.insert(k.as_bytes(), v.as_slice())?,
+                None => m.remove(k.as_bytes())?,
+            };
         }
         for (k, v) in &batch.quarantine {
             if q.get(k.as_bytes())?.is_none() {
@@ -724,6 +731,34 @@ mod tests {
             apply_group(&t, &refs, &failed)[0],
             Err(StoreError::Failed)
         ));
+    }
+
+    #[test]
+    fn slo_windows_are_kept_by_class_and_dropped_by_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let save = |slo: Vec<(&str, Option<&[u8]>)>| {
+            let b = Batch {
+                slo: slo
+                    .into_iter()
+                    .map(|(c, v)| (c.to_owned(), v.map(<[u8]>::to_vec)))
+                    .collect(),
+                ..Default::default()
+            };
+            b.check_sizes()?;
+            store.submit(b).wait_blocking()
+        };
+        save(vec![("a", Some(b"one")), ("b", Some(b"two"))]).unwrap();
+        save(vec![("a", None), ("b", Some(b"three"))]).unwrap();
+        let slo = store.load().unwrap().slo;
+        assert_eq!(slo.keys().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(slo["b"], b"three");
+        let huge = vec![b'x'; record::MAX_RECORD_BYTES + 1];
+        assert!(matches!(
+            save(vec![("c", Some(&huge))]),
+            Err(StoreError::TooLarge { .. })
+        ));
+        assert!(!store.has_failed(), "refused before it reached the writer");
     }
 
     /// sled 0.34 writes a value to an unsynced blob file once it is over a quarter of a

@@ -44,16 +44,22 @@ pub(super) fn to_verify(p: Phase) -> bool {
 
 impl Engine {
     /// Loads the SLO windows the store saved (once per process, see
-    /// [`crate::slo::persist`]), for the classes the config's devices are in.
-    pub(super) fn slo_restore(&self, saved: &BTreeMap<String, Vec<u8>>) {
+    /// [`crate::slo::persist`]), for the classes the config's devices are in. Returns
+    /// the saved classes no device is in any more, whose windows the store can drop.
+    pub(super) fn slo_restore(&self, saved: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
         if saved.is_empty() {
-            return;
+            return Vec::new();
         }
         let classes: BTreeSet<String> = self.cfg.devices.iter().map(|d| d.class.clone()).collect();
         let loaded = self.slo.restore(saved, &classes, Instant::now(), now_ms());
         if !loaded.is_empty() {
             tracing::info!(classes = ?loaded, "SLO windows loaded as last saved");
         }
+        saved
+            .keys()
+            .filter(|c| !classes.contains(*c))
+            .cloned()
+            .collect()
     }
 
     /// Saves every class's SLO window in the store; resolves once it is durable. Not a
@@ -61,7 +67,12 @@ impl Engine {
     /// tries again.
     pub fn save_slo(&self) -> crate::store::Durable {
         let batch = crate::store::Batch {
-            slo: self.slo.snapshot(Instant::now(), now_ms()),
+            slo: self
+                .slo
+                .snapshot(Instant::now(), now_ms())
+                .into_iter()
+                .map(|(c, v)| (c, Some(v)))
+                .collect(),
             ..Default::default()
         };
         if batch.slo.is_empty() {

@@ -99,7 +99,7 @@ fn a_share_not_held_as_read_back_rolls_the_class_back() {
 }
 
 #[test]
-fn recovery_after_a_restart_is_measured_once_and_the_windows_start_empty() {
+fn recovery_after_a_restart_is_measured_once_and_unsaved_windows_start_empty() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "1h");
     let k = Arc::new(FakeKernel::default());
@@ -116,6 +116,7 @@ fn recovery_after_a_restart_is_measured_once_and_the_windows_start_empty() {
         );
     };
     assert!(d <= took, "{d:?} > {took:?}");
+    // Nothing saved them (the server saves on a period and at stop): as at a crash.
     assert_eq!(s.figures.window.claims, 0);
     let rb = &s.figures.read_back[0];
     assert_eq!((rb.read_back, rb.shares), (q("3Gi"), 3));
@@ -138,4 +139,34 @@ fn recovery_after_a_restart_is_measured_once_and_the_windows_start_empty() {
         "{:?}",
         s.verdict.reasons
     );
+}
+
+#[test]
+fn saved_windows_come_back_at_the_next_open_and_a_dropped_class_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    {
+        let e = open(&cfg, Some(&k), "boot-a");
+        let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "2Gi")]);
+        assert_eq!(rt.block_on(e.prepare(0, &[ok], 0)).unwrap()[0].error, None);
+        e.save_slo().wait_blocking().unwrap();
+    }
+    let e = open(&cfg, Some(&k), "boot-a");
+    let w = class(&e).figures.window;
+    assert_eq!(
+        (w.claims, w.prepare_samples, w.convergence_samples),
+        (1, 1, 1)
+    );
+    drop(e);
+    // The devices move to another class: the old class's window is dropped at open...
+    let mut moved = (*cfg).clone();
+    for d in &mut moved.devices {
+        d.class = "shareguard-elsewhere".into();
+    }
+    drop(open(&Arc::new(moved), Some(&k), "boot-a"));
+    // ...so moving them back finds it empty.
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(class(&e).figures.window.claims, 0);
 }

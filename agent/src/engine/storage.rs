@@ -54,8 +54,11 @@ impl Engine {
         // Before recovery, which verifies each share under its device's stage.
         self.adopt_stages(&loaded.stages);
         // Before anything is recorded: the first Prepare lands behind what was saved.
-        self.slo_restore(&loaded.slo);
-        let (mut state, batch) = recover::recover(self, loaded, &self.boot_id)?;
+        let stale = self.slo_restore(&loaded.slo);
+        let (mut state, mut batch) = recover::recover(self, loaded, &self.boot_id)?;
+        batch
+            .slo
+            .extend(stale.into_iter().map(|class| (class, None)));
         store
             .submit(batch)
             .wait_blocking()
