@@ -59,6 +59,17 @@ pub enum GpuError {
     /// The library answered something this build cannot interpret.
     #[error("internal GPU back end error: {0}")]
     Internal(String),
+    /// `terminate_client` ended an MPS client's GPU work, and its server still lists it
+    /// and holds its memory: with driver 580 the server lets go only once the client
+    /// process exits. Retryable: the process can still be stopped.
+    #[error(
+        "MPS server {server} still lists client {client} after terminate_client (answer {answer:?}): its GPU work is ended, its memory held until the process exits"
+    )]
+    MpsClientHeld {
+        server: u32,
+        client: u32,
+        answer: String,
+    },
 }
 
 impl GpuError {
@@ -68,6 +79,7 @@ impl GpuError {
             | GpuError::Transient(_)
             | GpuError::DeviceFault(_)
             | GpuError::UsageAboveLimit { .. }
+            | GpuError::MpsClientHeld { .. }
             | GpuError::Reopening(_) => Retry::Retryable,
             GpuError::Unavailable(_)
             | GpuError::NotSupported(_)
@@ -108,6 +120,11 @@ mod tests {
                 limit: 1,
             },
             GpuError::Reopening("x".into()),
+            GpuError::MpsClientHeld {
+                server: 1,
+                client: 2,
+                answer: "0".into(),
+            },
         ];
         let permanent = [
             GpuError::Unavailable("x".into()),

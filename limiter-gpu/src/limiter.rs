@@ -244,7 +244,9 @@ impl GpuLimiter {
     /// of its share's daemon (`terminate_client`), any other with `signal` (SIGKILL after
     /// the pod check). A client no daemon of the group's shares serves is left alone:
     /// SIGKILL of an MPS client can hang or corrupt the other clients of its server, which
-    /// may be another tenant's.
+    /// may be another tenant's. A client whose server ended its work but still holds its
+    /// memory (driver 580 does until the process exits) is then killed with `signal`:
+    /// with its work ended, nothing of the server's other clients depends on it.
     pub fn terminate(
         &self,
         d: &TerminateDecision,
@@ -263,6 +265,13 @@ impl GpuLimiter {
             match self.backend.terminate_mps_client(&uuid, &key, d.pid) {
                 Ok(true) => return Ok(Terminated::MpsClientTerminated),
                 Ok(false) => {}
+                Err(held @ GpuError::MpsClientHeld { .. }) => {
+                    return match signal.terminate(d.pid, &d.pod_uid)? {
+                        Terminated::Signalled => Ok(Terminated::MpsClientKilled),
+                        other => Ok(other),
+                    }
+                    .inspect(|_| tracing::info!(pid = d.pid, share = %key, why = %held, "MPS client killed after terminate_client"));
+                }
                 Err(e) => {
                     return Err(TerminateError::Failed(format!(
                         "terminate_client through the MPS daemon of share {key}: {e}"

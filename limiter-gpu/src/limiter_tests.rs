@@ -472,6 +472,20 @@ fn mps_shares_run_through_their_own_daemon() {
         Ok(Terminated::Signalled)
     );
     assert_eq!(*signals.0.lock().unwrap(), vec![702]);
+    // A server that keeps a terminated client's memory until its process exits (as an
+    // H200 with driver 580 did): its work ended first, then the process is killed.
+    std::fs::write(pipe.join("fake-terminate-holds"), "").unwrap();
+    std::fs::write(pipe.join("fake-clients-4242"), "703\n").unwrap();
+    assert_eq!(
+        l.terminate(&decision(703, true), &signals),
+        Ok(Terminated::MpsClientKilled)
+    );
+    assert_eq!(
+        std::fs::read_to_string(pipe.join("fake-terminated")).unwrap(),
+        "701\n703\n",
+        "terminate_client before the signal"
+    );
+    assert_eq!(*signals.0.lock().unwrap(), vec![702, 703]);
 
     l.remove("m1").unwrap();
     assert!(!pipe.exists(), "the daemon's directory is gone");

@@ -291,6 +291,9 @@ impl MpsDaemons {
     /// the server that lists it as a client, then waits until no server lists it (the
     /// server has let go of its memory). Ok(false) when no server of the share's daemon
     /// has it as a client (or no daemon runs): the caller decides what that means.
+    /// [`GpuError::MpsClientHeld`] when the server still lists it after the wait: on an
+    /// H200 with driver 580 a client's memory stays held until its process exits, so
+    /// the caller stops the process, which its ended GPU work makes safe.
     ///
     /// MPS, not a signal, because SIGKILL of a client while the server works for it can
     /// hang or corrupt the server's other clients.
@@ -313,13 +316,11 @@ impl MpsDaemons {
         if self.wait_until(|| matches!(self.server_of(&pipe, client), Ok(None))) {
             return Ok(true);
         }
-        Err(GpuError::Transient(format!(
-            "MPS server {server} in {} still lists client {client} {:?} after terminate_client \
-             (answer {:?})",
-            pipe.display(),
-            self.cfg.timeout,
-            answer.trim()
-        )))
+        Err(GpuError::MpsClientHeld {
+            server,
+            client,
+            answer: answer.trim().to_owned(),
+        })
     }
 
     /// The server of the daemon at `pipe` that has `client` among its clients.

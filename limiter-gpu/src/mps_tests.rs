@@ -847,6 +847,18 @@ fn a_client_is_terminated_through_its_server_and_nothing_else_is() {
     // No server has it: nothing is sent, and the caller hears so.
     assert!(!d.terminate_client(SHARE, 777).unwrap());
     assert!(!d.terminate_client("another-share", 500).unwrap());
+    // A server that still lists the client after terminate_client holds its memory:
+    // said as such, with the server's answer, for the caller to stop the process.
+    fs::write(pipe.join("fake-terminate-holds"), "").unwrap();
+    match d.terminate_client(SHARE, 500) {
+        Err(GpuError::MpsClientHeld {
+            server: 4242,
+            client: 500,
+            answer,
+        }) => assert_eq!(answer, "0"),
+        other => panic!("{other:?}"),
+    }
+    fs::remove_file(pipe.join("fake-terminate-holds")).unwrap();
     // A list the build cannot read is an error, not a guess.
     fs::write(pipe.join("fake-clients-4242"), "Server busy\n").unwrap();
     assert!(matches!(

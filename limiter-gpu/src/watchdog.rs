@@ -117,6 +117,10 @@ pub enum Terminated {
     /// An MPS client whose GPU work its server ended (`terminate_client`); the process
     /// itself may live on without the GPU.
     MpsClientTerminated,
+    /// An MPS client whose GPU work its server ended, and whose server still held its
+    /// memory: the process was then killed (safe once its work is ended), and the server
+    /// lets go when it has exited.
+    MpsClientKilled,
     /// The process had already exited.
     AlreadyGone,
 }

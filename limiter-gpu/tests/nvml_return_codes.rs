@@ -44,6 +44,8 @@ fn class(e: &GpuError) -> &'static str {
         GpuError::UsageAboveLimit { .. } => "usage-above-limit",
         GpuError::Reopening(_) => "reopening",
         GpuError::Internal(_) => "internal",
+        // Not an NVML return code: what the MPS control program said.
+        GpuError::MpsClientHeld { .. } => "mps-client-held",
     }
 }
 

@@ -107,6 +107,7 @@ impl Engine {
             let what = match outcome {
                 Ok(Terminated::Signalled) => "terminated",
                 Ok(Terminated::MpsClientTerminated) => "mps_client_terminated",
+                Ok(Terminated::MpsClientKilled) => "mps_client_killed",
                 Ok(Terminated::AlreadyGone) => "already exited",
                 Err(_) => "not terminated",
             };
@@ -115,6 +116,11 @@ impl Engine {
                 let reason = match outcome {
                     Ok(Terminated::MpsClientTerminated) => format!(
                         "watchdog: the GPU work of MPS client pid {} ({} of GPU memory) ended through its MPS server: the share was over its limit past the grace period",
+                        d.pid,
+                        bytes(d.used_bytes)
+                    ),
+                    Ok(Terminated::MpsClientKilled) => format!(
+                        "watchdog: the GPU work of MPS client pid {} ({} of GPU memory) ended through its MPS server, which still held its memory, so the process was killed: the share was over its limit past the grace period",
                         d.pid,
                         bytes(d.used_bytes)
                     ),
