@@ -7,8 +7,11 @@
 //!   trusts a broken one;
 //! - `leaf-cgroups-get-the-pods-limit`: a share applied on a pod cgroup puts the limit on
 //!   its container leaf, and on a leaf made afterwards once the watchdog's pass runs;
-//! - `mps-limit-binds-each-client`: two clients of one share's daemon each hold the
-//!   share's memory (per-client semantics), and the read-back says twice the share;
+//! - `mps-limit-binds-each-client`: two clients of one share's daemon each hold 5/8 of
+//!   the share, together more than it (per-client semantics), and the read-back says
+//!   twice the share. The share is at least 4 GiB: a client's own CUDA context counts
+//!   against MPS's limit (about 500 MiB for PyTorch on an H200), so a client cannot hold
+//!   the whole share, and a small one leaves no room beside the context;
 //! - `mps-terminate-client`: `terminate_client` through the share's daemon ends a
 //!   client's GPU work and NVML stops listing it;
 //! - `mps-server-for-a-non-root-client`: a client of uid 65534 gets a server (which runs
@@ -25,6 +28,35 @@ use super::*;
 const MPS_SHARE_KEY: &str = "gpu-check-mps-clients";
 const LEAF_SHARE_KEY: &str = "gpu-check-leaves";
 const NOBODY: u32 = 65534;
+
+/// Kills a process only if it is one of the check's own MPS clients.
+struct OwnClients(Arc<Mutex<Vec<u32>>>);
+
+impl shareguard_limiter_gpu::watchdog::ProcessTerminator for OwnClients {
+    fn terminate(
+        &self,
+        pid: u32,
+        _pod_uid: &str,
+    ) -> Result<Terminated, shareguard_limiter_gpu::watchdog::TerminateError> {
+        use shareguard_limiter_gpu::watchdog::TerminateError;
+        if !self.0.lock().is_ok_and(|v| v.contains(&pid)) {
+            return Err(TerminateError::Failed(format!(
+                "pid {pid} is not one of the check's clients"
+            )));
+        }
+        let status = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .map_err(|e| TerminateError::Failed(format!("kill -KILL {pid}: {e}")))?;
+        if status.success() {
+            Ok(Terminated::Signalled)
+        } else {
+            Err(TerminateError::Failed(format!(
+                "kill -KILL {pid}: {status}"
+            )))
+        }
+    }
+}
 
 pub(super) fn mps_checks(opts: &Opts, backend: &Back, gpu: &GpuInfo, cgroup: Option<&TestCgroup>) {
     section("checks: dmem probe, leaf cgroups, MPS per client");
@@ -292,7 +324,8 @@ fn mps_client_checks(
             .contains(&pid)
             .then(|| "gpu-check-mps-pod".to_string())
     }));
-    let bytes = opts.share_bytes;
+    let bytes = opts.share_bytes.max(4096 * MIB);
+    let hold = bytes / 8 * 5;
     let spec = match share_spec(MPS_SHARE_KEY, bytes, &pod, Vec::new()) {
         Ok(s) => s,
         Err(e) => return not_run(&e),
@@ -307,8 +340,8 @@ fn mps_client_checks(
         let _ = limiter.remove(MPS_SHARE_KEY);
         return not_run("the share has no MPS directories");
     };
-    let first = mps_client(opts, gpu, &dirs, bytes, None);
-    let second = mps_client(opts, gpu, &dirs, bytes, None);
+    let first = mps_client(opts, gpu, &dirs, hold, None);
+    let second = mps_client(opts, gpu, &dirs, hold, None);
     for c in [&first, &second].into_iter().flatten() {
         if let Some(pid) = c.0.as_ref().map(Child::id)
             && let Ok(mut v) = clients.lock()
@@ -334,7 +367,9 @@ fn mps_client_checks(
                     "FAIL"
                 },
                 &format!(
-                    "both clients hold {} each; the read-back says {read:?} (twice is {twice:?})",
+                    "both clients hold {} each, {} together, over the share of {}; the read-back says {read:?} (twice is {twice:?})",
+                    short(hold),
+                    short(2 * hold),
                     short(bytes)
                 ),
             );
@@ -343,7 +378,8 @@ fn mps_client_checks(
             NAMES[0],
             "FAIL",
             &format!(
-                "the second client could not hold the share's memory ({e}): MPS bound the clients together, so reporting twice the share is too pessimistic"
+                "the second client could not hold {} beside the first's ({e}): MPS bound the clients together, so reporting twice the share is too pessimistic",
+                short(hold)
             ),
         ),
         (Err(e), _) => check_line(NAMES[0], "NOT-RUN", &format!("the first client: {e}")),
@@ -356,10 +392,13 @@ fn mps_client_checks(
                 pod_uid: pod.clone(),
                 gpu_uuid: gpu.uuid.clone(),
                 pid,
-                used_bytes: bytes,
+                used_bytes: hold,
                 via_mps: true,
             };
-            let r = limiter.terminate(&d, &PidfdTerminator::default());
+            // The clients run in no pod cgroup, so the agent's own terminator (which
+            // checks the pid's pod from its cgroup) would refuse them: this one kills only
+            // the check's own clients.
+            let r = limiter.terminate(&d, &OwnClients(clients.clone()));
             let end = Instant::now() + Duration::from_secs(10);
             let mut listed = true;
             while listed && Instant::now() < end {
@@ -376,7 +415,11 @@ fn mps_client_checks(
             }
             check_line(
                 NAMES[1],
-                if r == Ok(Terminated::MpsClientTerminated) && !listed {
+                if matches!(
+                    r,
+                    Ok(Terminated::MpsClientTerminated | Terminated::MpsClientKilled)
+                ) && !listed
+                {
                     "PASS"
                 } else {
                     "FAIL"
