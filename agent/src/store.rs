@@ -123,14 +123,7 @@ impl Batch {
             bounded("claims", &c.claim.uid, record::encode(c))?;
         }
         for (class, v) in self.slo.iter().filter_map(|(c, v)| Some((c, v.as_ref()?))) {
-            if v.len() > record::MAX_RECORD_BYTES {
-                return Err(StoreError::TooLarge {
-                    tree: "meta",
-                    key: format!("{SLO_PREFIX}{class}"),
-                    bytes: v.len(),
-                    max: record::MAX_RECORD_BYTES,
-                });
-            }
+            bounded("meta", &format!("{SLO_PREFIX}{class}"), v.clone())?;
         }
         Ok(())
     }

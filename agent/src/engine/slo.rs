@@ -75,9 +75,6 @@ impl Engine {
                 .collect(),
             ..Default::default()
         };
-        if batch.slo.is_empty() {
-            return self.submit(crate::store::Batch::default());
-        }
         if let Err(e) = batch.check_sizes() {
             // Not reached (each record is cut to fit), and never worth the store.
             tracing::error!(error = %e, "SLO windows not saved");
