@@ -21,7 +21,7 @@ use crate::config::Config;
 /// One thing found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Item {
-    /// "qdisc", "ifb", "bpf-pins", "cdi-spec", "mps-daemon", "plugin-dir", "socket-dir",
+    /// "qdisc", "queue device", "bpf-pins", "cdi-spec", "mps-daemon", "plugin-dir", "socket-dir",
     /// "state", "audit-log".
     pub kind: &'static str,
     pub what: String,
@@ -55,7 +55,7 @@ pub fn find(cfg: &Config, kubelet_dir: &Path, keep_audit: bool) -> anyhow::Resul
         items.push(Item {
             kind: match l {
                 Leftover::RootQdisc { .. } => "qdisc",
-                Leftover::Ifb { .. } => "ifb",
+                Leftover::Queue { .. } => "queue device",
             },
             what: l.describe(),
             action: Action::Net(l),

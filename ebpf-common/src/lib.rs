@@ -43,6 +43,45 @@ pub const PROG_TO_POD: &str = "sg_egress";
 /// Program attached at the ingress of the pod's host-side veth: traffic coming from the pod.
 pub const PROG_FROM_POD: &str = "sg_ingress";
 
+/// Program attached at the ingress of a share's return device (the far end of its queue
+/// pair): hands each packet the queue released back to the ingress of the host veth it
+/// came from, so that every program after ours there (a CNI's) sees it. See
+/// [`loop_mark`].
+pub const PROG_RETURN: &str = "sg_return";
+
+/// The top byte of `skb->mark` on a packet from the pod that is in its share's queue
+/// loop: host veth ingress -> queue device (HTB or fq) -> return device -> host veth
+/// ingress again. A packet that crossed from the pod's network namespace has mark 0 (the
+/// kernel clears it when a packet changes namespace), so only the programs themselves set
+/// this; the low 24 bits are the host veth's ifindex, where the return device sends the
+/// packet back to. Back on the host veth, the program clears the mark and lets the packet
+/// go on to the next program unchanged: the loop is invisible to a CNI after ours.
+pub const LOOP_MARK_MAGIC: u32 = 0x5300_0000;
+/// The bits of `skb->mark` that carry the ifindex in [`LOOP_MARK_MAGIC`]'s mark.
+pub const LOOP_MARK_IFINDEX: u32 = 0x00ff_ffff;
+
+/// The mark of a packet of host veth `ifindex` on its way through the queue loop; `None`
+/// for an ifindex too large to carry (the loop is then refused for that interface).
+#[inline(always)]
+pub const fn loop_mark(ifindex: u32) -> Option<u32> {
+    if ifindex == 0 || ifindex > LOOP_MARK_IFINDEX {
+        None
+    } else {
+        Some(LOOP_MARK_MAGIC | ifindex)
+    }
+}
+
+/// The host veth a packet with `mark` returns to, when the mark is a loop mark.
+#[inline(always)]
+pub const fn loop_ifindex(mark: u32) -> Option<u32> {
+    let ifindex = mark & LOOP_MARK_IFINDEX;
+    if mark & !LOOP_MARK_IFINDEX == LOOP_MARK_MAGIC && ifindex != 0 {
+        Some(ifindex)
+    } else {
+        None
+    }
+}
+
 /// Counter direction of traffic to the pod (host veth egress).
 pub const DIR_TO_POD: u32 = 0;
 /// Counter direction of traffic from the pod (host veth ingress).
@@ -138,8 +177,9 @@ pub struct IfaceConfig {
     /// without tc filters; with [`FLAG_HTB_FLOWS`] the first of the flow classes. 0 leaves
     /// the priority alone.
     pub classid: u32,
-    /// ifindex of the ifb device that traffic from the pod is redirected to (its egress
-    /// carries the shaping qdisc, since ingress cannot queue); 0 means no redirect.
+    /// ifindex of the queue device that traffic from the pod is redirected to (its egress
+    /// carries the shaping qdisc, since ingress cannot queue; its peer returns the packet,
+    /// see [`loop_mark`]); 0 means no redirect.
     pub redirect_ifindex: u32,
     /// Counter slot of the share, see [`counter_index`]; also the index of its
     /// [`PACE_MAP`] state.
@@ -245,6 +285,21 @@ unsafe impl aya::Pod for Activity {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_mark_carries_its_interface_and_nothing_else_reads_as_one() {
+        for ifindex in [1, 2, 4096, LOOP_MARK_IFINDEX] {
+            let mark = loop_mark(ifindex).unwrap();
+            assert_eq!(loop_ifindex(mark), Some(ifindex));
+        }
+        assert_eq!(loop_mark(0), None);
+        assert_eq!(loop_mark(LOOP_MARK_IFINDEX + 1), None);
+        // A pod's packet arrives with mark 0; other marks a host program may set are not
+        // loop marks unless they carry the magic byte exactly.
+        for mark in [0, 1, LOOP_MARK_MAGIC, 0x5400_0001, 0x5300_0001 | 1 << 31] {
+            assert_eq!(loop_ifindex(mark), None, "{mark:#x}");
+        }
+    }
 
     #[test]
     fn counter_indices_are_dense_and_bounded() {

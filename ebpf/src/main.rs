@@ -14,7 +14,16 @@
 //! - `bpf-policer`: drop what exceeds the share's token bucket, where nothing can queue.
 //!
 //! Passing returns `TC_ACT_UNSPEC`, which TCX reads as `TCX_NEXT`: a program attached
-//! after ours (a CNI's) still runs, and with none the packet is passed.
+//! after ours (a CNI's) still runs, and with none the packet is passed. Ours are attached
+//! first, ahead of a CNI's: a CNI's program that passes a packet ends the chain, so one
+//! in front would let the pod's traffic past ours.
+//!
+//! Traffic from the pod that has to queue leaves the host veth's ingress for the share's
+//! queue device and comes back to that same ingress once released (`sg_return`, on the
+//! queue device's peer), marked so that `sg_ingress` lets it go on to the next program
+//! this time: every program after ours sees every packet of the pod, shaped, with the
+//! interface it came from. (An ifb would hand the packet back with tc skipped, which
+//! takes a CNI's ingress programs out of the pod's path.)
 
 #![no_std]
 #![no_main]
@@ -30,8 +39,11 @@ use shareguard_ebpf_common::{
     Activity, Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing,
     FLAG_HTB_FLOWS, FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES,
     PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index, flow_classid, flows,
-    pace,
+    loop_ifindex, loop_mark, pace,
 };
+
+/// `BPF_F_INGRESS` (include/uapi/linux/bpf.h): `bpf_redirect` to the target's receive path.
+const BPF_F_INGRESS: u64 = 1;
 
 // The map names are the static names; user space finds them by the same names
 // (shareguard_ebpf_common::IFACES_MAP and COUNTERS_MAP) and fails to load if they differ.
@@ -142,6 +154,23 @@ fn is_sparse(ctx: &TcContext, hash: u32, index: u32) -> bool {
 #[classifier]
 pub fn sg_ingress(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
+    // SAFETY: `skb` is the program's context pointer; both fields are ones tc programs
+    // may read (verifier-checked).
+    let (ifindex, mark) = unsafe { ((*skb).ifindex, (*skb).mark) };
+    if mark != 0 && loop_ifindex(mark) == Some(ifindex) {
+        // Back from the share's queue: shaped and counted already. Leave it as it came
+        // from the pod (no mark, no priority, no departure time) for the next program.
+        // SAFETY: fields tc programs may write (verifier-checked) of the context pointer.
+        unsafe {
+            (*skb).mark = 0;
+            (*skb).priority = 0;
+            if u32::from((*skb).tstamp_type) == SKB_TSTAMP_DELIVERY_MONO {
+                // Type 0 (unspecified) with time 0 clears it; it cannot fail.
+                bpf_skb_set_tstamp(skb, 0, 0);
+            }
+        }
+        return TC_ACT_UNSPEC;
+    }
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
@@ -151,17 +180,40 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     if cfg.redirect_ifindex == 0 {
         return TC_ACT_UNSPEC;
     }
-    // The ifb's HTB classifies by the priority, which the redirect keeps.
+    // User space configures a redirect only for interfaces whose index fits the mark;
+    // should one not, the packet is dropped rather than passed unshaped.
+    let Some(mark) = loop_mark(ifindex) else {
+        return TC_ACT_SHOT as i32;
+    };
+    // The queue device's HTB classifies by the priority, which the redirect keeps.
     classify(&ctx, &cfg, DIR_FROM_POD);
-    // Flags 0: to the ifb's egress, where its qdisc queues and shapes the packet. The ifb
-    // then hands the packet back to this interface's receive path flagged to skip the tc
-    // ingress hook (skb->tc_skip_classify), so it neither comes through here again nor
-    // loops; the tests check that each packet is counted once. An EDT departure time set
-    // above is a mono delivery time, which the redirect keeps for the ifb's fq.
+    // SAFETY: a field tc programs may write, of the context pointer.
+    unsafe { (*skb).mark = mark };
+    // Flags 0: to the queue device's egress, where its qdisc queues and shapes the
+    // packet; its peer's `sg_return` brings it back here, with the mark that says so. An
+    // EDT departure time set above is a mono delivery time, which the redirect keeps for
+    // the queue device's fq.
     // SAFETY: a plain helper call with scalar arguments; it only records the target.
     let action = unsafe { bpf_redirect(cfg.redirect_ifindex, 0) };
     // TC_ACT_REDIRECT on success, TC_ACT_SHOT for invalid flags: both fit in an i32.
     action as i32
+}
+
+/// Ingress of a share's return device (the peer of its queue device): every packet the
+/// queue released goes back to the receive path of the host veth its mark names, where
+/// `sg_ingress` passes it on. Anything else arriving here (the device's own neighbour
+/// discovery) is not the pod's and is dropped.
+#[classifier]
+pub fn sg_return(ctx: TcContext) -> i32 {
+    // SAFETY: `ctx.skb.skb` is the program's context pointer; `mark` is a field tc
+    // programs may read.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    match loop_ifindex(mark) {
+        // SAFETY: a plain helper call with scalar arguments; it only records the target.
+        // TC_ACT_REDIRECT on success: fits in an i32.
+        Some(ifindex) => unsafe { bpf_redirect(ifindex, BPF_F_INGRESS) as i32 },
+        None => TC_ACT_SHOT as i32,
+    }
 }
 
 /// Paces or polices one packet of direction `dir` as `cfg` says and counts it; returns

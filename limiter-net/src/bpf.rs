@@ -45,7 +45,7 @@ use aya::{
 };
 use shareguard_ebpf_common::{
     Activity, COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
-    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_TO_POD,
+    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_RETURN, PROG_TO_POD,
     activity::{ACTIVITY_MAP, WAKE_BYTES, WAKE_MAP},
     counter_index, flags_valid,
 };
@@ -70,41 +70,74 @@ impl Direction {
             Self::FromPod => DIR_FROM_POD,
         }
     }
+}
 
+/// Where one of our programs is attached: a pod's host veth, one hook per direction, or
+/// the ingress of a share's return device (see `PROG_RETURN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hook {
+    Pod(Direction),
+    Return,
+}
+
+impl Hook {
     fn program(self) -> &'static str {
         match self {
-            Self::ToPod => PROG_TO_POD,
-            Self::FromPod => PROG_FROM_POD,
+            Self::Pod(Direction::ToPod) => PROG_TO_POD,
+            Self::Pod(Direction::FromPod) => PROG_FROM_POD,
+            Self::Return => PROG_RETURN,
         }
     }
 
     fn tc_attach_type(self) -> TcAttachType {
         match self {
-            Self::ToPod => TcAttachType::Egress,
-            Self::FromPod => TcAttachType::Ingress,
+            Self::Pod(Direction::ToPod) => TcAttachType::Egress,
+            Self::Pod(Direction::FromPod) | Self::Return => TcAttachType::Ingress,
         }
     }
 
     /// `enum bpf_attach_type` value of the TCX hook, as reported in a link's info.
     fn tcx_attach_type(self) -> u32 {
         match self {
-            Self::ToPod => sys::BPF_TCX_EGRESS,
-            Self::FromPod => sys::BPF_TCX_INGRESS,
+            Self::Pod(Direction::ToPod) => sys::BPF_TCX_EGRESS,
+            Self::Pod(Direction::FromPod) | Self::Return => sys::BPF_TCX_INGRESS,
         }
     }
 
-    fn hook(self) -> &'static str {
+    /// Where in the interface's chain the program goes. On a pod's veth, first: a CNI's
+    /// program that passes a packet (TCX_PASS) ends the chain, so ours must run before
+    /// any, and ours always hands on to the next (TCX_NEXT). The return device is ours
+    /// alone.
+    fn order(self) -> LinkOrder {
         match self {
-            Self::ToPod => "egress",
-            Self::FromPod => "ingress",
+            Self::Pod(_) => LinkOrder::first(),
+            Self::Return => LinkOrder::default(),
         }
     }
 
-    fn from_hook(hook: &str) -> Option<Self> {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pod(Direction::ToPod) => "egress",
+            Self::Pod(Direction::FromPod) => "ingress",
+            Self::Return => "return",
+        }
+    }
+
+    fn from_name(hook: &str) -> Option<Self> {
         match hook {
-            "egress" => Some(Self::ToPod),
-            "ingress" => Some(Self::FromPod),
+            "egress" => Some(Self::Pod(Direction::ToPod)),
+            "ingress" => Some(Self::Pod(Direction::FromPod)),
+            "return" => Some(Self::Return),
             _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pod(dir) => dir.fmt(f),
+            Self::Return => f.write_str("back from the queue (return device ingress)"),
         }
     }
 }
@@ -221,10 +254,10 @@ pub enum BpfError {
         #[source]
         source: io::Error,
     },
-    #[error("attaching {program} ({direction}) to ifindex {ifindex} with {mode}: {source}")]
+    #[error("attaching {program} ({hook}) to ifindex {ifindex} with {mode}: {source}")]
     Attach {
         program: &'static str,
-        direction: Direction,
+        hook: Hook,
         ifindex: u32,
         mode: AttachMode,
         #[source]
@@ -264,6 +297,13 @@ pub enum BpfError {
         ifindex: u32,
         #[source]
         source: Box<TcError>,
+    },
+    #[error("listing the programs on ifindex {ifindex} ({direction}): {source}")]
+    Chain {
+        ifindex: u32,
+        direction: Direction,
+        #[source]
+        source: io::Error,
     },
     #[error("counting the possible CPUs ({what}): {source}")]
     Cpus {
@@ -491,7 +531,7 @@ impl Bpf {
         let counters =
             PerCpuArray::try_from(counters).map_err(|e| map_error(COUNTERS_MAP, "open", e))?;
 
-        for program in [PROG_TO_POD, PROG_FROM_POD] {
+        for program in [PROG_TO_POD, PROG_FROM_POD, PROG_RETURN] {
             classifier(&mut ebpf, program)?
                 .load()
                 .map_err(|source| BpfError::ProgramLoad {
@@ -522,12 +562,65 @@ impl Bpf {
     /// `pin_dir/links/<name>`. If one is already pinned there for the same interface and
     /// direction it is adopted (its program is swapped for the one loaded here), never
     /// attached twice; one pinned there for another interface or direction is removed first.
+    ///
+    /// With TCX ours goes first in the interface's chain; a pinned one that another
+    /// program has since been put in front of is detached and attached first again.
     pub fn attach(&mut self, ifindex: u32, dir: Direction, name: &str) -> Result<(), BpfError> {
+        self.attach_hook(ifindex, Hook::Pod(dir), name)
+    }
+
+    /// As [`Bpf::attach`], for the return program on the ingress of a share's return
+    /// device.
+    pub fn attach_return(&mut self, ifindex: u32, name: &str) -> Result<(), BpfError> {
+        self.attach_hook(ifindex, Hook::Return, name)
+    }
+
+    fn attach_hook(&mut self, ifindex: u32, hook: Hook, name: &str) -> Result<(), BpfError> {
         let path = self.link_path(name)?;
         match self.mode {
-            AttachMode::Tcx => self.attach_tcx(ifindex, dir, &path),
-            AttachMode::Clsact => self.attach_clsact(ifindex, dir, &path),
+            AttachMode::Tcx => self.attach_tcx(ifindex, hook, &path),
+            AttachMode::Clsact => self.attach_clsact(ifindex, hook, &path),
         }
+    }
+
+    /// The programs attached to `ifindex`'s TCX hook for `dir`, in the order they run:
+    /// (program id, link id) each. Empty in clsact mode, where aya lists nothing.
+    pub fn chain(&self, ifindex: u32, dir: Direction) -> Result<Vec<(u32, u32)>, BpfError> {
+        if self.mode != AttachMode::Tcx {
+            return Ok(Vec::new());
+        }
+        sys::tcx_chain(ifindex, Hook::Pod(dir).tcx_attach_type()).map_err(|source| {
+            BpfError::Chain {
+                ifindex,
+                direction: dir,
+                source,
+            }
+        })
+    }
+
+    /// Where the attachment pinned as `name` runs on `ifindex`'s hook for `dir`:
+    /// `Ok(None)` when it is first (or in clsact mode, where the filter's fixed priority
+    /// is its place), else the number of programs that run before it. An attachment that
+    /// is not there at all counts as not first.
+    pub fn ahead_of(
+        &self,
+        name: &str,
+        ifindex: u32,
+        dir: Direction,
+    ) -> Result<Option<usize>, BpfError> {
+        if self.mode != AttachMode::Tcx {
+            return Ok(None);
+        }
+        let path = self.link_path(name)?;
+        let Some(info) = pinned_link_info(&path)? else {
+            return Ok(Some(self.chain(ifindex, dir)?.len()));
+        };
+        let chain = self.chain(ifindex, dir)?;
+        Ok(match chain.iter().position(|&(_, link)| link == info.id) {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(chain.len()),
+        })
     }
 
     /// Detach means unpin: removes the pinned link (and thereby the attachment). Ok if absent.
@@ -708,15 +801,15 @@ impl Bpf {
         Ok(self.pin_dir.join("links").join(name))
     }
 
-    fn program(&mut self, dir: Direction) -> Result<&mut SchedClassifier, BpfError> {
-        classifier(&mut self.ebpf, dir.program())
+    fn program(&mut self, hook: Hook) -> Result<&mut SchedClassifier, BpfError> {
+        classifier(&mut self.ebpf, hook.program())
     }
 
-    fn attach_tcx(&mut self, ifindex: u32, dir: Direction, path: &Path) -> Result<(), BpfError> {
-        let program = dir.program();
+    fn attach_tcx(&mut self, ifindex: u32, hook: Hook, path: &Path) -> Result<(), BpfError> {
+        let program = hook.program();
         let attach_error = |source: ProgramError| BpfError::Attach {
             program,
-            direction: dir,
+            hook,
             ifindex,
             mode: AttachMode::Tcx,
             source: Box::new(source),
@@ -725,9 +818,24 @@ impl Bpf {
         let ifname = self.ifname(ifindex)?;
 
         if let Some(info) = pinned_link_info(path)? {
+            // A link that another program was put in front of is attached anew, first:
+            // its place cannot be changed in place. Detached before, never after: two of
+            // ours on one hook would send a packet round the queue loop twice.
+            let in_place = match hook {
+                Hook::Pod(_) => sys::tcx_chain(ifindex, hook.tcx_attach_type())
+                    .map_err(|source| BpfError::Pinned {
+                        op: "listing the chain of the link pinned at",
+                        path: path.to_owned(),
+                        source,
+                    })?
+                    .first()
+                    .is_some_and(|&(_, link)| link == info.id),
+                Hook::Return => true,
+            };
             if info.link_type == sys::BPF_LINK_TYPE_TCX
                 && info.ifindex == ifindex
-                && info.attach_type == dir.tcx_attach_type()
+                && info.attach_type == hook.tcx_attach_type()
+                && in_place
             {
                 let pinned = PinnedLink::from_pin(path).map_err(|e| BpfError::Pinned {
                     op: "opening",
@@ -741,7 +849,7 @@ impl Bpf {
                         source: io::Error::other(e),
                     }
                 })?;
-                let prog = self.program(dir)?;
+                let prog = self.program(hook)?;
                 let id = prog.attach_to_link(link).map_err(attach_error)?;
                 // The pin keeps the link; the handle aya tracks would only be closed when
                 // `Bpf` drops, so let it go now.
@@ -749,17 +857,18 @@ impl Bpf {
                 return Ok(());
             }
             // Left by an earlier attachment under this name to an interface that is gone
-            // or was replaced (a pod sandbox recreated with a new veth): the name now means
-            // `ifindex`, and the old attachment must not linger.
+            // or was replaced (a pod sandbox recreated with a new veth), or pushed back
+            // in the chain: the name now means `ifindex`, first, and the old attachment
+            // must not linger.
             detach_tcx(path)?;
         }
 
-        let prog = self.program(dir)?;
+        let prog = self.program(hook)?;
         let id = prog
             .attach_with_options(
                 &ifname,
-                dir.tc_attach_type(),
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
+                hook.tc_attach_type(),
+                TcAttachOptions::TcxOrder(hook.order()),
             )
             .map_err(attach_error)?;
         let link = prog.take_link(id).map_err(attach_error)?;
@@ -785,11 +894,11 @@ impl Bpf {
         Ok(())
     }
 
-    fn attach_clsact(&mut self, ifindex: u32, dir: Direction, path: &Path) -> Result<(), BpfError> {
-        let program = dir.program();
+    fn attach_clsact(&mut self, ifindex: u32, hook: Hook, path: &Path) -> Result<(), BpfError> {
+        let program = hook.program();
         let attach_error = |source: ProgramError| BpfError::Attach {
             program,
-            direction: dir,
+            hook,
             ifindex,
             mode: AttachMode::Clsact,
             source: Box::new(source),
@@ -799,7 +908,7 @@ impl Bpf {
 
         match fs::symlink_metadata(path) {
             Ok(meta) if meta.is_dir() => {
-                if read_clsact_record(path)? != Some((ifindex, dir)) {
+                if read_clsact_record(path)? != Some((ifindex, hook)) {
                     self.detach_clsact(path)?;
                 }
             }
@@ -827,7 +936,7 @@ impl Bpf {
             }
         }
 
-        let prog = self.program(dir)?;
+        let prog = self.program(hook)?;
         let options = NlOptions {
             priority: CLSACT_PRIORITY,
             handle: CLSACT_HANDLE,
@@ -835,7 +944,7 @@ impl Bpf {
         };
         let id = match prog.attach_with_options(
             &ifname,
-            dir.tc_attach_type(),
+            hook.tc_attach_type(),
             TcAttachOptions::Netlink(options),
         ) {
             Ok(id) => id,
@@ -846,7 +955,7 @@ impl Bpf {
             {
                 let existing = SchedClassifierLink::attached(
                     &ifname,
-                    dir.tc_attach_type(),
+                    hook.tc_attach_type(),
                     CLSACT_PRIORITY,
                     CLSACT_HANDLE,
                     None,
@@ -862,7 +971,7 @@ impl Bpf {
         // the few bytes of the struct.
         std::mem::forget(link);
 
-        let record = path.join(clsact_record_name(ifindex, dir));
+        let record = path.join(clsact_record_name(ifindex, hook));
         fs::create_dir_all(&record).map_err(|source| BpfError::Pinned {
             op: "recording the clsact attachment at",
             path: record,
@@ -871,13 +980,13 @@ impl Bpf {
     }
 
     fn detach_clsact(&mut self, path: &Path) -> Result<(), BpfError> {
-        if let Some((ifindex, dir)) = read_clsact_record(path)? {
-            let program = dir.program();
+        if let Some((ifindex, hook)) = read_clsact_record(path)? {
+            let program = hook.program();
             // Gone interface: its filters went with it.
             if let Some(ifname) = sys::interface_name(ifindex)
                 .map_err(|source| BpfError::InterfaceName { ifindex, source })?
             {
-                match tc::qdisc_detach_program(&ifname, dir.tc_attach_type(), program) {
+                match tc::qdisc_detach_program(&ifname, hook.tc_attach_type(), program) {
                     Ok(()) => {}
                     Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => {
@@ -965,13 +1074,13 @@ fn pinned_link_info(path: &Path) -> Result<Option<sys::LinkInfo>, BpfError> {
         })
 }
 
-fn clsact_record_name(ifindex: u32, dir: Direction) -> String {
-    format!("{ifindex}-{}", dir.hook())
+fn clsact_record_name(ifindex: u32, hook: Hook) -> String {
+    format!("{ifindex}-{}", hook.name())
 }
 
 /// The (ifindex, direction) recorded in a clsact attachment directory, or `None` if it
 /// holds no record (an interrupted attach; detach then just removes the directory).
-fn read_clsact_record(path: &Path) -> Result<Option<(u32, Direction)>, BpfError> {
+fn read_clsact_record(path: &Path) -> Result<Option<(u32, Hook)>, BpfError> {
     let entries = fs::read_dir(path).map_err(|source| BpfError::Pinned {
         op: "reading",
         path: path.to_owned(),
@@ -987,8 +1096,8 @@ fn read_clsact_record(path: &Path) -> Result<Option<(u32, Direction)>, BpfError>
         let Some((ifindex, hook)) = name.to_str().and_then(|n| n.split_once('-')) else {
             continue;
         };
-        if let (Ok(ifindex), Some(dir)) = (ifindex.parse(), Direction::from_hook(hook)) {
-            return Ok(Some((ifindex, dir)));
+        if let (Ok(ifindex), Some(hook)) = (ifindex.parse(), Hook::from_name(hook)) {
+            return Ok(Some((ifindex, hook)));
         }
     }
     Ok(None)
@@ -1090,6 +1199,7 @@ mod sys {
     const BPF_OBJ_GET: libc::c_int = 7;
     const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
     const BPF_LINK_DETACH: libc::c_int = 34;
+    const BPF_PROG_QUERY: libc::c_int = 16;
     pub(super) const BPF_LINK_TYPE_TCX: u32 = 11;
     pub(super) const BPF_TCX_INGRESS: u32 = 46;
     pub(super) const BPF_TCX_EGRESS: u32 = 47;
@@ -1115,6 +1225,26 @@ mod sys {
         info: u64,
     }
 
+    /// `union bpf_attr` as used by BPF_PROG_QUERY on a TCX hook (Linux 6.6 and later):
+    /// the programs and links of the hook, in the order they run.
+    #[repr(C)]
+    struct QueryAttr {
+        target_ifindex: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        count: u32,
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
+    }
+
+    /// Most programs one hook is read with; a chain this long is not one a node runs.
+    const CHAIN_MAX: usize = 64;
+
     /// `union bpf_attr` as used by BPF_LINK_DETACH.
     #[repr(C)]
     struct LinkDetachAttr {
@@ -1128,7 +1258,8 @@ mod sys {
     #[derive(Clone, Copy, Debug, Default)]
     pub(super) struct LinkInfo {
         pub(super) link_type: u32,
-        _id: u32,
+        /// The link's id, as `BPF_PROG_QUERY` lists it in a hook's chain.
+        pub(super) id: u32,
         _prog_id: u32,
         _pad: u32,
         /// `tcx.ifindex`: 0 once the interface is gone or the link was detached.
@@ -1189,6 +1320,41 @@ mod sys {
         };
         bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
         Ok(info)
+    }
+
+    /// The TCX chain of `ifindex`'s hook `attach_type` in the order it runs: (program id,
+    /// link id) each, link id 0 for a program attached without a link.
+    pub(super) fn tcx_chain(ifindex: u32, attach_type: u32) -> io::Result<Vec<(u32, u32)>> {
+        let mut progs = [0u32; CHAIN_MAX];
+        let mut links = [0u32; CHAIN_MAX];
+        let mut attr = QueryAttr {
+            target_ifindex: ifindex,
+            attach_type,
+            query_flags: 0,
+            attach_flags: 0,
+            // The kernel writes at most `count` ids into each array during the call; both
+            // are live locals of CHAIN_MAX entries that outlive it.
+            prog_ids: progs.as_mut_ptr() as u64,
+            count: CHAIN_MAX as u32,
+            _pad: 0,
+            prog_attach_flags: 0,
+            link_ids: links.as_mut_ptr() as u64,
+            link_attach_flags: 0,
+            revision: 0,
+        };
+        match bpf(BPF_PROG_QUERY, &mut attr) {
+            Ok(_) => {}
+            // ENOSPC: more than CHAIN_MAX; the first CHAIN_MAX were written, and the
+            // first is all a caller needs.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+            Err(e) => return Err(e),
+        }
+        let n = (attr.count as usize).min(CHAIN_MAX);
+        Ok(progs[..n]
+            .iter()
+            .copied()
+            .zip(links[..n].iter().copied())
+            .collect())
     }
 
     /// Detaches the link `fd` from its hook, whoever else holds it.
@@ -1261,5 +1427,6 @@ mod sys {
         assert!(size_of::<ObjGetAttr>() == 24);
         assert!(size_of::<InfoAttr>() == 16);
         assert!(size_of::<LinkInfo>() == 24);
+        assert!(size_of::<QueryAttr>() == 64);
     };
 }

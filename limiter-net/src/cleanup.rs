@@ -1,6 +1,7 @@
 //! What the bandwidth limiter left on the node, for `shareguard cleanup` (run with the
 //! agent stopped): the root qdisc of each share's host veth that its install record
-//! names, and every ifb in shareguard's device group. Found read-only; each removed on
+//! names, and every queue device (or an earlier version's ifb) in shareguard's device
+//! group. Found read-only; each removed on
 //! its own, only when it is still ours. Pins are a directory the caller removes whole.
 
 use std::path::Path;
@@ -17,8 +18,9 @@ pub enum Leftover {
         kind: String,
         share_key: String,
     },
-    /// An ifb in shareguard's group.
-    Ifb { name: String, alias: Option<String> },
+    /// A queue device (either end of a share's queue pair, or an earlier version's ifb)
+    /// in shareguard's group.
+    Queue { name: String, alias: Option<String> },
 }
 
 impl Leftover {
@@ -31,9 +33,9 @@ impl Leftover {
                 share_key,
                 ..
             } => format!("root qdisc {kind} 1: on {dev} (share {share_key})"),
-            Leftover::Ifb { name, alias } => match alias {
-                Some(a) => format!("ifb {name} ({a})"),
-                None => format!("ifb {name}"),
+            Leftover::Queue { name, alias } => match alias {
+                Some(a) => format!("queue device {name} ({a})"),
+                None => format!("queue device {name}"),
             },
         }
     }
@@ -68,8 +70,8 @@ pub fn leftovers(state_dir: &Path) -> Result<Vec<Leftover>, NetError> {
             });
         }
     }
-    for (name, alias) in rtnl::our_ifbs()? {
-        out.push(Leftover::Ifb { name, alias });
+    for (name, alias) in rtnl::our_queues()? {
+        out.push(Leftover::Queue { name, alias });
     }
     Ok(out)
 }
@@ -88,6 +90,6 @@ pub fn remove(l: &Leftover) -> Result<(), NetError> {
             }
             Ok(())
         }
-        Leftover::Ifb { name, .. } => rtnl::delete_our_ifb(name),
+        Leftover::Queue { name, .. } => rtnl::delete_our_queue(name),
     }
 }

@@ -27,6 +27,12 @@ pub enum NetError {
     Unsupported(String),
     #[error("bpf: {0}")]
     Bpf(String),
+    /// Traffic of the share passes the interface without passing our programs: another
+    /// program runs before ours and ends the chain, or redirects past the hook. Retrying
+    /// (attaching ours first again) can repair the first; the share is not ENFORCED
+    /// while it lasts.
+    #[error("traffic bypasses the shaper: {0}")]
+    Bypassed(String),
     #[error("limiter state {path}: {reason}")]
     State { path: String, reason: String },
     /// The state directory cannot be written now (full, over quota, read-only): a retry
@@ -42,6 +48,7 @@ impl From<NetError> for LimiterError {
             | NetError::Netns { .. }
             | NetError::Netlink(_)
             | NetError::OtherStage(_)
+            | NetError::Bypassed(_)
             | NetError::StateUnwritable { .. } => LimiterError::retryable(e.to_string()),
             NetError::NotVeth(_)
             | NetError::Command { .. }

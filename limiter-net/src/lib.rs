@@ -6,14 +6,16 @@
 //! | [`limiter`] | [`limiter::NetLimiter`], the `Limiter` the agent uses for `net` devices |
 //! | [`mechanism`] | which mechanism (EDT + fq, HTB, policer) and what it installs per share |
 //! | [`burst`] | an HTB share's bucket: small after an idle spell, full while busy |
+//! | [`bypass`] | whether the share's traffic passes the programs: interface vs program counters |
 //! | [`bpf`] | the only module that talks to aya: load, pin, attach, maps, counters |
-//! | [`rtnl`] | netlink: the pod's host-side interface, ifb devices, HTB read-back |
+//! | [`rtnl`] | netlink: the pod's host-side interface, queue devices, HTB read-back |
 //! | [`tc`] | HTB and fq qdiscs through iproute2's `tc` |
 //! | [`state`] | what was installed per share, on disk |
-//! | [`probe`] | what the kernel offers (ifb, HTB, fq) |
+//! | [`probe`] | what the kernel offers (veth queue pairs, HTB, fq) |
 
 pub mod bpf;
 pub mod burst;
+pub mod bypass;
 pub mod cleanup;
 pub mod error;
 pub mod limiter;

@@ -9,9 +9,10 @@
 //! remove after the pod's namespace is gone.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::Path,
     sync::{Arc, Mutex},
+    time::Instant,
 };
 
 use shareguard_common::{
@@ -24,11 +25,12 @@ use tracing::info;
 use crate::{
     bpf::{Bpf, Direction},
     burst,
+    bypass::{Sample, Window},
     error::NetError,
     mechanism::{self, Mechanism, RootQdisc},
     probe::{self, Probe},
     rtnl,
-    state::{self, Installed, StateDir, ifb_name, short_id},
+    state::{self, Installed, StateDir, queue_name, return_name, short_id},
     tc,
 };
 
@@ -53,6 +55,9 @@ pub struct NetBackend {
     probe: Probe,
     /// The `htb-ebpf` directions whose bucket follows their activity ([`burst`]).
     bursts: burst::Registry,
+    /// Per share: the window over which its traffic past the programs is counted
+    /// ([`crate::bypass`]). In memory: a restarted agent starts new windows.
+    windows: Mutex<HashMap<String, Window>>,
 }
 
 /// The `Limiter` of one `net` device: the shared back end, the device's mechanism and
@@ -75,6 +80,11 @@ pub fn link_name(share_key: &str, dir: Direction) -> String {
         Direction::FromPod => "from-pod",
     };
     format!("{}-{d}", short_id(share_key))
+}
+
+/// The file name of a share's pinned link on the ingress of its return device.
+pub fn return_link_name(share_key: &str) -> String {
+    format!("{}-return", short_id(share_key))
 }
 
 /// The lowest counter slot no other installed share holds. Slots are allocated, not
@@ -138,6 +148,13 @@ pub fn rates(limits: &BTreeMap<String, Quantity>) -> Result<(Option<u64>, Option
 fn lock(m: &Mutex<Bpf>) -> std::sync::MutexGuard<'_, Bpf> {
     // A panic while holding the lock leaves kernel objects as they were; the next call
     // re-reads the kernel, so carrying on is safe.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_windows(
+    m: &Mutex<HashMap<String, Window>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, Window>> {
+    // A window is a few counters: one left half-updated by a panic costs one verdict.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -256,7 +273,7 @@ impl NetBackend {
         info!(
             fq = probe.fq,
             htb = probe.htb,
-            ifb = probe.ifb,
+            queue = probe.queue,
             available = ?probe.available(),
             "probed the kernel for bandwidth mechanisms"
         );
@@ -266,6 +283,7 @@ impl NetBackend {
             state: StateDir::open(state_dir)?,
             probe,
             bursts: burst::Registry::default(),
+            windows: Mutex::new(HashMap::new()),
         });
         if let Some(w) = wakeups {
             burst::spawn(Arc::downgrade(&backend), w)?;
@@ -316,6 +334,8 @@ impl NetLimiter {
             }
             bpf.detach(&link_name(&i.share_key, dir)).map_err(bpf_err)?;
         }
+        bpf.detach(&return_link_name(&i.share_key))
+            .map_err(bpf_err)?;
         // The ifindex may already belong to a new interface; its entry is ours either way.
         bpf.clear_iface(i.host_index).map_err(bpf_err)?;
         let still_there =
@@ -327,8 +347,8 @@ impl NetLimiter {
         {
             tc::remove_root(&i.host_name)?;
         }
-        if let Some(ifb) = &i.ifb {
-            rtnl::delete_ifb(ifb, &i.share_key)?;
+        if let Some(queue) = &i.queue {
+            rtnl::delete_queue(queue, &i.share_key)?;
         }
         Ok(())
     }
@@ -423,7 +443,7 @@ impl NetLimiter {
             )));
         }
         let cfg = bpf.iface(i.host_index).map_err(bpf_err)?;
-        let ifb_index = match &i.ifb {
+        let ifb_index = match &i.queue {
             Some(n) => rtnl::index_of(n)?,
             None => None,
         };
@@ -448,6 +468,31 @@ impl NetLimiter {
         }
         let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref(), ifb_index)?;
         let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref(), ifb_index)?;
+        // What was read back is configuration; whether the traffic passes it is the
+        // programs' place in the chain and the counters.
+        let ahead = self.ahead(bpf, &i)?;
+        let sample = self.sample(bpf, &i)?;
+        let bypassed = {
+            let mut windows = lock_windows(&self.backend.windows);
+            match windows.get_mut(&i.share_key) {
+                Some(w) => w.judge(sample, &i.host_name, &ahead),
+                None => {
+                    windows.insert(i.share_key.clone(), Window::new(sample));
+                    None
+                }
+            }
+        };
+        if let Some(why) = bypassed {
+            return Err(NetError::Bypassed(why));
+        }
+        if !ahead.is_empty() {
+            let hooks: Vec<String> = ahead.iter().map(|(h, n)| format!("{n} on {h}")).collect();
+            return Err(NetError::Bypassed(format!(
+                "another program on {} runs before shareguard's ({}), and may end the chain before the limit",
+                i.host_name,
+                hooks.join(", ")
+            )));
+        }
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
         let mut enforced = BTreeMap::new();
         let mut unconstrained = std::collections::BTreeSet::new();
@@ -579,8 +624,18 @@ impl NetLimiter {
         // share none in either direction; the programs still count them.
         let shaped = |bps| state::shaped(bps, self.line_rate_bps).filter(|_| !count_only);
         let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
-        // Traffic from the pod is redirected to an ifb when something has to queue it.
-        let ifb = plan.ifb_root.map(|_| ifb_name(&spec.share_key));
+        // Traffic from the pod is redirected to a queue device when something has to
+        // queue it; the released packets come back through its peer (see the programs).
+        let ifb = plan.ifb_root.map(|_| queue_name(&spec.share_key));
+        if ifb.is_some() && shareguard_ebpf_common::loop_mark(host.index).is_none() {
+            return Err(NetError::Unsupported(format!(
+                "interface {} has index {}, beyond the {} the queue loop's packet mark can carry",
+                host.name,
+                host.index,
+                shareguard_ebpf_common::LOOP_MARK_IFINDEX
+            ))
+            .into());
+        }
         // Record first: if anything below fails or the agent dies, remove() still knows
         // what to clean up.
         let installed = Installed {
@@ -590,7 +645,7 @@ impl NetLimiter {
             host_name: host.name.clone(),
             to_pod_bps: to,
             from_pod_bps: from,
-            ifb: ifb.clone(),
+            queue: ifb.clone(),
             slot: Some(slot),
             path_bps: self.line_rate_bps,
             count_only,
@@ -603,9 +658,18 @@ impl NetLimiter {
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
-            cfg.redirect_ifindex = rtnl::ensure_ifb(name, &spec.share_key)?;
+            let (queue, back) =
+                rtnl::ensure_queue_pair(name, &return_name(&spec.share_key), &spec.share_key)?;
+            cfg.redirect_ifindex = queue;
             let ours = matches!(q, RootQdisc::Htb(_)) && root_is_ours(cfg.redirect_ifindex, "htb")?;
             install_root(name, cfg.redirect_ifindex, q, ours)?;
+            // Before the redirect is configured: a packet the queue releases must find
+            // its way back.
+            bpf.attach_return(back, &return_link_name(&spec.share_key))
+                .map_err(bpf_err)?;
+        } else {
+            bpf.detach(&return_link_name(&spec.share_key))
+                .map_err(bpf_err)?;
         }
         if fresh {
             // Pacing state or counts another share left in this slot would hold or drop
@@ -616,6 +680,19 @@ impl NetLimiter {
         for dir in [Direction::ToPod, Direction::FromPod] {
             bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
                 .map_err(bpf_err)?;
+        }
+        // Counted afresh from here: what passed before (another program in front of ours
+        // that this install put behind) says nothing of what holds now. The verdict
+        // stands until a whole window says otherwise.
+        if !count_only {
+            let sample = self.sample(&bpf, &installed)?;
+            let mut windows = lock_windows(&self.backend.windows);
+            match windows.get_mut(&spec.share_key) {
+                Some(w) => w.base = sample,
+                None => {
+                    windows.insert(spec.share_key.clone(), Window::new(sample));
+                }
+            }
         }
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
@@ -628,6 +705,61 @@ impl NetLimiter {
 }
 
 impl NetLimiter {
+    /// The hooks of the share's host veth where another program runs before ours:
+    /// (hook, programs ahead) each; empty when ours run first on both.
+    fn ahead(&self, bpf: &Bpf, i: &Installed) -> Result<Vec<(&'static str, usize)>, NetError> {
+        let mut out = Vec::new();
+        for (dir, hook) in [
+            (Direction::ToPod, "egress"),
+            (Direction::FromPod, "ingress"),
+        ] {
+            if let Some(n) = bpf
+                .ahead_of(&link_name(&i.share_key, dir), i.host_index, dir)
+                .map_err(bpf_err)?
+            {
+                out.push((hook, n));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The counters [`crate::bypass`] compares, read now. A direction the share does not limit
+    /// reads as fully seen: what passes it unseen takes nothing from the limit.
+    fn sample(&self, bpf: &Bpf, i: &Installed) -> Result<Sample, NetError> {
+        let at = Instant::now();
+        let iface = rtnl::link_packets(i.host_index)?.ok_or_else(|| {
+            NetError::NotFound(format!("interface {} (#{})", i.host_name, i.host_index))
+        })?;
+        let (to, from) = match i.slot() {
+            Some(slot) => bpf.counters(slot).map_err(bpf_err)?,
+            None => Default::default(),
+        };
+        let queue = match i.mechanism.qdisc_kind() {
+            Some(kind) if i.shaped(Direction::ToPod).is_some() => {
+                rtnl::root_qdisc(i.host_index)?.filter(|q| is_ours(q, Some(kind)))
+            }
+            _ => None,
+        };
+        let seen = |c: shareguard_ebpf_common::Counters| c.packets.wrapping_add(c.drops);
+        Ok(Sample {
+            at,
+            received: iface.rx,
+            sent: iface.tx,
+            seen_from_pod: if i.from_pod_bps.is_some() {
+                seen(from)
+            } else {
+                iface.rx
+            },
+            seen_to_pod: if i.to_pod_bps.is_some() {
+                seen(to)
+            } else {
+                iface.tx
+            },
+            queue_drops: queue.as_ref().map_or(0, |q| q.drops),
+            queue_held: queue.as_ref().map_or(0, |q| q.qlen),
+        })
+    }
+
     /// An observed share as the kernel holds it: both programs attached to count it, and
     /// nothing of ours paces, redirects or queues its traffic.
     fn read_counting(
@@ -737,7 +869,7 @@ impl Limiter for NetLimiter {
                 .map_or(0, |q| q.drops)
         };
         let ifb_index = i
-            .ifb
+            .queue
             .as_deref()
             .and_then(|n| rtnl::index_of(n).ok().flatten());
         Some(TrafficCounters {
@@ -759,6 +891,7 @@ impl Limiter for NetLimiter {
             self.uninstall(&mut bpf, &i)?;
             state.remove(share_key)?;
         }
+        lock_windows(&self.backend.windows).remove(share_key);
         Ok(())
     }
 }
@@ -818,7 +951,7 @@ mod tests {
             host_name: "v".into(),
             to_pod_bps: Some(1),
             from_pod_bps: None,
-            ifb: None,
+            queue: None,
             slot,
             path_bps: None,
             count_only: false,

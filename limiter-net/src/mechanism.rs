@@ -60,8 +60,8 @@ impl Mechanism {
         match self {
             Mechanism::EdtFq if !p.fq => Some("the kernel has no fq qdisc (sch_fq)"),
             Mechanism::HtbEbpf if !p.htb => Some("the kernel has no htb qdisc (sch_htb)"),
-            Mechanism::EdtFq | Mechanism::HtbEbpf if !p.ifb => {
-                Some("the kernel has no ifb devices, which shape traffic from the pod")
+            Mechanism::EdtFq | Mechanism::HtbEbpf if !p.queue => {
+                Some("the kernel has no veth devices, which queue traffic from the pod")
             }
             _ => None,
         }
@@ -191,18 +191,18 @@ mod tests {
     use super::*;
 
     const ALL_THERE: Probe = Probe {
-        ifb: true,
+        queue: true,
         htb: true,
         fq: true,
     };
     /// This project's CI machine: no sch_fq.
     const NO_FQ: Probe = Probe {
-        ifb: true,
+        queue: true,
         htb: true,
         fq: false,
     };
     const NOTHING: Probe = Probe {
-        ifb: false,
+        queue: false,
         htb: false,
         fq: false,
     };
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(choose(&NOTHING, None).unwrap(), Mechanism::BpfPolicer);
         // Without ifb nothing can queue traffic from the pod.
         let no_ifb = Probe {
-            ifb: false,
+            queue: false,
             ..ALL_THERE
         };
         assert_eq!(choose(&no_ifb, None).unwrap(), Mechanism::BpfPolicer);

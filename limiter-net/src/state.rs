@@ -1,7 +1,7 @@
 //! What the limiter installed for each share, one small JSON file per share under its
 //! state directory, written atomically.
 //!
-//! The kernel objects (qdiscs, ifb devices, pinned links) outlive the agent, and so must
+//! The kernel objects (qdiscs, queue devices, pinned links) outlive the agent, and so must
 //! the knowledge of which interface each share was installed on: a release often comes
 //! after the pod's network namespace, and with it the means to resolve the interface
 //! again, is gone.
@@ -29,9 +29,12 @@ pub struct Installed {
     pub host_name: String,
     /// Traffic to the pod (egress of the host side), bit/s.
     pub to_pod_bps: Option<u64>,
-    /// Traffic from the pod (redirected to `ifb`), bit/s.
+    /// Traffic from the pod (redirected to `queue`), bit/s.
     pub from_pod_bps: Option<u64>,
-    pub ifb: Option<String>,
+    /// The queue device traffic from the pod is redirected to (its peer is
+    /// [`return_name`]), or the ifb an earlier version used, under the name it had then.
+    #[serde(alias = "ifb")]
+    pub queue: Option<String>,
     /// The share's counter slot (index into the programs' counter and pacing arrays),
     /// allocated among the installed shares. Records from before it was allocated used
     /// the interface's index, which [`Installed::slot`] still reads them as.
@@ -95,7 +98,7 @@ fn htb() -> Mechanism {
 }
 
 /// 64-bit FNV-1a: a hash that never changes between builds, for names that must stay
-/// the same across agent versions (files, ifb devices, pinned links).
+/// the same across agent versions (files, queue devices, pinned links).
 pub fn stable_hash(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
@@ -110,8 +113,15 @@ pub fn short_id(share_key: &str) -> String {
     format!("{:012x}", stable_hash(share_key) & 0xffff_ffff_ffff)
 }
 
-pub fn ifb_name(share_key: &str) -> String {
+/// The share's queue device: traffic from the pod is redirected to its egress.
+pub fn queue_name(share_key: &str) -> String {
     format!("sgb{}", short_id(share_key))
+}
+
+/// The peer of the share's queue device, where the return program sends what the queue
+/// released back to the pod's host veth.
+pub fn return_name(share_key: &str) -> String {
+    format!("sgr{}", short_id(share_key))
 }
 
 /// A share key as a file name: letters, digits, `-` and `_` as they are, every other
@@ -272,9 +282,9 @@ mod tests {
         // Pinned values: changing the hash would orphan every installed share.
         assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(stable_hash("a"), 0xaf63_dc4c_8601_ec8c);
-        let n = ifb_name("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c");
+        let n = queue_name("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c");
         assert_eq!(n.len(), 15);
-        assert_eq!(n, ifb_name("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c"));
+        assert_eq!(n, queue_name("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c"));
     }
 
     #[test]
@@ -288,7 +298,7 @@ mod tests {
             host_name: "veth1".into(),
             to_pod_bps: Some(50_000_000),
             from_pod_bps: None,
-            ifb: None,
+            queue: None,
             path_bps: None,
             slot: Some(3),
             count_only: false,
@@ -321,7 +331,7 @@ mod tests {
             host_name: "v".into(),
             to_pod_bps: Some(25_000_000_000),
             from_pod_bps: Some(24_999_999_999),
-            ifb: None,
+            queue: None,
             path_bps: Some(25_000_000_000),
             slot: Some(1),
             count_only: false,
@@ -352,7 +362,7 @@ mod tests {
             host_name: format!("v{idx}"),
             to_pod_bps: Some(1),
             from_pod_bps: None,
-            ifb: None,
+            queue: None,
             path_bps: None,
             slot: Some(idx),
             count_only: false,

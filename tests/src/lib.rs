@@ -26,6 +26,7 @@ pub type Client = NodeAgentClient<Channel>;
 
 pub mod apiserver;
 pub mod cluster;
+pub mod foreign;
 pub mod k8s;
 pub mod kubelet;
 pub mod manifests;
@@ -470,13 +471,13 @@ pub fn audit_count(lines: &[serde_json::Value], decision: &str, share_id: &str) 
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
-        // An agent killed with shares still installed leaves their ifb devices, which
+        // An agent killed with shares still installed leaves their queue devices, which
         // outlive it by design (I8); the test made them, so the test removes them. Its
-        // install records name each one; an agent killed between making an ifb and
+        // install records name each one; an agent killed between making a queue pair and
         // recording it leaves one no record names, found by the limiter's own name for
         // each share the audit log saw admitted.
         let mut ifbs: std::collections::BTreeSet<String> =
-            self.installed_ifbs().into_iter().collect();
+            self.installed_queues().into_iter().collect();
         // Parsed leniently: a drop must not panic, and a killed agent may leave half a
         // line.
         let log = fs::read_to_string(&self.audit_log).unwrap_or_default();
@@ -485,9 +486,13 @@ impl Drop for Agent {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter_map(|l| l["share_id"].as_str().map(str::to_owned))
             .filter(|id| !id.is_empty())
-            .map(|id| shareguard_limiter_net::state::ifb_name(&id))
+            .map(|id| shareguard_limiter_net::state::queue_name(&id))
             .collect();
-        ifbs.extend(existing_ifbs().into_iter().filter(|n| audited.contains(n)));
+        ifbs.extend(
+            existing_queues()
+                .into_iter()
+                .filter(|n| audited.contains(n)),
+        );
         for ifb in ifbs {
             let _ = Command::new("ip")
                 .args(["link", "del", &ifb])
@@ -497,10 +502,12 @@ impl Drop for Agent {
     }
 }
 
-/// The ifb devices in this network namespace, by name.
-fn existing_ifbs() -> Vec<String> {
+/// The devices of shareguard's group (its queue pairs) in this network namespace, by
+/// name.
+fn existing_queues() -> Vec<String> {
+    let group = shareguard_limiter_net::rtnl::QUEUE_GROUP.to_string();
     let out = Command::new("ip")
-        .args(["-j", "link", "show", "type", "ifb"])
+        .args(["-j", "link", "show", "group", &group])
         .stderr(Stdio::null())
         .output();
     out.ok()
@@ -512,15 +519,15 @@ fn existing_ifbs() -> Vec<String> {
 }
 
 impl Agent {
-    /// The ifb devices the bandwidth limiter's install records name.
-    pub fn installed_ifbs(&self) -> Vec<String> {
+    /// The queue devices the bandwidth limiter's install records name.
+    pub fn installed_queues(&self) -> Vec<String> {
         fs::read_dir(self.state_dir.join("net"))
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|e| fs::read(e.path()).ok())
             .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .filter_map(|v| v["ifb"].as_str().map(str::to_owned))
+            .filter_map(|v| v["queue"].as_str().map(str::to_owned))
             .collect()
     }
 }

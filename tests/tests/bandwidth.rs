@@ -13,7 +13,7 @@ use std::{fs, time::Duration};
 
 use shareguard_limiter_net::tc;
 use shareguard_tests::{
-    Agent, device, get_share,
+    Agent, device, foreign, get_share,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -221,7 +221,7 @@ async fn release_lifts_the_limit_and_leaves_the_interface_as_found() {
     let mut c = a.client().await;
     let before = net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]);
     let id = share_id();
-    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let ifb = shareguard_limiter_net::state::queue_name(&id);
     enforced_share(
         &prepare_one(&mut c, 0, bw_claim("rel", &pod, &id, "100M")).await,
         "100M",
@@ -284,7 +284,7 @@ async fn a_limit_at_or_above_the_line_rate_is_counted_not_shaped() {
         net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
         before
     );
-    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let ifb = shareguard_limiter_net::state::queue_name(&id);
     assert!(
         !net::link_exists(&ifb),
         "no ifb {ifb} for an unconstrained share"
@@ -390,7 +390,7 @@ async fn a_new_flow_after_idle_gets_the_limit_and_no_burst() {
     let queues = if htb {
         vec![
             veth,
-            net::ifindex(&shareguard_limiter_net::state::ifb_name(&id)),
+            net::ifindex(&shareguard_limiter_net::state::queue_name(&id)),
         ]
     } else {
         Vec::new()
@@ -516,7 +516,7 @@ async fn sparse_flows_go_first_and_bulk_flows_stay_in_their_classes() {
     let id = share_id();
     let r = prepare_one(&mut c, 0, bw_claim("sparse", &pod, &id, "50M")).await;
     enforced_share_by(&r, "50M", "htb-ebpf");
-    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let ifb = shareguard_limiter_net::state::queue_name(&id);
     let host = pod.host_if().to_owned();
     let (pings, rtts, bulk) = {
         let _lock = TrafficLock::acquire();
@@ -603,7 +603,7 @@ async fn failures_are_reported_never_enforced() {
     // A link with the share's ifb name that shareguard did not make: never taken over
     // (or deleted by the roll-back), the share fails for good.
     let squatted = share_id();
-    let name = shareguard_limiter_net::state::ifb_name(&squatted);
+    let name = shareguard_limiter_net::state::queue_name(&squatted);
     let _squatter = LinkGuard::add(&name);
     let p = Pod::new();
     let r = prepare_one(&mut c, 0, bw_claim("squat", &p, &squatted, "50M")).await;
@@ -651,7 +651,7 @@ async fn failures_are_reported_never_enforced() {
         &prepare_one(&mut c, 0, bw_claim("vanish", &vanishing, &id, "50M")).await,
         "50M",
     );
-    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let ifb = shareguard_limiter_net::state::queue_name(&id);
     assert!(net::link_exists(&ifb));
     a.kill9();
     drop(vanishing);
@@ -746,9 +746,9 @@ async fn policer_fallback_limits_both_directions() {
             net::sh(&["tc", "qdisc", "show", "dev", pod.host_if()]),
             before
         );
-        assert!(!net::link_exists(&shareguard_limiter_net::state::ifb_name(
-            &id
-        )));
+        assert!(!net::link_exists(
+            &shareguard_limiter_net::state::queue_name(&id)
+        ));
         for dir in [Direction::ToPod, Direction::FromPod] {
             let _lock = TrafficLock::acquire();
             let what = format!("policer {rate} {dir}");
@@ -810,7 +810,7 @@ async fn edt_fq_limits_both_directions_where_the_kernel_has_sch_fq() {
         let id = share_id();
         let r = prepare_one(&mut c, 0, bw_claim(&uid, &pod, &id, rate)).await;
         enforced_share_by(&r, rate, "edt-fq");
-        let ifb = shareguard_limiter_net::state::ifb_name(&id);
+        let ifb = shareguard_limiter_net::state::queue_name(&id);
         for dev in [pod.host_if(), ifb.as_str()] {
             let root = net::sh(&["tc", "qdisc", "show", "dev", dev, "root"]);
             assert!(root.starts_with("qdisc fq "), "{dev}: {root}");
@@ -829,4 +829,167 @@ async fn edt_fq_limits_both_directions_where_the_kernel_has_sch_fq() {
     }
     let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
     assert_eq!(links, 0, "detach means unpin");
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Flood(std::process::Child);
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Packets a host interface's own counters say it received and sent.
+fn iface_packets(dev: &str) -> (u64, u64) {
+    let read = |what: &str| -> u64 {
+        fs::read_to_string(format!("/sys/class/net/{dev}/statistics/{what}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (read("rx_packets"), read("tx_packets"))
+}
+
+/// Measures both directions through the share and checks that the CNI stand-ins on the
+/// pod's host veth (`ingress`, `egress`) ran for every packet of the pod: the one on
+/// ingress once per packet the veth received from the pod, the one on egress at least
+/// once per packet it sent to the pod (it runs before the share's queue, which also
+/// drops some).
+fn limited_and_seen_by_the_cni(
+    pod: &Pod,
+    server: &net::IperfServer,
+    rate: &str,
+    ingress: &foreign::Foreign,
+    egress: &foreign::Foreign,
+    what: &str,
+) {
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        let _lock = TrafficLock::acquire();
+        let (rx0, tx0) = iface_packets(pod.host_if());
+        let (in0, out0) = (ingress.runs().unwrap(), egress.runs().unwrap());
+        let m = server.measure(&Iperf::new(dir));
+        let (rx1, tx1) = iface_packets(pod.host_if());
+        let (in1, out1) = (ingress.runs().unwrap(), egress.runs().unwrap());
+        assert_within(&m, rate_bps(rate), &format!("{what}: {rate} {dir}"));
+        let (received, sent) = (rx1 - rx0, tx1 - tx0);
+        let (ran_in, ran_out) = (in1 - in0, out1 - out0);
+        eprintln!(
+            "{what} {dir}: the veth received {received} and sent {sent} packets; the CNI's ingress program ran {ran_in} times, its egress program {ran_out}"
+        );
+        // A packet or two may sit between the veth's counter and the hook at a read.
+        assert!(
+            ran_in + 16 >= received && ran_in <= received + 16,
+            "{what} {dir}: the CNI's ingress program ran {ran_in} times for {received} packets from the pod"
+        );
+        assert!(
+            ran_out + 16 >= sent,
+            "{what} {dir}: the CNI's egress program ran {ran_out} times for {sent} packets to the pod"
+        );
+    }
+}
+
+/// A CNI attaches its programs to the pod's host veth when the sandbox is made, before
+/// the share is found, and its programs end the chain when they pass a packet. Ours go
+/// first: the share is limited both ways, and the CNI's programs still see every packet
+/// of the pod (the pod's traffic comes back from the share's queue to the same hook).
+#[tokio::test]
+async fn a_cni_program_in_front_is_put_behind_and_still_sees_every_packet() {
+    if !net::privileged("a_cni_program_in_front_is_put_behind_and_still_sees_every_packet") {
+        return;
+    }
+    let (a, _pins) = start("10G");
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let _stats = foreign::RunStats::enable().unwrap();
+    let index = pod.host_ifindex();
+    let ingress =
+        foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::First)
+            .unwrap();
+    let egress =
+        foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::First)
+            .unwrap();
+    let mut c = a.client().await;
+    let r = prepare_one(&mut c, 0, bw_claim("cni-first", &pod, &share_id(), "100M")).await;
+    enforced_share(&r, "100M");
+    limited_and_seen_by_the_cni(&pod, &server, "100M", &ingress, &egress, "CNI first");
+    assert_eq!(unprepare_one(&mut c, 0, "cni-first").await.code, "");
+}
+
+/// A CNI that attaches its programs again after the share is enforced (an agent restart,
+/// an endpoint regenerated) may put them behind ours, or in front. Behind: nothing to
+/// do, and they see every packet. In front: the reconciler finds ours out of place and
+/// the pod's traffic past them, says so (DEGRADED, with the reason), puts ours first
+/// again and returns to ENFORCED once a whole period shows the traffic passing ours.
+#[tokio::test]
+async fn a_cni_program_attached_later_is_seen_behind_and_repaired_in_front() {
+    if !net::privileged("a_cni_program_attached_later_is_seen_behind_and_repaired_in_front") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = net::start_agent(
+        net::net_device("nic-0", &net::bandwidth_capacity("10G")),
+        &pins,
+        "reconcile_period = \"2s\"",
+    );
+    let pod = Pod::new();
+    let server = pod.iperf_server();
+    let _stats = foreign::RunStats::enable().unwrap();
+    let mut c = a.client().await;
+    let id = share_id();
+    let r = prepare_one(&mut c, 0, bw_claim("cni-later", &pod, &id, "100M")).await;
+    enforced_share(&r, "100M");
+    let index = pod.host_ifindex();
+    {
+        let ingress =
+            foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::Last)
+                .unwrap();
+        let egress =
+            foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::Last)
+                .unwrap();
+        limited_and_seen_by_the_cni(&pod, &server, "100M", &ingress, &egress, "CNI behind");
+        assert_eq!(
+            get_share(&mut c, id.clone()).await.phase,
+            pb::Phase::Enforced as i32
+        );
+    }
+    // Now in front, while the pod sends: until the reconciler comes, its traffic passes
+    // unlimited, and the share must say so.
+    let ingress =
+        foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::First)
+            .unwrap();
+    let egress =
+        foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::First)
+            .unwrap();
+    {
+        // A flood of pings from the pod: thousands of packets a second past ours.
+        let _lock = TrafficLock::acquire();
+        let mut flood = Flood(
+            pod.netns()
+                .exec("ping")
+                .args(["-f", "-q", "-w", "20", &pod.host_addr().to_string()])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let degraded = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
+        flood.0.kill().unwrap();
+        eprintln!("degraded: {}", degraded.reason);
+        for part in ["bypasses the shaper", "runs before shareguard's"] {
+            assert!(degraded.reason.contains(part), "{}", degraded.reason);
+        }
+    }
+    let back = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+    eprintln!("back: {}", back.reason);
+    limited_and_seen_by_the_cni(
+        &pod,
+        &server,
+        "100M",
+        &ingress,
+        &egress,
+        "CNI put behind again",
+    );
+    assert_eq!(unprepare_one(&mut c, 0, "cni-later").await.code, "");
 }

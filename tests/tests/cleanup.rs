@@ -93,8 +93,8 @@ async fn cleanup_lists_then_removes_everything_shareguard_put_on_the_node() {
     });
     let r = prepare_one(&mut c, 0, g).await;
     assert_eq!(r.error, None, "{r:?}");
-    let ifbs = a.installed_ifbs();
-    assert_eq!(ifbs.len(), 1, "the share's ifb: {ifbs:?}");
+    let ifbs = a.installed_queues();
+    assert_eq!(ifbs.len(), 1, "the share's queue device: {ifbs:?}");
     assert!(
         root_kind(pod.host_if()).contains("htb 1:"),
         "{}",
@@ -114,7 +114,7 @@ async fn cleanup_lists_then_removes_everything_shareguard_put_on_the_node() {
     let found = kinds(&out);
     let has = |kind: &str, part: &str| found.iter().any(|(k, w)| k == kind && w.contains(part));
     assert!(has("qdisc", pod.host_if()), "{found:?}");
-    assert!(has("ifb", &ifbs[0]), "{found:?}");
+    assert!(has("queue device", &ifbs[0]), "{found:?}");
     assert!(
         has("bpf-pins", &pins.0.join("net").display().to_string()),
         "{found:?}"

@@ -11,7 +11,7 @@ use std::{fs, time::Duration};
 use shareguard_limiter_net::{
     bpf::Direction as Hook,
     limiter::link_name,
-    state::{file_name, ifb_name},
+    state::{file_name, queue_name},
 };
 use shareguard_tests::{
     Agent, Client, device, get_share,
@@ -44,7 +44,7 @@ fn claim_for(claim_uid: &str, ns: &str, pod: &str, id: &str, rate: &str) -> pb::
 /// Nothing the agent installs for share `id` exists: its ifb, its pinned links, its
 /// install record.
 fn nothing_left(a: &Agent, pins: &PinDir, id: &str) {
-    assert!(!net::link_exists(&ifb_name(id)), "ifb of {id} left");
+    assert!(!net::link_exists(&queue_name(id)), "ifb of {id} left");
     for hook in [Hook::ToPod, Hook::FromPod] {
         let pin = pins.0.join("net/links").join(link_name(id, hook));
         assert!(!pin.exists(), "{} left", pin.display());
@@ -180,7 +180,7 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     assert!(s.reason.contains("hostNetwork"), "{s:?}");
     assert!(s.limits[0].enforced.is_empty(), "{s:?}");
     assert_eq!(host_qdiscs(), qdiscs_before);
-    assert!(!net::link_exists(&ifb_name(&id)));
+    assert!(!net::link_exists(&queue_name(&id)));
     assert_eq!(unprepare_one(&mut c, 0, "hostnet").await.code, "");
 }
 

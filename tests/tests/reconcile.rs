@@ -66,7 +66,7 @@ async fn drift_is_found_within_two_periods_and_repaired() {
     let cl = net::bw_claim("rc", "team-a", "nic-0", &pod, &id, "100M");
     let r = prepare_one(&mut c, 0, cl).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
-    let ifb = shareguard_limiter_net::state::ifb_name(&id);
+    let ifb = shareguard_limiter_net::state::queue_name(&id);
     let host = pod.host_if().to_owned();
     let qdiscs = || net::sh(&["tc", "qdisc", "show", "dev", &host]);
     let htb = shareguard_limiter_net::tc::HtbParams::for_rate(100_000_000);

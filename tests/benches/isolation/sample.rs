@@ -27,7 +27,7 @@ pub fn counter(dir: Direction, host_if: &str, share_id: Option<&str>) -> String 
     let (dev, which) = match (dir, share_id) {
         (Direction::ToPod, _) => (host_if.to_owned(), "tx_bytes"),
         (Direction::FromPod, Some(id)) => {
-            let ifb = shareguard_limiter_net::state::ifb_name(id);
+            let ifb = shareguard_limiter_net::state::queue_name(id);
             assert!(
                 fs::metadata(format!("/sys/class/net/{ifb}")).is_ok(),
                 "share {id} has no ifb {ifb}: the bench reads what leaves the share's shaper there"
