@@ -190,8 +190,8 @@ async fn limit_holds_while_the_agent_is_dead_and_after_it_is_back() {
     let links: Vec<_> = fs::read_dir(pins.0.join("net/links")).unwrap().collect();
     assert_eq!(
         links.len(),
-        2,
-        "one pinned link per direction, never two: {links:?}"
+        3,
+        "one pinned link per direction and one on the return device, never two: {links:?}"
     );
     let _lock = TrafficLock::acquire();
     let m = server.measure(&Iperf::new(Direction::ToPod));

@@ -49,6 +49,11 @@ fn nothing_left(a: &Agent, pins: &PinDir, id: &str) {
         let pin = pins.0.join("net/links").join(link_name(id, hook));
         assert!(!pin.exists(), "{} left", pin.display());
     }
+    let pin = pins
+        .0
+        .join("net/links")
+        .join(shareguard_limiter_net::limiter::return_link_name(id));
+    assert!(!pin.exists(), "{} left", pin.display());
     let rec = a
         .state_dir
         .join("net")
@@ -526,8 +531,8 @@ async fn a_cancelled_prepare_runs_to_a_consistent_end() {
     let links = fs::read_dir(pins.0.join("net/links")).unwrap().count();
     assert_eq!(
         links,
-        2 * N,
-        "one pinned link per share and direction, never two"
+        3 * N,
+        "per share one pinned link per direction and one on its return device, never two"
     );
     for i in 0..N {
         assert_eq!(unprepare_one(&mut c, 0, &format!("cx-{i}")).await.code, "");
