@@ -13,6 +13,11 @@
 //! - to the pod (host veth send): ours counts each packet before our root qdisc, which
 //!   drops some and holds some; the veth counts what it sent. Unseen = sent + queue drops
 //!   + growth of the queue - seen.
+//! - to the pod, past the host veth: a program on another interface may hand packets
+//!   straight to the pod's end of the veth (`bpf_redirect_peer`, Cilium's host routing),
+//!   so they never leave the host veth at all. The pod's end counts what it received:
+//!   what the host veth sent plus what was redirected to it. Past = received by the
+//!   pod's end - sent by the host veth.
 //!
 //! What is in flight when the counters are read (the per-CPU backlog between the veth and
 //! its ingress hook) moves a few hundred packets from one window to the next, hence
@@ -21,9 +26,11 @@
 
 use std::time::{Duration, Instant};
 
-/// Shortest window judged; a read-back sooner after the last keeps the last verdict (an
-/// apply that follows a verify by milliseconds must not clear a bypass it did not see).
-pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+/// Shortest window judged; a read-back sooner after the last keeps the last verdict: the
+/// repair that follows a verify by milliseconds must not clear a bypass it had no time
+/// to see, so a share found bypassed is ENFORCED again only after a whole reconcile
+/// period in which its traffic passed the programs.
+pub const MIN_WINDOW: Duration = Duration::from_millis(250);
 
 /// Unseen packets per window below which nothing is concluded: at most what can be in
 /// flight between the veth's counter and the hook (the kernel's per-CPU backlog, 1000
@@ -48,6 +55,9 @@ pub struct Sample {
     /// held now.
     pub queue_drops: u64,
     pub queue_held: u64,
+    /// Packets the pod's end of the veth received, when it can be read (and the share
+    /// limits traffic to the pod).
+    pub pod_received: Option<u64>,
 }
 
 /// Packets that passed the interface without passing ours, per direction, between two
@@ -56,6 +66,8 @@ pub struct Sample {
 pub struct Unseen {
     pub from_pod: u64,
     pub to_pod: u64,
+    /// Packets that reached the pod's end of the veth without leaving the host veth.
+    pub past_host: u64,
     /// Packets the interface carried in the window, per direction.
     pub received: u64,
     pub sent: u64,
@@ -72,9 +84,14 @@ pub fn unseen(base: &Sample, now: &Sample) -> Unseen {
     let dropped = d(base.queue_drops, now.queue_drops);
     // Growth of the queue counts as sent; a queue that emptied sent what it had held.
     let to_pod = (sent + dropped + now.queue_held).saturating_sub(seen_to + base.queue_held);
+    let past_host = match (base.pod_received, now.pod_received) {
+        (Some(a), Some(b)) => d(a, b).saturating_sub(sent),
+        _ => 0,
+    };
     Unseen {
         from_pod: received.saturating_sub(seen_from),
         to_pod,
+        past_host,
         received,
         sent,
     }
@@ -99,10 +116,19 @@ pub fn verdict(u: &Unseen, iface: &str, ahead: &[(&'static str, usize)]) -> Opti
             ));
         }
     }
+    let past = is_bypass(u.past_host, u.past_host + u.sent);
+    if past {
+        parts.push(format!(
+            "{} packets reached the pod without leaving {iface} (redirected past the host veth, as bpf_redirect_peer does), where the limit to the pod is",
+            u.past_host
+        ));
+    }
     if parts.is_empty() {
         return None;
     }
-    let cause = if ahead.is_empty() {
+    let cause = if ahead.is_empty() && past && parts.len() == 1 {
+        "another interface's program delivers them into the pod's namespace directly".to_owned()
+    } else if ahead.is_empty() {
         "a program on the interface redirects them past shareguard's".to_owned()
     } else {
         let hooks: Vec<String> = ahead
@@ -162,6 +188,7 @@ mod tests {
             seen_to_pod: 0,
             queue_drops: 0,
             queue_held: 0,
+            pod_received: Some(0),
         }
     }
 
@@ -178,6 +205,7 @@ mod tests {
             seen_to_pod: 530_000,
             queue_drops: 20_000,
             queue_held: 10_000,
+            pod_received: Some(500_000),
         };
         let u = unseen(&base, &busy);
         assert_eq!(u.from_pod, 500, "in flight");
@@ -215,6 +243,43 @@ mod tests {
         let why = verdict(&unseen(&base, &to), "veth1", &[]).unwrap();
         assert!(why.contains("to the pod"), "{why}");
         assert!(why.contains("redirects them past"), "{why}");
+    }
+
+    #[test]
+    fn packets_the_pod_got_past_the_host_veth_are_a_bypass() {
+        let t = Instant::now();
+        let base = sample(t);
+        // Everything the pod received left the host veth: nothing past it.
+        let through = Sample {
+            at: t + MIN_WINDOW,
+            sent: 50_000,
+            seen_to_pod: 50_000,
+            pod_received: Some(50_000),
+            ..base
+        };
+        assert_eq!(unseen(&base, &through).past_host, 0);
+        assert_eq!(verdict(&unseen(&base, &through), "v", &[]), None);
+        let past = Sample {
+            pod_received: Some(950_000),
+            ..through
+        };
+        let u = unseen(&base, &past);
+        assert_eq!(u.past_host, 900_000);
+        let why = verdict(&u, "veth9", &[]).unwrap();
+        assert!(
+            why.contains("900000 packets reached the pod without leaving veth9"),
+            "{why}"
+        );
+        assert!(
+            why.contains("delivers them into the pod's namespace directly"),
+            "{why}"
+        );
+        // Unknown on either side: nothing concluded.
+        let unknown = Sample {
+            pod_received: None,
+            ..past
+        };
+        assert_eq!(unseen(&base, &unknown).past_host, 0);
     }
 
     #[test]

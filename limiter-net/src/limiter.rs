@@ -681,19 +681,7 @@ impl NetLimiter {
             bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
                 .map_err(bpf_err)?;
         }
-        // Counted afresh from here: what passed before (another program in front of ours
-        // that this install put behind) says nothing of what holds now. The verdict
-        // stands until a whole window says otherwise.
-        if !count_only {
-            let sample = self.sample(&bpf, &installed)?;
-            let mut windows = lock_windows(&self.backend.windows);
-            match windows.get_mut(&spec.share_key) {
-                Some(w) => w.base = sample,
-                None => {
-                    windows.insert(spec.share_key.clone(), Window::new(sample));
-                }
-            }
-        }
+
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
         let ifb_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
@@ -757,6 +745,10 @@ impl NetLimiter {
             },
             queue_drops: queue.as_ref().map_or(0, |q| q.drops),
             queue_held: queue.as_ref().map_or(0, |q| q.qlen),
+            pod_received: match i.to_pod_bps {
+                Some(_) => rtnl::peer_packets(i.host_index)?.map(|p| p.rx),
+                None => None,
+            },
         })
     }
 

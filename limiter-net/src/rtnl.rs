@@ -293,15 +293,45 @@ pub struct LinkPackets {
 pub fn link_packets(index: u32) -> Result<Option<LinkPackets>, NetError> {
     with_netlink(None, move |h| {
         Box::pin(async move {
-            Ok(link_by_index(&h, index).await?.and_then(|m| {
-                m.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::Stats64(s) => Some(LinkPackets {
-                        rx: s.rx_packets,
-                        tx: s.tx_packets,
-                    }),
-                    _ => None,
-                })
-            }))
+            Ok(link_by_index(&h, index)
+                .await?
+                .as_ref()
+                .and_then(packets_of))
+        })
+    })
+}
+
+fn packets_of(m: &LinkMessage) -> Option<LinkPackets> {
+    m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Stats64(s) => Some(LinkPackets {
+            rx: s.rx_packets,
+            tx: s.tx_packets,
+        }),
+        _ => None,
+    })
+}
+
+/// The packet counters of the peer of veth `index` (the pod's end, in the pod's
+/// namespace), read from this namespace by the id it knows the peer's namespace by
+/// (IFLA_TARGET_NETNSID); `None` when `index` is gone, not a veth with a peer in another
+/// namespace, or the peer cannot be read.
+pub fn peer_packets(index: u32) -> Result<Option<LinkPackets>, NetError> {
+    with_netlink(None, move |h| {
+        Box::pin(async move {
+            let Some(host) = link_by_index(&h, index).await? else {
+                return Ok(None);
+            };
+            let (Some(peer), Some(nsid)) = (peer_of(&host), link_netnsid(&host)) else {
+                return Ok(None);
+            };
+            let mut req = h.link().get().match_index(peer);
+            req.message_mut()
+                .attributes
+                .push(LinkAttribute::IfNetnsId(nsid));
+            Ok(first_link(req, format!("the peer of link #{index}"))
+                .await?
+                .as_ref()
+                .and_then(packets_of))
         })
     })
 }

@@ -174,6 +174,31 @@ fn add_veth(host: &str, ns: &str) {
     let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
 }
 
+/// A veth pair from the root namespace into a new namespace of its own, both ends up and
+/// without addresses: (the namespace, whose end is `eth0`; the host end). A second way
+/// into a pod for the tests to wire with BPF redirects, as a CNI's host routing is.
+pub fn veth_to_new_netns() -> (Netns, Link) {
+    let netns = Netns::new();
+    let link = Link {
+        name: ifname("sgn", next_id()),
+    };
+    add_veth(link.name(), netns.name());
+    sh(&["ip", "-n", netns.name(), "link", "set", "lo", "up"]);
+    sh(&["ip", "-n", netns.name(), "link", "set", "eth0", "up"]);
+    sh(&["ip", "link", "set", link.name(), "up"]);
+    (netns, link)
+}
+
+/// The MAC address of `dev` in the namespace `ns` (None: the root namespace).
+pub fn mac(ns: Option<&Netns>, dev: &str) -> String {
+    let out = match ns {
+        Some(ns) => ns.sh(&["cat", &format!("/sys/class/net/{dev}/address")]),
+        None => fs::read_to_string(format!("/sys/class/net/{dev}/address"))
+            .unwrap_or_else(|e| panic!("the address of {dev}: {e}")),
+    };
+    out.trim().to_owned()
+}
+
 /// [`add_veth`] with the host end at ifindex `index` or the first free one above it.
 fn add_veth_at(host: &str, ns: &str, index: u32) {
     for i in index..index + 1000 {
