@@ -1,13 +1,13 @@
 //! `shareguard cleanup`: everything shareguard put on this node, found from the agent's
 //! config, listed (the default, a dry run) or removed (`--apply`): each share's root
-//! qdisc and ifb, the pinned BPF programs and maps (unpinning detaches them), the claims'
+//! qdisc and queue devices, the pinned BPF programs and maps (unpinning detaches them), the claims'
 //! CDI specs, the MPS daemons and their directories, the kubelet plugin's directories,
 //! the API socket, the state and the audit log (and the directories shareguard made
 //! for them, once nothing else is in them). For uninstalling: removing
 //! while an agent runs would only have it put things back, so `--apply` refuses then.
 //!
 //! Things are recognised by what shareguard makes them as, never by a name fragment:
-//! qdiscs named by an install record and still ours, ifbs in shareguard's device group,
+//! qdiscs named by an install record and still ours, queue devices in shareguard's device group,
 //! CDI specs named `<driver>-gpu_<claim uid>.json` for a configured driver, MPS
 //! directories that carry their share's key.
 

@@ -237,7 +237,7 @@ pub enum Cmd {
     /// policy and a target utilisation, after what the policy's grid strands and a
     /// reserve (computed here; needs no running agent).
     Capacity(CapacityArgs),
-    /// List everything shareguard put on this node (qdiscs, ifbs, BPF pins, CDI specs,
+    /// List everything shareguard put on this node (qdiscs, queue devices, BPF pins, CDI specs,
     /// MPS daemons, plugin directories, state, audit log); with --apply, remove it. The
     /// agent must be stopped. Needs no running agent.
     Cleanup(crate::cli_cleanup::CleanupArgs),

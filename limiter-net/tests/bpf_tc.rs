@@ -23,6 +23,7 @@ use shareguard_ebpf_common::{Activity, DIR_TO_POD, counter_index};
 use shareguard_limiter_net::bpf::{
     AttachMode, Bpf, BpfError, Counters, Direction, IfaceConfig, ensure_bpffs,
 };
+use shareguard_limiter_net::rtnl;
 
 const BPFFS: &str = "/sys/fs/bpf";
 const PINGS: u64 = 20;
@@ -159,14 +160,15 @@ impl Pod {
         ifindex_of(&self.host_veth)
     }
 
-    /// Adds an ifb device (up) that Drop removes; returns its name.
-    fn add_ifb(&mut self) -> String {
+    /// Adds a share's queue pair, as the limiter makes it, that Drop removes; returns
+    /// the names of its queue device and its return device.
+    fn add_queue_pair(&mut self) -> (String, String) {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("sg{:x}i{n}", std::process::id());
-        ip(&["link", "add", &name, "type", "ifb"]);
+        let name = format!("sg{:x}q{n}", std::process::id());
+        let back = format!("sg{:x}r{n}", std::process::id());
         self.extra_links.push(name.clone());
-        ip(&["link", "set", &name, "up"]);
-        name
+        rtnl::ensure_queue_pair(&name, &back, &name).unwrap();
+        (name, back)
     }
 
     /// Pings the host side from the pod; returns how many replies came back.
@@ -496,48 +498,56 @@ fn a_deleted_interface_is_no_longer_attached() {
     assert!(!pod.pin_dir.join("links/gone").exists());
 }
 
+/// Traffic from the pod goes round the share's queue loop (host veth ingress -> queue
+/// device -> return device -> host veth ingress) and then on, in both attach modes:
+/// every request gets its reply, each packet is counted once, and the return device sent
+/// each one back.
 #[test]
-fn from_pod_traffic_is_redirected_through_the_ifb() {
-    if !privileged("from_pod_traffic_is_redirected_through_the_ifb") {
+fn from_pod_traffic_goes_round_the_queue_loop_and_back_through_the_hook() {
+    if !privileged("from_pod_traffic_goes_round_the_queue_loop_and_back_through_the_hook") {
         return;
     }
-    let mut pod = Pod::new();
-    let ifb = pod.add_ifb();
-    let ifindex = pod.host_ifindex();
-    let mut bpf = Bpf::load(&pod.pin_dir).unwrap();
-    attach_both(&mut bpf, ifindex);
-    let cfg = IfaceConfig {
-        slot: 5,
-        redirect_ifindex: ifindex_of(&ifb),
-        ..IfaceConfig::default()
-    };
-    bpf.set_iface(ifindex, cfg).unwrap();
-    bpf.reset_counters(5).unwrap();
-    let rx0 = link_stat(&ifb, "rx_packets");
-    let tx0 = link_stat(&ifb, "tx_packets");
+    for mode in [AttachMode::Tcx, AttachMode::Clsact] {
+        let mut pod = Pod::new();
+        let (queue, back) = pod.add_queue_pair();
+        let ifindex = pod.host_ifindex();
+        let mut bpf = Bpf::load_with_mode(&pod.pin_dir, mode).unwrap();
+        attach_both(&mut bpf, ifindex);
+        bpf.attach_return(ifindex_of(&back), "return").unwrap();
+        let cfg = IfaceConfig {
+            slot: 5,
+            redirect_ifindex: ifindex_of(&queue),
+            ..IfaceConfig::default()
+        };
+        bpf.set_iface(ifindex, cfg).unwrap();
+        bpf.reset_counters(5).unwrap();
+        let tx0 = link_stat(&queue, "tx_packets");
+        let rx0 = link_stat(&back, "rx_packets");
 
-    // Every reply needs its request to have come out of the ifb and back into the host.
-    assert_eq!(pod.ping(PINGS), PINGS);
+        // Every reply needs its request to have come round the loop and into the host.
+        assert_eq!(pod.ping(PINGS), PINGS, "{mode}");
 
-    let rx = link_stat(&ifb, "rx_packets") - rx0;
-    let tx = link_stat(&ifb, "tx_packets") - tx0;
-    assert!(
-        rx >= PINGS,
-        "ifb received {rx} packets, the pod sent {PINGS}"
-    );
-    assert!(
-        tx >= PINGS,
-        "ifb passed on {tx} packets, the pod sent {PINGS}"
-    );
-    let (to, from) = bpf.counters(5).unwrap();
-    // Each packet counted once, not again when the ifb hands it back.
-    assert!(
-        from.packets < 2 * PINGS,
-        "counted {} from the pod",
-        from.packets
-    );
-    assert_counted(Counters::default(), to, PINGS, "to the pod");
-    assert_counted(Counters::default(), from, PINGS, "from the pod");
+        let tx = link_stat(&queue, "tx_packets") - tx0;
+        let rx = link_stat(&back, "rx_packets") - rx0;
+        assert!(
+            tx >= PINGS,
+            "{mode}: the queue device sent {tx}, the pod sent {PINGS}"
+        );
+        assert!(
+            rx >= PINGS,
+            "{mode}: the return device got {rx}, the pod sent {PINGS}"
+        );
+        let (to, from) = bpf.counters(5).unwrap();
+        // Each packet counted once, not again when it comes back to the hook.
+        assert!(
+            from.packets < 2 * PINGS,
+            "{mode}: counted {} from the pod",
+            from.packets
+        );
+        assert_counted(Counters::default(), to, PINGS, "to the pod");
+        assert_counted(Counters::default(), from, PINGS, "from the pod");
+        bpf.detach("return").unwrap();
+    }
 }
 
 #[test]

@@ -482,7 +482,7 @@ impl Engine {
         };
         warn!(error = %err, "enforcement failed; rolling the claim back");
         // Every share of the claim, the failed one included: a failed apply can have
-        // installed part of its limit (an install record, a qdisc, an ifb, a GPU table
+        // installed part of its limit (an install record, a qdisc, a queue device, a GPU table
         // entry), and a FAILED share holds nothing. Removal is idempotent.
         let mut left = HashSet::new();
         let installs_nothing = |device: &str| {

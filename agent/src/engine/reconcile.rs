@@ -1,6 +1,6 @@
 //! The reconciler: on a period, re-reads every enforced share's enforcement from the
 //! kernel or driver, moves a share whose enforcement drifted (a qdisc deleted by hand, a
-//! class rate changed, an ifb removed, a GPU limit lifted) to DEGRADED with the reason,
+//! class rate changed, a queue device removed, a GPU limit lifted) to DEGRADED with the reason,
 //! re-applies it, and returns it to ENFORCED once the read-back matches again. Every
 //! transition is persisted before it is published, like any other.
 //!

@@ -99,7 +99,7 @@ impl Limiter for FakeLimiter {
     fn apply(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         let k = &self.0;
         if lock(&k.fail_apply).contains(&spec.share_key) {
-            // Half of it got in before the failure, as a qdisc before its ifb would.
+            // Half of it got in before the failure, as a qdisc before its queue device would.
             lock(&k.installed).insert(
                 spec.share_key.clone(),
                 (BTreeMap::new(), spec.target.clone()),

@@ -57,7 +57,7 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
 {{- with .interface }}
     interface = {{ include "shareguard.tomlString" . }}
 {{- end }}
-    # auto: htb-ebpf where HTB and ifb exist, else bpf-policer. edt-fq is used only
+    # auto: htb-ebpf where HTB exists, else bpf-policer. edt-fq is used only
     # where named: it has not yet run end to end on a kernel with sch_fq.
     mechanism = {{ include "shareguard.tomlString" (.mechanism | default "auto") }}
     # What a pod's traffic can carry at most through this NIC: a share at or above it
