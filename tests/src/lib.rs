@@ -729,30 +729,41 @@ pub async fn wait_phase(
     }
 }
 
-/// The next change of share `id` to `phase` on the `WatchShares` stream `s`, within
-/// `deadline`: a phase the share passes through for milliseconds (DEGRADED between a
-/// drift and its repair) is seen here, where polling may miss it.
+/// The next CHANGED event of share `id` on the `WatchShares` stream `s` that `wanted`
+/// accepts, within `deadline`.
+pub async fn next_change(
+    s: &mut tonic::Streaming<pb::WatchSharesResponse>,
+    id: &str,
+    deadline: Duration,
+    wanted: impl Fn(&pb::ShareStatus) -> bool,
+) -> pb::ShareStatus {
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let ev = tokio::time::timeout_at(until, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no change of {id} within {deadline:?}"))
+            .unwrap_or_else(|e| panic!("WatchShares: {e}"))
+            .unwrap_or_else(|| panic!("WatchShares ended"));
+        if ev.kind == pb::watch_shares_response::Kind::Changed as i32
+            && let Some(share) = ev.share
+            && share.share_id == id
+            && wanted(&share)
+        {
+            return share;
+        }
+    }
+}
+
+/// The next change of share `id` to `phase`: a phase the share passes through for
+/// milliseconds (DEGRADED between a drift and its repair) is seen here, where polling
+/// may miss it.
 pub async fn changed_to(
     s: &mut tonic::Streaming<pb::WatchSharesResponse>,
     id: &str,
     phase: pb::Phase,
     deadline: Duration,
 ) -> pb::ShareStatus {
-    let until = tokio::time::Instant::now() + deadline;
-    loop {
-        let ev = tokio::time::timeout_at(until, s.message())
-            .await
-            .unwrap_or_else(|_| panic!("share {id} not {phase:?} within {deadline:?}"))
-            .unwrap_or_else(|e| panic!("WatchShares: {e}"))
-            .unwrap_or_else(|| panic!("WatchShares ended"));
-        if ev.kind == pb::watch_shares_response::Kind::Changed as i32
-            && let Some(share) = ev.share
-            && share.share_id == id
-            && share.phase == phase as i32
-        {
-            return share;
-        }
-    }
+    next_change(s, id, deadline, |share| share.phase == phase as i32).await
 }
 
 /// The value of the metric series `name` whose labels include every `(key, value)` of

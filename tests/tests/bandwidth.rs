@@ -28,6 +28,14 @@ fn start(capacity: &str) -> (Agent, PinDir) {
     start_with(net::net_device("nic-0", &net::bandwidth_capacity(capacity)))
 }
 
+/// An agent with a 10G device whose reconciler runs every `period`.
+fn start_reconciling(period: &str) -> (Agent, PinDir) {
+    let pins = PinDir::new();
+    let devices = net::net_device("nic-0", &net::bandwidth_capacity("10G"));
+    let a = net::start_agent(devices, &pins, &format!("reconcile_period = \"{period}\""));
+    (a, pins)
+}
+
 fn start_with(devices: String) -> (Agent, PinDir) {
     let pins = PinDir::new();
     (net::start_agent(devices, &pins, ""), pins)
@@ -844,6 +852,14 @@ impl Drop for Flood {
     }
 }
 
+/// CNI stand-ins that pass every packet, linked to both hooks of host veth `index` at
+/// `place`: (ingress, egress).
+fn cni_passing(index: u32, place: foreign::Place) -> (foreign::Foreign, foreign::Foreign) {
+    let link =
+        |ingress| foreign::Foreign::attach(index, ingress, foreign::Action::Pass, place).unwrap();
+    (link(true), link(false))
+}
+
 /// Packets a host interface's own counters say it received and sent.
 fn iface_packets(dev: &str) -> (u64, u64) {
     let read = |what: &str| -> u64 {
@@ -943,12 +959,7 @@ async fn a_cni_program_in_front_is_put_behind_and_still_sees_every_packet() {
     let server = pod.iperf_server();
     let _stats = foreign::RunStats::enable().unwrap();
     let index = pod.host_ifindex();
-    let ingress =
-        foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::First)
-            .unwrap();
-    let egress =
-        foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::First)
-            .unwrap();
+    let (ingress, egress) = cni_passing(index, foreign::Place::First);
     let mut c = a.client().await;
     let id = share_id();
     let queue = shareguard_limiter_net::state::queue_name(&id);
@@ -976,12 +987,7 @@ async fn a_cni_program_attached_later_is_seen_behind_and_repaired_in_front() {
     if !net::privileged("a_cni_program_attached_later_is_seen_behind_and_repaired_in_front") {
         return;
     }
-    let pins = PinDir::new();
-    let a = net::start_agent(
-        net::net_device("nic-0", &net::bandwidth_capacity("10G")),
-        &pins,
-        "reconcile_period = \"2s\"",
-    );
+    let (a, _pins) = start_reconciling("2s");
     let pod = Pod::new();
     let server = pod.iperf_server();
     let _stats = foreign::RunStats::enable().unwrap();
@@ -992,12 +998,7 @@ async fn a_cni_program_attached_later_is_seen_behind_and_repaired_in_front() {
     enforced_share(&r, "100M");
     let index = pod.host_ifindex();
     {
-        let ingress =
-            foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::Last)
-                .unwrap();
-        let egress =
-            foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::Last)
-                .unwrap();
+        let (ingress, egress) = cni_passing(index, foreign::Place::Last);
         limited_and_seen_by_the_cni(
             &pod,
             &queue,
@@ -1020,12 +1021,7 @@ async fn a_cni_program_attached_later_is_seen_behind_and_repaired_in_front() {
         .await
         .unwrap()
         .into_inner();
-    let ingress =
-        foreign::Foreign::attach(index, true, foreign::Action::Pass, foreign::Place::First)
-            .unwrap();
-    let egress =
-        foreign::Foreign::attach(index, false, foreign::Action::Pass, foreign::Place::First)
-            .unwrap();
+    let (ingress, egress) = cni_passing(index, foreign::Place::First);
     {
         // A flood of pings from the pod: thousands of packets a second past ours.
         let _lock = TrafficLock::acquire();
@@ -1077,12 +1073,7 @@ async fn traffic_redirected_past_the_host_veth_is_not_called_enforced() {
     if !net::privileged("traffic_redirected_past_the_host_veth_is_not_called_enforced") {
         return;
     }
-    let pins = PinDir::new();
-    let a = net::start_agent(
-        net::net_device("nic-0", &net::bandwidth_capacity("10G")),
-        &pins,
-        "reconcile_period = \"1s\"",
-    );
+    let (a, _pins) = start_reconciling("1s");
     let pod = Pod::new();
     let server = pod.iperf_server();
     // The "node's NIC": its far end owns the pod's peer address, with the host veth's MAC

@@ -18,7 +18,6 @@ use shareguard_tests::{
 };
 use tonic::Streaming;
 
-use pb::watch_shares_response::Kind;
 
 const PERIOD: Duration = Duration::from_millis(500);
 
@@ -37,20 +36,7 @@ async fn changed(
     id: &str,
     deadline: Duration,
 ) -> pb::ShareStatus {
-    let until = tokio::time::Instant::now() + deadline;
-    loop {
-        let ev = tokio::time::timeout_at(until, s.message())
-            .await
-            .unwrap_or_else(|_| panic!("no change of {id} within {deadline:?}"))
-            .unwrap()
-            .unwrap();
-        if ev.kind == Kind::Changed as i32
-            && let Some(share) = ev.share
-            && share.share_id == id
-        {
-            return share;
-        }
-    }
+    shareguard_tests::next_change(s, id, deadline, |_| true).await
 }
 
 #[tokio::test]
