@@ -745,8 +745,13 @@ impl NetLimiter {
             },
             queue_drops: queue.as_ref().map_or(0, |q| q.drops),
             queue_held: queue.as_ref().map_or(0, |q| q.qlen),
+            // Best effort: a pod end that cannot be read now (its namespace going away)
+            // means nothing can be told of traffic past the host veth, not drift.
             pod_received: match i.to_pod_bps {
-                Some(_) => rtnl::peer_packets(i.host_index)?.map(|p| p.rx),
+                Some(_) => rtnl::peer_packets(i.host_index)
+                    .ok()
+                    .flatten()
+                    .map(|p| p.rx),
                 None => None,
             },
         })
