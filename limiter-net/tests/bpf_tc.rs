@@ -167,7 +167,8 @@ impl Pod {
         let name = format!("sg{:x}q{n}", std::process::id());
         let back = format!("sg{:x}r{n}", std::process::id());
         self.extra_links.push(name.clone());
-        rtnl::ensure_queue_pair(&name, &back, &name).unwrap();
+        rtnl::ensure_queue_pair(&name, &back, &name)
+            .unwrap_or_else(|e| panic!("making the queue pair {name}: {e}"));
         (name, back)
     }
 

@@ -18,7 +18,6 @@ use shareguard_tests::{
 };
 use tonic::Streaming;
 
-
 const PERIOD: Duration = Duration::from_millis(500);
 
 fn start(pins: &PinDir) -> Agent {
