@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints what shareguard's tests and showcase could leave on this host, one line per
-# object, sorted: ifb and veth links, network namespaces, bpffs entries, top-level cgroup
+# object, sorted: ifb and veth links (shareguard's queue pairs are veths), network namespaces, bpffs entries, top-level cgroup
 # v2 directories, mounts, MPS directories. `make test` and `make showcase` take it before
 # and after and fail on any difference: both must leave the host as they found it.
 set -uo pipefail

@@ -95,7 +95,7 @@ check_host_as_found() {
     diff <(echo "$1") <(echo "$after") >&2 || true
     exit 1
   fi
-  echo "no ifb, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
+  echo "no queue device, qdisc, pin, network namespace, cgroup, mount or MPS directory left behind"
 }
 
 # The fuzz targets in fuzz/ (scripts/fuzz.sh), after ensure_build_deps: cargo-fuzz runs on

@@ -42,8 +42,8 @@ rm_cgroups() { # removes the directories made here under $1 (or all), deepest fi
   done
 }
 cleanup() {
-  # Release what the agent still enforces, so its ifbs go; if it is gone, its install
-  # records name them.
+  # Release what the agent still enforces, so its queue devices go; if it is gone, its
+  # install records name them.
   if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
     sg release bw-a bw-b gpu-a >/dev/null 2>&1 || true
   fi
@@ -51,8 +51,8 @@ cleanup() {
   agent_pid=""
   for f in "$work"/state/net/*.json; do
     [ -e "$f" ] || continue
-    ifb=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("ifb") or "")' "$f")
-    [ -n "$ifb" ] && ip link del "$ifb" 2>/dev/null || true
+    queue=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("queue") or "")' "$f")
+    [ -n "$queue" ] && ip link del "$queue" 2>/dev/null || true
   done
   if [ -n "$gpu_pid" ]; then kill -9 "$gpu_pid" 2>/dev/null || true; fi
   for p in "${sandboxes[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -273,7 +273,7 @@ for p in a b; do
 done
 echo "(TCP goodput tops out at 1448/1514 = 0.956 of an Ethernet-level limit)"
 
-step "pod b is deleted before its Unprepare: its share waits again, capacity held, its ifb gone"
+step "pod b is deleted before its Unprepare: its share waits again, capacity held, its queue devices gone"
 kill -9 "${sandboxes[1]}"; wait "${sandboxes[1]}" 2>/dev/null || true
 rm_cgroups "sgs-$$-b"
 ip link del "${tag}b"; ip netns del "${tag}-b"
@@ -281,7 +281,7 @@ wait_phase team-b PENDING
 sg shares --device nic-0
 sg devices | grep -E 'NAME|nic-0'
 sg release bw-a bw-b
-echo "released: $(ip -o link show type ifb | grep -c sgb || true) shareguard ifb devices left"
+echo "released: $(ip -o link show group 21319 | grep -c sgb || true) shareguard queue devices left"
 
 step "GPU: a share of gpu-0 (SIMULATED back end: no NVIDIA GPU on this machine)"
 mkcg "$gpu_cg"
