@@ -73,9 +73,19 @@ pub struct Unseen {
     pub sent: u64,
 }
 
-/// What passed unseen between `base` and `now`. Counters that went back (an interface
-/// recreated, a slot reset) count as nothing unseen.
+/// What passed unseen between `base` and `now`. A window in which any counter went back
+/// (an interface recreated, a share installed afresh with its slot reset) tells nothing:
+/// nothing unseen.
 pub fn unseen(base: &Sample, now: &Sample) -> Unseen {
+    let went_back = now.received < base.received
+        || now.sent < base.sent
+        || now.seen_from_pod < base.seen_from_pod
+        || now.seen_to_pod < base.seen_to_pod
+        || now.queue_drops < base.queue_drops
+        || matches!((base.pod_received, now.pod_received), (Some(a), Some(b)) if b < a);
+    if went_back {
+        return Unseen::default();
+    }
     let d = |a: u64, b: u64| b.saturating_sub(a);
     let received = d(base.received, now.received);
     let sent = d(base.sent, now.sent);
@@ -280,6 +290,32 @@ mod tests {
             ..past
         };
         assert_eq!(unseen(&base, &unknown).past_host, 0);
+    }
+
+    #[test]
+    fn counters_that_went_back_tell_nothing() {
+        let t = Instant::now();
+        let base = Sample {
+            received: 1_000_000,
+            sent: 1_000_000,
+            seen_from_pod: 1_000_000,
+            seen_to_pod: 1_000_000,
+            pod_received: Some(1_000_000),
+            ..sample(t)
+        };
+        // The share installed afresh: its slot's counters start again from 0 while the
+        // interface's go on.
+        let reset = Sample {
+            at: t + MIN_WINDOW,
+            received: 1_500_000,
+            sent: 1_500_000,
+            seen_from_pod: 400_000,
+            seen_to_pod: 400_000,
+            pod_received: Some(1_500_000),
+            ..base
+        };
+        assert_eq!(unseen(&base, &reset), Unseen::default());
+        assert_eq!(verdict(&unseen(&base, &reset), "v", &[]), None);
     }
 
     #[test]

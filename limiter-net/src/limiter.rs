@@ -682,6 +682,20 @@ impl NetLimiter {
                 .map_err(bpf_err)?;
         }
 
+        // A share installed afresh counts from 0 in its slot: a new window from here
+        // (one across the reset would read the interface's traffic as unseen). A repair
+        // keeps its window, so that the next read-back judges the whole period since the
+        // last; a verdict already given stands until a whole window says otherwise.
+        if fresh && !count_only {
+            let sample = self.sample(&bpf, &installed)?;
+            let mut windows = lock_windows(&self.backend.windows);
+            match windows.get_mut(&spec.share_key) {
+                Some(w) => w.base = sample,
+                None => {
+                    windows.insert(spec.share_key.clone(), Window::new(sample));
+                }
+            }
+        }
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
         let ifb_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);

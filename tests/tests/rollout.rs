@@ -185,6 +185,18 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
         lifted > 3.0 * 100e6,
         "the rollback lifts the limit: {lifted}"
     );
+    // Enforced once more after that traffic: the share is installed afresh, its counts
+    // start again, and what observe let through is not taken for traffic past the
+    // programs. Then back to observe for the restart below.
+    let out = rollout(&a, &["nic-0", "enforce"]);
+    assert!(
+        out.contains("observe -> enforce (1 shares changed, 0 failed)"),
+        "{out}"
+    );
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    let out = rollout(&a, &["nic-0", "observe"]);
+    assert!(out.contains("enforce -> observe (1 shares changed"), "{out}");
     a.kill9();
     a.restart();
     let mut c = a.client().await;
@@ -201,14 +213,14 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
         "{listed}"
     );
 
-    // Audited: the device's two changes and the share's.
+    // Audited: the device's four changes and the share's.
     let lines = a.audit_lines();
     let device_changes = lines
         .iter()
         .filter(|l| l["decision"] == "rollout" && l["share_id"].is_null())
         .count();
-    assert_eq!(device_changes, 2, "{lines:?}");
-    assert_eq!(audit_count(&lines, "rollout", &id), 2, "{lines:?}");
+    assert_eq!(device_changes, 4, "{lines:?}");
+    assert_eq!(audit_count(&lines, "rollout", &id), 4, "{lines:?}");
     assert!(
         lines
             .iter()
