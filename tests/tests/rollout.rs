@@ -196,7 +196,10 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     let s = get_share(&mut c, id.clone()).await;
     assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
     let out = rollout(&a, &["nic-0", "observe"]);
-    assert!(out.contains("enforce -> observe (1 shares changed"), "{out}");
+    assert!(
+        out.contains("enforce -> observe (1 shares changed"),
+        "{out}"
+    );
     a.kill9();
     a.restart();
     let mut c = a.client().await;
