@@ -141,16 +141,21 @@ pub fn verdict(u: &Unseen, iface: &str, ahead: &[(&'static str, usize)]) -> Opti
     } else if ahead.is_empty() {
         "a program on the interface redirects them past shareguard's".to_owned()
     } else {
-        let hooks: Vec<String> = ahead
-            .iter()
-            .map(|(hook, n)| format!("{n} on {hook}"))
-            .collect();
         format!(
             "another program on {iface} runs before shareguard's and ends the chain ({})",
-            hooks.join(", ")
+            describe_ahead(ahead)
         )
     };
     Some(format!("{}: {cause}", parts.join("; ")))
+}
+
+/// The programs ahead of ours, per hook, in words: "1 on egress, 2 on ingress".
+pub fn describe_ahead(ahead: &[(&'static str, usize)]) -> String {
+    let hooks: Vec<String> = ahead
+        .iter()
+        .map(|(hook, n)| format!("{n} on {hook}"))
+        .collect();
+    hooks.join(", ")
 }
 
 /// A share's window: where it started, and the last verdict.

@@ -25,7 +25,7 @@ use tracing::info;
 use crate::{
     bpf::{Bpf, Direction},
     burst,
-    bypass::{Sample, Window},
+    bypass::{self, Sample, Window},
     error::NetError,
     mechanism::{self, Mechanism, RootQdisc},
     probe::{self, Probe},
@@ -486,11 +486,10 @@ impl NetLimiter {
             return Err(NetError::Bypassed(why));
         }
         if !ahead.is_empty() {
-            let hooks: Vec<String> = ahead.iter().map(|(h, n)| format!("{n} on {h}")).collect();
             return Err(NetError::Bypassed(format!(
                 "another program on {} runs before shareguard's ({}), and may end the chain before the limit",
                 i.host_name,
-                hooks.join(", ")
+                bypass::describe_ahead(&ahead)
             )));
         }
         let q = |bps: u64| Quantity::from_units(i128::from(bps), Format::DecimalSI);
@@ -688,13 +687,10 @@ impl NetLimiter {
         // last; a verdict already given stands until a whole window says otherwise.
         if fresh && !count_only {
             let sample = self.sample(&bpf, &installed)?;
-            let mut windows = lock_windows(&self.backend.windows);
-            match windows.get_mut(&spec.share_key) {
-                Some(w) => w.base = sample,
-                None => {
-                    windows.insert(spec.share_key.clone(), Window::new(sample));
-                }
-            }
+            lock_windows(&self.backend.windows)
+                .entry(spec.share_key.clone())
+                .and_modify(|w| w.base = sample)
+                .or_insert_with(|| Window::new(sample));
         }
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
