@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)] // Setup failures panic with the reason; that is the test failing.
 
 use shareguard_tests::{
-    Agent, audit_count, device, get_share,
+    Agent, Client, audit_count, device, get_share,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id,
 };
@@ -54,6 +54,19 @@ async fn traffic_after(a: &Agent, id: &str, bytes: u64) -> pb::Traffic {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Moves nic-0 to `enforce` and returns share `id`, which must have changed with it and
+/// be ENFORCED.
+async fn enforce(a: &Agent, c: &mut Client, id: &str) -> pb::ShareStatus {
+    let out = rollout(a, &["nic-0", "enforce"]);
+    assert!(
+        out.contains("observe -> enforce (1 shares changed, 0 failed)"),
+        "{out}"
+    );
+    let s = get_share(c, id.to_owned()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    s
 }
 
 /// Bytes to the pod the receiver saw in `m`'s measured seconds.
@@ -141,13 +154,7 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     assert!(seconds.is_some_and(|x| x >= 3.0), "{seconds:?}");
 
     // Enforce: the share is limited and read back, without any call for it.
-    let out = rollout(&a, &["nic-0", "enforce"]);
-    assert!(
-        out.contains("observe -> enforce (1 shares changed, 0 failed)"),
-        "{out}"
-    );
-    let s = get_share(&mut c, id.clone()).await;
-    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    let s = enforce(&a, &mut c, &id).await;
     assert_eq!(s.limits[0].enforced, LIMIT, "read back from the kernel");
     let before = traffic_after(&a, &id, 0).await.to_pod.unwrap();
     let m = to_pod(&server, "enforce");
@@ -188,13 +195,7 @@ async fn observe_lets_traffic_through_enforce_limits_it_and_the_rollback_keeps_t
     // Enforced once more after that traffic: the share is installed afresh, its counts
     // start again, and what observe let through is not taken for traffic past the
     // programs. Then back to observe for the restart below.
-    let out = rollout(&a, &["nic-0", "enforce"]);
-    assert!(
-        out.contains("observe -> enforce (1 shares changed, 0 failed)"),
-        "{out}"
-    );
-    let s = get_share(&mut c, id.clone()).await;
-    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    enforce(&a, &mut c, &id).await;
     let out = rollout(&a, &["nic-0", "observe"]);
     assert!(
         out.contains("enforce -> observe (1 shares changed"),
