@@ -2,7 +2,7 @@
 # Prints what shareguard's tests and showcase could leave on this host, one line per
 # object, sorted: ifb and veth links (shareguard's queue pairs are veths), network namespaces, bpffs entries, top-level cgroup
 # v2 directories, mounts, MPS directories. `make test` and `make showcase` take it before
-# and after and fail on any difference: both must leave the host as they found it.
+# and after and fail on anything new: both must leave nothing behind.
 set -uo pipefail
 # ifb0 and ifb1 come with the ifb module, which the first ifb anyone makes loads.
 ip -o link show type ifb 2>/dev/null | awk -F': ' '{print "ifb " $2}' | sed 's/@.*//' |
