@@ -39,7 +39,7 @@ use aya::{
     pin::PinError,
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
-        links::{FdLink, PinnedLink},
+        links::{FdLink, Link, PinnedLink},
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     },
     util::KernelVersion,
@@ -79,9 +79,14 @@ pub fn ensure_bpffs(root: &Path) -> Result<(), BpfError> {
 
 /// Priority and handle of our cls_bpf filter in clsact mode: one fixed filter per interface
 /// and hook, so an attachment is found, replaced and removed without remembering what the
-/// kernel allocated. The priority spells "SG".
-const CLSACT_PRIORITY: u16 = 0x5347;
-const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 1);
+/// kernel allocated. Priority 1 is the first a filter can have and the one CNIs use
+/// (Cilium: priority 1, handle 1); within one priority the filter added last runs first,
+/// so ours, added after the CNI's, runs before it. The handle spells "SG": never a CNI's.
+const CLSACT_PRIORITY: u16 = 1;
+const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0x5347);
+/// Where versions before this one put the filter: behind a CNI's. Removed on attach.
+const LEGACY_CLSACT_PRIORITY: u16 = 0x5347;
+const LEGACY_CLSACT_HANDLE: TcHandle = TcHandle::new(0, 1);
 
 /// The loaded programs and their maps; see the module documentation for what is pinned.
 ///
@@ -344,9 +349,8 @@ impl Bpf {
     }
 
     /// Where the attachment pinned as `name` runs on `ifindex`'s hook for `dir`:
-    /// `Ok(None)` when it is first (or in clsact mode, where the filter's fixed priority
-    /// is its place), else the number of programs that run before it. An attachment that
-    /// is not there at all counts as not first.
+    /// `Ok(None)` when it is first, else the number of programs (in clsact mode: filters)
+    /// that run before it. An attachment that is not there at all counts as not first.
     pub fn ahead_of(
         &self,
         name: &str,
@@ -354,7 +358,13 @@ impl Bpf {
         dir: Direction,
     ) -> Result<Option<usize>, BpfError> {
         if self.mode != AttachMode::Tcx {
-            return Ok(None);
+            let ifname = self.ifname(ifindex)?;
+            let (place, all) = clsact_place(&ifname, Hook::Pod(dir))?;
+            return Ok(match place {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => Some(all),
+            });
         }
         let path = self.link_path(name)?;
         let Some(info) = pinned_link_info(&path)? else {
@@ -655,6 +665,14 @@ impl Bpf {
             Ok(meta) if meta.is_dir() => {
                 if read_clsact_record(path)? != Some((ifindex, hook)) {
                     self.detach_clsact(path)?;
+                } else if matches!(hook, Hook::Pod(_))
+                    && clsact_place(&ifname, hook)?.0.is_some_and(|n| n > 0)
+                {
+                    // A filter added since runs before ours: ours is removed and added
+                    // anew, which puts it first in its priority. Removed before, never
+                    // after: two of ours on one hook would send a packet round the
+                    // queue loop twice.
+                    remove_filter(&ifname, hook, CLSACT_PRIORITY, CLSACT_HANDLE)?;
                 }
             }
             // A TCX link from an agent that ran in TCX mode: replace it.
@@ -715,6 +733,16 @@ impl Bpf {
         // as a pinned link does. The handle holds no file descriptor, so nothing leaks but
         // the few bytes of the struct.
         std::mem::forget(link);
+        // An earlier version's filter of ours, at the place behind a CNI's: ours now
+        // runs first, so that one would only see each packet a second time.
+        let legacy = clsact_filters(&ifname, hook)?.into_iter().any(|f| {
+            f.priority == u32::from(LEGACY_CLSACT_PRIORITY)
+                && f.handle == u32::from(LEGACY_CLSACT_HANDLE)
+                && f.name.as_deref().is_some_and(|n| n.starts_with(program))
+        });
+        if legacy {
+            remove_filter(&ifname, hook, LEGACY_CLSACT_PRIORITY, LEGACY_CLSACT_HANDLE)?;
+        }
 
         let record = path.join(clsact_record_name(ifindex, hook));
         fs::create_dir_all(&record).map_err(|source| BpfError::Pinned {
@@ -817,6 +845,54 @@ fn pinned_link_info(path: &Path) -> Result<Option<sys::LinkInfo>, BpfError> {
             path: path.to_owned(),
             source,
         })
+}
+
+/// The filters on `ifname`'s clsact hook for `hook`, in the order they run.
+fn clsact_filters(ifname: &str, hook: Hook) -> Result<Vec<crate::tc::Filter>, BpfError> {
+    crate::tc::clsact_filters(ifname, hook.tc_hook_name()).map_err(|e| BpfError::ClsactList {
+        ifname: ifname.to_owned(),
+        hook,
+        source: Box::new(e),
+    })
+}
+
+/// Where our filter runs on `ifname`'s clsact hook: the number of filters before it (None
+/// when it is not there), and how many filters the hook has.
+fn clsact_place(ifname: &str, hook: Hook) -> Result<(Option<usize>, usize), BpfError> {
+    let filters = clsact_filters(ifname, hook)?;
+    let place = filters.iter().position(|f| {
+        f.priority == u32::from(CLSACT_PRIORITY) && f.handle == u32::from(CLSACT_HANDLE)
+    });
+    Ok((place, filters.len()))
+}
+
+/// Deletes the filter at (`priority`, `handle`) on `ifname`'s clsact hook. Ok if absent.
+fn remove_filter(
+    ifname: &str,
+    hook: Hook,
+    priority: u16,
+    handle: TcHandle,
+) -> Result<(), BpfError> {
+    let program = hook.program();
+    let link = SchedClassifierLink::attached(ifname, hook.tc_attach_type(), priority, handle, None)
+        .map_err(|e| BpfError::ClsactRemove {
+            ifname: ifname.to_owned(),
+            program,
+            source: Box::new(e),
+        })?;
+    match link.detach() {
+        Ok(()) => Ok(()),
+        Err(ProgramError::TcError(TcError::NetlinkError(e)))
+            if e.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(BpfError::ClsactRemove {
+            ifname: ifname.to_owned(),
+            program,
+            source: Box::new(io::Error::other(e)),
+        }),
+    }
 }
 
 fn clsact_record_name(ifindex: u32, hook: Hook) -> String {

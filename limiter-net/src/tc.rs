@@ -214,6 +214,72 @@ fn run_batch(lines: &[String]) -> Result<(), NetError> {
     finished(command, &out)
 }
 
+/// A filter on a clsact hook, as `tc -j filter show` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filter {
+    pub priority: u32,
+    pub handle: u32,
+    /// A BPF filter's program name, where it has one.
+    pub name: Option<String>,
+}
+
+/// The filters on `dev`'s clsact `hook` ("ingress" or "egress") in the order they run: by
+/// priority, and within one priority in the kernel's list order (the one added last
+/// first), which is the order the kernel lists them in. Empty without a clsact qdisc.
+pub fn clsact_filters(dev: &str, hook: &str) -> Result<Vec<Filter>, NetError> {
+    let args = s(&["-j", "filter", "show", "dev", dev, hook]);
+    let command = || format!("tc {}", args.join(" "));
+    let out = Command::new("tc")
+        .args(&args)
+        .output()
+        .map_err(|e| NetError::Command {
+            command: command(),
+            stderr: format!("cannot run tc: {e}"),
+        })?;
+    finished(command, &out)?;
+    parse_filters(&out.stdout).map_err(|reason| NetError::Command {
+        command: command(),
+        stderr: format!("unexpected output: {reason}"),
+    })
+}
+
+/// `tc -j filter show` lists each priority's chain head without options, then one entry
+/// with options per filter; only the filters count. tc prints nothing at all where there
+/// is no filter.
+fn parse_filters(json: &[u8]) -> Result<Vec<Filter>, String> {
+    if json.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Vec::new());
+    }
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for entry in &entries {
+        let Some(options) = entry.get("options") else {
+            continue;
+        };
+        let priority = entry
+            .get("pref")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(|| format!("a filter without a priority: {entry}"))?;
+        let handle = options
+            .get("handle")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|h| u32::from_str_radix(h.trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| format!("a filter without a handle: {entry}"))?;
+        let name = options
+            .get("bpf_name")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        out.push(Filter {
+            priority,
+            handle,
+            name,
+        });
+    }
+    Ok(out)
+}
+
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| (*x).to_owned()).collect()
 }
@@ -300,6 +366,31 @@ pub fn remove_root(dev: &str) -> Result<(), NetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_are_listed_in_the_order_tc_prints_them_without_chain_heads() {
+        let json = br#"[{"protocol":"all","pref":1,"kind":"bpf","chain":0},
+            {"protocol":"all","pref":1,"kind":"bpf","chain":0,"options":{"handle":"0x5347","bpf_name":"sg_ingress","direct-action":true}},
+            {"protocol":"all","pref":1,"kind":"bpf","chain":0,"options":{"handle":"0x1","bytecode":{"length":1}}},
+            {"protocol":"all","pref":2,"kind":"bpf","chain":0},
+            {"protocol":"all","pref":2,"kind":"bpf","chain":0,"options":{"handle":"0x3","bpf_name":"cil_from_container"}}]"#;
+        let filters = parse_filters(json).unwrap();
+        let seen: Vec<(u32, u32, Option<&str>)> = filters
+            .iter()
+            .map(|f| (f.priority, f.handle, f.name.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (1, 0x5347, Some("sg_ingress")),
+                (1, 1, None),
+                (2, 3, Some("cil_from_container"))
+            ]
+        );
+        assert_eq!(parse_filters(b"\n").unwrap(), []);
+        assert!(parse_filters(br#"[{"pref":1,"options":{}}]"#).is_err());
+        assert!(parse_filters(b"not json").is_err());
+    }
 
     #[test]
     fn burst_scales_with_rate_and_has_a_floor() {

@@ -800,3 +800,114 @@ fn the_root_qdisc_is_read_for_one_interface_alone() {
     assert_eq!(root_qdisc(ia).unwrap(), None, "a deleted interface");
     assert_eq!(root_qdisc(ib).unwrap().map(|q| q.major), Some(7));
 }
+
+/// A CNI's filter on a clsact hook of the pod's host veth: priority 1 (where CNIs put
+/// theirs), passing every packet, which ends classification as a CNI's does when it
+/// passes a packet. Its action mirrors each packet to `sink`, which counts them.
+fn add_cni_filter(veth: &str, hook: &str, sink: &str) {
+    let head = format!("filter add dev {veth} {hook} protocol all prio 1 handle 1 bpf bytecode");
+    let action = format!("action mirred egress mirror dev {sink} pass");
+    let mut args: Vec<&str> = head.split_whitespace().collect();
+    // Classic BPF: return a match for every packet.
+    args.push("1,6 0 0 4294967295,");
+    args.extend(action.split_whitespace());
+    run("tc", &args);
+}
+
+/// Packets the CNI filter's action saw on `hook` of `veth`.
+fn cni_filter_packets(veth: &str, hook: &str) -> u64 {
+    let json = run("tc", &["-s", "-j", "filter", "show", "dev", veth, hook]);
+    let filters: serde_json::Value = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("tc -j filter show gave no JSON: {e}: {json}"));
+    filters
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["options"]["handle"] == "0x1")
+        .flat_map(|f| {
+            f["options"]["actions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|a| a["stats"]["packets"].as_u64())
+        .sum()
+}
+
+/// On clsact (kernels before 6.6) ours runs before a CNI's filter of the same priority,
+/// and the CNI's still sees every packet of the pod after ours; when the CNI adds its
+/// filter again, in front of ours, the position check says so, and attaching again puts
+/// ours first, with one filter of ours on the hook.
+#[test]
+fn clsact_ours_runs_before_a_cni_filter_and_is_put_first_again() {
+    if !privileged("clsact_ours_runs_before_a_cni_filter_and_is_put_first_again") {
+        return;
+    }
+    let mut pod = Pod::new();
+    let ifindex = pod.host_ifindex();
+    let veth = pod.host_veth.clone();
+    // Where the CNI filter's action mirrors what it saw (made here, removed with the pod).
+    let (sink, _) = pod.add_queue_pair();
+    run("tc", &["qdisc", "add", "dev", &veth, "clsact"]);
+    add_cni_filter(&veth, "ingress", &sink);
+
+    let mut bpf = Bpf::load_with_mode(&pod.pin_dir, AttachMode::Clsact).unwrap();
+    attach_both(&mut bpf, ifindex);
+    let cfg = IfaceConfig {
+        slot: 11,
+        ..IfaceConfig::default()
+    };
+    bpf.set_iface(ifindex, cfg).unwrap();
+    let first = |bpf: &Bpf| {
+        bpf.ahead_of("from-pod", ifindex, Direction::FromPod)
+            .unwrap()
+    };
+    assert_eq!(first(&bpf), None, "{}", pod.tc_filters("ingress"));
+
+    bpf.reset_counters(11).unwrap();
+    let seen = cni_filter_packets(&veth, "ingress");
+    assert_eq!(pod.ping(PINGS), PINGS);
+    let (_, from) = bpf.counters(11).unwrap();
+    assert_counted(
+        Counters::default(),
+        from,
+        PINGS,
+        "ours, in front of the CNI's",
+    );
+    let cni = cni_filter_packets(&veth, "ingress") - seen;
+    assert!(
+        cni >= PINGS,
+        "the CNI's filter saw {cni} of the pod's {PINGS} packets behind ours"
+    );
+
+    // The CNI adds its filter again (as on a restart of its agent): the last added runs
+    // first, so ours is behind it and sees nothing.
+    let del = format!("filter del dev {veth} ingress protocol all prio 1 handle 1 bpf");
+    run("tc", &del.split_whitespace().collect::<Vec<_>>());
+    add_cni_filter(&veth, "ingress", &sink);
+    assert_eq!(first(&bpf), Some(1), "{}", pod.tc_filters("ingress"));
+    bpf.reset_counters(11).unwrap();
+    assert_eq!(pod.ping(PINGS), PINGS);
+    let (_, from) = bpf.counters(11).unwrap();
+    assert_eq!(
+        from.packets, 0,
+        "ours behind a filter that ends classification"
+    );
+
+    bpf.attach(ifindex, Direction::FromPod, "from-pod").unwrap();
+    assert_eq!(first(&bpf), None, "{}", pod.tc_filters("ingress"));
+    let filters = pod.tc_filters("ingress");
+    assert_eq!(
+        filters.lines().filter(|l| l.contains("sg_ingress")).count(),
+        1,
+        "one filter of ours: {filters}"
+    );
+    bpf.reset_counters(11).unwrap();
+    let seen = cni_filter_packets(&veth, "ingress");
+    assert_eq!(pod.ping(PINGS), PINGS);
+    let (_, from) = bpf.counters(11).unwrap();
+    assert_counted(Counters::default(), from, PINGS, "ours, first again");
+    assert!(cni_filter_packets(&veth, "ingress") - seen >= PINGS);
+    bpf.detach("to-pod").unwrap();
+    bpf.detach("from-pod").unwrap();
+}

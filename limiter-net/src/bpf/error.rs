@@ -117,6 +117,20 @@ pub enum BpfError {
         #[source]
         source: Box<TcError>,
     },
+    #[error("listing the clsact filters on {ifname} ({hook}): {source}")]
+    ClsactList {
+        ifname: String,
+        hook: Hook,
+        #[source]
+        source: Box<crate::NetError>,
+    },
+    #[error("removing the clsact filter of {program} from {ifname}: {source}")]
+    ClsactRemove {
+        ifname: String,
+        program: &'static str,
+        #[source]
+        source: Box<io::Error>,
+    },
     #[error("listing the programs on ifindex {ifindex} ({direction}): {source}")]
     Chain {
         ifindex: u32,

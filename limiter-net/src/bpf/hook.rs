@@ -48,6 +48,14 @@ impl Hook {
         }
     }
 
+    /// The clsact hook as `tc filter` names it.
+    pub(super) fn tc_hook_name(self) -> &'static str {
+        match self.tc_attach_type() {
+            TcAttachType::Egress => "egress",
+            _ => "ingress",
+        }
+    }
+
     /// `enum bpf_attach_type` value of the TCX hook, as reported in a link's info.
     pub(super) fn tcx_attach_type(self) -> u32 {
         match self {
