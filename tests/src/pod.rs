@@ -17,7 +17,7 @@
 
 use std::{
     fs,
-    io::ErrorKind,
+    io::{ErrorKind, Write as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -47,6 +47,10 @@ pub struct Sandbox {
     child: Option<Child>,
     /// More processes of the pod (see [`Sandbox::spawn_in_own_netns`]).
     extra: Vec<Child>,
+    /// A container cgroup of many processes (see [`Sandbox::spawn_crowd`]).
+    crowd: Option<PathBuf>,
+    /// Empty container cgroups (see [`Sandbox::add_empty_containers`]).
+    empty: Vec<PathBuf>,
     /// The pod's cgroup.
     pod_dir: PathBuf,
     /// Every directory made, parents first.
@@ -117,6 +121,8 @@ impl Sandbox {
             uid: uid.to_owned(),
             child: None,
             extra: Vec::new(),
+            crowd: None,
+            empty: Vec::new(),
             pod_dir,
             created: Vec::new(),
         };
@@ -191,6 +197,56 @@ impl Sandbox {
         pid
     }
 
+    /// Starts `n` processes in a container cgroup of the pod that sorts before the
+    /// sandbox's, all in one network namespace of their own (`unshare -n`), and returns
+    /// once they are all in the cgroup. They end with the sandbox.
+    pub fn spawn_crowd(&mut self, n: usize) {
+        let dir = self.pod_dir.join(format!("{}crowd", "0".repeat(16)));
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        self.crowd = Some(dir.clone());
+        // The shell forks only once it is in the cgroup (it waits for a line first), so
+        // every process it starts is born there.
+        let script =
+            format!("read go; i=0; while [ $i -lt {n} ]; do sleep 100000 & i=$((i+1)); done; wait");
+        let mut child = Command::new("unshare")
+            .args(["-n", "sh", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn unshare");
+        let procs = dir.join("cgroup.procs");
+        fs::write(&procs, child.id().to_string())
+            .unwrap_or_else(|e| panic!("write {} to {}: {e}", child.id(), procs.display()));
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(b"go\n").expect("start the crowd");
+        }
+        self.extra.push(child);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let count = fs::read_to_string(&procs).map_or(0, |t| t.lines().count());
+            if count > n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{count} of {n} processes started in {}",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Makes `n` empty container cgroups in the pod that sort before the sandbox's. They
+    /// go with the sandbox.
+    pub fn add_empty_containers(&mut self, n: usize) {
+        for i in 0..n {
+            let dir = self.pod_dir.join(format!("{}empty{i:04}", "0".repeat(16)));
+            fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            self.empty.push(dir);
+        }
+    }
+
     /// Whether the sandbox process still runs (reaping it if it exited).
     pub fn running(&mut self) -> bool {
         self.child
@@ -204,6 +260,21 @@ impl Drop for Sandbox {
         for c in self.extra.iter_mut().chain(self.child.as_mut()) {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(crowd) = self.crowd.take() {
+            // Its processes are not our children: the cgroup kills them all, and is
+            // removed once they are gone.
+            let _ = fs::write(crowd.join("cgroup.kill"), "1");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while fs::read_to_string(crowd.join("cgroup.procs")).is_ok_and(|t| !t.is_empty())
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = fs::remove_dir(&crowd);
+        }
+        for dir in self.empty.drain(..) {
+            let _ = fs::remove_dir(&dir);
         }
         remove_tree(&self.created);
     }

@@ -297,6 +297,79 @@ async fn a_second_network_namespace_in_the_pod_does_not_lift_the_limit() {
     assert_eq!(unprepare_one(&mut c, 0, "early").await.code, "");
 }
 
+/// A pod with more than one scan of it reads does not lose its limit: a scan that
+/// stopped short cannot tell that the sandbox is gone. First a container with more
+/// processes than a scan reads, sorted before the sandbox's and in a network namespace
+/// of its own: every container's first processes are read before one's many, so the
+/// sandbox is still found. Then more containers than a scan reads, all sorted before
+/// the sandbox's, so that it is not read at all: the share stays ENFORCED on the
+/// sandbox it was enforced on, whose veth is still there, and says so.
+#[tokio::test]
+async fn a_pod_with_more_than_a_scan_reads_keeps_its_limit() {
+    if !net::privileged("a_pod_with_more_than_a_scan_reads_keeps_its_limit") {
+        return;
+    }
+    let pins = PinDir::new();
+    // Frequent rescans: a process joining a cgroup raises no event of its own.
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
+    );
+    let a = net::start_agent(
+        net::net_device("nic-0", &lines),
+        &pins,
+        "rescan_period = \"100ms\"\nreconcile_period = \"100ms\"",
+    );
+    let mut c = a.client().await;
+    let mut pod = Pod::new();
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("crowd", "team-a", pod.uid(), &id, "100M"),
+    )
+    .await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+
+    // More than the 4,096 processes a scan reads; the next rescans see their namespace.
+    pod.sandbox_mut().unwrap().spawn_crowd(4200);
+    let s = wait_reason(&mut c, &id, "1 more network namespace(s)").await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.sandbox.as_ref().unwrap().host_interface, pod.host_if());
+
+    // More than the 256 cgroups a scan reads, before the sandbox's.
+    pod.sandbox_mut().unwrap().add_empty_containers(300);
+    let s = wait_reason(&mut c, &id, "more than one scan reads").await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.sandbox.as_ref().unwrap().host_interface, pod.host_if());
+    assert_eq!(s.limits[0].enforced, "100M", "{s:?}");
+    let classes = net::sh(&["tc", "class", "show", "dev", pod.host_if()]);
+    assert!(classes.contains("rate 100Mbit"), "{classes}");
+    assert_eq!(unprepare_one(&mut c, 0, "crowd").await.code, "");
+}
+
+/// Share `id` once its reason says `note`; fails if it goes PENDING first (its limit
+/// removed) or no rescan says so within 30 s.
+async fn wait_reason(c: &mut Client, id: &str, note: &str) -> pb::ShareStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = get_share(c, id.to_owned()).await;
+        assert_ne!(
+            s.phase,
+            pb::Phase::Pending as i32,
+            "a scan that stopped short was taken for a gone sandbox: {s:?}"
+        );
+        if s.reason.contains(note) {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no rescan said {note:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// kubelet prepares a shared claim again as each pod that uses it starts, naming the
 /// claim's reserved pods as they are then. The share follows them: a repeated Prepare
 /// naming a new pod enforces on it (not only on the pod of the first Prepare), and one

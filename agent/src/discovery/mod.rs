@@ -46,16 +46,27 @@ pub struct Sandbox {
     /// Other network namespaces the pod's processes are in, none of them wired to the
     /// host (see [`Discovery::find`]).
     pub unwired_netns: usize,
+    /// The last scan of the pod stopped short of all its processes, the sandbox's among
+    /// them, and the sandbox was kept as recorded: a scan that could not read everything
+    /// cannot tell that a sandbox is gone.
+    pub partial_scan: bool,
 }
 
-/// How a share's reason names the pod's other namespaces: appended to it while there
-/// are any, found again by this start to be replaced.
+/// How a share's reason tells what the last scan of its pod saw besides the sandbox:
+/// appended to it while there is something to tell, found again by this start to be
+/// replaced.
 pub const UNWIRED_NOTE: &str = "; the pod has ";
 
-/// `reason` with its note on the pod's other namespaces set to `unwired` of them.
-pub fn with_unwired_note(reason: &str, unwired: usize) -> String {
+/// `reason` with its note on the pod set to what `sb`'s scan found: more processes than
+/// a scan reads, or other network namespaces.
+pub fn with_unwired_note(reason: &str, sb: &Sandbox) -> String {
     let base = reason.split(UNWIRED_NOTE).next().unwrap_or(reason);
-    match unwired {
+    if sb.partial_scan {
+        return format!(
+            "{base}{UNWIRED_NOTE}more than one scan reads (processes or cgroups): the sandbox it was enforced on is kept while its host veth is there"
+        );
+    }
+    match sb.unwired_netns {
         0 => base.to_owned(),
         n => format!(
             "{base}{UNWIRED_NOTE}{n} more network namespace(s), none wired to the host: the limit holds every path out of it"
@@ -269,18 +280,47 @@ impl Discovery {
                 cgroups: limit_cgroups,
                 host_iface: None,
                 unwired_netns: 0,
+                partial_scan: false,
             });
         }
-        let pids = process::pids_in(&dir);
-        if pids.is_empty() {
+        let scan = process::pids_in(&dir);
+        let mut spaces = process::netns_of(&self.proc_root, &scan.pids);
+        spaces.remove(&self.host_netns);
+        // A scan that did not read every process cannot tell that the sandbox is gone:
+        // the one the share was enforced on is kept while its host veth is there.
+        if !scan.complete
+            && let Some(c) = current
+            && let (Some(netns), Some(index), Some(name)) =
+                (c.netns_inode, c.host_ifindex, c.host_ifname.as_ref())
+            && !spaces.contains_key(&netns)
+            && host_link_index(name) == Some(index)
+        {
+            record.netns_inode = Some(netns);
+            record.host_ifindex = Some(index);
+            record.host_ifname = Some(name.clone());
+            return PodState::Ready(Sandbox {
+                record,
+                cgroups: limit_cgroups,
+                host_iface: Some(HostIface {
+                    index,
+                    name: name.clone(),
+                }),
+                unwired_netns: spaces.len(),
+                partial_scan: true,
+            });
+        }
+        if scan.pids.is_empty() {
             return PodState::Waiting(format!(
                 "pod {uid}'s cgroup {cgroup} has no processes yet: waiting for its sandbox"
             ));
         }
-        let mut spaces = process::netns_of(&self.proc_root, &pids);
-        spaces.remove(&self.host_netns);
+        if spaces.is_empty() && !scan.complete {
+            return PodState::Waiting(format!(
+                "pod {uid}'s processes read so far are all in the host's network namespace, and it has more than one scan reads: waiting"
+            ));
+        }
         if spaces.is_empty() {
-            if let Some(age) = process::oldest_age(&self.proc_root, &pids)
+            if let Some(age) = process::oldest_age(&self.proc_root, &scan.pids)
                 && age < HOST_NETWORK_SETTLE
             {
                 self.recheck_at(std::time::Instant::now() + (HOST_NETWORK_SETTLE - age));
@@ -335,6 +375,7 @@ impl Discovery {
                     name: name.clone(),
                 }),
                 unwired_netns: others,
+                partial_scan: false,
             });
         }
         let ns = match process::open_netns(&self.proc_root, pid, netns) {
@@ -354,6 +395,7 @@ impl Discovery {
                     cgroups: limit_cgroups,
                     host_iface: Some(h),
                     unwired_netns: others,
+                    partial_scan: false,
                 })
             }
             Err(NetError::NotFound(what)) => PodState::Waiting(format!(
@@ -419,7 +461,7 @@ impl Discovery {
             let ours: BTreeSet<u64> = pods
                 .iter()
                 .flat_map(|(_, d)| {
-                    process::netns_of(&self.proc_root, &process::pids_in(d)).into_keys()
+                    process::netns_of(&self.proc_root, &process::pids_in(d).pids).into_keys()
                 })
                 .collect();
             if !ours.contains(&ino) || ino == self.host_netns {

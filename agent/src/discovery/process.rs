@@ -16,33 +16,87 @@ use std::{
 const MAX_PIDS: usize = 4096;
 /// Container cgroups sit one or two levels below the pod's.
 const MAX_DEPTH: usize = 4;
+/// More cgroups than a pod has (a container each, and a level or two below).
+const MAX_CGROUPS: usize = 256;
 /// `cgroup.procs` of a busy cgroup stays far below this.
 const MAX_PROCS_BYTES: u64 = 256 * 1024;
+/// How many pids of each cgroup come before any cgroup's next ones: every container's
+/// first processes, the sandbox's among them, are read before one container's many can
+/// fill the scan.
+const FIRST_ROUND: usize = 8;
 
-/// The pids in `dir` and every cgroup below it (to a bounded depth and count).
-pub fn pids_in(dir: &Path) -> Vec<u32> {
-    let mut out = Vec::new();
-    walk(dir, 0, &mut out);
-    out.sort_unstable();
-    out.dedup();
-    out
+/// The pids of a pod's cgroup tree, and whether they are all of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    pub pids: Vec<u32>,
+    /// False when the scan stopped at a bound or could not read a cgroup: a sandbox not
+    /// among `pids` may then still be there.
+    pub complete: bool,
 }
 
-fn walk(dir: &Path, depth: usize, out: &mut Vec<u32>) {
-    if depth > MAX_DEPTH || out.len() >= MAX_PIDS {
+/// The pids in `dir` and every cgroup below it (to a bounded depth and count): first
+/// [`FIRST_ROUND`] of each cgroup, then the rest, so that one container with many
+/// processes cannot keep the others' out of the scan.
+pub fn pids_in(dir: &Path) -> Scan {
+    let mut cgroups = Vec::new();
+    let mut complete = true;
+    walk(dir, 0, &mut cgroups, &mut complete);
+    let mut out: Vec<u32> = Vec::new();
+    for round in [0, 1] {
+        for pids in &cgroups {
+            let (skip, take) = if round == 0 {
+                (0, FIRST_ROUND)
+            } else {
+                (FIRST_ROUND, usize::MAX)
+            };
+            for &pid in pids.iter().skip(skip).take(take) {
+                if out.len() == MAX_PIDS {
+                    complete = false;
+                    break;
+                }
+                out.push(pid);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Scan {
+        pids: out,
+        complete,
+    }
+}
+
+/// Each cgroup's pids, `dir` and below, in the order [`super::cgroups::subdirs`] lists
+/// them.
+fn walk(dir: &Path, depth: usize, cgroups: &mut Vec<Vec<u32>>, complete: &mut bool) {
+    if cgroups.len() == MAX_CGROUPS {
+        *complete = false;
         return;
     }
     let mut text = String::new();
-    if let Ok(f) = File::open(dir.join("cgroup.procs")) {
-        let _ = f.take(MAX_PROCS_BYTES).read_to_string(&mut text);
+    match File::open(dir.join("cgroup.procs")) {
+        Ok(f) => match f.take(MAX_PROCS_BYTES).read_to_string(&mut text) {
+            Ok(n) if (n as u64) < MAX_PROCS_BYTES => {}
+            _ => *complete = false,
+        },
+        // Removed while it was read: its processes are gone with it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => *complete = false,
     }
-    out.extend(
+    cgroups.push(
         text.lines()
             .filter_map(|l| l.trim().parse::<u32>().ok())
-            .take(MAX_PIDS - out.len()),
+            .collect(),
     );
-    for sub in super::cgroups::subdirs(dir) {
-        walk(&sub, depth + 1, out);
+    let subs = super::cgroups::subdirs(dir);
+    if depth == MAX_DEPTH {
+        if !subs.is_empty() {
+            *complete = false;
+        }
+        return;
+    }
+    for sub in subs {
+        walk(&sub, depth + 1, cgroups, complete);
     }
 }
 
@@ -178,8 +232,47 @@ mod tests {
         fs::write(d.path().join("cgroup.procs"), "").unwrap();
         fs::write(d.path().join("c1/cgroup.procs"), "7\n3\n").unwrap();
         fs::write(d.path().join("c1/c2/cgroup.procs"), "3\n12\nnot-a-pid\n").unwrap();
-        assert_eq!(pids_in(d.path()), vec![3, 7, 12]);
-        assert!(pids_in(&d.path().join("missing")).is_empty());
+        assert_eq!(
+            pids_in(d.path()),
+            Scan {
+                pids: vec![3, 7, 12],
+                complete: true
+            }
+        );
+        let missing = pids_in(&d.path().join("missing"));
+        assert!(missing.pids.is_empty() && missing.complete, "{missing:?}");
+    }
+
+    #[test]
+    fn a_container_with_many_processes_leaves_room_for_the_others_and_is_told() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        // Sorts before the sandbox's container, and alone holds more than a scan reads.
+        fs::create_dir(d.path().join("0-many")).unwrap();
+        let many: String = (100_000..100_000 + MAX_PIDS as u32 + 10)
+            .map(|p| format!("{p}\n"))
+            .collect();
+        fs::write(d.path().join("0-many/cgroup.procs"), many).unwrap();
+        fs::create_dir(d.path().join("sandbox")).unwrap();
+        fs::write(d.path().join("sandbox/cgroup.procs"), "42\n").unwrap();
+        let scan = pids_in(d.path());
+        assert!(scan.pids.contains(&42), "the sandbox's process was read");
+        assert_eq!(scan.pids.len(), MAX_PIDS);
+        assert!(!scan.complete, "the scan says it stopped short");
+
+        // Below the bounds: complete again.
+        fs::write(d.path().join("0-many/cgroup.procs"), "7\n").unwrap();
+        assert_eq!(
+            pids_in(d.path()),
+            Scan {
+                pids: vec![7, 42],
+                complete: true
+            }
+        );
+        // Deeper than a pod's tree goes: not all of it read.
+        let deep = d.path().join("sandbox/a/b/c/d/e");
+        fs::create_dir_all(&deep).unwrap();
+        assert!(!pids_in(d.path()).complete);
     }
 
     #[test]

@@ -81,8 +81,8 @@ impl Engine {
                     && matches!(r.phase, Phase::Enforced | Phase::Observed | Phase::Degraded)
                 {
                     // Settled on this sandbox: drift is the reconciler's to find. Only
-                    // the note on the pod's other namespaces may have changed.
-                    let reason = with_unwired_note(&r.reason, sb.unwired_netns);
+                    // the note on what the scan saw besides it may have changed.
+                    let reason = with_unwired_note(&r.reason, &sb);
                     if r.phase == Phase::Enforced && reason != r.reason {
                         let mut n = r.clone();
                         n.reason = reason;
@@ -97,10 +97,10 @@ impl Engine {
                     }
                 }
                 let mut n = r.clone();
-                n.sandbox = Some(sb.record);
+                n.sandbox = Some(sb.record.clone());
                 match self.apply_to(n).await {
                     Step::Next(mut n) if n.phase == Phase::Enforced => {
-                        n.reason = with_unwired_note(&n.reason, sb.unwired_netns);
+                        n.reason = with_unwired_note(&n.reason, &sb);
                         Step::Next(n)
                     }
                     other => other,
