@@ -38,14 +38,24 @@ fn boot_id() -> anyhow::Result<String> {
 /// Binds the API socket with mode 0600, or 0660 and group `group`. A socket file left by
 /// a dead agent is replaced; one that still answers belongs to a running agent, and
 /// starting a second one on the same store would break every invariant, so that is
-/// refused. A directory the agent makes for the socket is its own: 0700, or 0750 and
-/// the group's, so that only the socket's callers can even see it.
+/// refused. The socket's directory is its own when the agent makes it or it holds
+/// nothing but sockets (a hostPath `DirectoryOrCreate` makes it 0755 before the agent
+/// starts): 0700, or 0750 and the group's, so that only the socket's callers can even
+/// see it. A directory that holds other files is shared and left as it is, said in the
+/// log.
 fn bind_socket(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent()
-        && !dir.exists()
-    {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        restrict(dir, group, 0o700, 0o750)?;
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        if holds_only_sockets(dir)? {
+            restrict(dir, group, 0o700, 0o750)?;
+        } else {
+            warn!(
+                dir = %dir.display(),
+                "the socket's directory holds other files: its owner and mode are left as they are; give the socket a directory of its own"
+            );
+        }
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -67,6 +77,20 @@ fn bind_socket(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> 
     // all: root alone, or root and the socket's group.
     restrict(path, group, 0o600, 0o660)?;
     Ok(l)
+}
+
+/// Whether every entry of `dir` is a socket (none at all included).
+fn holds_only_sockets(dir: &Path) -> anyhow::Result<bool> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("inspecting {}", entry.path().display()))?;
+        if !kind.is_socket() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Gives `path` mode `alone` (root's), or with a group: owner 0:`group` and mode

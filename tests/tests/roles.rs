@@ -70,6 +70,37 @@ fn an_agent_outside_socket_group_says_so_at_start() {
     );
 }
 
+/// The socket's directory is tightened when it was there before the agent, as a
+/// hostPath `DirectoryOrCreate` makes it (0755, root's), not only when the agent made
+/// it; a directory that holds other files than sockets is shared and left as it is.
+#[test]
+fn a_socket_directory_made_before_the_agent_is_tightened_a_shared_one_left() {
+    if !net::privileged("a_socket_directory_made_before_the_agent_is_tightened_a_shared_one_left") {
+        return;
+    }
+    let mut a = Agent::start(roles_options(&["--groups", &GROUP.to_string()]));
+    let dir = a.socket.parent().unwrap().to_owned();
+    let meta = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.mode() & 0o777, m.uid(), m.gid())
+    };
+    assert_eq!(meta(&dir), (0o750, 0, GROUP), "made by the agent");
+
+    // As the kubelet leaves a hostPath it made: the next start tightens it.
+    std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    a.restart();
+    assert_eq!(meta(&dir), (0o750, 0, GROUP), "there before the agent");
+
+    // Shared with other files: not the socket's own, left alone.
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(dir.join("notes.txt"), "someone else's").unwrap();
+    a.restart();
+    assert_eq!(meta(&dir), (0o755, 0, GROUP), "a shared directory");
+    let sock = fs::metadata(&a.socket).unwrap();
+    assert_eq!((sock.mode() & 0o777, sock.gid()), (0o660, GROUP));
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
