@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmark and fuzzing.
-.PHONY: showcase test bench fuzz cluster-up cluster-down e2e
+.PHONY: showcase test bench fuzz cluster-up cluster-down e2e e2e-cilium
 
 showcase:
 	./scripts/showcase.sh
@@ -27,3 +27,10 @@ cluster-down:
 # The scenarios on the real cluster: a fresh cluster, the tests, and the cluster removed.
 e2e:
 	./tests/cluster/e2e.sh
+
+# The bandwidth scenarios on the test cluster with Cilium as the nodes' CNI, and Cilium's
+# programs counted beside shareguard's, with legacy and with BPF host routing
+# (docs/platform.md, "Beside Cilium"). Builds Cilium from tests/cluster/cilium (minutes).
+e2e-cilium:
+	SGC_CNI=cilium ./tests/cluster/e2e.sh b_e_pods d_two_tenants f_limits_outlive \
+	  n_the_bandwidth_example o_a_rollback

@@ -10,6 +10,8 @@
 #   containerd  containerd containerd-shim-runc-v2 ctr
 #   runc        runc (with seccomp, as distributions build it)
 #   cni         bridge host-local loopback portmap
+#   cilium      cilium-agent cilium-cni cilium-dbg, and the agent's BPF sources (only with
+#               SGC_CNI=cilium: the Cilium variant, cilium/start.sh)
 #
 # Usage: build.sh            build what is missing; print the bin directory
 set -euo pipefail
@@ -19,8 +21,11 @@ bin="$cache/bin"
 mkdir -p "$bin"
 
 go_version="$(go env GOVERSION)"
-# The release a module pins for a program: the version of `mod` in that go.mod.
-pinned() { awk -v m="$1" '$1 == m { print $2; exit }' "$2"; }
+# The release a module pins for a program: the version of `mod` in that go.mod
+# (in a require block, or on a require line of its own).
+pinned() {
+  awk -v m="$1" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$2"
+}
 
 # build NAME DIR VERSION CGO TAGS LDFLAGS PACKAGES...: build into $cache/NAME-VERSION-DIGEST
 # unless it is there, then link each program into $bin.
@@ -78,5 +83,27 @@ build cni "$here/cni" "$cni" 0 "" "-s -w" \
   github.com/containernetworking/plugins/plugins/ipam/host-local \
   github.com/containernetworking/plugins/plugins/main/loopback \
   github.com/containernetworking/plugins/plugins/meta/portmap
+
+if [ "${SGC_CNI:-bridge}" = cilium ]; then
+  cilium="$(pinned github.com/cilium/cilium "$here/cilium/go.mod")"
+  build cilium "$here/cilium" "$cilium" 0 "" \
+    "-s -w -X github.com/cilium/cilium/pkg/version.ciliumVersion=${cilium#v}" \
+    ./cmd/cilium-agent github.com/cilium/cilium/plugins/cilium-cni \
+    github.com/cilium/cilium/cilium-dbg
+  # The agent compiles its datapath with clang when it starts, from the C sources in
+  # <lib-dir>/bpf: those of the same module, kept beside the programs with its CRDs.
+  lib="$cache/cilium-lib-$cilium"
+  if [ ! -f "$lib/.done" ]; then
+    src="$(cd "$here/cilium" && go list -m -f '{{.Dir}}' github.com/cilium/cilium)"
+    rm -rf "$lib"
+    mkdir -p "$lib"
+    cp -r "$src/bpf" "$lib/bpf"
+    # Its CRDs, which Cilium's operator would register (the test cluster runs none).
+    cp -r "$src/pkg/k8s/apis/cilium.io/client/crds" "$lib/crds"
+    chmod -R u+w "$lib"
+    touch "$lib/.done"
+  fi
+  ln -sfn "$lib" "$bin/cilium-lib"
+fi
 
 echo "$bin"

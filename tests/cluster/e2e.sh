@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The scenarios on a real cluster (`make e2e`): a fresh cluster from up.sh, the
-# scenarios in tests/tests/e2e.rs against it, then the cluster removed, also when a
-# scenario fails. On failure the cluster's logs are kept in target/e2e-logs and the end
-# of each is printed, since the cluster itself is gone by then.
+# scenarios in tests/tests/e2e.rs against it (those named in the arguments, or all),
+# then the cluster removed, also when a scenario fails. With SGC_CNI=cilium (`make
+# e2e-cilium`) the nodes run Cilium, and cilium/checks.sh runs after the scenarios. On
+# failure the cluster's logs are kept in target/e2e-logs and the end of each is
+# printed, since the cluster itself is gone by then.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -49,8 +51,12 @@ export SGC_KUBECONFIG SGC_KUBECTL
 
 status=0
 # One scenario at a time: they share two nodes' capacity and measure traffic.
+# Arguments, if any, name the scenarios to run (cargo test's filters).
 (cd "$repo" && cargo test --locked -p shareguard-tests --test e2e -- --ignored \
-  --test-threads=1) || status=$?
+  --test-threads=1 "$@") || status=$?
+if [ "$SGC_CNI" = cilium ]; then
+  "$here/cilium/checks.sh" || status=$?
+fi
 if [ "$status" != 0 ]; then
   keep_logs
 fi

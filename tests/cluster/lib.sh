@@ -42,6 +42,18 @@ SGC_NODE_PATHS=(
   /run/cdi /etc/cni/net.d /var/lib/cni /var/log/pods /var/log/containers /run/netns
   /etc/containerd /opt/cni/bin /etc/kubernetes
 )
+# The nodes' CNI: bridge (the default: containernetworking's bridge with host-local) or
+# cilium, a variant for trying shareguard beside Cilium (cilium/start.sh; docs/platform.md
+# says what it showed). The Cilium agent keeps its state in the node's own folders.
+SGC_CNI="${SGC_CNI:-bridge}"
+case "$SGC_CNI" in
+  bridge) ;;
+  cilium) SGC_NODE_PATHS+=(/run/cilium /var/lib/cilium) ;;
+  *)
+    echo "SGC_CNI: '$SGC_CNI' is neither bridge nor cilium" >&2
+    exit 1
+    ;;
+esac
 
 # Run a command inside node $1's namespaces.
 sgc_in_node() {

@@ -49,7 +49,11 @@ for node in "${SGC_NODES[@]}"; do
     done
     mkdir -p "$dir/root$p"
   done
-  cp "$bin"/{bridge,host-local,loopback,portmap} "$dir/root/opt/cni/bin/"
+  if [ "$SGC_CNI" = cilium ]; then
+    cp "$bin"/{cilium-cni,loopback} "$dir/root/opt/cni/bin/"
+  else
+    cp "$bin"/{bridge,host-local,loopback,portmap} "$dir/root/opt/cni/bin/"
+  fi
   # shellcheck disable=SC2016 # expanded by the inner shell
   sgc_in_node "$node" bash -euc '
     mount --make-rshared /
@@ -74,7 +78,13 @@ for node in "${SGC_NODES[@]}"; do
     [ "$other" = "$node" ] && continue
     sgc_in_node "$node" ip route add "$(sgc_node_pod_cidr "$other")" via "$(sgc_node_ip "$other")"
   done
-  cat >"$dir/root/etc/cni/net.d/10-sgc.conflist" <<EOF
+  if [ "$SGC_CNI" = cilium ]; then
+    # Cilium's plugin asks the node's agent (cilium/start.sh) for everything.
+    cat >"$dir/root/etc/cni/net.d/05-cilium.conflist" <<EOF
+{"cniVersion": "0.3.1", "name": "cilium", "plugins": [{"type": "cilium-cni"}]}
+EOF
+  else
+    cat >"$dir/root/etc/cni/net.d/10-sgc.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "sgc",
@@ -95,6 +105,7 @@ for node in "${SGC_NODES[@]}"; do
   ]
 }
 EOF
+  fi
 
   # The node's cgroup root in every hierarchy (kubelet refuses a cgroupRoot that does
   # not exist). A new v1 cpuset starts with no CPUs and no memory nodes: copy them.
@@ -196,3 +207,7 @@ done
 for node in "${SGC_NODES[@]}"; do
   SGC_WAIT=180 sgc_wait "node $node registered" kubectl get node "$node"
 done
+
+if [ "$SGC_CNI" = cilium ]; then
+  "$here/cilium/start.sh" "$bin"
+fi
