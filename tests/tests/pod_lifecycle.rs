@@ -370,6 +370,49 @@ async fn wait_reason(c: &mut Client, id: &str, note: &str) -> pb::ShareStatus {
     }
 }
 
+/// A pod whose interface is not a veth (netkit, macvlan, ipvlan, SR-IOV: here an ifb
+/// named eth0 in the pod's namespace) has no host side to limit: its share waits with
+/// the reason, and nothing is installed anywhere.
+#[tokio::test]
+async fn a_pod_whose_interface_is_not_a_veth_waits_and_nothing_is_touched() {
+    if !net::privileged("a_pod_whose_interface_is_not_a_veth_waits_and_nothing_is_touched") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let ns = net::Netns::new();
+    // Unique as the namespace's own name (sgt-<pid>-<n>) is.
+    let n = ns.name().rsplit('-').next().unwrap();
+    let ifb = format!("sgn{}_{n}", std::process::id());
+    net::sh(&["ip", "link", "add", &ifb, "type", "ifb"]);
+    // Deleted with the namespace from here on.
+    net::sh(&["ip", "link", "set", &ifb, "netns", ns.name()]);
+    ns.sh(&["ip", "link", "set", &ifb, "name", "eth0"]);
+    ns.sh(&["ip", "link", "set", "eth0", "up"]);
+    let sb = Sandbox::start(&pod_uid(), Layout::Cgroupfs, Some(ns.name()));
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("notveth", "team-a", sb.uid(), &id, "100M"),
+    )
+    .await;
+    assert_eq!(r.error, None, "{r:?}");
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    assert!(
+        s.reason.contains("interface eth0 has no host-side veth"),
+        "{s:?}"
+    );
+    assert!(s.limits[0].enforced.is_empty(), "{s:?}");
+    nothing_left(&a, &pins, &id);
+    let qdiscs = ns.sh(&["tc", "qdisc", "show", "dev", "eth0"]);
+    assert!(!qdiscs.contains("htb"), "{qdiscs}");
+    assert_eq!(unprepare_one(&mut c, 0, "notveth").await.code, "");
+    drop(sb);
+}
+
 /// kubelet prepares a shared claim again as each pod that uses it starts, naming the
 /// claim's reserved pods as they are then. The share follows them: a repeated Prepare
 /// naming a new pod enforces on it (not only on the pod of the first Prepare), and one
