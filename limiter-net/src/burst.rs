@@ -180,7 +180,7 @@ pub struct Governed {
     pub share_key: String,
     pub direction: Direction,
     /// The interface whose root HTB holds the share's class: the host veth for traffic
-    /// to the pod, the ifb for traffic from it.
+    /// to the pod, the queue device for traffic from it.
     pub ifindex: u32,
     /// The direction's rate, bytes per second.
     pub bytes_per_sec: u64,

@@ -22,7 +22,7 @@ pub enum NetError {
     /// be limited, or the reverse): installing it again for its stage repairs that.
     #[error("{0}")]
     OtherStage(String),
-    /// The kernel lacks what was asked for (a qdisc, ifb devices).
+    /// The kernel lacks what was asked for (a qdisc, a kind of link).
     #[error("{0}")]
     Unsupported(String),
     #[error("bpf: {0}")]

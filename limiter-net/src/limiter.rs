@@ -5,7 +5,7 @@
 //! Programs, maps and links are pinned under the agent's bpffs directory and the qdiscs
 //! live in the kernel: killing the agent lifts no limit, and a restarted agent adopts
 //! the pinned links instead of attaching again. Each share's install record (which
-//! interface, which mechanism, which ifb) is on disk, so a release still finds what to
+//! interface, which mechanism, which queue device) is on disk, so a release still finds what to
 //! remove after the pod's namespace is gone.
 
 use std::{
@@ -89,7 +89,7 @@ pub fn return_link_name(share_key: &str) -> String {
 
 /// The lowest counter slot no other installed share holds. Slots are allocated, not
 /// taken from the interface index: a busy node's ifindexes pass the array's size within
-/// days, since every pod veth and every ifb takes a new one.
+/// days, since every pod veth and every queue device takes a new one.
 fn free_slot(others: &[Installed]) -> Result<u32, NetError> {
     let used: std::collections::BTreeSet<u32> = others.iter().filter_map(Installed::slot).collect();
     (0..shareguard_ebpf_common::MAX_SLOTS)
@@ -206,9 +206,9 @@ fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
 }
 
 /// The directions of `i` whose bucket the burst governor keeps, by counter index: those
-/// `htb-ebpf` shapes whose idle bucket is smaller than their busy one. `ifb_index`: the
-/// ifb that queues traffic from the pod, where there is one.
-fn governed_directions(i: &Installed, ifb_index: Option<u32>) -> Vec<(u32, burst::Governed)> {
+/// `htb-ebpf` shapes whose idle bucket is smaller than their busy one. `queue_index`: the
+/// queue device that queues traffic from the pod, where there is one.
+fn governed_directions(i: &Installed, queue_index: Option<u32>) -> Vec<(u32, burst::Governed)> {
     if i.mechanism != Mechanism::HtbEbpf {
         return Vec::new();
     }
@@ -221,7 +221,7 @@ fn governed_directions(i: &Installed, ifb_index: Option<u32>) -> Vec<(u32, burst
             let rate = i.shaped(dir)?;
             let ifindex = match dir {
                 Direction::ToPod => i.host_index,
-                Direction::FromPod => ifb_index?,
+                Direction::FromPod => queue_index?,
             };
             let p = tc::HtbParams::for_rate(rate);
             let index = shareguard_ebpf_common::counter_index(slot, dir.index())?;
@@ -364,11 +364,11 @@ impl NetLimiter {
         i: &Installed,
         dir: Direction,
         cfg: Option<&IfaceConfig>,
-        ifb_index: Option<u32>,
+        queue_index: Option<u32>,
     ) -> Result<Option<u64>, NetError> {
         let (wanted, queue_index) = match dir {
             Direction::ToPod => (i.to_pod_bps, Some(i.host_index)),
-            Direction::FromPod => (i.from_pod_bps, ifb_index),
+            Direction::FromPod => (i.from_pod_bps, queue_index),
         };
         if wanted.is_none() {
             return Ok(None);
@@ -443,7 +443,7 @@ impl NetLimiter {
             )));
         }
         let cfg = bpf.iface(i.host_index).map_err(bpf_err)?;
-        let ifb_index = match &i.queue {
+        let queue_index = match &i.queue {
             Some(n) => rtnl::index_of(n)?,
             None => None,
         };
@@ -461,13 +461,14 @@ impl NetLimiter {
             }));
         }
         if observing {
-            return self.read_counting(bpf, &i, cfg.as_ref(), ifb_index);
+            return self.read_counting(bpf, &i, cfg.as_ref(), queue_index);
         }
-        for (index, g) in governed_directions(&i, ifb_index) {
+        for (index, g) in governed_directions(&i, queue_index) {
             self.backend.bursts.found(index, g);
         }
-        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref(), ifb_index)?;
-        let from_pod = self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref(), ifb_index)?;
+        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref(), queue_index)?;
+        let from_pod =
+            self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref(), queue_index)?;
         // What was read back is configuration; whether the traffic passes it is the
         // programs' place in the chain and the counters.
         let ahead = self.ahead(bpf, &i)?;
@@ -571,12 +572,12 @@ impl NetLimiter {
             ))
             .into());
         }
-        // The ifb and the pinned links are named after twelve hex digits of the key's
+        // The queue devices and the pinned links are named after twelve hex digits of the key's
         // hash; two live shares with one short id would share them.
         let id = short_id(&spec.share_key);
         if let Some(other) = others.iter().find(|o| short_id(&o.share_key) == id) {
             return Err(NetError::Conflict(format!(
-                "share keys {} and {} hash to the same short id {id}, which names their ifb and pins",
+                "share keys {} and {} hash to the same short id {id}, which names their queue devices and pins",
                 spec.share_key, other.share_key
             ))
             .into());
@@ -625,8 +626,8 @@ impl NetLimiter {
         let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
         // Traffic from the pod is redirected to a queue device when something has to
         // queue it; the released packets come back through its peer (see the programs).
-        let ifb = plan.ifb_root.map(|_| queue_name(&spec.share_key));
-        if ifb.is_some() && shareguard_ebpf_common::loop_mark(host.index).is_none() {
+        let queue_dev = plan.queue_root.map(|_| queue_name(&spec.share_key));
+        if queue_dev.is_some() && shareguard_ebpf_common::loop_mark(host.index).is_none() {
             return Err(NetError::Unsupported(format!(
                 "interface {} has index {}, beyond the {} the queue loop's packet mark can carry",
                 host.name,
@@ -644,7 +645,7 @@ impl NetLimiter {
             host_name: host.name.clone(),
             to_pod_bps: to,
             from_pod_bps: from,
-            queue: ifb.clone(),
+            queue: queue_dev.clone(),
             slot: Some(slot),
             path_bps: self.line_rate_bps,
             count_only,
@@ -656,7 +657,7 @@ impl NetLimiter {
             install_root(&host.name, host.index, q, root_ours)?;
         }
         let mut cfg = plan.iface;
-        if let (Some(q), Some(name)) = (&plan.ifb_root, &ifb) {
+        if let (Some(q), Some(name)) = (&plan.queue_root, &queue_dev) {
             let (queue, back) =
                 rtnl::ensure_queue_pair(name, &return_name(&spec.share_key), &spec.share_key)?;
             cfg.redirect_ifindex = queue;
@@ -694,8 +695,8 @@ impl NetLimiter {
         }
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
-        let ifb_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
-        for (index, g) in governed_directions(&installed, ifb_index) {
+        let queue_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
+        for (index, g) in governed_directions(&installed, queue_index) {
             self.backend.bursts.installed(&mut bpf, index, g)?;
         }
         Ok(self.read_back(&bpf, spec, count_only)?)
@@ -774,7 +775,7 @@ impl NetLimiter {
         bpf: &Bpf,
         i: &Installed,
         cfg: Option<&IfaceConfig>,
-        ifb_index: Option<u32>,
+        queue_index: Option<u32>,
     ) -> Result<Enforcement, NetError> {
         let Some(cfg) = cfg else {
             return Err(NetError::NotFound(format!(
@@ -792,7 +793,7 @@ impl NetLimiter {
             Some(kind) => root_is_ours(i.host_index, kind)?,
             None => false,
         };
-        if queued || ifb_index.is_some() {
+        if queued || queue_index.is_some() {
             return Err(NetError::OtherStage(format!(
                 "a queue of ours still shapes share {} while its device observes",
                 i.share_key
@@ -855,7 +856,7 @@ impl Limiter for NetLimiter {
     }
 
     /// Counts the share's traffic, both directions, and shapes nothing: the programs on
-    /// the pod's veth and the share's counter slot, no qdisc, no ifb, no pacing.
+    /// the pod's veth and the share's counter slot, no qdisc, no queue device, no pacing.
     fn observe(&self, spec: &LimitSpec) -> Result<Enforcement, LimiterError> {
         self.install(spec, true)
     }
@@ -875,7 +876,7 @@ impl Limiter for NetLimiter {
                 .filter(|q| is_ours(q, kind))
                 .map_or(0, |q| q.drops)
         };
-        let ifb_index = i
+        let queue_index = i
             .queue
             .as_deref()
             .and_then(|n| rtnl::index_of(n).ok().flatten());
@@ -885,7 +886,7 @@ impl Limiter for NetLimiter {
             from_pod_bytes: from.bytes,
             from_pod_packets: from.packets,
             drops: qdisc_drops(i.shaped(Direction::ToPod).map(|_| i.host_index))
-                + qdisc_drops(ifb_index)
+                + qdisc_drops(queue_index)
                 + to.drops
                 + from.drops,
         })

@@ -3,8 +3,8 @@
 //!
 //! | mechanism | to the pod (veth egress) | from the pod (veth ingress) |
 //! |---|---|---|
-//! | `edt-fq` | BPF sets `skb->tstamp`, root `fq` on the veth holds packets until then | BPF sets `skb->tstamp` and redirects to an ifb with a root `fq` |
-//! | `htb-ebpf` | root HTB on the veth, BPF classifies each flow into its classes | BPF classifies and redirects to an ifb with a root HTB |
+//! | `edt-fq` | BPF sets `skb->tstamp`, root `fq` on the veth holds packets until then | BPF sets `skb->tstamp` and redirects to the share's queue device with a root `fq` |
+//! | `htb-ebpf` | root HTB on the veth, BPF classifies each flow into its classes | BPF classifies and redirects to the share's queue device with a root HTB |
 //! | `bpf-policer` | BPF drops what exceeds the token bucket | likewise |
 //!
 //! EDT is preferred: `fq` keeps flows apart (a ping does not wait behind a bulk flow) and
@@ -111,12 +111,13 @@ pub enum RootQdisc {
 }
 
 /// Everything one share needs, before interfaces are resolved: the qdisc at the root of
-/// the host veth (traffic to the pod), the qdisc of the ifb (traffic from the pod, if it
-/// is redirected), and the programs' configuration without the ifb's ifindex.
+/// the host veth (traffic to the pod), the qdisc of the queue device (traffic from the
+/// pod, if it is redirected), and the programs' configuration without the queue
+/// device's ifindex.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub veth_root: Option<RootQdisc>,
-    pub ifb_root: Option<RootQdisc>,
+    pub queue_root: Option<RootQdisc>,
     pub iface: IfaceConfig,
 }
 
@@ -140,10 +141,10 @@ impl Mechanism {
             slot,
             ..IfaceConfig::default()
         };
-        let (veth_root, ifb_root) = match self {
+        let (veth_root, queue_root) = match self {
             Mechanism::HtbEbpf => {
-                // Both directions: the veth's HTB and, for traffic from the pod, the ifb's
-                // classify by the priority the programs set (a flow class each). With
+                // Both directions: the veth's HTB and, for traffic from the pod, the queue
+                // device's classify by the priority the programs set (a flow class each). With
                 // neither shaped (both unconstrained) nothing reads the priority, and
                 // judging every packet's flow would be work on the hot path for nothing.
                 if to_pod.is_some() || from_pod.is_some() {
@@ -178,7 +179,7 @@ impl Mechanism {
         };
         Plan {
             veth_root,
-            ifb_root,
+            queue_root,
             iface,
         }
     }
@@ -217,12 +218,12 @@ mod tests {
         );
         assert_eq!(choose(&NO_FQ, None).unwrap(), Mechanism::HtbEbpf);
         assert_eq!(choose(&NOTHING, None).unwrap(), Mechanism::BpfPolicer);
-        // Without ifb nothing can queue traffic from the pod.
-        let no_ifb = Probe {
+        // Without a queue device nothing can queue traffic from the pod.
+        let no_queue = Probe {
             queue: false,
             ..ALL_THERE
         };
-        assert_eq!(choose(&no_ifb, None).unwrap(), Mechanism::BpfPolicer);
+        assert_eq!(choose(&no_queue, None).unwrap(), Mechanism::BpfPolicer);
     }
 
     #[test]
@@ -254,10 +255,10 @@ mod tests {
     }
 
     #[test]
-    fn edt_paces_both_directions_with_fq_on_veth_and_ifb() {
+    fn edt_paces_both_directions_with_fq_on_veth_and_queue_device() {
         let p = Mechanism::EdtFq.plan(Some(2_000_000_000), Some(50_000_000), 9);
         assert_eq!(p.veth_root, Some(RootQdisc::Fq));
-        assert_eq!(p.ifb_root, Some(RootQdisc::Fq));
+        assert_eq!(p.queue_root, Some(RootQdisc::Fq));
         assert_eq!(p.iface.flags, FLAG_EDT_TO_POD | FLAG_EDT_FROM_POD);
         assert_eq!(p.iface.classid, 0, "fq needs no class");
         assert_eq!(p.iface.slot, 9);
@@ -278,14 +279,14 @@ mod tests {
     }
 
     #[test]
-    fn htb_classifies_to_the_pod_and_shapes_from_the_pod_on_the_ifb() {
+    fn htb_classifies_to_the_pod_and_shapes_from_the_pod_on_the_queue_device() {
         let p = Mechanism::HtbEbpf.plan(Some(50_000_000), Some(10_000_000), 2);
         assert_eq!(
             p.veth_root,
             Some(RootQdisc::Htb(tc::HtbParams::for_rate(50_000_000)))
         );
         assert_eq!(
-            p.ifb_root,
+            p.queue_root,
             Some(RootQdisc::Htb(tc::HtbParams::for_rate(10_000_000)))
         );
         assert_eq!(
@@ -298,18 +299,18 @@ mod tests {
         assert_eq!(
             (p.iface.classid, p.iface.flags),
             (tc::CLASSID, FLAG_HTB_FLOWS),
-            "traffic from the pod is classified for the ifb's HTB too"
+            "traffic from the pod is classified for the queue device's HTB too"
         );
         // Nothing shaped (an unconstrained share): nothing to classify, only counting.
         let p = Mechanism::HtbEbpf.plan(None, None, 2);
-        assert_eq!((p.veth_root, p.ifb_root), (None, None));
+        assert_eq!((p.veth_root, p.queue_root), (None, None));
         assert_eq!((p.iface.classid, p.iface.flags, p.iface.slot), (0, 0, 2));
     }
 
     #[test]
     fn the_policer_installs_no_qdisc() {
         let p = Mechanism::BpfPolicer.plan(Some(80), Some(7), 3);
-        assert_eq!((p.veth_root, p.ifb_root), (None, None));
+        assert_eq!((p.veth_root, p.queue_root), (None, None));
         assert_eq!(p.iface.flags, FLAG_POLICE_TO_POD | FLAG_POLICE_FROM_POD);
         assert_eq!(p.iface.to_pod.bytes_per_sec, 10);
         // Below one byte per second is still a rate, never "unlimited" (0).
