@@ -220,6 +220,35 @@ async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
     assert_eq!(unprepare_one(&mut c, 0, "two").await.code, "");
 }
 
+/// An agent that looks for pods and reads enforcement back every 100 ms (a process
+/// joining a cgroup raises no event of its own), and a pod with a 100M share of claim
+/// `claim_uid`, ENFORCED.
+async fn enforced_with_fast_rescans(
+    pins: &PinDir,
+    claim_uid: &str,
+) -> (Agent, Client, Pod, String) {
+    let lines = format!(
+        "mechanism = \"htb-ebpf\"\n{}",
+        net::bandwidth_capacity("10G")
+    );
+    let a = net::start_agent(
+        net::net_device("nic-0", &lines),
+        pins,
+        "rescan_period = \"100ms\"\nreconcile_period = \"100ms\"",
+    );
+    let mut c = a.client().await;
+    let pod = Pod::new();
+    let id = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for(claim_uid, "team-a", pod.uid(), &id, "100M"),
+    )
+    .await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    (a, c, pod, id)
+}
+
 /// A process of an enforced pod that makes a network namespace of its own (`unshare
 /// -n`, which kubelet's default seccomp profile allows) does not lift the pod's limit:
 /// the limit stays on the sandbox it was verified on, the share stays ENFORCED and says
@@ -230,26 +259,7 @@ async fn a_second_network_namespace_in_the_pod_does_not_lift_the_limit() {
         return;
     }
     let pins = PinDir::new();
-    // Frequent rescans: a process joining a cgroup raises no event of its own.
-    let lines = format!(
-        "mechanism = \"htb-ebpf\"\n{}",
-        net::bandwidth_capacity("10G")
-    );
-    let a = net::start_agent(
-        net::net_device("nic-0", &lines),
-        &pins,
-        "rescan_period = \"100ms\"\nreconcile_period = \"100ms\"",
-    );
-    let mut c = a.client().await;
-    let mut pod = Pod::new();
-    let id = share_id();
-    let r = prepare_one(
-        &mut c,
-        0,
-        claim_for("unshare", "team-a", pod.uid(), &id, "100M"),
-    )
-    .await;
-    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    let (_a, mut c, mut pod, id) = enforced_with_fast_rescans(&pins, "unshare").await;
 
     pod.sandbox_mut().unwrap().spawn_in_own_netns();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -310,26 +320,7 @@ async fn a_pod_with_more_than_a_scan_reads_keeps_its_limit() {
         return;
     }
     let pins = PinDir::new();
-    // Frequent rescans: a process joining a cgroup raises no event of its own.
-    let lines = format!(
-        "mechanism = \"htb-ebpf\"\n{}",
-        net::bandwidth_capacity("10G")
-    );
-    let a = net::start_agent(
-        net::net_device("nic-0", &lines),
-        &pins,
-        "rescan_period = \"100ms\"\nreconcile_period = \"100ms\"",
-    );
-    let mut c = a.client().await;
-    let mut pod = Pod::new();
-    let id = share_id();
-    let r = prepare_one(
-        &mut c,
-        0,
-        claim_for("crowd", "team-a", pod.uid(), &id, "100M"),
-    )
-    .await;
-    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    let (_a, mut c, mut pod, id) = enforced_with_fast_rescans(&pins, "crowd").await;
 
     // More than the 4,096 processes a scan reads; the next rescans see their namespace.
     pod.sandbox_mut().unwrap().spawn_crowd(4200);

@@ -52,6 +52,32 @@ pub struct Sandbox {
     pub partial_scan: bool,
 }
 
+impl Sandbox {
+    /// `record`'s sandbox on the host veth it was enforced on (`index`, `name`), which is
+    /// still there: confirmed without netlink.
+    fn on_recorded_veth(
+        mut record: SandboxRecord,
+        cgroups: Vec<PathBuf>,
+        index: u32,
+        name: &str,
+        unwired_netns: usize,
+        partial_scan: bool,
+    ) -> Sandbox {
+        record.host_ifindex = Some(index);
+        record.host_ifname = Some(name.to_owned());
+        Sandbox {
+            record,
+            cgroups,
+            host_iface: Some(HostIface {
+                index,
+                name: name.to_owned(),
+            }),
+            unwired_netns,
+            partial_scan,
+        }
+    }
+}
+
 /// How a share's reason tells what the last scan of its pod saw besides the sandbox:
 /// appended to it while there is something to tell, found again by this start to be
 /// replaced.
@@ -296,18 +322,14 @@ impl Discovery {
             && host_link_index(name) == Some(index)
         {
             record.netns_inode = Some(netns);
-            record.host_ifindex = Some(index);
-            record.host_ifname = Some(name.clone());
-            return PodState::Ready(Sandbox {
+            return PodState::Ready(Sandbox::on_recorded_veth(
                 record,
-                cgroups: limit_cgroups,
-                host_iface: Some(HostIface {
-                    index,
-                    name: name.clone(),
-                }),
-                unwired_netns: spaces.len(),
-                partial_scan: true,
-            });
+                limit_cgroups,
+                index,
+                name,
+                spaces.len(),
+                true,
+            ));
         }
         if scan.pids.is_empty() {
             return PodState::Waiting(format!(
@@ -365,18 +387,14 @@ impl Discovery {
             && let (Some(index), Some(name)) = (c.host_ifindex, c.host_ifname.as_ref())
             && host_link_index(name) == Some(index)
         {
-            record.host_ifindex = Some(index);
-            record.host_ifname = Some(name.clone());
-            return PodState::Ready(Sandbox {
+            return PodState::Ready(Sandbox::on_recorded_veth(
                 record,
-                cgroups: limit_cgroups,
-                host_iface: Some(HostIface {
-                    index,
-                    name: name.clone(),
-                }),
-                unwired_netns: others,
-                partial_scan: false,
-            });
+                limit_cgroups,
+                index,
+                name,
+                others,
+                false,
+            ));
         }
         let ns = match process::open_netns(&self.proc_root, pid, netns) {
             Ok(f) => f,
