@@ -364,11 +364,12 @@ impl NetLimiter {
         i: &Installed,
         dir: Direction,
         cfg: Option<&IfaceConfig>,
-        queue_index: Option<u32>,
+        queue_dev_index: Option<u32>,
     ) -> Result<Option<u64>, NetError> {
+        // Where this direction's traffic queues: the veth itself, or the queue device.
         let (wanted, queue_index) = match dir {
             Direction::ToPod => (i.to_pod_bps, Some(i.host_index)),
-            Direction::FromPod => (i.from_pod_bps, queue_index),
+            Direction::FromPod => (i.from_pod_bps, queue_dev_index),
         };
         if wanted.is_none() {
             return Ok(None);
