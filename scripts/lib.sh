@@ -28,10 +28,11 @@ ensure_rust() {
 }
 
 # Debian packages the build and the tests use. protoc is vendored by a crate, so no
-# protobuf-compiler is needed; curl serves the showcase's metrics read.
+# protobuf-compiler is needed; curl serves the showcase's metrics read; gcc builds the
+# simulated driver libraries of tests/gpu/simulated-driver-root.sh (and links Rust).
 ensure_build_deps() {
   ensure_rust
-  ensure_debs ca-certificates curl pkg-config
+  ensure_debs ca-certificates curl pkg-config gcc libc6-dev
   ensure_bpf_toolchain
 }
 

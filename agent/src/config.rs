@@ -273,6 +273,7 @@ struct RawDevice {
     index: Option<Spanned<u32>>,
     watchdog: Option<Spanned<RawWatchdog>>,
     simulated: Option<Spanned<RawSimulated>>,
+    driver_root: Option<Spanned<String>>,
     /// The first rollout stage: "observe" or "enforce" (the default).
     stage: Option<Spanned<String>>,
     /// The DeviceClass the device belongs to for rollout and SLOs.
@@ -792,6 +793,7 @@ impl Config {
                 index: &d.index,
                 watchdog: &d.watchdog,
                 simulated: &d.simulated,
+                driver_root: &d.driver_root,
             };
             let (gpu, gpu_memory) = if kind == DeviceKind::Gpu {
                 let memory_given = d

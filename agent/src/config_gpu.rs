@@ -8,6 +8,9 @@
 //! backend = "nvml"                 # or "simulated" (named as such everywhere)
 //! uuid = "GPU-..."                 # or index = 0
 //! watchdog = { period = "1s", action = "report" }   # or "terminate", grace = "10s"
+//! driver_root = "/"                # where the driver's files are on the host:
+//!                                  #   "/run/nvidia/driver" under the GPU Operator;
+//!                                  #   simulated: none unless given
 //! [device.simulated]               # backend = "simulated" only
 //! memory = "80Gi"
 //! cgroup_limits = true             # what the simulated driver offers (both default
@@ -17,6 +20,7 @@
 //! valid_range = { min = "1Gi", step = "1Gi" }
 //! ```
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -52,6 +56,11 @@ pub struct GpuConfig {
     /// GPU's memory when it starts (until then the capacity reads 0).
     pub discover_memory: bool,
     pub watchdog: WatchdogConfig,
+    /// Where the driver's device nodes, libraries and tools are on the host, for the
+    /// share's containers (see `shareguard_limiter_gpu::driver`). `/` for an NVML GPU
+    /// unless set; a simulated GPU has none unless set, and its containers then get
+    /// only the environment.
+    pub driver_root: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +86,7 @@ pub(crate) struct RawGpu<'a> {
     pub index: &'a Option<Spanned<u32>>,
     pub watchdog: &'a Option<Spanned<RawWatchdog>>,
     pub simulated: &'a Option<Spanned<RawSimulated>>,
+    pub driver_root: &'a Option<Spanned<String>>,
 }
 
 /// A problem with a span in the config text, for `file:line: reason`.
@@ -111,6 +121,7 @@ impl RawGpu<'_> {
             self.index.as_ref().map(|s| (s.span(), "index")),
             self.watchdog.as_ref().map(|s| (s.span(), "watchdog")),
             self.simulated.as_ref().map(|s| (s.span(), "simulated")),
+            self.driver_root.as_ref().map(|s| (s.span(), "driver_root")),
         ]
         .into_iter()
         .flatten()
@@ -262,6 +273,30 @@ impl RawGpu<'_> {
                 WatchdogConfig { period, action }
             }
         };
+        let driver_root = match self.driver_root {
+            Some(r) => {
+                let p = PathBuf::from(r.get_ref());
+                // The runtime takes the spec's host paths as they are: nothing relative,
+                // nothing that climbs, nothing that is not plain text in a JSON string.
+                let plain = p.is_absolute()
+                    && !p
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir))
+                    && !r.get_ref().contains(['\0', '\n']);
+                if !plain {
+                    return Err((
+                        r.span(),
+                        format!(
+                            "device {name}: driver_root {:?} must be an absolute path without \"..\"",
+                            r.get_ref()
+                        ),
+                    ));
+                }
+                Some(p)
+            }
+            None if backend == GpuBackendKind::Nvml => Some(PathBuf::from("/")),
+            None => None,
+        };
         // Only a simulated GPU has a memory to fill in (an NVML one is discovered).
         let capacity = if memory_given { None } else { simulated_memory };
         Ok((
@@ -270,6 +305,7 @@ impl RawGpu<'_> {
                 backend,
                 selector,
                 watchdog,
+                driver_root,
             },
             capacity,
         ))

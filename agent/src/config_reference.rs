@@ -338,6 +338,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "gpu: the GPU by NVML index (or uuid).",
     ),
     (
+        "device.driver_root",
+        "path",
+        "/ (nvml); none (simulated)",
+        "gpu: where the driver's device nodes, libraries and tools are on the host (/run/nvidia/driver under the GPU Operator); the share's containers get them from there.",
+    ),
+    (
         "device.watchdog.period",
         "duration",
         "1s",

@@ -385,6 +385,47 @@ fn gpu_fields_are_checked() {
     );
 }
 
+#[test]
+fn a_gpus_driver_root_is_slash_for_nvml_none_for_simulated_and_must_be_plain() {
+    let root_of = |text: &str| {
+        Config::parse(text, "t.toml")
+            .unwrap()
+            .device("gpu-0")
+            .unwrap()
+            .gpu
+            .clone()
+            .unwrap()
+            .driver_root
+    };
+    let nvml = GPU
+        .replace("backend = \"simulated\"", "backend = \"nvml\"\nindex = 0")
+        .replace("[device.simulated]\nmemory = \"80Gi\"\n", "");
+    assert_eq!(root_of(&nvml), Some(PathBuf::from("/")));
+    assert_eq!(root_of(GPU), None, "a simulated GPU has none unless given");
+    let operator = "backend = \"simulated\"\ndriver_root = \"/run/nvidia/driver\"";
+    assert_eq!(
+        root_of(&GPU.replace("backend = \"simulated\"", operator)),
+        Some(PathBuf::from("/run/nvidia/driver"))
+    );
+    for bad in ["run/nvidia/driver", "/run/../etc", ""] {
+        let e = err_of(&GPU.replace(
+            "backend = \"simulated\"",
+            &format!("backend = \"simulated\"\ndriver_root = \"{bad}\""),
+        ));
+        assert!(e.message.contains("driver_root"), "{bad}: {e}");
+        assert!(e.message.contains("absolute path"), "{bad}: {e}");
+        assert_eq!(e.line, 13, "{bad}: {e}");
+    }
+    let e = err_of(&GOOD.replace(
+        "kind = \"generic\"",
+        "kind = \"generic\"\ndriver_root = \"/\"",
+    ));
+    assert!(
+        e.message.contains("driver_root is only for kind \"gpu\""),
+        "{e}"
+    );
+}
+
 /// Found while fuzzing the config (fuzz/corpus/config/humantime-carry-overflow.toml):
 /// humantime panicked on this duration, and took `Config::parse` down with it.
 #[test]

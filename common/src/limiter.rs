@@ -243,6 +243,25 @@ pub struct CdiDevice {
     pub gpu_uuid: String,
     /// The share's MPS control daemon, where the share runs through MPS.
     pub mps: Option<MpsDirs>,
+    /// The device nodes of the share's GPU and of the driver's control devices; empty
+    /// where the device has no driver root (a simulated GPU without one).
+    pub device_nodes: Vec<CdiDeviceNode>,
+    /// The driver's libraries and tools, read-only.
+    pub mounts: Vec<CdiMount>,
+}
+
+/// A device node a CDI spec gives a container: its path there and on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdiDeviceNode {
+    pub path: std::path::PathBuf,
+    pub host_path: std::path::PathBuf,
+}
+
+/// A host file a CDI spec binds read-only into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CdiMount {
+    pub host_path: std::path::PathBuf,
+    pub container_path: std::path::PathBuf,
 }
 
 /// Where a share's containers meet its MPS control daemon.

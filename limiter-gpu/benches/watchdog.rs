@@ -169,6 +169,7 @@ fn setup(p: &Pods) -> (Arc<SimulatedBackend>, GpuLimiter) {
             name: "gpu0".into(),
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
+            driver_root: None,
         }],
     )
     .unwrap();

@@ -28,6 +28,9 @@ pub struct GpuInfo {
     pub total_memory_bytes: u64,
     pub mig: MigMode,
     pub driver_version: String,
+    /// The minor number of the GPU's device node, `/dev/nvidia<minor>`; None where the
+    /// driver cannot say. It is not the index: NVML orders GPUs by PCI bus id.
+    pub minor: Option<u32>,
 }
 
 /// A process that holds a compute context on a GPU.

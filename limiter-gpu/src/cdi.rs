@@ -1,14 +1,16 @@
 //! CDI (Container Device Interface) spec files, one per claim.
 //!
 //! Each share of a claim becomes one CDI device whose name includes the shareID; its
-//! edits set `CUDA_VISIBLE_DEVICES=<GPU uuid>` and, where the share runs through MPS,
-//! `CUDA_MPS_PIPE_DIRECTORY` plus a read-only bind mount of that directory and a bind
-//! mount of the share's capped /dev/shm tmpfs. The file is named as the CDI library
+//! edits give the container its GPU and nothing of another: the driver's control nodes
+//! and the GPU's own `/dev/nvidiaN`, the driver's libraries and tools read-only (both
+//! found in the device's driver root, see [`crate::driver`]),
+//! `CUDA_VISIBLE_DEVICES=<GPU uuid>`, and `NVIDIA_VISIBLE_DEVICES=void` so that NVIDIA's
+//! own runtime, where installed, adds no GPU of its own to a container whose image asks
+//! for `all`. Where the share runs through MPS they add `CUDA_MPS_PIPE_DIRECTORY`, a
+//! bind mount of that directory and one of the share's /dev/shm tmpfs. The file is named as the CDI library
 //! names transient specs (`<vendor>-<class>_<claim uid>.json`) and written atomically,
 //! so a runtime scanning the directory never reads half a file (runtimes only load
-//! `*.json` and `*.yaml`, so the dot-prefixed `.tmp` file is never picked up). The spec
-//! carries no device nodes: those come from the GPU vendor's own CDI spec or container
-//! toolkit.
+//! `*.json` and `*.yaml`, so the dot-prefixed `.tmp` file is never picked up).
 //!
 //! [`validate_spec`] checks a spec against the rules of the CDI specification
 //! (github.com/cncf-tags/container-device-interface, SPEC.md and pkg/parser), the way
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde_json::Value;
-use shareguard_common::limiter::MpsDirs;
+use shareguard_common::limiter::{CdiDeviceNode, CdiMount, MpsDirs};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CdiConfig {
@@ -53,6 +55,11 @@ pub struct CdiShare {
     pub gpu_uuid: String,
     /// The share's MPS control daemon, when the share is enforced through MPS.
     pub mps: Option<MpsDirs>,
+    /// The GPU's and the driver's device nodes; empty for a simulated GPU without a
+    /// driver root.
+    pub device_nodes: Vec<CdiDeviceNode>,
+    /// The driver's libraries and tools, bound read-only.
+    pub mounts: Vec<CdiMount>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +94,18 @@ struct Device {
 struct ContainerEdits {
     env: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<DeviceNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     mounts: Vec<Mount>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceNode {
+    path: String,
+    /// Left out where it is `path`: specs before 0.5.0 have no such field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_path: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -105,6 +123,9 @@ struct Mount {
 pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
 /// The options of an MPS share's /dev/shm mount: what a runtime gives its own /dev/shm.
 pub const SHM_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
+/// The options of the driver's libraries and tools: read-only, nothing setuid, no
+/// device files; exec, which a shared library's code needs as much as a tool.
+pub const DRIVER_MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
 /// Known spec versions, oldest first (specs-go/version.go).
 const KNOWN_VERSIONS: [&str; 10] = [
@@ -185,20 +206,38 @@ impl CdiWriter {
             if s.gpu_uuid.is_empty() || s.gpu_uuid.contains(['\0', '\n', ',']) {
                 return Err(CdiError::Invalid(format!("GPU uuid {:?}", s.gpu_uuid)));
             }
-            let mut env = vec![format!("CUDA_VISIBLE_DEVICES={}", s.gpu_uuid)];
+            let mut env = vec![
+                format!("CUDA_VISIBLE_DEVICES={}", s.gpu_uuid),
+                "NVIDIA_VISIBLE_DEVICES=void".to_owned(),
+            ];
+            let path_str = |p: &Path, what: &str| {
+                p.to_str()
+                    .filter(|d| d.starts_with('/') && !d.contains('\0'))
+                    .map(str::to_owned)
+                    .ok_or_else(|| CdiError::Invalid(format!("{what} {}", p.display())))
+            };
+            let mut device_nodes = Vec::new();
+            for n in &s.device_nodes {
+                let path = path_str(&n.path, "device node")?;
+                let host = path_str(&n.host_path, "device node host path")?;
+                device_nodes.push(DeviceNode {
+                    host_path: (host != path).then_some(host),
+                    path,
+                });
+            }
             let mut mounts = Vec::new();
+            for m in &s.mounts {
+                mounts.push(Mount {
+                    host_path: path_str(&m.host_path, "driver file")?,
+                    container_path: path_str(&m.container_path, "driver file container path")?,
+                    options: DRIVER_MOUNT_OPTIONS.to_vec(),
+                });
+            }
             if let Some(m) = &s.mps {
-                let abs = |p: &Path, what: &str| {
-                    p.to_str()
-                        .filter(|d| d.starts_with('/'))
-                        .map(str::to_owned)
-                        .ok_or_else(|| CdiError::Invalid(format!("MPS {what} {}", p.display())))
-                };
-                let pipe = abs(&m.pipe, "pipe dir")?;
+                let pipe = path_str(&m.pipe, "MPS pipe dir")?;
                 env.push(format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"));
-                // Read-only: the agent trusts the daemon's pid file and control socket
-                // there, which a tenant must not replace. Connecting to a socket needs
-                // no write access to the mount (see the mps module).
+                // Read-write: MPS clients create files there, so the tenant can write
+                // it; what the agent relies on there is checked in the mps module.
                 mounts.push(Mount {
                     host_path: pipe.clone(),
                     container_path: pipe,
@@ -207,7 +246,7 @@ impl CdiWriter {
                 // The server and its clients also meet in /dev/shm: the container's is
                 // the share daemon's capped tmpfs, not the runtime's own.
                 mounts.push(Mount {
-                    host_path: abs(&m.shm, "shm dir")?,
+                    host_path: path_str(&m.shm, "MPS shm dir")?,
                     container_path: "/dev/shm".into(),
                     options: SHM_MOUNT_OPTIONS.to_vec(),
                 });
@@ -215,17 +254,25 @@ impl CdiWriter {
             ids.push(format!("{}={name}", self.kind()));
             devices.push(Device {
                 name,
-                container_edits: ContainerEdits { env, mounts },
+                container_edits: ContainerEdits {
+                    env,
+                    device_nodes,
+                    mounts,
+                },
             });
         }
         // The oldest version that fits keeps older runtimes able to read the file:
-        // dots in the class need 0.6.0, a device name starting with a digit 0.5.0.
+        // dots in the class need 0.6.0; a device name starting with a digit, or a
+        // device node's host path, 0.5.0.
         let version = if self.cfg.class.contains('.') {
             "0.6.0"
-        } else if devices
-            .iter()
-            .any(|d| d.name.starts_with(|c: char| c.is_ascii_digit()))
-        {
+        } else if devices.iter().any(|d| {
+            d.name.starts_with(|c: char| c.is_ascii_digit())
+                || d.container_edits
+                    .device_nodes
+                    .iter()
+                    .any(|n| n.host_path.is_some())
+        }) {
             "0.5.0"
         } else {
             "0.3.0"
@@ -543,6 +590,32 @@ fn check_edits(edits: &Value, where_: &str, p: &mut Vec<String>, must_be_nonempt
                 }
             }
             None => p.push(format!("{where_}: mounts is not an array")),
+        }
+    }
+    if let Some(nodes) = obj.get("deviceNodes").and_then(Value::as_array) {
+        for n in nodes {
+            // DeviceNode.Validate: a type of b, c, u or p; permissions of r, w and m.
+            if let Some(t) = n.get("type")
+                && !t
+                    .as_str()
+                    .is_some_and(|t| ["b", "c", "u", "p"].contains(&t))
+            {
+                p.push(format!(
+                    "{where_}: device node type {t} is not b, c, u or p"
+                ));
+            }
+            if let Some(perm) = n.get("permissions")
+                && !perm
+                    .as_str()
+                    .is_some_and(|s| s.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
+            {
+                p.push(format!(
+                    "{where_}: device node permissions {perm} are not of r, w, m"
+                ));
+            }
+            if n.get("hostPath").is_some() {
+                required = required.max(4);
+            }
         }
     }
     for (k, need_key) in [("deviceNodes", "path"), ("hooks", "path")] {

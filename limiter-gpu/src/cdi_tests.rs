@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use shareguard_common::limiter::MpsDirs;
+use shareguard_common::limiter::{CdiDeviceNode, CdiMount, MpsDirs};
 
 const SHARE: &str = "3f2b8c1e-9d4a-4b7e-8f0a-1c2d3e4f5a6b";
 const CLAIM: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -24,6 +24,8 @@ fn share(device: &str, share_id: &str, mps: Option<&str>) -> CdiShare {
             pipe: PathBuf::from(d).join("pipe"),
             shm: PathBuf::from(d).join("shm"),
         }),
+        device_nodes: Vec::new(),
+        mounts: Vec::new(),
     }
 }
 
@@ -52,9 +54,13 @@ fn writes_a_valid_spec_per_claim() {
     assert!(dev["name"].as_str().unwrap().contains(SHARE));
     assert_eq!(
         dev["containerEdits"]["env"],
-        json!([format!("CUDA_VISIBLE_DEVICES={GPU}")])
+        json!([
+            format!("CUDA_VISIBLE_DEVICES={GPU}"),
+            "NVIDIA_VISIBLE_DEVICES=void"
+        ])
     );
     assert!(dev["containerEdits"].get("mounts").is_none());
+    assert!(dev["containerEdits"].get("deviceNodes").is_none());
 
     // Only the spec is left behind: no temp files a runtime could trip over.
     let names: Vec<_> = fs::read_dir(dir.path())
@@ -92,7 +98,7 @@ fn mps_share_gets_pipe_env_and_mount() {
 }
 
 #[test]
-fn mps_pipe_is_mounted_read_only_and_shm_like_a_runtimes_own() {
+fn mps_pipe_is_writable_and_shm_like_a_runtimes_own() {
     let dir = tempfile::tempdir().unwrap();
     let w = writer(dir.path());
     w.write_claim(CLAIM, &[share("gpu-0", SHARE, Some("/run/nvidia/mps"))])
@@ -343,4 +349,79 @@ fn validator_rejects_what_the_spec_forbids() {
         assert!(validate_spec(&v).is_err(), "{what}: {v}");
     }
     assert!(validate_spec(&json!([])).is_err());
+}
+
+#[test]
+fn driver_nodes_and_files_go_in_with_their_host_paths_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let mut s = share("gpu-0", SHARE, None);
+    s.device_nodes = vec![
+        CdiDeviceNode {
+            path: "/dev/nvidiactl".into(),
+            host_path: "/dev/nvidiactl".into(),
+        },
+        CdiDeviceNode {
+            path: "/dev/nvidia3".into(),
+            host_path: "/run/nvidia/driver/dev/nvidia3".into(),
+        },
+    ];
+    s.mounts = vec![CdiMount {
+        host_path: "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15".into(),
+        container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+    }];
+    w.write_claim(CLAIM, &[s]).unwrap();
+    let spec = read(&w.spec_path(CLAIM).unwrap());
+    validate_spec(&spec).unwrap();
+    // A device node's hostPath came with 0.5.0.
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    let edits = &spec["devices"][0]["containerEdits"];
+    assert_eq!(
+        edits["deviceNodes"],
+        json!([
+            {"path": "/dev/nvidiactl"},
+            {"path": "/dev/nvidia3", "hostPath": "/run/nvidia/driver/dev/nvidia3"},
+        ])
+    );
+    assert_eq!(
+        edits["mounts"],
+        json!([{
+            "hostPath": "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+            "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        }])
+    );
+
+    // The same spec declared older than its fields is what a runtime would refuse.
+    let mut old = spec.clone();
+    old["cdiVersion"] = json!("0.4.0");
+    let p = validate_spec(&old).unwrap_err();
+    assert!(p.iter().any(|p| p.contains("older than 0.5.0")), "{p:?}");
+}
+
+#[test]
+fn a_relative_driver_path_is_refused_and_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let mut s = share("gpu-0", SHARE, None);
+    s.mounts = vec![CdiMount {
+        host_path: "usr/lib/libcuda.so.1".into(),
+        container_path: "/usr/lib/libcuda.so.1".into(),
+    }];
+    let e = w.write_claim(CLAIM, &[s]).unwrap_err().to_string();
+    assert!(e.contains("driver file usr/lib/libcuda.so.1"), "{e}");
+    assert!(!w.spec_path(CLAIM).unwrap().exists());
+}
+
+#[test]
+fn device_node_types_and_permissions_are_checked() {
+    let spec = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "shareguard.example/gpu",
+        "devices": [{"name": "d", "containerEdits": {"deviceNodes": [
+            {"path": "/dev/x", "type": "x", "permissions": "rwz"}
+        ]}}]
+    });
+    let p = validate_spec(&spec).unwrap_err();
+    assert_eq!(p.len(), 2, "{p:?}");
 }

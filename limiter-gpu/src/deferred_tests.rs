@@ -31,6 +31,7 @@ fn configs() -> Vec<GpuDeviceConfig> {
         name: "gpu0".into(),
         gpu: GpuSelector::Uuid(GPU.into()),
         memory_bytes: None,
+        driver_root: None,
     }]
 }
 

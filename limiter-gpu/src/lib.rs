@@ -49,6 +49,8 @@
 //!   hierarchies (nothing to find in the initial namespace), re-checked on each use.
 //! - [`cdi`]: one CDI spec per claim, written atomically, and a validator for the
 //!   CDI specification's rules.
+//! - [`driver`]: what a container needs of the driver (control and GPU device nodes,
+//!   libraries under their sonames, tools), found in the device's driver root.
 //! - [`mps`]: the `mps` mechanism: one MPS control daemon per share, its pinned device
 //!   memory limit set and read back through NVIDIA's control program, whose answers are
 //!   run through the parsers by `tests/mps_control_answers.rs` (sources in the fixture).
@@ -68,6 +70,7 @@ pub mod cgroup;
 pub mod cgroupns;
 pub mod deferred;
 pub mod dmem;
+pub mod driver;
 pub mod error;
 pub mod limiter;
 pub mod mps;

@@ -24,6 +24,7 @@ use shareguard_common::limiter::{
 use shareguard_common::{Format, Quantity};
 
 use crate::backend::{GpuBackend, GpuInfo, Mechanism};
+use crate::driver::{DeviceDriver, DriverEdits, DriverRoot};
 use crate::error::GpuError;
 use crate::mps::enforceable_bytes;
 use crate::watchdog::{
@@ -48,6 +49,10 @@ pub struct GpuDeviceConfig {
     pub gpu: GpuSelector,
     /// `memory` capacity in bytes; the GPU's total memory when None.
     pub memory_bytes: Option<u64>,
+    /// Where the driver's files are on the host (see [`crate::driver`]); the share's
+    /// containers get their device nodes and libraries from it. None gives them
+    /// neither, which only a simulated GPU may do.
+    pub driver_root: Option<PathBuf>,
 }
 
 /// A configured device as resolved against the GPUs found.
@@ -90,6 +95,8 @@ pub struct GpuLimiter {
     backend: Arc<dyn GpuBackend>,
     devices: BTreeMap<String, GpuDevice>,
     shares: Mutex<BTreeMap<String, ShareRecord>>,
+    /// The driver files of each device that has a driver root.
+    drivers: BTreeMap<String, DeviceDriver>,
     /// For the MPS read-back: a process of the share's pod outside its daemon.
     pod_of: PodLookup,
 }
@@ -102,6 +109,7 @@ impl GpuLimiter {
     ) -> Result<Self, GpuError> {
         let gpus = backend.discover()?;
         let mut devices = BTreeMap::new();
+        let mut drivers = BTreeMap::new();
         for c in configs {
             let gpu = match &c.gpu {
                 GpuSelector::Uuid(u) => gpus.iter().find(|g| &g.uuid == u),
@@ -131,6 +139,21 @@ impl GpuLimiter {
                 )));
             }
             let (mechanism, not_chosen) = choose_mechanism(backend.as_ref(), &gpu.uuid);
+            if let Some(root) = &c.driver_root {
+                // The simulated back end's version names no files; the libraries there
+                // are whichever one version the root holds.
+                let version = (!backend.is_simulated()).then(|| gpu.driver_version.clone());
+                let driver = DeviceDriver::new(DriverRoot::new(root)?, version, gpu.minor);
+                if let Err(why) = driver.edits() {
+                    tracing::error!(
+                        device = %c.name,
+                        gpu = %gpu.uuid,
+                        error = %why,
+                        "the GPU's containers could not run CUDA: its shares are refused and it is not published as enforcing until the driver root has what is missing"
+                    );
+                }
+                drivers.insert(c.name.clone(), driver);
+            }
             tracing::info!(
                 device = %c.name,
                 gpu = %gpu.uuid,
@@ -162,6 +185,7 @@ impl GpuLimiter {
             backend,
             devices,
             shares: Mutex::new(BTreeMap::new()),
+            drivers,
             pod_of: Arc::new(|pid| {
                 let roots = crate::cgroupns::agent_namespace().roots();
                 crate::cgroup::pod_uid_of_pid(Path::new("/proc"), &roots, pid)
@@ -581,7 +605,19 @@ impl GpuLimiter {
         })
     }
 
+    /// The device's driver edits; None for a device without a driver root, an error
+    /// naming what its root lacks.
+    fn driver_edits(&self, device: &str) -> Result<Option<Arc<DriverEdits>>, GpuError> {
+        match self.drivers.get(device) {
+            None => Ok(None),
+            Some(d) => d.edits().map(Some).map_err(GpuError::Unavailable),
+        }
+    }
+
     fn apply_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        // A container that cannot reach the driver would run no CUDA at all: refused
+        // before anything is limited.
+        self.driver_edits(&spec.device)?;
         let rec = self.record_for(spec)?;
         // Recorded before the driver is touched, so that `remove` can undo a partial
         // apply (one cgroup limited, the next failing).
@@ -640,6 +676,7 @@ impl GpuLimiter {
     }
 
     fn observe_inner(&self, spec: &LimitSpec) -> Result<Enforcement, GpuError> {
+        self.driver_edits(&spec.device)?;
         let rec = self.observed_record(spec)?;
         // A limit an earlier stage set comes off first (and the record with it).
         if self
@@ -725,9 +762,11 @@ impl Limiter for GpuLimiter {
         }
         DeviceFacts {
             mechanism: self.label(d.mechanism),
-            // A simulated GPU limits nothing real, and the watchdog acts only after a
-            // pod went over.
-            enforces: d.mechanism.enforces() && !self.backend.is_simulated(),
+            // A simulated GPU limits nothing real, the watchdog acts only after a pod
+            // went over, and a share whose containers cannot reach the driver is refused.
+            enforces: d.mechanism.enforces()
+                && !self.backend.is_simulated()
+                && self.driver_edits(device).is_ok(),
             attributes,
         }
     }
@@ -766,7 +805,15 @@ impl Limiter for GpuLimiter {
 
     fn cdi_device(&self, device: &str, share_key: &str) -> Option<CdiDevice> {
         let d = self.devices.get(device)?;
+        // Apply refused the share while the root lacked something; a root that lost
+        // files since gives no driver edits rather than paths that are gone.
+        let driver = self.driver_edits(device).ok().flatten();
         Some(CdiDevice {
+            device_nodes: driver
+                .as_ref()
+                .map(|e| e.device_nodes.clone())
+                .unwrap_or_default(),
+            mounts: driver.map(|e| e.mounts.clone()).unwrap_or_default(),
             gpu_uuid: d.gpu.uuid.clone(),
             // Only a share that runs through its own MPS daemon has a pipe directory to
             // hand to its containers.

@@ -23,6 +23,7 @@ fn cfg(name: &str, gpu: GpuSelector, memory: Option<u64>) -> GpuDeviceConfig {
         name: name.into(),
         gpu,
         memory_bytes: memory,
+        driver_root: None,
     }
 }
 
@@ -654,4 +655,74 @@ fn an_observed_share_is_watched_in_report_mode_and_limited_by_nothing() {
     let again = limiter(&b);
     assert!(again.verify_observed(&s).unwrap().observed);
     assert_eq!(again.watched_shares(terminate)[0].action, Action::Report);
+}
+
+/// A simulated GPU with a driver root: its containers get the control nodes, their own
+/// GPU's node and no other, and the driver's libraries; a root that lacks them refuses
+/// the share, naming what is missing, and serves it once the files are there.
+#[test]
+fn a_share_gets_its_own_gpus_node_and_the_driver_or_is_refused() {
+    use crate::driver::tests::FakeRoot;
+    if !crate::test_root::require_root_for(module_path!(), "mknod for fake device nodes") {
+        return;
+    }
+    let root = FakeRoot::new();
+    root.nodes(&["nvidiactl", "nvidia-uvm", "nvidia0"]);
+    let b = sim(vec![
+        SimulatedGpu::new("GPU-a", 80 * GIB),
+        SimulatedGpu::new("GPU-b", 80 * GIB),
+    ]);
+    let with_root = |name: &str, uuid: &str| GpuDeviceConfig {
+        driver_root: Some(root.dir.path().to_path_buf()),
+        ..cfg(name, GpuSelector::Uuid(uuid.into()), None)
+    };
+    let l = GpuLimiter::new(
+        b.clone(),
+        &[with_root("gpu0", "GPU-a"), with_root("gpu1", "GPU-b")],
+    )
+    .unwrap();
+
+    l.apply(&spec("s1", "8Gi", POD_A)).unwrap();
+    let d = l.cdi_device("gpu0", "s1").unwrap();
+    let nodes: Vec<_> = d.device_nodes.iter().map(|n| n.path.clone()).collect();
+    assert_eq!(
+        nodes,
+        [
+            PathBuf::from("/dev/nvidiactl"),
+            "/dev/nvidia-uvm".into(),
+            "/dev/nvidia0".into()
+        ]
+    );
+    assert!(
+        d.mounts
+            .iter()
+            .any(|m| m.container_path.ends_with("libcuda.so.1")),
+        "{:?}",
+        d.mounts
+    );
+
+    // GPU-b is the simulated back end's second GPU, minor 1, whose node is not there.
+    let mut s2 = spec("s2", "8Gi", POD_B);
+    s2.device = "gpu1".into();
+    let e = l.apply(&s2).unwrap_err();
+    assert!(e.message.contains("/dev/nvidia1"), "{e:?}");
+    assert!(
+        !l.lock().contains_key("s2"),
+        "refused before anything was admitted"
+    );
+    root.nodes_from(1, &["nvidia1"]);
+    l.drivers["gpu1"].look_again();
+    l.apply(&s2).unwrap();
+    let d = l.cdi_device("gpu1", "s2").unwrap();
+    assert!(
+        d.device_nodes
+            .iter()
+            .any(|n| n.path == Path::new("/dev/nvidia1"))
+            && !d
+                .device_nodes
+                .iter()
+                .any(|n| n.path == Path::new("/dev/nvidia0")),
+        "its own GPU's node, no other: {:?}",
+        d.device_nodes
+    );
 }

@@ -463,6 +463,7 @@ impl GpuBackend for NvmlBackend {
                 total_memory_bytes: Self::total_memory(&d)?,
                 mig: Self::mig_mode(&d)?,
                 driver_version: self.driver_version.clone(),
+                minor: d.minor_number().ok(),
             });
         }
         Ok(out)

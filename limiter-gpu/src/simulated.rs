@@ -317,6 +317,8 @@ impl GpuBackend for SimulatedBackend {
                 total_memory_bytes: g.total_memory_bytes,
                 mig: g.mig,
                 driver_version: SIMULATED_DRIVER_VERSION.into(),
+                // Its place in the list, as on a node where no GPU was ever removed.
+                minor: Some(index),
             })
             .collect())
     }

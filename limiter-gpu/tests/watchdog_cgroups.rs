@@ -69,6 +69,7 @@ fn limiter(backend: &Arc<SimulatedBackend>, shares: &[(&str, &str)], limit: &str
             name: "gpu0".into(),
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
+            driver_root: None,
         }],
     )
     .unwrap();

@@ -123,6 +123,152 @@ async fn simulated_gpu_share_end_to_end() {
     assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
 }
 
+/// `tests/gpu/simulated-driver-root.sh`: a SIMULATED driver root with `gpus` GPU nodes.
+fn simulated_driver_root(root: &Path, gpus: u32) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu/simulated-driver-root.sh");
+    let out = Command::new(&script)
+        .arg(root)
+        .arg(gpus.to_string())
+        .arg("550.54.15")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script:?}: {out:?}");
+}
+
+/// A GPU device with a driver root: the claim's CDI spec gives its containers the
+/// driver's control nodes, its own GPU's node and no other, the driver's libraries under
+/// every name the linker looks for and its tools, all read-only from the root, and
+/// `NVIDIA_VISIBLE_DEVICES=void`. A root that lacks libcuda refuses the share with what
+/// is missing, writes no spec and holds no capacity; once the files are there the same
+/// Prepare goes through. (SIMULATED GPU and driver files: no GPU here.)
+#[tokio::test]
+async fn a_share_gets_its_gpus_node_and_the_drivers_files_from_the_driver_root() {
+    if !net::privileged("a_share_gets_its_gpus_node_and_the_drivers_files_from_the_driver_root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("driver");
+    // Two GPU nodes: the device's GPU is the simulated back end's first, minor 0.
+    simulated_driver_root(&root, 2);
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    let libcuda = lib.join("libcuda.so.550.54.15");
+    let saved = dir.path().join("libcuda.saved");
+    fs::rename(&libcuda, &saved).unwrap();
+
+    let mut o = Options::new(
+        simulated_gpu_device(r#"{ period = "1s", action = "report" }"#).replace(
+            "backend = \"simulated\"",
+            &format!("backend = \"simulated\"\ndriver_root = {:?}", root),
+        ),
+    );
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nreconcile_period = \"1h\"",
+        dir.path().join("cdi")
+    );
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+    assert!(
+        a.log_text().contains("libcuda.so"),
+        "the missing library is logged at start"
+    );
+
+    let id = share_id();
+    let sb = Sandbox::cgroup_only(&pod_uid(), Layout::Systemd);
+    let r = prepare_one(&mut c, 0, gpu_claim("d1", &id, "10Gi", sb.uid())).await;
+    let e = format!("{:?}", r.error);
+    // The simulated back end names no driver version: any libcuda.so.<version> would do.
+    assert!(e.contains("libcuda.so.<driver version>"), "{r:?}");
+    assert!(e.contains(&root.display().to_string()), "{r:?}");
+    assert!(
+        !spec_path(dir.path(), "d1").exists(),
+        "no spec for a refused claim"
+    );
+    assert_eq!(device(&mut c, "gpu-0").await.allocated["memory"], "0");
+
+    // The driver's library arrives (a driver container finishing its install): the
+    // agent looks at the root again within seconds, and the same Prepare goes through.
+    fs::rename(&saved, &libcuda).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = prepare_one(&mut c, 0, gpu_claim("d1", &id, "10Gi", sb.uid())).await;
+        if r.error.is_none() || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(r.error, None, "{r:?}");
+
+    let spec: serde_json::Value =
+        serde_json::from_slice(&fs::read(spec_path(dir.path(), "d1")).unwrap()).unwrap();
+    validate_spec(&spec).unwrap_or_else(|p| panic!("not a valid CDI spec: {p:?}"));
+    let edits = &spec["devices"][0]["containerEdits"];
+    let host = |rel: &str| root.join(rel).display().to_string();
+    let nodes: Vec<(String, String)> = edits["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["path"].as_str().unwrap().to_owned(),
+                n["hostPath"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("/dev/nvidiactl".to_owned(), host("dev/nvidiactl")),
+            ("/dev/nvidia-uvm".to_owned(), host("dev/nvidia-uvm")),
+            (
+                "/dev/nvidia-uvm-tools".to_owned(),
+                host("dev/nvidia-uvm-tools")
+            ),
+            ("/dev/nvidia0".to_owned(), host("dev/nvidia0")),
+        ],
+        "the control nodes and its own GPU's, not /dev/nvidia1"
+    );
+    let mounts: Vec<(String, String)> = edits["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(
+                m["options"],
+                serde_json::json!(["ro", "nosuid", "nodev", "bind"])
+            );
+            (
+                m["containerPath"].as_str().unwrap().to_owned(),
+                m["hostPath"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let l = "/usr/lib/x86_64-linux-gnu";
+    let cuda = host("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+    let ml = host("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15");
+    assert_eq!(
+        mounts,
+        [
+            (format!("{l}/libcuda.so.550.54.15"), cuda.clone()),
+            (format!("{l}/libcuda.so"), cuda.clone()),
+            (format!("{l}/libcuda.so.1"), cuda),
+            (format!("{l}/libnvidia-ml.so.550.54.15"), ml.clone()),
+            (format!("{l}/libnvidia-ml.so"), ml.clone()),
+            (format!("{l}/libnvidia-ml.so.1"), ml),
+            ("/usr/bin/nvidia-smi".to_owned(), host("usr/bin/nvidia-smi")),
+        ]
+    );
+    let env = edits["env"].as_array().unwrap();
+    assert!(
+        env.contains(&"NVIDIA_VISIBLE_DEVICES=void".into()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&format!("CUDA_VISIBLE_DEVICES={UUID}").into()),
+        "{env:?}"
+    );
+    assert_eq!(unprepare_one(&mut c, 0, "d1").await.code, "");
+}
+
 /// A claim whose limit cannot be set is rolled back; when the driver also refuses to
 /// remove what was recorded, nothing is leaked: the share stays RELEASING with its
 /// capacity held (another claim cannot take it), and the reconciler finishes the removal

@@ -234,6 +234,8 @@ impl Engine {
             device: r.device.clone(),
             gpu_uuid: d.gpu_uuid,
             mps: d.mps,
+            device_nodes: d.device_nodes,
+            mounts: d.mounts,
         })
     }
 

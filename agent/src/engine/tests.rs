@@ -1042,6 +1042,7 @@ memory = "16Gi"
                 name: "gpu-0".into(),
                 gpu: GpuSelector::Uuid("GPU-shared".into()),
                 memory_bytes: None,
+                driver_root: None,
             }],
         )
         .unwrap();

@@ -498,6 +498,7 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             name: DEVICE.into(),
             gpu: GpuSelector::Uuid(gpu.uuid.clone()),
             memory_bytes: None,
+            driver_root: None,
         }],
     )
     .map_err(|e| format!("GpuLimiter::new: {e}"))?;

@@ -145,6 +145,7 @@ fn limiter_for(backend: &Back, gpu: &GpuInfo) -> Result<GpuLimiter, String> {
             name: DEVICE.into(),
             gpu: GpuSelector::Uuid(gpu.uuid.clone()),
             memory_bytes: None,
+            driver_root: None,
         }],
     )
     .map_err(|e| format!("GpuLimiter::new: {e}"))

@@ -392,6 +392,7 @@ fn late_build_check(backend: &Back, gpu: &GpuInfo) {
                 name: "gpu-check-late".into(),
                 gpu: GpuSelector::Uuid(uuid.clone()),
                 memory_bytes: None,
+                driver_root: None,
             }],
         )
     });
