@@ -193,8 +193,8 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
     (
         "agent.mps_shm_size",
         "quantity",
-        "64Mi",
-        "Cap of each MPS share's /dev/shm tmpfs (whole MiB).",
+        "the node's memory",
+        "Cap of each MPS share's /dev/shm tmpfs (whole MiB), which replaces the containers' own /dev/shm; its pages count against the writing pod's memory limit.",
     ),
     (
         "agent.simulated_gpu_processes",

@@ -125,8 +125,9 @@ pub const MAX_DIR_LEN: usize = 40;
 const MAX_PLAIN_NAME: usize = 36;
 /// How often a wait for the daemon re-checks its condition.
 const POLL: Duration = Duration::from_millis(5);
-/// See [`MpsConfig::shm_bytes`].
-pub const DEFAULT_SHM_BYTES: u64 = 64 * MIB;
+/// See [`MpsConfig::shm_bytes`]: the cap where the node's memory cannot be read,
+/// what containerd gives a container's /dev/shm.
+pub const FALLBACK_SHM_BYTES: u64 = 64 * MIB;
 /// A tenant's /dev/shm holds data, never programs or devices.
 const SHM_FLAGS: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
@@ -146,9 +147,17 @@ pub struct MpsConfig {
     /// The size cap of each share's `/dev/shm`, the tmpfs its daemon and containers
     /// share, in bytes: a whole number of MiB (so it is a whole number of pages on every
     /// page size, and what is read back is what was set), at least one, since tmpfs
-    /// takes `size=0` for no cap at all. The cap is what keeps a tenant from filling the
-    /// node's memory through it. The default, 64 MiB, is what Docker and containerd give
-    /// a container's /dev/shm, so a container has what it would have had without MPS.
+    /// takes `size=0` for no cap at all.
+    ///
+    /// The default is the node's memory ([`node_memory_bytes`]), so that no container
+    /// of the share has a smaller /dev/shm than it would have had without MPS: the CDI
+    /// spec's mount takes the place of whatever was at /dev/shm, which is containerd's
+    /// 64 MiB, or an emptyDir of medium Memory that a pod mounts there for PyTorch's
+    /// DataLoader workers or NCCL, sized up to the pod's memory limit or the node's
+    /// allocatable memory. What bounds a tenant is then what bounds such an emptyDir:
+    /// tmpfs pages are charged to the memory cgroup of the process that writes them, so
+    /// the pod's memory limit counts them and kubelet's eviction sees them. A smaller
+    /// cap also bounds pods without a memory limit, at the price of their /dev/shm.
     pub shm_bytes: u64,
 }
 
@@ -159,7 +168,7 @@ impl Default for MpsConfig {
             dir: PathBuf::from("/run/shareguard-mps"),
             timeout: Duration::from_secs(10),
             launcher: Vec::new(),
-            shm_bytes: DEFAULT_SHM_BYTES,
+            shm_bytes: node_memory_bytes().unwrap_or(FALLBACK_SHM_BYTES),
         }
     }
 }
@@ -749,6 +758,25 @@ impl Output {
 /// The command prefix that runs what follows it in a mount namespace of its own, with
 /// `shm` as its `/dev/shm` (util-linux `unshare` and `mount`; needs CAP_SYS_ADMIN). The
 /// process keeps its PID: both `exec`.
+/// The node's memory (`MemTotal` of /proc/meminfo) in whole MiB, at least one; None
+/// where it cannot be read.
+pub fn node_memory_bytes() -> Option<u64> {
+    parse_mem_total(&fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    let bytes = kib.checked_mul(1024)? / MIB * MIB;
+    (bytes > 0).then_some(bytes)
+}
+
 pub fn with_shm(shm: &Path) -> Vec<String> {
     [
         "unshare",

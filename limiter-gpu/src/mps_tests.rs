@@ -504,7 +504,20 @@ fn the_shm_size_is_whole_mib_and_never_zero() {
         // tmpfs would take size=0 for no cap at all.
         assert!(matches!(r, Err(GpuError::InvalidArgument(_))), "{bad}");
     }
-    assert_eq!(MpsConfig::default().shm_bytes, 64 << 20);
+    // The node's memory, so that no container's /dev/shm shrinks (see shm_bytes).
+    let node = node_memory_bytes().unwrap();
+    assert_eq!(MpsConfig::default().shm_bytes, node);
+    assert!(
+        node > FALLBACK_SHM_BYTES && node.is_multiple_of(1 << 20),
+        "{node}"
+    );
+    assert_eq!(
+        parse_mem_total("MemTotal:       24632084 kB\nMemFree: 1 kB\n"),
+        Some(24054 << 20),
+        "rounded down to whole MiB"
+    );
+    assert_eq!(parse_mem_total("MemTotal: 1000 kB\n"), None, "under 1 MiB");
+    assert_eq!(parse_mem_total("MemFree: 5 kB\n"), None);
     assert!(
         MpsDaemons::new(MpsConfig {
             shm_bytes: 3 << 20,
