@@ -274,6 +274,7 @@ struct RawDevice {
     watchdog: Option<Spanned<RawWatchdog>>,
     simulated: Option<Spanned<RawSimulated>>,
     driver_root: Option<Spanned<String>>,
+    container_driver_root: Option<Spanned<String>>,
     /// The first rollout stage: "observe" or "enforce" (the default).
     stage: Option<Spanned<String>>,
     /// The DeviceClass the device belongs to for rollout and SLOs.
@@ -794,6 +795,7 @@ impl Config {
                 watchdog: &d.watchdog,
                 simulated: &d.simulated,
                 driver_root: &d.driver_root,
+                container_driver_root: &d.container_driver_root,
             };
             let (gpu, gpu_memory) = if kind == DeviceKind::Gpu {
                 let memory_given = d

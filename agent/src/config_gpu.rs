@@ -11,6 +11,7 @@
 //! driver_root = "/"                # where the driver's files are on the host:
 //!                                  #   "/run/nvidia/driver" under the GPU Operator;
 //!                                  #   simulated: none unless given
+//! container_driver_root = "/driver-root"   # where the agent's container mounts it
 //! [device.simulated]               # backend = "simulated" only
 //! memory = "80Gi"
 //! cgroup_limits = true             # what the simulated driver offers (both default
@@ -61,6 +62,9 @@ pub struct GpuConfig {
     /// unless set; a simulated GPU has none unless set, and its containers then get
     /// only the environment.
     pub driver_root: Option<PathBuf>,
+    /// Where the agent's container mounts the host's driver root, when it does; else
+    /// the agent reads it through pid 1's root or as it is.
+    pub container_driver_root: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -87,6 +91,7 @@ pub(crate) struct RawGpu<'a> {
     pub watchdog: &'a Option<Spanned<RawWatchdog>>,
     pub simulated: &'a Option<Spanned<RawSimulated>>,
     pub driver_root: &'a Option<Spanned<String>>,
+    pub container_driver_root: &'a Option<Spanned<String>>,
 }
 
 /// A problem with a span in the config text, for `file:line: reason`.
@@ -112,6 +117,27 @@ fn duration(
     })
 }
 
+/// An absolute path without `..`, for the spec's host paths: the runtime takes them as
+/// they are, and nothing that climbs or is not plain text in a JSON string goes there.
+fn plain_path(name: &str, field: &str, r: &Spanned<String>) -> Result<PathBuf, SpanError> {
+    let p = PathBuf::from(r.get_ref());
+    let plain = p.is_absolute()
+        && !p
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        && !r.get_ref().contains(['\0', '\n']);
+    if !plain {
+        return Err((
+            r.span(),
+            format!(
+                "device {name}: {field} {:?} must be an absolute path without \"..\"",
+                r.get_ref()
+            ),
+        ));
+    }
+    Ok(p)
+}
+
 impl RawGpu<'_> {
     /// Whether any gpu-only field is present (they are refused on other kinds).
     pub fn first_present(&self) -> Option<(std::ops::Range<usize>, &'static str)> {
@@ -122,6 +148,9 @@ impl RawGpu<'_> {
             self.watchdog.as_ref().map(|s| (s.span(), "watchdog")),
             self.simulated.as_ref().map(|s| (s.span(), "simulated")),
             self.driver_root.as_ref().map(|s| (s.span(), "driver_root")),
+            self.container_driver_root
+                .as_ref()
+                .map(|s| (s.span(), "container_driver_root")),
         ]
         .into_iter()
         .flatten()
@@ -274,27 +303,18 @@ impl RawGpu<'_> {
             }
         };
         let driver_root = match self.driver_root {
-            Some(r) => {
-                let p = PathBuf::from(r.get_ref());
-                // The runtime takes the spec's host paths as they are: nothing relative,
-                // nothing that climbs, nothing that is not plain text in a JSON string.
-                let plain = p.is_absolute()
-                    && !p
-                        .components()
-                        .any(|c| matches!(c, std::path::Component::ParentDir))
-                    && !r.get_ref().contains(['\0', '\n']);
-                if !plain {
-                    return Err((
-                        r.span(),
-                        format!(
-                            "device {name}: driver_root {:?} must be an absolute path without \"..\"",
-                            r.get_ref()
-                        ),
-                    ));
-                }
-                Some(p)
-            }
+            Some(r) => Some(plain_path(name, "driver_root", r)?),
             None if backend == GpuBackendKind::Nvml => Some(PathBuf::from("/")),
+            None => None,
+        };
+        let container_driver_root = match self.container_driver_root {
+            Some(r) if driver_root.is_none() => {
+                return Err((
+                    r.span(),
+                    format!("device {name}: container_driver_root needs a driver_root"),
+                ));
+            }
+            Some(r) => Some(plain_path(name, "container_driver_root", r)?),
             None => None,
         };
         // Only a simulated GPU has a memory to fill in (an NVML one is discovered).
@@ -306,6 +326,7 @@ impl RawGpu<'_> {
                 selector,
                 watchdog,
                 driver_root,
+                container_driver_root,
             },
             capacity,
         ))

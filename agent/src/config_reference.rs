@@ -344,6 +344,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "gpu: where the driver's device nodes, libraries and tools are on the host (/run/nvidia/driver under the GPU Operator); the share's containers get them from there.",
     ),
     (
+        "device.container_driver_root",
+        "path",
+        "none",
+        "gpu: where the agent's container mounts the host's driver root (the chart: /driver-root); without it the agent reads the root through pid 1's root, or as it is.",
+    ),
+    (
         "device.watchdog.period",
         "duration",
         "1s",

@@ -416,6 +416,34 @@ fn a_gpus_driver_root_is_slash_for_nvml_none_for_simulated_and_must_be_plain() {
         assert!(e.message.contains("absolute path"), "{bad}: {e}");
         assert_eq!(e.line, 13, "{bad}: {e}");
     }
+    let both = GPU.replace(
+        "backend = \"simulated\"",
+        "backend = \"simulated\"\ndriver_root = \"/run/nvidia/driver\"\ncontainer_driver_root = \"/driver-root\"",
+    );
+    let c = Config::parse(&both, "t.toml").unwrap();
+    assert_eq!(
+        c.device("gpu-0")
+            .unwrap()
+            .gpu
+            .as_ref()
+            .unwrap()
+            .container_driver_root,
+        Some(PathBuf::from("/driver-root"))
+    );
+    let e = err_of(&GPU.replace(
+        "backend = \"simulated\"",
+        "backend = \"simulated\"\ncontainer_driver_root = \"/driver-root\"",
+    ));
+    assert!(
+        e.message
+            .contains("container_driver_root needs a driver_root"),
+        "{e}"
+    );
+    let e = err_of(&both.replace("\"/driver-root\"", "\"driver-root\""));
+    assert!(
+        e.message.contains("container_driver_root \"driver-root\""),
+        "{e}"
+    );
     let e = err_of(&GOOD.replace(
         "kind = \"generic\"",
         "kind = \"generic\"\ndriver_root = \"/\"",

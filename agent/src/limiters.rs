@@ -173,6 +173,7 @@ fn gpu_limiters(
                     .and_then(|c| c.value.ceil_units())
                     .and_then(|b| u64::try_from(b).ok()),
                 driver_root: g.driver_root.clone(),
+                container_driver_root: g.container_driver_root.clone(),
             })
             .collect();
         // Checked when the config was read, so this only fails for a config built in

@@ -170,6 +170,7 @@ fn setup(p: &Pods) -> (Arc<SimulatedBackend>, GpuLimiter) {
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
             driver_root: None,
+            container_driver_root: None,
         }],
     )
     .unwrap();

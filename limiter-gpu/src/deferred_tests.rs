@@ -32,6 +32,7 @@ fn configs() -> Vec<GpuDeviceConfig> {
         gpu: GpuSelector::Uuid(GPU.into()),
         memory_bytes: None,
         driver_root: None,
+        container_driver_root: None,
     }]
 }
 

@@ -25,10 +25,12 @@
 //! tools need exec. Firmware and graphics libraries are left out: the kernel module
 //! loads the one, CUDA needs none of the others.
 //!
-//! The agent reads the root through pid 1's view (`/proc/1/root`) when it runs in a
-//! mount namespace of its own, because the container runtime resolves the spec's host
-//! paths in the host's; symlinks are followed inside the root, so an absolute link in a
-//! driver container's tree never leads into the agent's own.
+//! The agent reads the root where its container mounts the host's (`container_driver_root`,
+//! as NVIDIA's DRA driver reads it at `/driver-root`), else through pid 1's view
+//! (`/proc/1/root`) when it runs in a mount namespace of its own and pid 1 is in sight,
+//! because the container runtime resolves the spec's host paths in the host's; else as
+//! it is. Symlinks are followed inside the root, so an absolute link in a driver
+//! container's tree never leads into the agent's own.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -109,15 +111,18 @@ pub struct DriverFiles {
 }
 
 impl DriverRoot {
-    /// `host` must be absolute. The agent reads it through pid 1's root where pid 1 is
+    /// `host` must be absolute. The agent reads it at `seen_at`, where its container
+    /// mounts the host's driver root; without one, through pid 1's root where pid 1 is
     /// in another mount namespace and in sight (hostPID), else as it is.
-    pub fn new(host: &Path) -> Result<Self, GpuError> {
-        let read = match host_view() {
-            Some(init_root) => init_root.join(relative(host)?),
-            None => {
-                relative(host)?;
-                host.to_path_buf()
+    pub fn new(host: &Path, seen_at: Option<&Path>) -> Result<Self, GpuError> {
+        let rel = relative(host)?;
+        let read = match (seen_at, host_view()) {
+            (Some(at), _) => {
+                relative(at)?;
+                at.to_path_buf()
             }
+            (None, Some(init_root)) => init_root.join(rel),
+            (None, None) => host.to_path_buf(),
         };
         Ok(Self {
             host: host.to_path_buf(),
@@ -185,10 +190,13 @@ impl DriverRoot {
                     }
                 }
             }
-            None if missing.is_empty() => missing.push(format!(
-                "libcuda.so.<driver version> (searched {} under the root)",
-                dirs.join(", ")
-            )),
+            // Unless the versions were the problem, said above.
+            None if !missing.iter().any(|m| m.starts_with("one driver version")) => {
+                missing.push(format!(
+                    "libcuda.so.<driver version> (searched {} under the root)",
+                    dirs.join(", ")
+                ))
+            }
             None => {}
         }
         for tool in TOOLS {

@@ -80,7 +80,7 @@ impl FakeRoot {
     }
 
     pub(crate) fn root(&self) -> DriverRoot {
-        DriverRoot::new(self.dir.path()).unwrap()
+        DriverRoot::new(self.dir.path(), None).unwrap()
     }
 
     pub(crate) fn host(&self, rel: &str) -> PathBuf {
@@ -161,7 +161,7 @@ fn a_complete_root_gives_the_nodes_the_libraries_under_every_name_and_the_tools(
 #[test]
 fn an_empty_root_names_everything_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let e = DriverRoot::new(dir.path())
+    let e = DriverRoot::new(dir.path(), None)
         .unwrap()
         .discover(Some(V))
         .unwrap_err();
@@ -237,7 +237,9 @@ fn links_resolve_inside_the_root() {
 
 #[test]
 fn a_relative_driver_root_is_refused() {
-    let e = DriverRoot::new(Path::new("run/nvidia/driver")).unwrap_err();
+    let e = DriverRoot::new(Path::new("run/nvidia/driver"), None).unwrap_err();
+    assert!(matches!(e, GpuError::InvalidArgument(_)), "{e:?}");
+    let e = DriverRoot::new(Path::new("/"), Some(Path::new("driver-root"))).unwrap_err();
     assert!(matches!(e, GpuError::InvalidArgument(_)), "{e:?}");
 }
 
@@ -248,4 +250,41 @@ fn driver_versions_are_digits_and_dots() {
     assert!(!is_driver_version("1"));
     assert!(!is_driver_version("550..1"));
     assert!(!is_driver_version("550.54.15.bak"));
+}
+
+/// In a container that mounts the host's driver root elsewhere (the chart's
+/// /driver-root), the files are read there and named by their host paths in the spec.
+#[test]
+fn a_root_mounted_elsewhere_is_read_there_and_named_as_the_host_has_it() {
+    if !require_root_for(module_path!(), "mknod for the fake device nodes") {
+        return;
+    }
+    let f = FakeRoot::new();
+    f.nodes(&["nvidiactl", "nvidia-uvm", "nvidia0"]);
+    let host = Path::new("/run/nvidia/driver");
+    let files = DriverRoot::new(host, Some(f.dir.path()))
+        .unwrap()
+        .discover(Some(V))
+        .unwrap();
+    assert_eq!(
+        files.gpu_node(0).unwrap().host_path,
+        host.join("dev/nvidia0")
+    );
+    assert!(
+        files.mounts.iter().all(|m| m.host_path.starts_with(host)),
+        "{:?}",
+        files.mounts
+    );
+}
+
+#[test]
+fn a_root_with_nothing_in_it_names_libcuda_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = DriverRoot::new(dir.path(), None)
+        .unwrap()
+        .discover(None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/dev/nvidiactl"), "{e}");
+    assert!(e.contains("libcuda.so.<driver version>"), "{e}");
 }

@@ -53,6 +53,8 @@ pub struct GpuDeviceConfig {
     /// containers get their device nodes and libraries from it. None gives them
     /// neither, which only a simulated GPU may do.
     pub driver_root: Option<PathBuf>,
+    /// Where the agent's container mounts the host's driver root, if it does.
+    pub container_driver_root: Option<PathBuf>,
 }
 
 /// A configured device as resolved against the GPUs found.
@@ -143,7 +145,8 @@ impl GpuLimiter {
                 // The simulated back end's version names no files; the libraries there
                 // are whichever one version the root holds.
                 let version = (!backend.is_simulated()).then(|| gpu.driver_version.clone());
-                let driver = DeviceDriver::new(DriverRoot::new(root)?, version, gpu.minor);
+                let root = DriverRoot::new(root, c.container_driver_root.as_deref())?;
+                let driver = DeviceDriver::new(root, version, gpu.minor);
                 if let Err(why) = driver.edits() {
                     tracing::error!(
                         device = %c.name,

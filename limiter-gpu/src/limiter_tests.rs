@@ -24,6 +24,7 @@ fn cfg(name: &str, gpu: GpuSelector, memory: Option<u64>) -> GpuDeviceConfig {
         gpu,
         memory_bytes: memory,
         driver_root: None,
+        container_driver_root: None,
     }
 }
 

@@ -70,6 +70,7 @@ fn limiter(backend: &Arc<SimulatedBackend>, shares: &[(&str, &str)], limit: &str
             gpu: GpuSelector::Uuid(GPU.into()),
             memory_bytes: None,
             driver_root: None,
+            container_driver_root: None,
         }],
     )
     .unwrap();

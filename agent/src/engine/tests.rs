@@ -1043,6 +1043,7 @@ memory = "16Gi"
                 gpu: GpuSelector::Uuid("GPU-shared".into()),
                 memory_bytes: None,
                 driver_root: None,
+                container_driver_root: None,
             }],
         )
         .unwrap();

@@ -499,6 +499,7 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
             gpu: GpuSelector::Uuid(gpu.uuid.clone()),
             memory_bytes: None,
             driver_root: None,
+            container_driver_root: None,
         }],
     )
     .map_err(|e| format!("GpuLimiter::new: {e}"))?;

@@ -146,6 +146,7 @@ fn limiter_for(backend: &Back, gpu: &GpuInfo) -> Result<GpuLimiter, String> {
             gpu: GpuSelector::Uuid(gpu.uuid.clone()),
             memory_bytes: None,
             driver_root: None,
+            container_driver_root: None,
         }],
     )
     .map_err(|e| format!("GpuLimiter::new: {e}"))

@@ -393,6 +393,7 @@ fn late_build_check(backend: &Back, gpu: &GpuInfo) {
                 gpu: GpuSelector::Uuid(uuid.clone()),
                 memory_bytes: None,
                 driver_root: None,
+                container_driver_root: None,
             }],
         )
     });
