@@ -3,7 +3,9 @@
 # them into every node's containerd (namespace k8s.io, where kubelet looks):
 #
 #   localhost/shareguard-pause:1                 the pod sandbox (cmd/pause)
-#   localhost/shareguard-e2e-tools:latest        a shell (busybox), iperf3, ping, ip
+#   localhost/shareguard-e2e-tools:latest        a shell (busybox), iperf3, ping, ip, and
+#                                                cuda-probe, which needs a libcuda.so.1
+#                                                that only a GPU claim's CDI spec mounts
 #   localhost/shareguard:$SGC_SHAREGUARD_TAG     the release binary, tc, unshare and
 #     (default "dev")                            mount: what the repository's Dockerfile
 #                                                holds
@@ -62,6 +64,11 @@ for applet in sh ls cat sleep echo grep awk sed head tail wc cut tr date env kil
   ln -sf busybox "$tools/bin/$applet"
 done
 add "$tools" /usr/bin/iperf3 /usr/bin/ping /usr/bin/ip /usr/bin/unshare
+# Built against a SIMULATED driver root, which stays out of the image: a container gets
+# libcuda.so.1 only from its claim's CDI spec (tests/tests/e2e.rs, scenario h).
+"$repo/tests/gpu/simulated-driver-root.sh" "$work/driver-root" 0 550.54.15 "$work/cuda-probe"
+install -D -m 0755 "$work/cuda-probe" "$tools/usr/bin/cuda-probe"
+libs "$tools" "$tools/usr/bin/cuda-probe"
 python3 "$here/oci_image.py" --root "$tools" --name localhost/shareguard-e2e-tools:latest \
   --entrypoint /bin/sh --out "$work/tools.tar"
 

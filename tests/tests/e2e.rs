@@ -3,6 +3,8 @@
 //! installed from deploy/. Each is `#[ignore]`d in a plain `cargo test` (no cluster
 //! there); tests/cluster/e2e.sh runs them with `--ignored` on a fresh cluster.
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -817,7 +819,15 @@ fn f_limits_outlive_a_killed_agent_and_a_restarted_kubelet() {
 struct SimulatedGpus {
     cluster: Cluster,
     original: Value,
+    /// A SIMULATED driver root (tests/gpu/simulated-driver-root.sh) with both GPUs'
+    /// nodes, which every node's runtime sees at this one host path, and the agent's
+    /// container at /driver-root.
+    _driver_root: tempfile::TempDir,
 }
+
+/// The agent's container path of the simulated driver root, as NVIDIA's DRA driver
+/// mounts the host's driver root in its own container.
+const CONTAINER_DRIVER_ROOT: &str = "/driver-root";
 
 const CONFIGMAP: &str = "shareguard-agent-config";
 
@@ -828,6 +838,19 @@ impl SimulatedGpus {
             .as_str()
             .unwrap_or_else(|| panic!("no agent.toml in {original}"))
             .to_string();
+        let driver_root = tempfile::Builder::new()
+            .prefix("sg-e2e-driver-root")
+            .tempdir()
+            .expect("a temporary directory");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu/simulated-driver-root.sh");
+        let made = Command::new(&script)
+            .arg(driver_root.path())
+            .arg("2")
+            .arg("550.54.15")
+            .output()
+            .unwrap_or_else(|e| panic!("{script:?}: {e}"));
+        assert!(made.status.success(), "{script:?}: {made:?}");
+        let root = driver_root.path().display().to_string();
         for i in 0..2 {
             toml.push_str(&format!(
                 r#"
@@ -839,6 +862,8 @@ kind = "gpu"
 backend = "simulated"
 allowed_namespaces = ["*"]
 watchdog = {{ period = "1s", action = "report" }}
+driver_root = "{root}"
+container_driver_root = "{CONTAINER_DRIVER_ROOT}"
 [device.simulated]
 memory = "16Gi"
 [device.capacity.memory]
@@ -852,12 +877,28 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         let guard = SimulatedGpus {
             cluster: c.clone(),
             original,
+            _driver_root: driver_root,
         };
-        guard.install(&changed);
+        guard.install(&changed, &Self::mount(&root, ""));
         guard
     }
 
-    fn install(&self, configmap: &Value) {
+    /// A strategic merge patch of the agent's DaemonSet that mounts `host` at
+    /// CONTAINER_DRIVER_ROOT (`op` empty), or takes that mount out (`op` "delete").
+    fn mount(host: &str, op: &str) -> String {
+        let op = if op.is_empty() {
+            String::new()
+        } else {
+            format!(r#","$patch":"{op}""#)
+        };
+        format!(
+            r#"{{"spec":{{"template":{{"spec":{{"volumes":[{{"name":"e2e-driver-root","hostPath":{{"path":"{host}","type":"Directory"}}{op}}}],"containers":[{{"name":"agent","volumeMounts":[{{"name":"e2e-driver-root","mountPath":"{CONTAINER_DRIVER_ROOT}","readOnly":true{op}}}]}}]}}}}}}}}"#
+        )
+    }
+
+    /// Applies `configmap`, patches the agent's DaemonSet with `patch`, and waits for
+    /// the agents to run with both.
+    fn install(&self, configmap: &Value, patch: &str) {
         let mut cm = configmap.clone();
         // apply wants no server-owned fields.
         if let Some(meta) = cm["metadata"].as_object_mut() {
@@ -871,6 +912,15 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
             }
         }
         self.cluster.apply(&cm.to_string());
+        self.cluster.ok(&[
+            "patch",
+            "-n",
+            "shareguard-system",
+            "daemonset/shareguard-agent",
+            "--type=strategic",
+            "-p",
+            patch,
+        ]);
         self.cluster.ok(&[
             "rollout",
             "restart",
@@ -892,7 +942,7 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
 impl Drop for SimulatedGpus {
     fn drop(&mut self) {
         let original = self.original.clone();
-        self.install(&original);
+        self.install(&original, &Self::mount("", "delete"));
     }
 }
 
@@ -975,8 +1025,11 @@ fn pod_env(c: &Cluster, ns: &str, pod: &str) -> Vec<String> {
 /// h. GPU claims on the simulated back end, two GPUs per node: a plain request, a
 /// `firstAvailable` request whose first choice fits nowhere, and two requests that a
 /// `distinctAttribute` constraint on the GPU's uuid puts on two GPUs. Each container
-/// gets its claim's CDI edits (CUDA_VISIBLE_DEVICES of its GPU), and each result its
-/// shareID in the claim's status.
+/// gets its claim's CDI edits, as containerd's CDI library applies them:
+/// CUDA_VISIBLE_DEVICES of its GPU, NVIDIA_VISIBLE_DEVICES=void, the driver's control
+/// nodes and its own GPUs' nodes and no other (from the SIMULATED driver root), and
+/// libcuda.so.1, which the dynamic linker finds for `cuda-probe`; each result has its
+/// shareID in the claim's status. Two pods with shares of one GPU see that one GPU.
 #[test]
 #[ignore = "needs the test cluster: make e2e"]
 fn h_gpu_claims_on_simulated_gpus_reach_their_containers() {
@@ -1081,8 +1134,74 @@ spec:
             expected.contains(&visible),
             "{pod}: CUDA_VISIBLE_DEVICES={visible}, not one of its GPUs {expected:?}"
         );
+        assert!(
+            env.iter().any(|l| l == "NVIDIA_VISIBLE_DEVICES=void"),
+            "{pod}: {env:?}"
+        );
+        assert_sees_only(&c, &ns.name, pod, &devices);
     }
+
+    // Two pods, each with a share of the first GPU: both see that GPU and no other.
+    let (gpu0, uuid0) = &uuids[0];
+    let pinned = format!(
+        "- name: gpu\n  exactly:\n    deviceClassName: e2e-simulated-gpu\n    selectors:\n    - cel:\n        expression: 'device.attributes[\"{DRIVER}\"].uuid == \"{uuid0}\"'\n    capacity:\n      requests: {{memory: 1Gi}}\n"
+    );
+    for pod in ["same-a", "same-b"] {
+        c.apply(&gpu_pod(&ns.name, pod, node, &pinned, ""));
+    }
+    let mut shares = Vec::new();
+    for pod in ["same-a", "same-b"] {
+        let p = wait_running(&c, &ns.name, pod);
+        let claim_name = field(&p, "status.resourceClaimStatuses")[0]["resourceClaimName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{pod} has no claim: {p}"))
+            .to_string();
+        let claim = c.json(&["get", "resourceclaim", "-n", &ns.name, &claim_name]);
+        let r = &field(&claim, "status.allocation.devices.results")[0];
+        assert_eq!(r["device"].as_str(), Some(gpu0.as_str()), "{pod}: {claim}");
+        shares.push(r["shareID"].as_str().unwrap_or_default().to_string());
+        assert_sees_only(&c, &ns.name, pod, std::slice::from_ref(gpu0));
+    }
+    assert_ne!(shares[0], shares[1], "two shares of one GPU");
     c.ok(&["delete", "deviceclass", "e2e-simulated-gpu"]);
+}
+
+/// Asserts what pod `pod`'s container has of the GPU: the driver's control nodes and the
+/// nodes of the simulated GPUs `devices` (sim-gpu-N is minor N) and no other GPU's, a
+/// libcuda.so.1 the dynamic linker finds (cuda-probe is linked against it; the image has
+/// none) that counts those GPUs, and nvidia-smi listing them.
+fn assert_sees_only(c: &Cluster, ns: &str, pod: &str, devices: &[String]) {
+    let mut want: Vec<String> = ["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for d in devices {
+        let minor = d.strip_prefix("sim-gpu-").unwrap_or_else(|| panic!("{d}"));
+        want.push(format!("nvidia{minor}"));
+    }
+    want.sort();
+    want.dedup();
+    let mut nodes: Vec<String> = c
+        .ok(&["exec", "-n", ns, pod, "--", "ls", "-1", "/dev"])
+        .lines()
+        .filter(|l| l.starts_with("nvidia"))
+        .map(str::to_string)
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, want, "{pod}: GPU device nodes in the container");
+    let gpus = want
+        .iter()
+        .filter(|n| n[6..].parse::<u32>().is_ok())
+        .count();
+    let probe = c.ok(&["exec", "-n", ns, pod, "--", "cuda-probe"]);
+    assert_eq!(
+        probe.trim(),
+        format!("libcuda SIMULATED devices {gpus}"),
+        "{pod}: cuda-probe"
+    );
+    let smi = c.ok(&["exec", "-n", ns, pod, "--", "nvidia-smi"]);
+    assert_eq!(smi.lines().count(), gpus, "{pod}: nvidia-smi says {smi}");
+    eprintln!("{pod}: /dev {nodes:?}; {}", probe.trim());
 }
 
 /// Every event of shareguard's ResourceSlices that the API server reports while it
