@@ -29,10 +29,11 @@ ensure_rust() {
 
 # Debian packages the build and the tests use. protoc is vendored by a crate, so no
 # protobuf-compiler is needed; curl serves the showcase's metrics read; gcc builds the
-# simulated driver libraries of tests/gpu/simulated-driver-root.sh (and links Rust).
+# simulated driver libraries of tests/gpu/simulated-driver-root.sh (and links Rust);
+# /usr/bin/python3 is the simulated MPS daemon's control socket listener.
 ensure_build_deps() {
   ensure_rust
-  ensure_debs ca-certificates curl pkg-config gcc libc6-dev
+  ensure_debs ca-certificates curl pkg-config gcc libc6-dev python3
   ensure_bpf_toolchain
 }
 

@@ -119,7 +119,8 @@ struct Mount {
 /// The options of an MPS share's pipe directory mount, as the OCI runtime takes them:
 /// a plain bind (the directory has no mounts below it), writable (MPS clients create
 /// files there, as NVIDIA's components mount it), and nothing in it to run or to open
-/// as a device. The directory is sticky: a tenant cannot replace the daemon's sockets.
+/// as a device. The directory is sticky: a tenant that is not root cannot replace the
+/// daemon's sockets, and the agent checks who listens on them (see the mps module).
 pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];
 /// The options of an MPS share's /dev/shm mount: what a runtime gives its own /dev/shm.
 pub const SHM_MOUNT_OPTIONS: [&str; 5] = ["bind", "rw", "nosuid", "nodev", "noexec"];

@@ -22,7 +22,8 @@
 //! <dir>/<name>/gpu     the GPU uuid the daemon was started for
 //! <dir>/<name>/daemon  the agent's record of the daemon it started: pid, start time, boot
 //! <dir>/<name>/pipe/   CUDA_MPS_PIPE_DIRECTORY: sockets, nvidia-cuda-mps-control.pid;
-//!                      1777 (sticky), and read-write in the share's containers
+//!                      a tmpfs of PIPE_BYTES and PIPE_INODES, 1777 (sticky), and
+//!                      read-write in the share's containers
 //! <dir>/<name>/shm/    a tmpfs of MpsConfig::shm_bytes: the daemon's and the
 //!                      containers' /dev/shm (bind mounts)
 //! <dir>/<name>/log/    CUDA_MPS_LOG_DIRECTORY, 1777 (sticky)
@@ -40,10 +41,11 @@
 //! launcher) so that its `/dev/shm` is the share's `shm/`, as NVIDIA's device plugin
 //! gives its MPS daemon and clients a tmpfs of their own.
 //!
-//! `shm/` is a tmpfs of its own, capped at [`MpsConfig::shm_bytes`], because the share's
-//! containers write to it: as a plain directory it would let a tenant fill the file
-//! system under `<dir>` (the host's `/run`, in memory). It is mounted (nosuid, nodev,
-//! noexec, mode 1777 as /dev/shm is) in the agent's mount namespace when the share is
+//! `shm/` and `pipe/` are tmpfs of their own, capped (`shm/` at [`MpsConfig::shm_bytes`],
+//! `pipe/` at [`PIPE_BYTES`] and [`PIPE_INODES`] files), because the share's containers
+//! write to them: as plain directories they would let a tenant fill the file system
+//! under `<dir>` (the host's `/run`, in memory, which containerd and kubelet need).
+//! Each is mounted (nosuid, nodev, noexec, mode 1777) in the agent's mount namespace when the share is
 //! prepared, kept while the share lives (also across a daemon restart: the containers
 //! that hold it must keep meeting the new daemon there), and detached before the
 //! share's directory is removed. The container runtime resolves the CDI spec's host
@@ -55,20 +57,25 @@
 //!
 //! What the agent trusts, given that tenants share `pipe/` and `shm/` with the daemon:
 //!
-//! - `pipe/` is the agent's, sticky, and mounted into the share's containers alone: a
-//!   tenant can add files there but can neither remove nor replace the daemon's. Before
-//!   every command sent through it the agent checks the directory (its owner, and no
-//!   write for others without the sticky bit) and that the daemon's `control` socket,
-//!   where it is, is a socket of the agent's uid, so that a tenant's own socket is never
-//!   taken for the daemon.
-//! - The pid file is read once, right after the agent started the daemon, and its pid
-//!   is taken only if it names a live control program whose environment has this very
-//!   pipe directory. From then on the agent goes by its own record (`daemon`, in the
-//!   share's directory, which is mounted nowhere): the pid, its start time (field 22 of
-//!   /proc/PID/stat) and the boot id. A process is the share's daemon while all three
-//!   match and its `argv[0]` is the control program, so a recycled pid or a pid file
-//!   written later is never taken for it. The agent never signals the daemon: it
-//!   sends `quit` through the socket and waits for the recorded process to end.
+//! - `pipe/` is the agent's, sticky, and mounted read-write into the share's containers
+//!   alone: a tenant that is not root can add files there but can neither remove nor
+//!   replace the daemon's. Nothing in it is trusted for what it says: before every
+//!   command sent through it the agent checks the directory (its owner, and no write for
+//!   others without the sticky bit), that the daemon's `control` socket, where it is,
+//!   is a socket of the agent's uid, and that the process the kernel names as listening
+//!   on it (SO_PEERCRED) is the recorded daemon, so that a socket a tenant serves (one
+//!   running as root can make one of root's) is never taken for the daemon. What is
+//!   left open: a root tenant could put its socket there between that check and the
+//!   control program's own connect.
+//! - The daemon the agent started is the process the kernel names as listening on
+//!   `control` right after the start, taken only if it is a live control program whose
+//!   environment has this very pipe directory; the pid file plays no part. From then on
+//!   the agent goes by its own record (`daemon`, in the share's directory, which is
+//!   mounted nowhere): the pid, its start time (field 22 of /proc/PID/stat) and the
+//!   boot id. A process is the share's daemon while all three match and its `argv[0]`
+//!   is the control program, so a recycled pid is never taken for it. The agent never
+//!   signals the daemon: it sends `quit` through the socket and waits for the recorded
+//!   process to end.
 //! - Nothing in `shm/` is read by the agent; `log/` is the agent's and the daemon's.
 //! - `key`, `gpu` and `daemon` are written atomically (a temp file in the same
 //!   directory, fsync, rename over, fsync of the directory), so a crash leaves the old
@@ -128,6 +135,12 @@ const POLL: Duration = Duration::from_millis(5);
 /// See [`MpsConfig::shm_bytes`]: the cap where the node's memory cannot be read,
 /// what containerd gives a container's /dev/shm.
 pub const FALLBACK_SHM_BYTES: u64 = 64 * MIB;
+/// The cap of each share's pipe directory, a tmpfs of its own: the daemon's sockets
+/// and pid file and what its clients add take a few KiB; the cap keeps a tenant from
+/// filling the host's /run, which containerd and kubelet depend on.
+pub const PIPE_BYTES: u64 = 4 * MIB;
+/// The pipe directory's cap on files, for the same reason (a tmpfs's inodes are memory).
+pub const PIPE_INODES: u64 = 1024;
 /// A tenant's /dev/shm holds data, never programs or devices.
 const SHM_FLAGS: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
@@ -392,6 +405,7 @@ impl MpsDaemons {
         // Before the removal, which would otherwise empty the tmpfs the share's
         // containers may still hold and then fail on its mount point.
         unmount_shm(&dir.join("shm"))?;
+        unmount_shm(&dir.join("pipe"))?;
         fs::remove_dir_all(&dir).map_err(|e| io_err("removing", &dir, &e))
     }
 
@@ -426,9 +440,57 @@ impl MpsDaemons {
             set_mode(&d, SHARED_MODE)?;
             check_shared_dir(&d)?;
         }
+        self.ensure_pipe(&dir.join("pipe"))?;
         let shm = dir.join("shm");
         create_dir(&shm, 0o700, false)?;
         self.ensure_shm(&shm)
+    }
+
+    /// The pipe directory's own tmpfs, capped in bytes and files, mounted unless it is
+    /// there (it stays while the share lives, across daemon restarts: the containers
+    /// that hold it must keep meeting the new daemon there). A pipe directory of an
+    /// earlier version, with what a running daemon put there, is left as it is: a tmpfs
+    /// over it would hide the daemon's sockets; it gets its tmpfs when the daemon is
+    /// next started, after the old files are cleared.
+    fn ensure_pipe(&self, pipe: &Path) -> Result<(), GpuError> {
+        let real = fs::canonicalize(pipe).map_err(|e| io_err("resolving", pipe, &e))?;
+        match mounts_at(&real)?.last() {
+            Some(m) if m.fstype == "tmpfs" => {}
+            Some(m) => {
+                return Err(GpuError::Internal(format!(
+                    "{} is a {} mount, not the share's tmpfs",
+                    real.display(),
+                    m.fstype
+                )));
+            }
+            None => {
+                let mut entries = fs::read_dir(&real).map_err(|e| io_err("reading", &real, &e))?;
+                if entries.next().is_some() {
+                    tracing::warn!(
+                        pipe = %real.display(),
+                        "an MPS pipe directory without its own tmpfs, in use: it gets one when its daemon next starts"
+                    );
+                    return Ok(());
+                }
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &real,
+                    Some("tmpfs"),
+                    SHM_FLAGS,
+                    Some(format!("size={PIPE_BYTES},nr_inodes={PIPE_INODES},mode=1777").as_str()),
+                )
+                .map_err(|e| mount_err("mounting a tmpfs on", &real, e))?;
+            }
+        }
+        let got = shm_size(&real)?;
+        if got != PIPE_BYTES {
+            return Err(GpuError::Internal(format!(
+                "{} reads back as a tmpfs of {got} bytes, not {PIPE_BYTES}",
+                real.display()
+            )));
+        }
+        check_shared_dir(&real)?;
+        host_sees(&real)
     }
 
     /// Mounts the share's capped tmpfs on `shm` unless it is there already, in which case
@@ -515,6 +577,7 @@ impl MpsDaemons {
             };
             removed.map_err(|e| io_err("removing", &path, &e))?;
         }
+        self.ensure_pipe(&pipe)?;
         remove_file(&dir.join(RECORD))?;
         let name = dir
             .file_name()
@@ -671,6 +734,9 @@ impl MpsDaemons {
         // The answer is only as good as the socket it came through.
         check_shared_dir(pipe)?;
         check_control_socket(pipe)?;
+        if let Some(daemon) = pipe.parent().and_then(|dir| self.recorded_daemon(dir)) {
+            check_listener(pipe, daemon.pid)?;
+        }
         self.spawn(&self.cfg.control, pipe, None, &[], Some(input))
     }
     fn spawn(
@@ -954,21 +1020,39 @@ fn serves(pid: u32, pipe: &Path) -> bool {
     environ.split(|b| *b == 0).any(|var| var == want.as_slice())
 }
 
-/// The daemon the agent has just started, named by the pid file in its pipe directory:
-/// trusted this once, since only the agent and the daemon can write there (the
-/// containers have it read-only), and only for a live control program of this pipe.
+/// The daemon the agent has just started: the process the kernel says listens on the
+/// control socket (a socket of the agent's uid, which no tenant but root can make in
+/// the sticky pipe directory), if it is a live control program of this pipe directory.
+/// The pid file plays no part: tenants can write the directory it is in.
 fn started_daemon(pipe: &Path, control: &Path) -> Option<Daemon> {
-    let pid: u32 = fs::read_to_string(pipe.join(PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    check_control_socket(pipe).ok()?;
+    let pid = crate::sys::listener_pid(&pipe.join(CONTROL_SOCKET)).ok()?;
     let before = proc_stat(pid).filter(|s| s.alive)?;
     let daemon = Daemon {
         pid,
         start: before.start,
     };
     (is_control(pid, control) && serves(pid, pipe) && daemon.runs()).then_some(daemon)
+}
+
+/// The listener behind the control socket must be the recorded daemon: a socket in its
+/// place that another process serves (a tenant with uid 0 can make one) would answer
+/// the agent's read-backs and swallow its `quit`. No socket is the control program's
+/// to report.
+fn check_listener(pipe: &Path, daemon: u32) -> Result<(), GpuError> {
+    let path = pipe.join(CONTROL_SOCKET);
+    match crate::sys::listener_pid(&path) {
+        Ok(pid) if pid == daemon => Ok(()),
+        Ok(pid) => Err(GpuError::Internal(format!(
+            "{} is served by process {pid}, not the share's MPS daemon {daemon}; refusing to talk through it",
+            path.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(GpuError::Transient(format!(
+            "connecting to {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// This boot's id: a record of an earlier boot names no process of this one, even where

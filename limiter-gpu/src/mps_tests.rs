@@ -79,6 +79,7 @@ impl Drop for Root {
                 }
             }
             let _ = unmount_shm(&dir.join("shm"));
+            let _ = unmount_shm(&dir.join("pipe"));
         }
     }
 }
@@ -353,13 +354,21 @@ fn a_dead_daemon_reads_as_no_limit_and_is_started_again() {
     let pid = pid_of(&d, SHARE);
     kill9(pid);
     assert_eq!(d.limit(SHARE).unwrap(), None);
-    let leftover = d.pipe_dir(SHARE).join("control");
+    let control = d.pipe_dir(SHARE).join("control");
+    assert!(control.exists(), "the killed daemon's socket stays behind");
+    let leftover = d.pipe_dir(SHARE).join("left-by-the-dead-daemon");
     fs::write(&leftover, "").unwrap();
     d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
-    assert_ne!(pid_of(&d, SHARE), pid, "a new daemon");
+    let new = pid_of(&d, SHARE);
+    assert_ne!(new, pid, "a new daemon");
     assert!(
         !leftover.exists(),
         "the dead daemon's files went before the new one started"
+    );
+    assert_eq!(
+        crate::sys::listener_pid(&control).unwrap(),
+        new,
+        "the new daemon listens on the control socket"
     );
     assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
     d.stop(SHARE).unwrap();
@@ -688,6 +697,9 @@ fn a_pipe_directory_someone_else_can_write_is_not_trusted() {
     assert!(matches!(d.limit(SHARE), Err(GpuError::Internal(_))));
     // With it, a tenant's own socket under the control socket's name is still refused.
     fs::set_permissions(&pipe, fs::Permissions::from_mode(0o1777)).unwrap();
+    // The daemon's socket, kept aside to be put back (a rename keeps it listening).
+    let aside = pipe.join("control.daemon");
+    fs::rename(pipe.join("control"), &aside).unwrap();
     let forged = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
     std::os::unix::fs::chown(pipe.join("control"), Some(65534), None).unwrap();
     let err = d.limit(SHARE).unwrap_err();
@@ -701,11 +713,19 @@ fn a_pipe_directory_someone_else_can_write_is_not_trusted() {
     assert!(matches!(d.limit(SHARE), Err(GpuError::Internal(_))));
     fs::remove_file(pipe.join("control")).unwrap();
     drop(forged);
-    // The agent's own socket there (the daemon's, running as root) is what it talks to.
-    let own = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
-    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
-    drop(own);
+    // A socket of the agent's uid that another process serves (a tenant running as
+    // root could make one) is refused too: the kernel names its listener.
+    let other = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+    let err = d.limit(SHARE).unwrap_err();
+    assert!(
+        matches!(&err, GpuError::Internal(m) if m.contains("not the share's MPS daemon")),
+        "{err:?}"
+    );
+    drop(other);
     fs::remove_file(pipe.join("control")).unwrap();
+    // The daemon's own socket is what the agent talks through.
+    fs::rename(&aside, pipe.join("control")).unwrap();
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
     fs::set_permissions(&pipe, fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&pipe, Some(65534), None).unwrap();
     assert!(matches!(d.limit(SHARE), Err(GpuError::Internal(_))));
@@ -887,4 +907,69 @@ fn pid_lists_parse_or_fail_whole() {
     assert_eq!(parse_pids("12\n13 14\n", "x").unwrap(), vec![12, 13, 14]);
     assert_eq!(parse_pids("", "x").unwrap(), Vec::<u32>::new());
     assert!(parse_pids("12\nno\n", "get_client_list").is_err());
+}
+
+/// The pipe directory, which the share's containers write, is a tmpfs of its own capped
+/// in bytes and files, so a tenant cannot fill the host's /run through it; it stays
+/// across a daemon restart (the new daemon's socket is there for the containers that
+/// hold it) and goes with the share.
+#[test]
+fn the_pipe_directory_is_a_small_tmpfs_of_its_own_kept_across_restarts() {
+    if !crate::test_root::require_root(
+        "the_pipe_directory_is_a_small_tmpfs_of_its_own_kept_across_restarts",
+    ) {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let pipe = d.pipe_dir(SHARE);
+    assert_eq!(tmpfs_mounts(&pipe), 1, "a tmpfs of its own");
+    assert_eq!(shm_size(&pipe).unwrap(), PIPE_BYTES);
+    let files = nix::sys::statvfs::statvfs(&pipe).unwrap().files();
+    assert_eq!(files, PIPE_INODES);
+    let real = fs::canonicalize(&pipe).unwrap();
+    let opts = mounts_at(&real).unwrap().pop().unwrap().options;
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(opts.split(',').any(|x| x == o), "{o} missing in {opts}");
+    }
+    assert_eq!(
+        fs::metadata(&pipe).unwrap().permissions().mode() & 0o7777,
+        0o1777
+    );
+    // A tenant's bytes and files stop at the caps.
+    let err = fs::write(pipe.join("big"), vec![0u8; 5 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(28), "ENOSPC: {err}");
+    fs::remove_file(pipe.join("big")).unwrap();
+    let mut made = 0;
+    let err = loop {
+        match fs::write(pipe.join(format!("f{made}")), "") {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made <= PIPE_INODES, "no cap on files");
+    };
+    assert_eq!(
+        err.raw_os_error(),
+        Some(28),
+        "ENOSPC after {made} files: {err}"
+    );
+    for i in 0..made {
+        fs::remove_file(pipe.join(format!("f{i}"))).unwrap();
+    }
+
+    // A daemon that died is replaced on the same tmpfs, and its socket is there.
+    let old = pid_of(&d, SHARE);
+    kill9(old);
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    assert_ne!(pid_of(&d, SHARE), old);
+    assert_eq!(tmpfs_mounts(&pipe), 1);
+    assert_eq!(
+        crate::sys::listener_pid(&pipe.join("control")).unwrap(),
+        pid_of(&d, SHARE)
+    );
+
+    d.stop(SHARE).unwrap();
+    assert!(!pipe.exists());
+    assert!(mounts_at(&real).unwrap().is_empty(), "nothing left mounted");
 }

@@ -283,6 +283,26 @@ impl ProcessTerminator for PidfdTerminator {
     }
 }
 
+/// The pid of the process that listens on the unix socket at `path`, as the kernel
+/// recorded it when that process called listen(2): SO_PEERCRED of a connection to it,
+/// closed at once. Non-blocking, so a full backlog is an error rather than a wait.
+/// Whoever wrote files next to the socket cannot forge this.
+pub fn listener_pid(path: &std::path::Path) -> std::io::Result<u32> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, UnixAddr, connect, getsockopt, socket,
+        sockopt::PeerCredentials,
+    };
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    let pid = getsockopt(&fd, PeerCredentials)?.pid();
+    u32::try_from(pid).map_err(|_| std::io::Error::other(format!("peer pid {pid}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

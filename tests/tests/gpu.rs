@@ -532,11 +532,13 @@ impl Drop for MpsDir {
                 let _ = Command::new("kill").arg(pid.trim()).status();
             }
             // Fails harmlessly where the share was released (nothing mounted there).
-            let _ = Command::new("umount")
-                .arg("--lazy")
-                .arg(e.path().join("shm"))
-                .stderr(std::process::Stdio::null())
-                .status();
+            for tmpfs in ["shm", "pipe"] {
+                let _ = Command::new("umount")
+                    .arg("--lazy")
+                    .arg(e.path().join(tmpfs))
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
         }
     }
 }
