@@ -73,6 +73,8 @@ pub struct GpuDevice {
 struct MpsClients {
     clients: u64,
     outside: Option<u32>,
+    /// A process of the share's pods running as root outside a user namespace.
+    root: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +94,9 @@ struct ShareRecord {
 
 /// Host PID -> pod uid, as the watchdog maps GPU processes.
 pub type PodLookup = Arc<dyn Fn(u32) -> Option<String> + Send + Sync>;
+/// Whether a process runs as root outside a user namespace (see
+/// [`crate::mps::root_without_user_namespace`]).
+pub type RootLookup = Arc<dyn Fn(u32) -> bool + Send + Sync>;
 
 pub struct GpuLimiter {
     backend: Arc<dyn GpuBackend>,
@@ -101,6 +106,9 @@ pub struct GpuLimiter {
     drivers: BTreeMap<String, DeviceDriver>,
     /// For the MPS read-back: a process of the share's pod outside its daemon.
     pod_of: PodLookup,
+    /// For the MPS read-back: a process of the share's pod that could take the daemon's
+    /// socket over.
+    is_root: RootLookup,
 }
 
 impl GpuLimiter {
@@ -193,12 +201,19 @@ impl GpuLimiter {
                 let roots = crate::cgroupns::agent_namespace().roots();
                 crate::cgroup::pod_uid_of_pid(Path::new("/proc"), &roots, pid)
             }),
+            is_root: Arc::new(crate::mps::root_without_user_namespace),
         })
     }
 
     /// Replaces how GPU processes are mapped to pods (tests; a different /proc).
     pub fn with_pod_lookup(mut self, pod_of: PodLookup) -> Self {
         self.pod_of = pod_of;
+        self
+    }
+
+    /// Replaces how root processes are told (tests).
+    pub fn with_root_lookup(mut self, is_root: RootLookup) -> Self {
+        self.is_root = is_root;
         self
     }
 
@@ -218,6 +233,9 @@ impl GpuLimiter {
                 seen.clients += 1;
             } else {
                 seen.outside.get_or_insert(p.pid);
+            }
+            if (self.is_root)(p.pid) {
+                seen.root.get_or_insert(p.pid);
             }
         }
         Ok(seen)
@@ -524,6 +542,7 @@ impl GpuLimiter {
         // The bytes in force when the read-back agrees: the share's memory, or for MPS
         // the bound on its processes together (see below).
         let mut per_process = None;
+        let mut notes: Vec<String> = rec.note.iter().cloned().collect();
         let in_force = match rec.mechanism {
             Mechanism::NvmlCgroup => {
                 let mut all = true;
@@ -553,7 +572,21 @@ impl GpuLimiter {
                     None
                 } else {
                     let seen = self.mps_clients(rec)?;
-                    if let Some(pid) = seen.outside {
+                    if let Some(pid) = seen.root {
+                        // Root without a user namespace owns the pipe directory: it can
+                        // serve the daemon's socket itself or remove it, so what the
+                        // daemon holds no longer binds the share.
+                        tracing::warn!(
+                            share = key,
+                            pid,
+                            pods = ?rec.pod_uids,
+                            "a process of the share's pod runs as root outside a user namespace: MPS does not hold it"
+                        );
+                        notes.push(format!(
+                            "MPS refused for a root tenant: process {pid} of the share's pod runs as root outside a user namespace and could take over the MPS daemon's sockets; run the pod as non-root or with hostUsers: false"
+                        ));
+                        None
+                    } else if let Some(pid) = seen.outside {
                         // The daemon holds the limit, but this process never asked it: a
                         // container that lost or replaced CUDA_MPS_PIPE_DIRECTORY runs on
                         // the GPU directly, unlimited.
@@ -603,7 +636,7 @@ impl GpuLimiter {
             // Cgroup limits are whole bytes, as requested: no rounding to allow for.
             resolution,
             per_process: per,
-            notes: rec.note.iter().cloned().collect(),
+            notes,
             observed: false,
         })
     }

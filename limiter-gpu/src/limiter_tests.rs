@@ -363,12 +363,15 @@ fn mps_shares_run_through_their_own_daemon() {
     let mut gpu = SimulatedGpu::new("GPU-mps", 16 * GIB);
     gpu.cgroup_limits = false;
     let b = Arc::new(SimulatedBackend::new(vec![gpu]).with_mps_daemons(daemons));
-    // 701 and 702 belong to the share's pod, 703 to another.
-    let l = limiter(&b).with_pod_lookup(Arc::new(|pid| match pid {
-        701 | 702 => Some("pod-of-m1".to_string()),
-        703 => Some("pod-of-someone-else".to_string()),
-        _ => None,
-    }));
+    // 701, 702 and 704 belong to the share's pod, 703 to another; 704 runs as root
+    // outside a user namespace.
+    let l = limiter(&b)
+        .with_pod_lookup(Arc::new(|pid| match pid {
+            701 | 702 | 704 => Some("pod-of-m1".to_string()),
+            703 => Some("pod-of-someone-else".to_string()),
+            _ => None,
+        }))
+        .with_root_lookup(Arc::new(|pid| pid == 704));
     assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Mps);
 
     // 2500 MiB and one byte: MPS limits are whole MiB, and the byte is not given.
@@ -422,6 +425,21 @@ fn mps_shares_run_through_their_own_daemon() {
     b.set_processes("GPU-mps", vec![proc(701, true), proc(702, false)]);
     assert!(l.verify(&s).unwrap().enforced.is_empty());
     assert!(l.apply(&s).unwrap().enforced.is_empty());
+    b.set_processes("GPU-mps", vec![proc(701, true)]);
+    assert_eq!(l.verify(&s).unwrap(), one);
+    // A root tenant's client could serve the daemon's socket itself: not enforced, and
+    // the status says why.
+    b.set_processes("GPU-mps", vec![proc(701, true), proc(704, true)]);
+    let root_client = l.verify(&s).unwrap();
+    assert!(root_client.enforced.is_empty());
+    assert!(
+        root_client
+            .notes
+            .iter()
+            .any(|n| n.contains("MPS refused for a root tenant") && n.contains("704")),
+        "{:?}",
+        root_client.notes
+    );
     b.set_processes("GPU-mps", vec![proc(701, true)]);
     assert_eq!(l.verify(&s).unwrap(), one);
 

@@ -843,6 +843,26 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
     (bytes > 0).then_some(bytes)
 }
 
+/// Whether process `pid` runs as root (any of its uids 0) in the agent's user namespace,
+/// the host's: such a process owns a share's pipe directory, sticky bit or not. False
+/// where that cannot be read (the process is gone).
+pub fn root_without_user_namespace(pid: u32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|uids| uids.split_whitespace().any(|u| u == "0"));
+    let (Ok(theirs), Ok(ours)) = (
+        fs::read_link(format!("/proc/{pid}/ns/user")),
+        fs::read_link("/proc/self/ns/user"),
+    ) else {
+        return false;
+    };
+    root && theirs == ours
+}
+
 pub fn with_shm(shm: &Path) -> Vec<String> {
     [
         "unshare",

@@ -973,3 +973,48 @@ fn the_pipe_directory_is_a_small_tmpfs_of_its_own_kept_across_restarts() {
     assert!(!pipe.exists());
     assert!(mounts_at(&real).unwrap().is_empty(), "nothing left mounted");
 }
+
+/// Root in the host's user namespace is told from root inside a user namespace and from
+/// another uid: only the first owns a pipe directory whatever its mode.
+#[test]
+fn root_is_told_apart_from_root_in_a_user_namespace_and_other_uids() {
+    if !crate::test_root::require_root(
+        "root_is_told_apart_from_root_in_a_user_namespace_and_other_uids",
+    ) {
+        return;
+    }
+    let spawn = |argv: &[&str]| {
+        let mut child = Command::new(argv[0])
+            .args(&argv[1..])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Each prints once it runs as it should, then sleeps.
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        child
+    };
+    let ready = "echo ready; exec sleep 100";
+    let mut plain = spawn(&["sh", "-c", ready]);
+    let mut userns = spawn(&["unshare", "--user", "--map-root-user", "sh", "-c", ready]);
+    let mut nobody = spawn(&[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sh",
+        "-c",
+        ready,
+    ]);
+    let got = [&plain, &userns, &nobody].map(|c| root_without_user_namespace(c.id()));
+    for c in [&mut plain, &mut userns, &mut nobody] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert_eq!(got, [true, false, false]);
+    assert!(!root_without_user_namespace(u32::MAX), "no such process");
+}

@@ -61,6 +61,16 @@ impl Sandbox {
     /// Pod `uid`'s cgroup in `layout` with a process in it: in network namespace `netns`
     /// (`ip netns exec`), or in the host's (a hostNetwork pod) when None.
     pub fn start(uid: &str, layout: Layout, netns: Option<&str>) -> Sandbox {
+        Self::start_with(uid, layout, netns, None)
+    }
+
+    /// [`Self::start`] with the sandbox's process running as `user` (uid and gid), as a
+    /// pod that is not root runs.
+    pub fn start_as(uid: &str, layout: Layout, user: u32) -> Sandbox {
+        Self::start_with(uid, layout, None, Some(user))
+    }
+
+    fn start_with(uid: &str, layout: Layout, netns: Option<&str>, user: Option<u32>) -> Sandbox {
         let mut sb = Sandbox::cgroup_only(uid, layout);
         let mut cmd = match netns {
             Some(ns) => {
@@ -74,6 +84,10 @@ impl Sandbox {
                 c
             }
         };
+        if let Some(user) = user {
+            std::os::unix::process::CommandExt::uid(&mut cmd, user);
+            std::os::unix::process::CommandExt::gid(&mut cmd, user);
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -21,6 +21,8 @@ use shareguard_tests::{
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
+/// The uid a pod that is not root runs as in these tests.
+const NOBODY: u32 = 65534;
 
 /// The agent, with its CDI directory and simulated-processes file in `dir`.
 fn start(dir: &Path, watchdog: &str) -> Agent {
@@ -662,7 +664,8 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     // share stays ENFORCED through reconcile passes. Reported as running on the GPU
     // directly (its container lost CUDA_MPS_PIPE_DIRECTORY), it is unlimited: DEGRADED,
     // and ENFORCED again once it is a client.
-    let proc = Sandbox::start(&pod, Layout::Systemd, None);
+    // Not root: a root tenant's client is refused MPS (below).
+    let proc = Sandbox::start_as(&pod, Layout::Systemd, NOBODY);
     let report = |via_mps: bool| {
         fs::write(
             &processes,
@@ -741,7 +744,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         .unwrap_or(0.0)
     };
     let drifts = drift_metric();
-    let second = Sandbox::start(&pod, Layout::Systemd, None);
+    let second = Sandbox::start_as(&pod, Layout::Systemd, NOBODY);
     fs::write(
         &processes,
         serde_json::json!([
@@ -792,6 +795,48 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
             Instant::now() < deadline,
             "not ENFORCED with one client: {s:?}"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A client of the share that runs as root outside a user namespace owns the pipe
+    // directory and could serve the daemon's socket itself: MPS does not hold the
+    // share, and the status says so; without it, ENFORCED again.
+    let root = Sandbox::start(&pod, Layout::Systemd, None);
+    fs::write(
+        &processes,
+        serde_json::json!([
+            { "gpu_uuid": UUID, "pid": proc.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
+            { "gpu_uuid": UUID, "pid": root.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Degraded as i32 && s.reason.contains("root tenant") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a root client went unnoticed: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        s.reason.contains(&format!(
+            "process {} of the share's pod runs as root",
+            root.pid().expect("a started sandbox has a process")
+        )),
+        "{s:?}"
+    );
+    drop(root);
+    report(true);
+    loop {
+        let s = get_share(&mut c, id.clone()).await;
+        if s.phase == pb::Phase::Enforced as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ENFORCED again: {s:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(proc);

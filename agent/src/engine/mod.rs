@@ -564,7 +564,7 @@ fn judge(
             None => {
                 return (
                     Phase::Degraded,
-                    format!("{name}: nothing enforced was read back{note}"),
+                    format!("{name}: nothing enforced was read back{notes}{note}"),
                 );
             }
             // The path's own capacity is the bound, read back from the limiter's record
