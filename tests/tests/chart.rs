@@ -621,3 +621,116 @@ podMonitor:
     assert_eq!(ep["scheme"], "https");
     assert_eq!(ep["tlsConfig"]["keySecret"]["name"], "prometheus-client");
 }
+
+/// `gpu.mps` runs the agent as the mps mechanism needs it, and deploy/gpu-mps/ holds
+/// that render of the agent's DaemonSet (`SHAREGUARD_WRITE_MANIFESTS=1` writes it):
+/// privileged (no allowPrivilegeEscalation: false beside it, which the API refuses),
+/// the MPS directory Bidirectional, `utility,compute` from NVIDIA's runtime.
+/// `gpu.driverRoot` mounts the host's driver root read-only at /driver-root and names
+/// both paths in every gpu device of the config, which the agent's parser accepts.
+#[test]
+fn gpu_values_give_the_agent_what_mps_and_the_driver_root_need() {
+    let Some(helm) = helm() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    fs::write(&file, "gpu:\n  mps: true\n").unwrap();
+    let rendered = split_by_template(&render(&helm, &[&file]));
+    let path = repo().join("deploy/gpu-mps/daemonset.yaml");
+    if std::env::var_os("SHAREGUARD_WRITE_MANIFESTS").is_some() {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, &rendered["daemonset.yaml"]).unwrap();
+    }
+    let on_disk = fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == rendered["daemonset.yaml"],
+        "deploy/gpu-mps/daemonset.yaml is not the chart's render with gpu.mps=true; rerun \
+         with SHAREGUARD_WRITE_MANIFESTS=1: {}",
+        first_different_line(&on_disk, &rendered["daemonset.yaml"])
+    );
+
+    let agent_of = |values: &str| {
+        let (_, docs) = render_checked(&helm, values);
+        let agent = of_kind(&docs, "DaemonSet")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "shareguard-agent")
+            .unwrap()
+            .clone();
+        let toml = of_kind(&docs, "ConfigMap")[0]["data"]["agent.toml"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (agent, toml)
+    };
+    let env = |agent: &Value, name: &str| -> String {
+        agent["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mount = |agent: &Value, name: &str| -> Option<Value> {
+        agent["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .cloned()
+    };
+
+    let (plain, plain_toml) = agent_of("{}");
+    let sc = &plain["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(env(&plain, "NVIDIA_DRIVER_CAPABILITIES"), "utility");
+    assert!(mount(&plain, "mps").unwrap()["mountPropagation"].is_null());
+    assert!(mount(&plain, "driver-root").is_none());
+    assert!(!plain_toml.contains("driver_root"), "{plain_toml}");
+
+    let (mps, _) = agent_of("gpu:\n  mps: true\n");
+    let sc = &mps["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], true);
+    assert!(sc["allowPrivilegeEscalation"].is_null(), "{sc:?}");
+    assert_eq!(env(&mps, "NVIDIA_DRIVER_CAPABILITIES"), "utility,compute");
+    assert_eq!(
+        mount(&mps, "mps").unwrap()["mountPropagation"],
+        "Bidirectional"
+    );
+
+    let (operator, toml) = agent_of("gpu:\n  driverRoot: /run/nvidia/driver\n");
+    let m = mount(&operator, "driver-root").expect("the driver root mounted");
+    assert_eq!(m["mountPath"], "/driver-root");
+    assert_eq!(m["readOnly"], true);
+    let vol = operator["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "driver-root")
+        .unwrap();
+    assert_eq!(vol["hostPath"]["path"], "/run/nvidia/driver");
+    let sources = NodeNameSources {
+        given: Some("worker-1".to_owned()),
+        host: None,
+    };
+    let cfg = Config::parse_for(&toml, "rendered agent.toml", &sources)
+        .unwrap_or_else(|e| panic!("the agent refuses the rendered config: {e}"));
+    let gpus: Vec<_> = cfg
+        .devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Gpu)
+        .collect();
+    assert!(!gpus.is_empty());
+    for d in gpus {
+        let g = d.gpu.as_ref().unwrap();
+        assert_eq!(
+            g.driver_root.as_deref(),
+            Some(Path::new("/run/nvidia/driver"))
+        );
+        assert_eq!(
+            g.container_driver_root.as_deref(),
+            Some(Path::new("/driver-root"))
+        );
+    }
+}

@@ -79,6 +79,11 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
 {{- if hasKey . "index" }}
     index = {{ .index | int }}
 {{- end }}
+{{- with $.Values.gpu.driverRoot }}
+    # The host's driver root (gpu.driverRoot), which the agent's container mounts here.
+    driver_root = {{ include "shareguard.tomlString" . }}
+    container_driver_root = "/driver-root"
+{{- end }}
 {{- end }}
 {{- with .allowedNamespaces }}
     allowed_namespaces = {{ include "shareguard.tomlStrings" . }}
