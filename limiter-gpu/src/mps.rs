@@ -218,16 +218,76 @@ impl MpsDaemons {
 
     /// Whether the control program is there to run; the GPU-side conditions (compute
     /// mode, MIG) are the back end's to check.
+    ///
+    /// Then whether a share could be served here, tried on a directory of its own: a
+    /// tmpfs mounted under [`MpsConfig::dir`] must be what the host's mount namespace
+    /// shows there (else the runtime would hand containers the bare directory: an agent
+    /// container without Bidirectional propagation), and the control program must run
+    /// and answer. Until both hold the GPU does not get the mechanism, so it is not
+    /// published as enforcing through it.
     pub fn probe(&self) -> Support {
         let c = &self.cfg.control;
         match fs::metadata(c) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Support::Supported,
-            Ok(_) => Support::Unsupported(format!("{} is not an executable file", c.display())),
-            Err(e) => Support::Unsupported(format!(
-                "{} not found ({e}): NVIDIA's MPS control program is needed",
-                c.display()
-            )),
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
+            Ok(_) => {
+                return Support::Unsupported(format!("{} is not an executable file", c.display()));
+            }
+            Err(e) => {
+                return Support::Unsupported(format!(
+                    "{} not found ({e}): NVIDIA's MPS control program is needed",
+                    c.display()
+                ));
+            }
         }
+        match self.try_a_share() {
+            Ok(()) => Support::Supported,
+            Err(e) => Support::Unsupported(format!("a share could not be served: {e}")),
+        }
+    }
+
+    /// A tmpfs on a directory of its own under the base directory, seen by the host,
+    /// and the control program asked through it with no daemon behind it; everything
+    /// removed again.
+    fn try_a_share(&self) -> Result<(), GpuError> {
+        let base = &self.cfg.dir;
+        if !exists(base)? {
+            create_dir(base, 0o711, true)?;
+            set_mode(base, 0o711)?;
+        }
+        check_private_dir(base)?;
+        // Dot-first: never a share's name (share_keys passes it by).
+        let dir = base.join(format!(".probe-{}", std::process::id()));
+        create_dir(&dir, 0o700, false)?;
+        let tried = (|| {
+            let real = fs::canonicalize(&dir).map_err(|e| io_err("resolving", &dir, &e))?;
+            if mounts_at(&real)?.is_empty() {
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &real,
+                    Some("tmpfs"),
+                    SHM_FLAGS,
+                    Some("size=1m,mode=0700"),
+                )
+                .map_err(|e| mount_err("mounting a tmpfs on", &real, e))?;
+            }
+            host_sees(&real)?;
+            // Nothing listens here: the program must start and say so. One that cannot
+            // start (a library missing) exits 126 or 127, or the loader says why.
+            let out = self.spawn(&self.cfg.control, &real, None, &[], Some("get_server_list"))?;
+            if matches!(out.code, Some(126 | 127))
+                || out.stderr.contains("error while loading shared libraries")
+            {
+                return Err(GpuError::Unavailable(format!(
+                    "{} does not run: {}",
+                    self.cfg.control.display(),
+                    out.describe()
+                )));
+            }
+            Ok(())
+        })();
+        let _ = unmount_shm(&dir);
+        let _ = fs::remove_dir(&dir);
+        tried
     }
 
     /// The directory a share's containers get as `CUDA_MPS_PIPE_DIRECTORY`.
@@ -374,6 +434,9 @@ impl MpsDaemons {
                 continue;
             }
             let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
             let key = fs::read_to_string(entry.path().join("key")).unwrap_or(name.clone());
             // Only a directory this key names: another is not a share's daemon.
             if dir_name(&key) == name {

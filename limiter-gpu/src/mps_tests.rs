@@ -233,7 +233,10 @@ fn the_directory_must_leave_room_for_the_sockets() {
 #[test]
 fn probe_needs_an_executable_control_program() {
     let root = Root::new();
-    assert_eq!(root.daemons().probe(), Support::Supported);
+    if crate::test_root::is_root() {
+        // Needs a mount (see the next test); without root the probe says so.
+        assert_eq!(root.daemons().probe(), Support::Supported);
+    }
     let missing = root.daemons_with(
         "/nonexistent/nvidia-cuda-mps-control".into(),
         Duration::from_secs(1),
@@ -1017,4 +1020,39 @@ fn root_is_told_apart_from_root_in_a_user_namespace_and_other_uids() {
     }
     assert_eq!(got, [true, false, false]);
     assert!(!root_without_user_namespace(u32::MAX), "no such process");
+}
+
+/// The probe serves a share for real before it says MPS is supported: a tmpfs under the
+/// base directory (which the host must see: `host_sees`, tested on its own below), and
+/// a control program that runs. What it tried is gone afterwards.
+#[test]
+fn probe_tries_a_share_and_leaves_nothing() {
+    if !crate::test_root::require_root("probe_tries_a_share_and_leaves_nothing") {
+        return;
+    }
+    let root = Root::new();
+    assert_eq!(root.daemons().probe(), Support::Supported);
+    let left: Vec<_> = fs::read_dir(root.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        mounts_at(&fs::canonicalize(root.dir.path()).unwrap())
+            .unwrap()
+            .is_empty()
+    );
+
+    // A control program whose libraries do not load.
+    let broken = root.dir.path().join("broken-control");
+    fs::write(
+        &broken,
+        "#!/bin/sh\necho 'nvidia-cuda-mps-control: error while loading shared libraries: libcuda.so.1' >&2\nexit 127\n",
+    )
+    .unwrap();
+    fs::set_permissions(&broken, fs::Permissions::from_mode(0o755)).unwrap();
+    match root.daemons_with(broken, Duration::from_secs(5)).probe() {
+        Support::Unsupported(why) => assert!(why.contains("does not run"), "{why}"),
+        Support::Supported => panic!("a control program that cannot start"),
+    }
 }
