@@ -230,6 +230,7 @@ struct RawAgent {
     mps_control: Option<PathBuf>,
     mps_dir: Option<Spanned<PathBuf>>,
     mps_launcher: Option<Spanned<Vec<String>>>,
+    mps_cgroup: Option<Spanned<String>>,
     /// A quantity: the cap of each MPS share's /dev/shm tmpfs.
     mps_shm_size: Option<Spanned<String>>,
     simulated_gpu_processes: Option<PathBuf>,
@@ -591,6 +592,12 @@ impl Config {
                 })?;
             shareguard_limiter_gpu::mps::MpsDaemons::new(mps.clone())
                 .map_err(|e| err(span, format!("agent.mps_shm_size: {e}")))?;
+        }
+        if let Some(c) = a.mps_cgroup {
+            let span = c.span();
+            mps.cgroup = c.into_inner();
+            shareguard_limiter_gpu::mps::MpsDaemons::new(mps.clone())
+                .map_err(|e| err(span, format!("agent.mps_cgroup: {e}")))?;
         }
         if let Some(d) = a.mps_dir {
             let span = d.span();

@@ -191,6 +191,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "A command an MPS daemon is started through, e.g. systemd-run; {name} is the share's unit name.",
     ),
     (
+        "agent.mps_cgroup",
+        "string",
+        "shareguard-mps",
+        "The cgroup at the top of the cgroup v2 hierarchy that MPS daemons run in, outside the agent's, so that an agent restart ends none (v1 hierarchies: their root).",
+    ),
+    (
         "agent.mps_shm_size",
         "quantity",
         "the node's memory",

@@ -316,6 +316,23 @@ fn mps_settings_are_read_and_the_directory_checked() {
             ..
         }
     ));
+    for bad in ["", "a/b", "..", ".hidden", "with space"] {
+        let e = err_of(&GPU.replace(
+            "cdi_dir = \"/tmp/cdi\"",
+            &format!("cdi_dir = \"/tmp/cdi\"\nmps_cgroup = \"{bad}\""),
+        ));
+        assert!(e.message.contains("agent.mps_cgroup"), "{bad}: {e}");
+        assert!(e.message.contains("one cgroup name"), "{bad}: {e}");
+    }
+    let named = Config::parse(
+        &GPU.replace(
+            "cdi_dir = \"/tmp/cdi\"",
+            "cdi_dir = \"/tmp/cdi\"\nmps_cgroup = \"tenants-mps\"",
+        ),
+        "t.toml",
+    )
+    .unwrap();
+    assert_eq!(named.agent.mps.cgroup, "tenants-mps");
     for bad in [
         "relative/mps",
         "/run/a-directory-name-far-too-long-for-sockets",

@@ -72,7 +72,7 @@ impl CgroupMount {
 
     /// Whether this mount is hierarchy `controllers` (a `/proc/PID/cgroup` line's second
     /// field: empty for v2, `cpu,cpuacct` or `name=systemd` for v1).
-    fn serves(&self, controllers: &str) -> bool {
+    pub(crate) fn serves(&self, controllers: &str) -> bool {
         if controllers.is_empty() {
             return self.v2;
         }

@@ -74,6 +74,7 @@ pub mod driver;
 pub mod error;
 pub mod limiter;
 pub mod mps;
+pub mod mps_cgroup;
 mod mps_tmpfs;
 pub mod nvml;
 pub mod reopen;

@@ -87,14 +87,16 @@
 //! bytes. The daemon is started with `CUDA_VISIBLE_DEVICES=<uuid>`, so device 0 in its
 //! commands is the share's GPU.
 //!
-//! Where the daemon runs: started directly (`-d`), it is a child of the agent, inside
-//! the agent's cgroup and, under systemd, its sandbox (seccomp filter, W^X), which NVIDIA's
-//! server may not tolerate, and a restart of the unit ends it. With
+//! Where the daemon runs: started directly (`-d`), it is moved out of the agent's cgroup
+//! right away, with the servers it starts ([`crate::mps_cgroup`]), so that tearing the
+//! agent's container down or stopping its unit ends no tenant's daemon; the restarted
+//! agent takes it back by its record. Under systemd it still starts inside the unit's
+//! sandbox (seccomp filter, W^X), which NVIDIA's server may not tolerate: with
 //! [`MpsConfig::launcher`] set (for example `systemd-run --collect
 //! --unit=shareguard-mps-{name} --`) it runs in the foreground (`-f`) under that
-//! launcher instead: its own unit, which outlives agent restarts, so the containers'
-//! connections and the limit stay while the agent is away, as tc and BPF state does for
-//! bandwidth. Either way a daemon that is gone is drift the reconciler repairs.
+//! launcher instead, in its own unit. Either way the containers' connections and the
+//! limit stay while the agent is away, as tc and BPF state does for bandwidth, and a
+//! daemon that is gone is drift the reconciler repairs.
 //!
 //! Nothing here has run against NVIDIA's control program: the tests drive
 //! `tests/fixtures/simulated-nvidia-cuda-mps-control`, a simulation of it, and
@@ -172,6 +174,9 @@ pub struct MpsConfig {
     /// the pod's memory limit counts them and kubelet's eviction sees them. A smaller
     /// cap also bounds pods without a memory limit, at the price of their /dev/shm.
     pub shm_bytes: u64,
+    /// The cgroup at the top of the cgroup v2 hierarchy the daemons run in, outside the
+    /// agent's (see [`crate::mps_cgroup`]); v1 hierarchies have them at their root.
+    pub cgroup: String,
 }
 
 impl Default for MpsConfig {
@@ -182,6 +187,7 @@ impl Default for MpsConfig {
             timeout: Duration::from_secs(10),
             launcher: Vec::new(),
             shm_bytes: node_memory_bytes().unwrap_or(FALLBACK_SHM_BYTES),
+            cgroup: crate::mps_cgroup::V2_CGROUP.to_owned(),
         }
     }
 }
@@ -200,6 +206,19 @@ impl MpsDaemons {
                 "MPS directory {} must be an absolute path of at most {MAX_DIR_LEN} bytes \
                  (the daemon's sockets live below it), not {len}",
                 cfg.dir.display()
+            )));
+        }
+        let c = &cfg.cgroup;
+        if c.is_empty()
+            || c.len() > 64
+            || c.starts_with('.')
+            || !c
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return Err(GpuError::InvalidArgument(format!(
+                "MPS cgroup {c:?} must be one cgroup name of at most 64 letters, digits, '-', \
+                 '_' and '.', not starting with '.'"
             )));
         }
         if cfg.shm_bytes == 0 || !cfg.shm_bytes.is_multiple_of(MIB) {
@@ -326,8 +345,9 @@ impl MpsDaemons {
             running = None;
         }
         write_atomic(&dir.join("gpu"), uuid)?;
-        if running.is_none() {
-            self.start(uuid, &dir)?;
+        match running {
+            Some(daemon) => self.keep_out(daemon.pid),
+            None => self.start(uuid, &dir)?,
         }
         self.command(
             &pipe,
@@ -353,9 +373,12 @@ impl MpsDaemons {
             return Ok(None);
         }
         check_private_dir(&dir)?;
-        if self.recorded_daemon(&dir).is_none() {
+        let Some(daemon) = self.recorded_daemon(&dir) else {
             return Ok(None);
-        }
+        };
+        // A daemon found in the agent's cgroup (after a restart of an agent killed
+        // before it moved it, or one an earlier version started) goes out now.
+        self.keep_out(daemon.pid);
         let pipe = dir.join("pipe");
         let default = parse_shown(&self.command(&pipe, "get_default_device_pinned_mem_limit 0")?)?;
         for pid in self.servers(&pipe)? {
@@ -694,7 +717,9 @@ impl MpsDaemons {
             started.is_some()
         }) && let Some(daemon) = started
         {
-            return write_atomic(&dir.join(RECORD), &daemon.record());
+            write_atomic(&dir.join(RECORD), &daemon.record())?;
+            self.keep_out(daemon.pid);
+            return Ok(());
         }
         Err(GpuError::Transient(format!(
             "the MPS control daemon in {} did not come up within {:?}; see its log in {}",
@@ -759,6 +784,30 @@ impl MpsDaemons {
             ),
             // Most often a daemon that died: nothing to quit.
             Ok(_) | Err(_) => {}
+        }
+    }
+
+    /// Moves a daemon started directly (not under the launcher, whose unit holds it) and
+    /// its servers out of the agent's cgroup, so that what ends the agent leaves them
+    /// running. A move that fails is logged: the share is held now, and a restart of
+    /// the agent would end its daemon, which the reconciler then starts again.
+    fn keep_out(&self, pid: u32) {
+        if !self.cfg.launcher.is_empty() {
+            return;
+        }
+        match crate::mps_cgroup::move_out(pid, &self.cfg.cgroup) {
+            Ok(0) => {}
+            Ok(moved) => tracing::info!(
+                pid,
+                moved,
+                cgroup = %self.cfg.cgroup,
+                "MPS daemon moved out of the agent's cgroup"
+            ),
+            Err(e) => tracing::warn!(
+                pid,
+                error = %e,
+                "the MPS daemon stays in the agent's cgroup: a restart of the agent ends it"
+            ),
         }
     }
 

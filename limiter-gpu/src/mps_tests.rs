@@ -49,8 +49,17 @@ impl Root {
             control,
             dir: self.dir.path().to_path_buf(),
             timeout,
+            cgroup: self.cgroup(),
             ..MpsConfig::default()
         }
+    }
+
+    /// This root's own daemon cgroup, removed with it.
+    pub(crate) fn cgroup(&self) -> String {
+        format!(
+            "sgt-{}",
+            self.dir.path().file_name().unwrap().to_string_lossy()
+        )
     }
 }
 
@@ -80,6 +89,9 @@ impl Drop for Root {
             }
             let _ = unmount_shm(&dir.join("shm"));
             let _ = unmount_shm(&dir.join("pipe"));
+        }
+        if let Err(e) = crate::mps_cgroup::remove(&self.cgroup(), Duration::from_secs(5)) {
+            eprintln!("{e}");
         }
     }
 }
@@ -1055,4 +1067,47 @@ fn probe_tries_a_share_and_leaves_nothing() {
         Support::Unsupported(why) => assert!(why.contains("does not run"), "{why}"),
         Support::Supported => panic!("a control program that cannot start"),
     }
+}
+
+/// The daemon runs outside the cgroups of the process that started it (the agent), in
+/// the share daemons' cgroup; one found back in its starter's cgroup (an agent killed
+/// before it moved it, or an earlier version's) is moved out by the next read-back.
+#[test]
+fn the_daemon_runs_outside_its_starters_cgroup_and_is_taken_out_again() {
+    if !crate::test_root::require_root(
+        "the_daemon_runs_outside_its_starters_cgroup_and_is_taken_out_again",
+    ) {
+        return;
+    }
+    let root = Root::new();
+    let d = root.daemons();
+    d.ensure_limit(UUID, SHARE, 1 << 30).unwrap();
+    let pid = pid_of(&d, SHARE);
+    let v2_line = |pid: u32| -> String {
+        fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+            .unwrap()
+    };
+    let ours = v2_line(std::process::id());
+    assert_eq!(v2_line(pid), format!("/{}", root.cgroup()));
+    assert_ne!(v2_line(pid), ours);
+
+    // Back into the test's own cgroup, as if its starter had died before moving it.
+    let mount =
+        crate::cgroupns::cgroup_mounts(&fs::read_to_string("/proc/self/mountinfo").unwrap())
+            .into_iter()
+            .find(|m| m.v2 && m.root == "/")
+            .unwrap();
+    let own = mount.point.join(ours.trim_start_matches('/'));
+    fs::write(own.join("cgroup.procs"), pid.to_string()).unwrap();
+    assert_eq!(v2_line(pid), ours);
+    assert!(d.limit(SHARE).unwrap().unwrap().admits(1 << 30));
+    assert_eq!(
+        v2_line(pid),
+        format!("/{}", root.cgroup()),
+        "taken out again"
+    );
+    d.stop(SHARE).unwrap();
 }

@@ -303,6 +303,14 @@ pub fn listener_pid(path: &std::path::Path) -> std::io::Result<u32> {
     u32::try_from(pid).map_err(|_| std::io::Error::other(format!("peer pid {pid}")))
 }
 
+/// Joins pid 1's cgroup namespace, in the calling thread only (setns(2) changes the
+/// namespace of the thread that calls it): for a thread that is to name cgroups outside
+/// the agent's own namespace. Needs CAP_SYS_ADMIN and pid 1 in sight.
+pub fn join_init_cgroup_ns() -> std::io::Result<()> {
+    let ns = std::fs::File::open("/proc/1/ns/cgroup")?;
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(std::io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

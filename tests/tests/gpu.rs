@@ -564,6 +564,9 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         return;
     }
     let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
+    let cgroup = format!("sgt-mps-{}-{}", std::process::id(), share_id());
+    // Dropped after the daemons are (MpsDir below), also when the test fails.
+    let _daemons_cgroup = DaemonsCgroup(cgroup.clone());
     let mps = MpsDir(dir.path().join("mps"));
     let control = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
@@ -575,7 +578,7 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     );
     let processes = dir.path().join("processes.json");
     o.agent_extra = format!(
-        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nreconcile_period = \"300ms\"\nsimulated_gpu_processes = {processes:?}",
+        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nmps_cgroup = {cgroup:?}\nreconcile_period = \"300ms\"\nsimulated_gpu_processes = {processes:?}",
         dir.path().join("cdi"),
         mps.0
     );
@@ -779,6 +782,12 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
         !s.reason.contains("drift") && !s.reason.contains("repair"),
         "{s:?}"
     );
+    // The audit line follows the status it records: waited for, then counted.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while audit_count(&a.audit_lines(), "degrade", &id) == 0 {
+        assert!(Instant::now() < deadline, "no degrade line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let lines = a.audit_lines();
     assert_eq!(audit_count(&lines, "drift", &id), drift_lines, "{lines:?}");
     assert_eq!(audit_count(&lines, "degrade", &id), 1, "{lines:?}");
@@ -927,5 +936,158 @@ async fn an_observed_gpu_share_is_reported_and_never_terminated() {
             a.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The cgroups of a stand-in for the agent's container: one per hierarchy the test can
+/// make one in (cgroup v2, and v1 but cpuset, whose new cgroups need settings first).
+/// Killing every process in them is what a container runtime does when it tears the
+/// container down. Removed on drop, with whatever is still in them killed.
+struct ContainerCgroups(Vec<PathBuf>);
+
+impl ContainerCgroups {
+    fn new() -> Self {
+        let name = format!("sgt-agent-{}-{}", std::process::id(), share_id());
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mut made = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for m in shareguard_limiter_gpu::cgroupns::cgroup_mounts(&info) {
+            if m.root != "/" || m.options.iter().any(|o| o == "cpuset") {
+                continue;
+            }
+            if !seen.insert((m.v2, m.options.clone())) {
+                continue;
+            }
+            let dir = m.point.join(&name);
+            fs::create_dir(&dir).unwrap();
+            made.push(dir);
+        }
+        Self(made)
+    }
+
+    /// A `run_through` that puts the agent in these cgroups before it starts.
+    fn run_through(&self) -> Vec<String> {
+        let writes: String = self
+            .0
+            .iter()
+            .map(|d| format!("echo $$ > {:?} && ", d.join("cgroup.procs")))
+            .collect();
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("{writes}exec \"$@\""),
+            "sh".into(),
+        ]
+    }
+
+    /// SIGKILL to every process in them until none is left.
+    fn kill_all(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids: Vec<String> = self
+                .0
+                .iter()
+                .flat_map(|d| {
+                    fs::read_to_string(d.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .lines()
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            if pids.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "still in the cgroups: {pids:?}");
+            let _ = Command::new("kill").arg("-9").args(&pids).status();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for ContainerCgroups {
+    fn drop(&mut self) {
+        self.kill_all();
+        for d in &self.0 {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// Tenants outlive the agent: its MPS daemons run outside its cgroup, so tearing its
+/// container down (every process in the container's cgroups killed, as a rolling
+/// update or an OOM kill of the container does) leaves the share's daemon running with
+/// its limit, and the restarted agent takes the same daemon back, ENFORCED, without a
+/// new one. (SIMULATED GPU and control program.)
+#[tokio::test]
+async fn an_mps_daemon_outlives_the_agents_container_and_is_taken_back() {
+    if !net::privileged("an_mps_daemon_outlives_the_agents_container_and_is_taken_back") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
+    let cgroup = format!("sgt-mps-{}-{}", std::process::id(), share_id());
+    // Dropped after the daemons are (MpsDir below), also when the test fails.
+    let _daemons_cgroup = DaemonsCgroup(cgroup.clone());
+    let mps = MpsDir(dir.path().join("mps"));
+    let container = ContainerCgroups::new();
+    let control = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
+    let mut o = Options::new(
+        simulated_gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
+            "memory = \"80Gi\"\n",
+            "memory = \"80Gi\"\ncgroup_limits = false\n",
+        ),
+    );
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nmps_cgroup = {cgroup:?}\nreconcile_period = \"300ms\"",
+        dir.path().join("cdi"),
+        mps.0
+    );
+    o.run_through = container.run_through();
+    let mut a = Agent::start(o);
+    let mut c = a.client().await;
+    let id = share_id();
+    let r = prepare_one(&mut c, 0, gpu_claim("o1", &id, "10Gi", &pod_uid())).await;
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    let daemon = mps.pid(&id).expect("a daemon for the share");
+    let cgroup_of = |pid: u32| fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let agent_pid = a.pid();
+    assert!(
+        cgroup_of(agent_pid).contains("sgt-agent-"),
+        "the agent runs in the stand-in container: {}",
+        cgroup_of(agent_pid)
+    );
+    assert!(
+        !cgroup_of(daemon).contains("sgt-agent-"),
+        "the daemon left it: {}",
+        cgroup_of(daemon)
+    );
+    assert!(cgroup_of(daemon).contains(&format!("0::/{cgroup}")));
+
+    container.kill_all();
+    assert!(!alive(agent_pid), "the agent went with its container");
+    assert!(alive(daemon), "the tenant's daemon did not");
+
+    a.restart();
+    let mut c = a.client().await;
+    let s = get_share(&mut c, id.clone()).await;
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.limits[0].enforced, "10Gi");
+    assert_eq!(mps.pid(&id), Some(daemon), "the same daemon, taken back");
+
+    assert_eq!(unprepare_one(&mut c, 0, "o1").await.code, "");
+    assert!(!alive(daemon), "released: the daemon quit");
+}
+
+/// The test's own cgroup for MPS daemons, removed once they are gone.
+struct DaemonsCgroup(String);
+
+impl Drop for DaemonsCgroup {
+    fn drop(&mut self) {
+        if let Err(e) = shareguard_limiter_gpu::mps_cgroup::remove(&self.0, Duration::from_secs(5))
+        {
+            eprintln!("{e}");
+        }
     }
 }
