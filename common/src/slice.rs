@@ -4,8 +4,10 @@
 
 /// Attributes of every device, in the driver's domain.
 pub const DEVICE_ATTRIBUTES: [&str; 4] = ["kind", "mechanism", "enforced", "stage"];
-/// Attributes a GPU adds.
-pub const GPU_ATTRIBUTES: [&str; 2] = ["uuid", "model"];
+/// Attributes a GPU adds: `binds` says what its memory limit holds to the amount:
+/// `share` (all of the share's processes together), `process` (each process on its
+/// own: MPS), or `none` (the watchdog only reports or stops after the fact).
+pub const GPU_ATTRIBUTES: [&str; 3] = ["uuid", "model", "binds"];
 /// `ResourceSliceMaxAttributesAndCapacitiesPerDevice`.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// `ResourceSliceMaxDevices`: the plugin publishes a pool as one slice.

@@ -123,6 +123,18 @@ impl Mechanism {
     pub fn enforces(self) -> bool {
         !matches!(self, Mechanism::Watchdog)
     }
+
+    /// What the limit holds to the share's amount, as the slice's `binds` attribute
+    /// says it: the share's processes together (a per-cgroup limit on the pod), each
+    /// process on its own (an MPS server's pinned limit binds each client), or none
+    /// up front (the watchdog).
+    pub fn binds(self) -> &'static str {
+        match self {
+            Mechanism::NvmlCgroup => "share",
+            Mechanism::Mps => "process",
+            Mechanism::Watchdog => "none",
+        }
+    }
 }
 
 impl fmt::Display for Mechanism {

@@ -791,8 +791,11 @@ impl Limiter for GpuLimiter {
         let Some(d) = self.devices.get(device) else {
             return DeviceFacts::default();
         };
-        let [uuid, model] = shareguard_common::slice::GPU_ATTRIBUTES;
-        let mut attributes = BTreeMap::from([(uuid.to_owned(), d.gpu.uuid.clone())]);
+        let [uuid, model, binds] = shareguard_common::slice::GPU_ATTRIBUTES;
+        let mut attributes = BTreeMap::from([
+            (uuid.to_owned(), d.gpu.uuid.clone()),
+            (binds.to_owned(), d.mechanism.binds().to_owned()),
+        ]);
         if !d.gpu.name.is_empty() {
             attributes.insert(model.to_owned(), d.gpu.name.clone());
         }

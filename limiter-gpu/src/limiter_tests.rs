@@ -373,6 +373,7 @@ fn mps_shares_run_through_their_own_daemon() {
         }))
         .with_root_lookup(Arc::new(|pid| pid == 704));
     assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Mps);
+    assert_eq!(l.device_facts("gpu0").attributes["binds"], "process");
 
     // 2500 MiB and one byte: MPS limits are whole MiB, and the byte is not given.
     let s = spec("m1", "2621440001", POD_A);
@@ -744,4 +745,21 @@ fn a_share_gets_its_own_gpus_node_and_the_driver_or_is_refused() {
         "its own GPU's node, no other: {:?}",
         d.device_nodes
     );
+}
+
+/// The slice says what a GPU's limit holds to the amount: the share together, each
+/// process on its own, or nothing up front; DeviceClasses select on it.
+#[test]
+fn the_published_facts_say_what_the_limit_binds() {
+    let cgroup = sim(vec![SimulatedGpu::new("GPU-a", 80 * GIB)]);
+    let l = limiter(&cgroup);
+    assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::NvmlCgroup);
+    assert_eq!(l.device_facts("gpu0").attributes["binds"], "share");
+    let mut none = SimulatedGpu::new("GPU-b", 80 * GIB);
+    none.cgroup_limits = false;
+    none.mps = false;
+    let l = limiter(&sim(vec![none]));
+    assert_eq!(l.device("gpu0").unwrap().mechanism, Mechanism::Watchdog);
+    assert_eq!(l.device_facts("gpu0").attributes["binds"], "none");
+    assert_eq!(Mechanism::Mps.binds(), "process");
 }

@@ -414,7 +414,7 @@ fn other_values_render_valid_manifests_that_use_them() {
 
     // Every DeviceClass selects this driver's devices first.
     let classes = of_kind(&docs, "DeviceClass");
-    assert_eq!(classes.len(), 4);
+    assert_eq!(classes.len(), 5);
     for c in classes {
         let expr = c["spec"]["selectors"][0]["cel"]["expression"]
             .as_str()

@@ -1700,7 +1700,15 @@ fn device_refs(expr: &str) -> Vec<DeviceRef> {
 }
 
 /// The attributes the plugin publishes (deviceclasses.yaml lists them).
-const ATTRIBUTES: [&str; 6] = ["kind", "mechanism", "enforced", "stage", "uuid", "model"];
+const ATTRIBUTES: [&str; 7] = [
+    "kind",
+    "mechanism",
+    "enforced",
+    "stage",
+    "uuid",
+    "model",
+    "binds",
+];
 
 /// DeviceClass name -> the `kind` its selectors require, if one.
 fn class_kinds(docs: &[(String, Value)]) -> BTreeMap<String, Option<String>> {

@@ -2300,6 +2300,7 @@ fn assert_nothing_installed(c: &Cluster) {
         ("deviceclass", "shareguard-net-bandwidth"),
         ("deviceclass", "shareguard-net-bandwidth-limited"),
         ("deviceclass", "shareguard-gpu-memory"),
+        ("deviceclass", "shareguard-gpu-memory-per-process"),
         ("deviceclass", "shareguard-accounted"),
     ] {
         assert!(
