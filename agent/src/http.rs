@@ -1,7 +1,9 @@
 //! `/metrics`, `/healthz` and `/readyz` on `metrics_addr`, and `/healthz` and `/readyz`
-//! alone on `health_addr`. Every connection is bounded: a client gets
-//! [`HEADER_READ_TIMEOUT`] to send its request head and [`CONNECTION_TIMEOUT`] in all,
-//! and at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog).
+//! alone on `health_addr`. Every connection is bounded (`shareguard_common::http`): on
+//! the metrics listener a client gets [`HEADER_READ_TIMEOUT`] to send its request head
+//! and [`CONNECTION_TIMEOUT`] in all, and at most [`MAX_CONNECTIONS`] are served at
+//! once; the health listener, which kubelet probes, has the tighter
+//! `shareguard_common::http::PROBES`.
 //! With `[agent] metrics_tls` the metrics listener speaks TLS only (see
 //! [`crate::metrics_tls`]); the TLS handshake counts as part of the request head's time.
 
@@ -24,6 +26,8 @@ use axum::{
     routing::get,
 };
 
+use shareguard_common::http;
+
 use crate::{
     engine::Engine,
     metrics_tls::{self, MetricsTls},
@@ -35,12 +39,19 @@ struct Ctx {
     ready: Arc<AtomicBool>,
 }
 
-/// Time a client has to send a request's head after connecting or between requests.
+/// Time a client of the metrics listener has to send a request's head after connecting
+/// or between requests (and to finish a TLS handshake).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time one connection is served at most, keep-alive included.
+/// Time one metrics connection is served at most, keep-alive included.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections served at once, per listener.
+/// Metrics connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// The metrics listener's bounds: a scraper keeps its connection between scrapes.
+pub const METRICS: http::Bounds = http::Bounds {
+    header_read: HEADER_READ_TIMEOUT,
+    connection: CONNECTION_TIMEOUT,
+    max_connections: MAX_CONNECTIONS,
+};
 
 pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
     health_routes()
@@ -60,65 +71,42 @@ fn health_routes() -> Router<Ctx> {
         .route("/readyz", get(readyz))
 }
 
-/// Serves `app` on `listener` within the bounds above, over TLS when `tls` is given,
-/// until the process ends.
+/// Serves `app` on `listener` within [`METRICS`], over TLS when `tls` is given, until
+/// the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, tls: Option<MetricsTls>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        // Waiting here leaves further clients in the kernel's backlog.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "accepting an HTTP connection failed");
-                continue;
-            }
-        };
+    http::serve(listener, METRICS, move |stream| {
         let app = app.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
-            let served = async move {
-                let Some(tls) = tls else {
-                    return serve_connection(stream, app).await;
-                };
-                // Read for each connection: a renewed certificate applies at once.
-                let config = match metrics_tls::server_config(&tls) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metrics_tls cannot be loaded; connection refused");
-                        return;
-                    }
-                };
-                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-                match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, app).await,
-                    // A client without an admitted certificate, or no TLS at all: it
-                    // learns nothing, and is not worth a warning each time.
-                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics TLS handshake failed"),
-                    Err(_) => tracing::debug!("metrics TLS handshake timed out"),
+        async move {
+            let Some(tls) = tls else {
+                return http::serve_connection(stream, app, HEADER_READ_TIMEOUT).await;
+            };
+            // Read for each connection: a renewed certificate applies at once.
+            let config = match metrics_tls::server_config(&tls) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics_tls cannot be loaded; connection refused");
+                    return;
                 }
             };
-            // A connection past its time is dropped, whatever it was doing.
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, served).await;
-            drop(slot);
-        });
-    }
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+            match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => http::serve_connection(stream, app, HEADER_READ_TIMEOUT).await,
+                // A client without an admitted certificate, or no TLS at all: it
+                // learns nothing, and is not worth a warning each time.
+                Ok(Err(e)) => tracing::debug!(error = %e, "metrics TLS handshake failed"),
+                Err(_) => tracing::debug!("metrics TLS handshake timed out"),
+            }
+        }
+    })
+    .await;
 }
 
-/// HTTP/1.1 on one accepted connection, plain or TLS.
-async fn serve_connection<S>(stream: S, app: Router)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let svc = hyper_util::service::TowerToHyperService::new(app);
-    let mut b = hyper::server::conn::http1::Builder::new();
-    b.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let _ = b
-        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-        .await;
+/// Serves the health endpoints on `listener` within [`http::PROBES`], until the process
+/// ends: tighter than the metrics listener's, since kubelet's probes time out in
+/// seconds.
+pub async fn serve_health(listener: tokio::net::TcpListener, app: Router) {
+    http::serve_router(listener, app, http::PROBES).await;
 }
 
 /// Whether `headers` carry the token in `file` as `Authorization: Bearer <token>`. The

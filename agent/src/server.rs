@@ -222,10 +222,9 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
             .await
             .with_context(|| format!("binding health_addr {addr}"))?;
         health_addr = l.local_addr()?.to_string();
-        tokio::spawn(http::serve(
+        tokio::spawn(http::serve_health(
             l,
             http::health_router(engine.clone(), ready.clone()),
-            None,
         ));
     }
 

@@ -7,6 +7,8 @@
 //! - [`slice`]: what a device's ResourceSlice entry holds and resource.k8s.io's limits on
 //!   it, shared by the agent's config checks and the kubelet plugin that publishes it.
 
+#[cfg(feature = "http")]
+pub mod http;
 pub mod limiter;
 pub mod quantity;
 pub mod slice;

@@ -72,11 +72,13 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             .with_context(|| format!("binding --health-addr {addr}"))?;
         info!(addr = %listener.local_addr()?, "serving /healthz and /readyz");
         let app = health::router(readiness.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                warn!(error = %e, "health server stopped");
-            }
-        });
+        // Bounded as the agent's health listener is: clients that connect and say
+        // nothing, or hold a connection, cannot keep kubelet's probes out for long.
+        tokio::spawn(shareguard_common::http::serve_router(
+            listener,
+            app,
+            shareguard_common::http::PROBES,
+        ));
     }
     let config = cluster::config(args.kubeconfig.as_deref()).await?;
     let clients = cluster::Clients::new(config, cluster::Timeouts::default())?;

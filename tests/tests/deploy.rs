@@ -807,12 +807,22 @@ fn probes_and_scrape_targets_are_what_the_agent_serves() {
         .expect("a port named metrics");
     assert_eq!(metrics["containerPort"].as_u64(), Some(u64::from(port)));
 
-    // The probes name the port health_addr listens on, reachable from the kubelet.
+    // The probes name the port health_addr listens on, on the node's loopback, where
+    // the kubelet (in the host's network, as the agent) reaches it and nothing on the
+    // node network does: no neighbour can hold its connections.
     let health = cfg
         .agent
         .health_addr
         .expect("the DaemonSet's config sets health_addr");
-    assert!(health.ip().is_unspecified(), "{health}");
+    assert!(health.ip().is_loopback(), "{health}");
+    assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], true);
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            c[probe]["httpGet"]["host"].as_str(),
+            Some(health.ip().to_string().as_str()),
+            "{probe}"
+        );
+    }
     let named = ports
         .iter()
         .find(|p| p["name"] == "health")
