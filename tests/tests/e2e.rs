@@ -1072,12 +1072,7 @@ spec:
         ("first", vec!["gpu/fits"]),
         ("two", vec!["g1", "g2"]),
     ] {
-        let p = wait_running(&c, &ns.name, pod);
-        let claim_name = field(&p, "status.resourceClaimStatuses")[0]["resourceClaimName"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{pod} has no claim: {p}"))
-            .to_string();
-        let claim = c.json(&["get", "resourceclaim", "-n", &ns.name, &claim_name]);
+        let (claim_name, claim) = running_with_claim(&c, &ns.name, pod);
         let results = field(&claim, "status.allocation.devices.results")
             .as_array()
             .cloned()
@@ -1151,12 +1146,7 @@ spec:
     }
     let mut shares = Vec::new();
     for pod in ["same-a", "same-b"] {
-        let p = wait_running(&c, &ns.name, pod);
-        let claim_name = field(&p, "status.resourceClaimStatuses")[0]["resourceClaimName"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{pod} has no claim: {p}"))
-            .to_string();
-        let claim = c.json(&["get", "resourceclaim", "-n", &ns.name, &claim_name]);
+        let (_, claim) = running_with_claim(&c, &ns.name, pod);
         let r = &field(&claim, "status.allocation.devices.results")[0];
         assert_eq!(r["device"].as_str(), Some(gpu0.as_str()), "{pod}: {claim}");
         shares.push(r["shareID"].as_str().unwrap_or_default().to_string());
@@ -1164,6 +1154,17 @@ spec:
     }
     assert_ne!(shares[0], shares[1], "two shares of one GPU");
     c.ok(&["delete", "deviceclass", "e2e-simulated-gpu"]);
+}
+
+/// Pod `pod` once Running, and its (first) ResourceClaim: name and object.
+fn running_with_claim(c: &Cluster, ns: &str, pod: &str) -> (String, Value) {
+    let p = wait_running(c, ns, pod);
+    let claim_name = field(&p, "status.resourceClaimStatuses")[0]["resourceClaimName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{pod} has no claim: {p}"))
+        .to_string();
+    let claim = c.json(&["get", "resourceclaim", "-n", ns, &claim_name]);
+    (claim_name, claim)
 }
 
 /// Asserts what pod `pod`'s container has of the GPU: the driver's control nodes and the

@@ -748,27 +748,14 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     };
     let drifts = drift_metric();
     let second = Sandbox::start_as(&pod, Layout::Systemd, NOBODY);
-    fs::write(
-        &processes,
-        serde_json::json!([
-            { "gpu_uuid": UUID, "pid": proc.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
-            { "gpu_uuid": UUID, "pid": second.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
-        ])
-        .to_string(),
+    report_mps_clients(&processes, &[proc.pid(), second.pid()]);
+    let s = wait_share(
+        &mut c,
+        &id,
+        "two MPS clients reported as more than the share's limit",
+        |s| s.phase == pb::Phase::Degraded as i32 && s.limits[0].enforced == "20Gi",
     )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let s = loop {
-        let s = get_share(&mut c, id.clone()).await;
-        if s.phase == pb::Phase::Degraded as i32 && s.limits[0].enforced == "20Gi" {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "two MPS clients still reported as the share's limit: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    .await;
     assert!(
         s.reason.contains(
             "2 processes of the share, each bound to 10Gi on its own, may hold 20Gi together"
@@ -810,27 +797,11 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     // directory and could serve the daemon's socket itself: MPS does not hold the
     // share, and the status says so; without it, ENFORCED again.
     let root = Sandbox::start(&pod, Layout::Systemd, None);
-    fs::write(
-        &processes,
-        serde_json::json!([
-            { "gpu_uuid": UUID, "pid": proc.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
-            { "gpu_uuid": UUID, "pid": root.pid(), "used_bytes": 1u64 << 30, "via_mps": true },
-        ])
-        .to_string(),
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let s = loop {
-        let s = get_share(&mut c, id.clone()).await;
-        if s.phase == pb::Phase::Degraded as i32 && s.reason.contains("root tenant") {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a root client went unnoticed: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    report_mps_clients(&processes, &[proc.pid(), root.pid()]);
+    let s = wait_share(&mut c, &id, "a root client noticed", |s| {
+        s.phase == pb::Phase::Degraded as i32 && s.reason.contains("root tenant")
+    })
+    .await;
     assert!(
         s.reason.contains(&format!(
             "process {} of the share's pod runs as root",
@@ -936,6 +907,40 @@ async fn an_observed_gpu_share_is_reported_and_never_terminated() {
             a.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The simulated GPU's process list (its `simulated_gpu_processes` file): each of
+/// `pids` an MPS client of the GPU holding 1 GiB.
+fn report_mps_clients(file: &Path, pids: &[Option<u32>]) {
+    let list: Vec<serde_json::Value> = pids
+        .iter()
+        .map(|pid| {
+            serde_json::json!({ "gpu_uuid": UUID, "pid": pid, "used_bytes": 1u64 << 30, "via_mps": true })
+        })
+        .collect();
+    fs::write(file, serde_json::Value::Array(list).to_string()).unwrap();
+}
+
+/// The share's status once `done` holds of it, within 20 s; else a panic saying `what`
+/// was expected, with the last status.
+async fn wait_share(
+    c: &mut shareguard_tests::proto::node_agent_client::NodeAgentClient<tonic::transport::Channel>,
+    id: &str,
+    what: &str,
+    done: impl Fn(&pb::ShareStatus) -> bool,
+) -> pb::ShareStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = get_share(c, id.to_owned()).await;
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {what} within 20s: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
