@@ -72,6 +72,10 @@ pub struct AgentConfig {
     pub socket_group: Option<u32>,
     pub max_claims_per_request: usize,
     pub tombstone_retention: Duration,
+    /// The most RELEASED and FAILED records kept; the oldest beyond it go at the next
+    /// sweep, whatever their age, so that a caller that prepares and releases without
+    /// end cannot grow the store and the agent's memory without bound.
+    pub tombstone_max: usize,
     /// bpffs directory for the bandwidth limiter's pinned maps and links.
     pub bpffs_dir: PathBuf,
     /// Where CDI spec files for GPU claims are written (the runtime scans it).
@@ -219,6 +223,7 @@ struct RawAgent {
     socket_group: Option<u32>,
     max_claims_per_request: Option<Spanned<usize>>,
     tombstone_retention: Option<Spanned<String>>,
+    tombstone_max: Option<Spanned<usize>>,
     bpffs_dir: Option<PathBuf>,
     cdi_dir: Option<PathBuf>,
     cgroup_root: Option<PathBuf>,
@@ -490,6 +495,18 @@ impl Config {
             None => Duration::from_secs(24 * 3600),
             Some(s) => duration("tombstone_retention", s)?,
         };
+        let tombstone_max = match a.tombstone_max {
+            // 100,000 records are about 600 MiB of the agent (docs/benchmarks.md): the
+            // default keeps tombstones to a tenth of that.
+            None => 10_000,
+            Some(n) if *n.get_ref() == 0 => {
+                return Err(err(
+                    n.span(),
+                    "agent.tombstone_max: must be at least 1 (a release is kept for audit)".into(),
+                ));
+            }
+            Some(n) => n.into_inner(),
+        };
         // A period of the agent's loops: at least 100 ms, so that a typo cannot make one
         // spin.
         let period = |field: &str, s: Option<Spanned<String>>, default: Duration| {
@@ -637,6 +654,7 @@ impl Config {
             socket_group: a.socket_group,
             max_claims_per_request,
             tombstone_retention,
+            tombstone_max,
             bpffs_dir: a
                 .bpffs_dir
                 .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf/shareguard")),

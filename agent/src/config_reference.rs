@@ -125,6 +125,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "How long RELEASED and FAILED records are kept for audit.",
     ),
     (
+        "agent.tombstone_max",
+        "integer",
+        "10000",
+        "The most RELEASED and FAILED records kept; the oldest beyond it are swept whatever their age.",
+    ),
+    (
         "agent.bpffs_dir",
         "path",
         "/sys/fs/bpf/shareguard",

@@ -471,6 +471,22 @@ fn a_gpus_driver_root_is_slash_for_nvml_none_for_simulated_and_must_be_plain() {
     );
 }
 
+#[test]
+fn tombstones_are_capped_by_count_and_the_cap_is_at_least_one() {
+    assert_eq!(
+        Config::parse(GOOD, "t.toml").unwrap().agent.tombstone_max,
+        10_000
+    );
+    let set = GOOD.replace("[agent]\n", "[agent]\ntombstone_max = 3\n");
+    assert_eq!(
+        Config::parse(&set, "t.toml").unwrap().agent.tombstone_max,
+        3
+    );
+    let e = err_of(&GOOD.replace("[agent]\n", "[agent]\ntombstone_max = 0\n"));
+    assert!(e.message.contains("agent.tombstone_max"), "{e}");
+    assert_eq!(e.line, 3, "{e}");
+}
+
 /// Found while fuzzing the config (fuzz/corpus/config/humantime-carry-overflow.toml):
 /// humantime panicked on this duration, and took `Config::parse` down with it.
 #[test]

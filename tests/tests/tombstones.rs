@@ -103,3 +103,85 @@ async fn released_tombstones_are_swept_after_retention_and_live_shares_stay() {
     assert_eq!(r.error, None, "{r:?}");
     assert_eq!(device(&mut c, "gen-0").await.allocated["memory"], "15Gi");
 }
+
+/// Tombstones are capped by count as well as by age: with `tombstone_max = 2`, five
+/// released claims leave the two most recent at the next sweep, long before their
+/// retention ends, each removal audited with its reason; a live share is never counted.
+#[tokio::test]
+async fn tombstones_beyond_the_count_cap_go_oldest_first() {
+    let mut opts = Options::new(generic_device("gen-0", "40Gi", "5Gi", &["team-a"], &[]));
+    // The sweep runs every retention/4: within 2 s the cap has swept, and the age not
+    // before 8 s.
+    opts.agent_extra = "tombstone_retention = \"8s\"\ntombstone_max = 2".into();
+    let a = Agent::start(opts);
+    let mut c = a.client().await;
+    let live = share_id();
+    assert_eq!(
+        prepare_one(
+            &mut c,
+            0,
+            claim(
+                "cap-live",
+                "team-a",
+                "a1",
+                vec![alloc("gen-0", &live, "5Gi")]
+            )
+        )
+        .await
+        .error,
+        None
+    );
+    let ids: Vec<String> = (0..5).map(|_| share_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let uid = format!("cap-{i}");
+        let r = prepare_one(
+            &mut c,
+            0,
+            claim(&uid, "team-a", "a1", vec![alloc("gen-0", id, "5Gi")]),
+        )
+        .await;
+        assert_eq!(r.error, None, "{r:?}");
+        assert_eq!(unprepare_one(&mut c, 0, &uid).await.code, "");
+    }
+    let exists = |c: &mut shareguard_tests::proto::node_agent_client::NodeAgentClient<
+        tonic::transport::Channel,
+    >,
+                  id: String| {
+        let mut c = c.clone();
+        async move {
+            match c.get_share(pb::GetShareRequest { share_id: id }).await {
+                Ok(_) => true,
+                Err(e) if e.code() == tonic::Code::NotFound => false,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    };
+    let deadline = Instant::now() + SWEEP_DEADLINE;
+    loop {
+        let mut kept = Vec::new();
+        for id in &ids {
+            kept.push(exists(&mut c, id.clone()).await);
+        }
+        if kept == [false, false, false, true, true] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the three oldest tombstones were not swept by count: {kept:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        exists(&mut c, live.clone()).await,
+        "a live share is never swept"
+    );
+    let lines = a.audit_lines();
+    let by_count = lines
+        .iter()
+        .filter(|l| {
+            l.to_string()
+                .contains("as one of the oldest beyond tombstone_max 2")
+        })
+        .count();
+    assert!(by_count >= 3, "{lines:?}");
+}

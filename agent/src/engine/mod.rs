@@ -341,31 +341,43 @@ impl Engine {
         durable.wait().await
     }
 
-    /// Removes RELEASED and FAILED records whose retention has passed, and claim records
-    /// left with no shares. Returns how many share records were removed.
+    /// Removes RELEASED and FAILED records whose retention has passed, the oldest beyond
+    /// `tombstone_max` whatever their age, and claim records left with no shares.
+    /// Returns how many share records were removed.
     pub async fn sweep_tombstones(&self, now_ms: u64) -> Result<usize, StoreError> {
         let retention =
             u64::try_from(self.cfg.agent.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
         let removed = {
             let mut st = lock(&self.state);
-            let expired: Vec<String> = st
+            let since = |r: &ShareRecord| r.released_at_ms.unwrap_or(r.updated_at_ms);
+            let mut tombstones: Vec<(u64, &String)> = st
                 .records
                 .values()
                 .filter(|r| !r.phase.holds_capacity())
-                .filter(|r| {
-                    now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms)) >= retention
-                })
-                .map(|r| r.key.clone())
+                .map(|r| (since(r), &r.key))
+                .collect();
+            // Oldest first; the key breaks ties, so that the same records go each time.
+            tombstones.sort();
+            let over = tombstones
+                .len()
+                .saturating_sub(self.cfg.agent.tombstone_max);
+            let expired: Vec<String> = tombstones
+                .iter()
+                .enumerate()
+                .filter(|(i, (at, _))| *i < over || now_ms.saturating_sub(*at) >= retention)
+                .map(|(_, (_, k))| (*k).clone())
                 .collect();
             if expired.is_empty() {
                 return Ok(0);
             }
+            let expired_set: std::collections::HashSet<&str> =
+                expired.iter().map(String::as_str).collect();
             let mut batch = Batch::default();
             for c in st.claims.values() {
                 let left: Vec<String> = c
                     .share_keys
                     .iter()
-                    .filter(|k| !expired.contains(k) && st.records.contains_key(*k))
+                    .filter(|k| !expired_set.contains(k.as_str()) && st.records.contains_key(*k))
                     .cloned()
                     .collect();
                 if left.is_empty() {
@@ -380,19 +392,28 @@ impl Engine {
                 .iter()
                 .filter_map(|k| st.records.get(k).cloned())
                 .collect();
+            drop(expired_set);
             batch.delete_shares = expired;
             (gone, self.commit_locked(&mut st, batch)?)
         };
         removed.1.wait().await?;
         for r in &removed.0 {
+            let age = now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms));
+            let why = if age >= retention {
+                format!(
+                    "after its retention of {}",
+                    humantime::format_duration(self.cfg.agent.tombstone_retention)
+                )
+            } else {
+                format!(
+                    "as one of the oldest beyond tombstone_max {}",
+                    self.cfg.agent.tombstone_max
+                )
+            };
             self.audit_share(
                 r,
                 crate::audit::Decision::Sweep,
-                &format!(
-                    "{} record removed after its retention of {}",
-                    r.phase.name(),
-                    humantime::format_duration(self.cfg.agent.tombstone_retention)
-                ),
+                &format!("{} record removed {why}", r.phase.name()),
                 None,
                 None,
             );
