@@ -64,6 +64,25 @@ pub struct Driver {
     successors: Successors,
     /// Where a refused claim is told to its owner.
     events: Events,
+    /// Calls being answered now. kubelet drops its connection to an instance as soon
+    /// as it unregisters, failing the calls still on it: a stop waits for these first.
+    in_flight: tokio::sync::watch::Sender<usize>,
+}
+
+/// One call counted in [`Driver`]'s `in_flight` while it lives.
+struct InFlight<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> InFlight<'a> {
+    fn start(calls: &'a tokio::sync::watch::Sender<usize>) -> Self {
+        calls.send_modify(|n| *n += 1);
+        Self(calls)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// Where a call came from: kubelet, or a fenced instance that passed it on.
@@ -94,7 +113,14 @@ impl Driver {
             devices: RwLock::new(Arc::new(devices)),
             successors,
             events,
+            in_flight: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Resolves once no call is being answered.
+    pub async fn idle(&self) {
+        let mut rx = self.in_flight.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
     }
 
     pub fn name(&self) -> &str {
@@ -130,6 +156,7 @@ impl Driver {
         claims: &[pb::ClaimRef],
         caller: Caller,
     ) -> Answers<Vec<DeviceAnswer>> {
+        let _call = InFlight::start(&self.in_flight);
         let started = Instant::now();
         if caller == Caller::Kubelet
             && self.agent.is_fenced()
@@ -288,6 +315,7 @@ impl Driver {
     }
 
     pub async fn unprepare(&self, claims: &[pb::ClaimRef], caller: Caller) -> Answers<()> {
+        let _call = InFlight::start(&self.in_flight);
         let started = Instant::now();
         if caller == Caller::Kubelet
             && self.agent.is_fenced()

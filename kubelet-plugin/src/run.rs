@@ -31,6 +31,11 @@ use crate::{
 
 /// How long a stop waits for calls in flight, once the registration sockets are gone.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long a stop waits for kubelet's calls in flight before it gives up its
+/// registration: kubelet closes its connection to an instance that unregisters, and the
+/// calls on it fail (seen in a rolling update: a Prepare passed on to the successor
+/// was cut). Well inside the pod's termination grace of 30 s.
+const DRAIN_BEFORE_UNREGISTER: Duration = Duration::from_secs(10);
 
 /// One driver's sockets, each in a directory of the driver's own:
 /// `<plugins-dir>/<driver>/dra.sock` and `<registry-dir>/<driver>/reg.sock`, or with
@@ -217,8 +222,22 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             Err(e) => Err(anyhow::anyhow!("a server task ended: {e}")),
         },
     };
-    // The registration sockets go first: kubelet's plugin watcher sees them go and
-    // stops calling this instance (a newer one, if any, serves on).
+    // The calls in flight finish first: kubelet, once it sees the registration go,
+    // closes its connection to this instance and fails what is still on it. New calls
+    // go to the newest registered instance, where there is one.
+    let drain = async {
+        for d in &drivers {
+            d.idle().await;
+        }
+    };
+    if tokio::time::timeout(DRAIN_BEFORE_UNREGISTER, drain)
+        .await
+        .is_err()
+    {
+        info!(waited = ?DRAIN_BEFORE_UNREGISTER, "calls still in flight; unregistering anyway");
+    }
+    // Then the registration sockets: kubelet's plugin watcher sees them go and stops
+    // calling this instance (a newer one, if any, serves on).
     drop(reg_sockets);
     stop_tx.send_replace(true);
     // A graceful stop waits for clients to close their connections, and kubelet keeps
