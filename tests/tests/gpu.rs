@@ -563,25 +563,8 @@ async fn mps_share_gets_its_own_daemon_through_the_agent() {
     if !net::privileged("mps_share_gets_its_own_daemon_through_the_agent") {
         return;
     }
-    let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
-    let cgroup = format!("sgt-mps-{}-{}", std::process::id(), share_id());
-    // Dropped after the daemons are (MpsDir below), also when the test fails.
-    let _daemons_cgroup = DaemonsCgroup(cgroup.clone());
-    let mps = MpsDir(dir.path().join("mps"));
-    let control = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
-    let mut o = Options::new(
-        simulated_gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
-            "memory = \"80Gi\"\n",
-            "memory = \"80Gi\"\ncgroup_limits = false\n",
-        ),
-    );
-    let processes = dir.path().join("processes.json");
-    o.agent_extra = format!(
-        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nmps_cgroup = {cgroup:?}\nreconcile_period = \"300ms\"\nsimulated_gpu_processes = {processes:?}",
-        dir.path().join("cdi"),
-        mps.0
-    );
+    let (t, o) = MpsTest::new();
+    let (dir, mps, processes) = (&t.dir, &t.mps, t.processes.clone());
     let mut a = Agent::start(o);
     let mut c = a.client().await;
     assert_eq!(
@@ -1029,25 +1012,9 @@ async fn an_mps_daemon_outlives_the_agents_container_and_is_taken_back() {
     if !net::privileged("an_mps_daemon_outlives_the_agents_container_and_is_taken_back") {
         return;
     }
-    let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
-    let cgroup = format!("sgt-mps-{}-{}", std::process::id(), share_id());
-    // Dropped after the daemons are (MpsDir below), also when the test fails.
-    let _daemons_cgroup = DaemonsCgroup(cgroup.clone());
-    let mps = MpsDir(dir.path().join("mps"));
+    let (t, mut o) = MpsTest::new();
+    let (mps, cgroup) = (&t.mps, t.cgroup.0.clone());
     let container = ContainerCgroups::new();
-    let control = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
-    let mut o = Options::new(
-        simulated_gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
-            "memory = \"80Gi\"\n",
-            "memory = \"80Gi\"\ncgroup_limits = false\n",
-        ),
-    );
-    o.agent_extra = format!(
-        "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nmps_cgroup = {cgroup:?}\nreconcile_period = \"300ms\"",
-        dir.path().join("cdi"),
-        mps.0
-    );
     o.run_through = container.run_through();
     let mut a = Agent::start(o);
     let mut c = a.client().await;
@@ -1083,6 +1050,50 @@ async fn an_mps_daemon_outlives_the_agents_container_and_is_taken_back() {
 
     assert_eq!(unprepare_one(&mut c, 0, "o1").await.code, "");
     assert!(!alive(daemon), "released: the daemon quit");
+}
+
+/// What an agent with a SIMULATED MPS GPU needs of a test: a directory of its own,
+/// the daemons' directory (their processes killed on drop) and cgroup (removed after
+/// them), and the simulated GPU's process list. Fields drop in this order.
+struct MpsTest {
+    mps: MpsDir,
+    cgroup: DaemonsCgroup,
+    processes: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl MpsTest {
+    /// The test's directories and the agent's options: one GPU offering MPS only, the
+    /// simulated control program, a reconcile every 300 ms.
+    fn new() -> (Self, Options) {
+        let dir = tempfile::Builder::new().prefix("sg").tempdir().unwrap();
+        let cgroup = DaemonsCgroup(format!("sgt-mps-{}-{}", std::process::id(), share_id()));
+        let mps = MpsDir(dir.path().join("mps"));
+        let processes = dir.path().join("processes.json");
+        let control = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../limiter-gpu/tests/fixtures/simulated-nvidia-cuda-mps-control");
+        let mut o = Options::new(
+            simulated_gpu_device(r#"{ period = "100ms", action = "report" }"#).replace(
+                "memory = \"80Gi\"\n",
+                "memory = \"80Gi\"\ncgroup_limits = false\n",
+            ),
+        );
+        o.agent_extra = format!(
+            "cdi_dir = {:?}\nmps_control = {control:?}\nmps_dir = {:?}\nmps_cgroup = {:?}\nreconcile_period = \"300ms\"\nsimulated_gpu_processes = {processes:?}",
+            dir.path().join("cdi"),
+            mps.0,
+            cgroup.0
+        );
+        (
+            Self {
+                mps,
+                cgroup,
+                processes,
+                dir,
+            },
+            o,
+        )
+    }
 }
 
 /// The test's own cgroup for MPS daemons, removed once they are gone.
