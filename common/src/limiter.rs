@@ -19,8 +19,10 @@ pub struct Target {
     /// The pod's cgroup v2 directories, absolute: the pod's own cgroup, or cgroups below
     /// it that a verified hint named. Empty when the limiter needs none.
     pub cgroups: Vec<PathBuf>,
-    /// The host side of the pod's veth, when the limiter needs the pod's network.
-    pub host_iface: Option<HostIface>,
+    /// The host side of each pod's veth, when the limiter needs the pods' network: one
+    /// limit holds the traffic of all of them together, since a second pod on the claim
+    /// must not get a rate of its own.
+    pub host_ifaces: Vec<HostIface>,
 }
 
 /// The host-side end of a pod's veth pair.

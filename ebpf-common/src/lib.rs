@@ -20,6 +20,9 @@ pub use pace::{Pace, PaceState, Verdict};
 
 /// Name of the hash map `ifindex (u32) -> IfaceConfig`.
 pub const IFACES_MAP: &str = "SG_IFACES";
+/// Name of the array `slot -> ifindex (u32)`: the queue device that traffic to the pod of
+/// the share in that slot goes round, read only under [`FLAG_TO_POD_QUEUE`].
+pub const TO_POD_QUEUES_MAP: &str = "SG_TO_POD_QUEUES";
 /// Name of the per-CPU array `counter_index(slot, dir) -> Counters`.
 pub const COUNTERS_MAP: &str = "SG_COUNTERS";
 /// Name of the array `counter_index(slot, dir) -> PaceState`, shared by all CPUs: the
@@ -59,6 +62,13 @@ pub const PROG_RETURN: &str = "sg_return";
 pub const LOOP_MARK_MAGIC: u32 = 0x5300_0000;
 /// The bits of `skb->mark` that carry the ifindex in [`LOOP_MARK_MAGIC`]'s mark.
 pub const LOOP_MARK_IFINDEX: u32 = 0x00ff_ffff;
+/// The top byte of `skb->mark` on a packet to the pod in its share's to-pod queue loop
+/// ([`FLAG_TO_POD_QUEUE`]): host veth egress -> to-pod queue device -> its return device
+/// -> host veth egress again. The low 24 bits are the host veth's ifindex, as in
+/// [`LOOP_MARK_MAGIC`]'s mark; back on the veth the program clears the mark (a mark the
+/// host's stack had set is not restored: the kernel clears it anyway when the packet
+/// enters the pod's namespace, so only a program after ours on that hook misses it).
+pub const LOOP_MARK_TO_POD_MAGIC: u32 = 0x5400_0000;
 
 /// The mark of a packet of host veth `ifindex` on its way through the queue loop; `None`
 /// for an ifindex too large to carry (the loop is then refused for that interface).
@@ -74,8 +84,32 @@ pub const fn loop_mark(ifindex: u32) -> Option<u32> {
 /// The host veth a packet with `mark` returns to, when the mark is a loop mark.
 #[inline(always)]
 pub const fn loop_ifindex(mark: u32) -> Option<u32> {
+    marked_ifindex(mark, LOOP_MARK_MAGIC)
+}
+
+/// The mark of a packet to the pod behind host veth `ifindex` on its way through the
+/// to-pod queue loop ([`LOOP_MARK_TO_POD_MAGIC`]); `None` for an ifindex too large to
+/// carry.
+#[inline(always)]
+pub const fn loop_mark_to_pod(ifindex: u32) -> Option<u32> {
+    if ifindex == 0 || ifindex > LOOP_MARK_IFINDEX {
+        None
+    } else {
+        Some(LOOP_MARK_TO_POD_MAGIC | ifindex)
+    }
+}
+
+/// The host veth a packet to the pod with `mark` returns to, when the mark is a to-pod
+/// loop mark.
+#[inline(always)]
+pub const fn loop_to_pod_ifindex(mark: u32) -> Option<u32> {
+    marked_ifindex(mark, LOOP_MARK_TO_POD_MAGIC)
+}
+
+#[inline(always)]
+const fn marked_ifindex(mark: u32, magic: u32) -> Option<u32> {
     let ifindex = mark & LOOP_MARK_IFINDEX;
-    if mark & !LOOP_MARK_IFINDEX == LOOP_MARK_MAGIC && ifindex != 0 {
+    if mark & !LOOP_MARK_IFINDEX == magic && ifindex != 0 {
         Some(ifindex)
     } else {
         None
@@ -118,12 +152,18 @@ pub const FLAG_POLICE_FROM_POD: u32 = 1 << 3;
 /// sent first instead of waiting behind a bulk flow's queue, and bulk flows share the
 /// rate by class: per-flow queueing where the kernel has no `fq`, `fq_codel` or `sfq`.
 pub const FLAG_HTB_FLOWS: u32 = 1 << 4;
+/// `htb-ebpf` for a share with several pods: traffic to the pod goes round the share's
+/// to-pod queue device (its ifindex in [`TO_POD_QUEUES_MAP`] at the share's slot), whose
+/// HTB holds the traffic to all of the share's pods together, instead of an HTB on each
+/// pod's veth, which would give each pod the whole rate.
+pub const FLAG_TO_POD_QUEUE: u32 = 1 << 5;
 /// Every flag this build knows; the loader refuses others.
 pub const FLAGS_KNOWN: u32 = FLAG_EDT_TO_POD
     | FLAG_EDT_FROM_POD
     | FLAG_POLICE_TO_POD
     | FLAG_POLICE_FROM_POD
-    | FLAG_HTB_FLOWS;
+    | FLAG_HTB_FLOWS
+    | FLAG_TO_POD_QUEUE;
 
 /// How many flow classes [`FLAG_HTB_FLOWS`] spreads a share's flows over. Two flows share
 /// a class with probability 1/16.
@@ -157,9 +197,12 @@ pub const DEFAULT_HEADER_LEN: u32 = 66;
 /// Whether a configuration asks for something the programs cannot do: unknown flags, EDT
 /// and policing in one direction, or a pacing flag without a rate.
 pub const fn flags_valid(cfg: &IfaceConfig) -> bool {
+    let to_pod = cfg.pacing(DIR_TO_POD);
     cfg.flags & !FLAGS_KNOWN == 0
-        && direction_valid(cfg.pacing(DIR_TO_POD))
+        && direction_valid(to_pod)
         && direction_valid(cfg.pacing(DIR_FROM_POD))
+        // The to-pod queue loop is HTB's: a paced direction queues where it is.
+        && !(cfg.flags & FLAG_TO_POD_QUEUE != 0 && (to_pod.edt || to_pod.police))
 }
 
 /// One direction: not both EDT and policing, and a rate when either is asked for.
@@ -302,6 +345,42 @@ mod tests {
     }
 
     #[test]
+    fn the_two_loops_marks_are_never_taken_for_one_another() {
+        for ifindex in [1, 7, LOOP_MARK_IFINDEX] {
+            let to = loop_mark_to_pod(ifindex).unwrap();
+            assert_eq!(loop_to_pod_ifindex(to), Some(ifindex));
+            assert_eq!(loop_ifindex(to), None);
+            let from = loop_mark(ifindex).unwrap();
+            assert_eq!(loop_to_pod_ifindex(from), None);
+        }
+        assert_eq!(loop_mark_to_pod(0), None);
+        assert_eq!(loop_mark_to_pod(LOOP_MARK_IFINDEX + 1), None);
+        assert_eq!(loop_to_pod_ifindex(LOOP_MARK_TO_POD_MAGIC), None);
+    }
+
+    #[test]
+    fn the_to_pod_queue_is_not_combined_with_pacing_to_the_pod() {
+        let rate = Pace {
+            bytes_per_sec: 1000,
+            ..Pace::default()
+        };
+        let queued = IfaceConfig {
+            flags: FLAG_TO_POD_QUEUE | FLAG_HTB_FLOWS | FLAG_POLICE_FROM_POD,
+            from_pod: rate,
+            ..IfaceConfig::default()
+        };
+        assert!(flags_valid(&queued));
+        for paced in [FLAG_EDT_TO_POD, FLAG_POLICE_TO_POD] {
+            let cfg = IfaceConfig {
+                flags: FLAG_TO_POD_QUEUE | paced,
+                to_pod: rate,
+                ..IfaceConfig::default()
+            };
+            assert!(!flags_valid(&cfg), "{paced:#x}");
+        }
+    }
+
+    #[test]
     fn counter_indices_are_dense_and_bounded() {
         assert_eq!(counter_index(0, DIR_TO_POD), Some(0));
         assert_eq!(counter_index(0, DIR_FROM_POD), Some(1));
@@ -367,7 +446,7 @@ mod tests {
             rate,
             rate
         )));
-        assert!(!flags_valid(&cfg(1 << 5, rate, rate)), "unknown flag");
+        assert!(!flags_valid(&cfg(1 << 6, rate, rate)), "unknown flag");
         assert!(!flags_valid(&cfg(
             FLAG_EDT_TO_POD | FLAG_POLICE_TO_POD,
             rate,

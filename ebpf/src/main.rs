@@ -18,6 +18,10 @@
 //! first, ahead of a CNI's: a CNI's program that passes a packet ends the chain, so one
 //! in front would let the pod's traffic past ours.
 //!
+//! A share with several pods (`FLAG_TO_POD_QUEUE`) has its traffic to them queued the same
+//! way, on a second queue device: from each pod's veth egress to it and back, so that one
+//! HTB holds them all together.
+//!
 //! Traffic from the pod that has to queue leaves the host veth's ingress for the share's
 //! queue device and comes back to that same ingress once released (`sg_return`, on the
 //! queue device's peer), marked so that `sg_ingress` lets it go on to the next program
@@ -37,9 +41,9 @@ use aya_ebpf::{
 };
 use shareguard_ebpf_common::{
     Activity, Counters, DEFAULT_HEADER_LEN, DIR_FROM_POD, DIR_TO_POD, DirectionPacing,
-    FLAG_HTB_FLOWS, FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS, MAX_IFACES,
-    PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index, flow_classid, flows,
-    loop_ifindex, loop_mark, pace,
+    FLAG_HTB_FLOWS, FLAG_TO_POD_QUEUE, FlowKey, FlowState, IfaceConfig, MAX_COUNTERS, MAX_FLOWS,
+    MAX_IFACES, MAX_SLOTS, PaceState, SKB_TSTAMP_DELIVERY_MONO, Verdict, activity, counter_index,
+    flow_classid, flows, loop_ifindex, loop_mark, loop_mark_to_pod, loop_to_pod_ifindex, pace,
 };
 
 /// `BPF_F_INGRESS` (include/uapi/linux/bpf.h): `bpf_redirect` to the target's receive path.
@@ -65,10 +69,23 @@ static SG_ACTIVITY: Array<Activity> = Array::with_max_entries(MAX_COUNTERS, 0);
 #[map]
 static SG_WAKE: RingBuf = RingBuf::with_byte_size(activity::WAKE_BYTES, 0);
 
+#[map]
+static SG_TO_POD_QUEUES: Array<u32> = Array::with_max_entries(MAX_SLOTS, 0);
+
 /// Traffic to the pod (egress of its host-side veth).
 #[classifier]
 pub fn sg_egress(ctx: TcContext) -> i32 {
     let skb = ctx.skb.skb;
+    // SAFETY: `skb` is the program's context pointer; both fields are ones tc programs
+    // may read (verifier-checked).
+    let (ifindex, mark) = unsafe { ((*skb).ifindex, (*skb).mark) };
+    if mark != 0 && loop_to_pod_ifindex(mark) == Some(ifindex) {
+        // Back from the share's to-pod queue: shaped and counted already; on to the next
+        // program without the loop's mark.
+        // SAFETY: a field tc programs may write (verifier-checked) of the context pointer.
+        unsafe { (*skb).mark = 0 };
+        return TC_ACT_UNSPEC;
+    }
     let Some(cfg) = iface_config(skb) else {
         return TC_ACT_UNSPEC;
     };
@@ -76,7 +93,27 @@ pub fn sg_egress(ctx: TcContext) -> i32 {
         return TC_ACT_SHOT as i32;
     }
     classify(&ctx, &cfg, DIR_TO_POD);
-    TC_ACT_UNSPEC
+    if cfg.flags & FLAG_TO_POD_QUEUE == 0 {
+        return TC_ACT_UNSPEC;
+    }
+    // The share's pods are shaped together on one queue device. A loop configured without
+    // its queue, or an interface whose index the mark cannot carry (user space refuses
+    // both), drops the packet rather than pass it unshaped.
+    let queue = SG_TO_POD_QUEUES.get(cfg.slot).copied().unwrap_or(0);
+    let Some(mark) = loop_mark_to_pod(ifindex) else {
+        return TC_ACT_SHOT as i32;
+    };
+    if queue == 0 {
+        return TC_ACT_SHOT as i32;
+    }
+    // SAFETY: a field tc programs may write, of the context pointer.
+    unsafe { (*skb).mark = mark };
+    // Flags 0: to the queue device's egress, whose HTB classifies by the priority set
+    // above; its peer's `sg_return` sends the packet back to this veth's egress.
+    // SAFETY: a plain helper call with scalar arguments; it only records the target.
+    let action = unsafe { bpf_redirect(queue, 0) };
+    // TC_ACT_REDIRECT on success, TC_ACT_SHOT for invalid flags: both fit in an i32.
+    action as i32
 }
 
 /// Sets `skb->priority` to the packet's HTB class, where `cfg` names one: with flow
@@ -199,19 +236,24 @@ pub fn sg_ingress(ctx: TcContext) -> i32 {
     action as i32
 }
 
-/// Ingress of a share's return device (the peer of its queue device): every packet the
-/// queue released goes back to the receive path of the host veth its mark names, where
-/// `sg_ingress` passes it on. Anything else arriving here (the device's own neighbour
-/// discovery) is not the pod's and is dropped.
+/// Ingress of a share's return device (the peer of one of its queue devices): every
+/// packet the queue released goes back to the host veth its mark names, where it came
+/// from: traffic from the pod to the veth's receive path, where `sg_ingress` passes it
+/// on, traffic to the pod to the veth's egress, where `sg_egress` does. Anything else
+/// arriving here (the device's own neighbour discovery) is not the pod's and is dropped.
 #[classifier]
 pub fn sg_return(ctx: TcContext) -> i32 {
     // SAFETY: `ctx.skb.skb` is the program's context pointer; `mark` is a field tc
     // programs may read.
     let mark = unsafe { (*ctx.skb.skb).mark };
-    match loop_ifindex(mark) {
+    if let Some(ifindex) = loop_ifindex(mark) {
         // SAFETY: a plain helper call with scalar arguments; it only records the target.
         // TC_ACT_REDIRECT on success: fits in an i32.
-        Some(ifindex) => unsafe { bpf_redirect(ifindex, BPF_F_INGRESS) as i32 },
+        return unsafe { bpf_redirect(ifindex, BPF_F_INGRESS) as i32 };
+    }
+    match loop_to_pod_ifindex(mark) {
+        // SAFETY: as above.
+        Some(ifindex) => unsafe { bpf_redirect(ifindex, 0) as i32 },
         None => TC_ACT_SHOT as i32,
     }
 }

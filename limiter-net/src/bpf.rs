@@ -15,6 +15,7 @@
 //! <pin_dir>/maps/SG_FLOWS      htb-ebpf: which flows are sparse (LRU, by flow hash)
 //! <pin_dir>/maps/SG_ACTIVITY   htb-ebpf: when each share last sent, two per slot
 //! <pin_dir>/maps/SG_WAKE       htb-ebpf: ring buffer, "this armed share sends again"
+//! <pin_dir>/maps/SG_TO_POD_QUEUES  htb-ebpf: per slot, the to-pod queue of a share with several pods
 //! <pin_dir>/links/<name>       one TCX link per attachment (a directory in clsact mode)
 //! ```
 //!
@@ -46,7 +47,7 @@ use aya::{
 };
 use shareguard_ebpf_common::{
     Activity, COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
-    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_RETURN, PROG_TO_POD,
+    MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_RETURN, PROG_TO_POD, TO_POD_QUEUES_MAP,
     activity::{ACTIVITY_MAP, WAKE_BYTES, WAKE_MAP},
     counter_index, flags_valid,
 };
@@ -88,6 +89,8 @@ pub struct Bpf {
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     counters: PerCpuArray<MapData, Counters>,
     pace: Array<MapData, PaceState>,
+    /// Slot -> the to-pod queue device of a share with several pods.
+    to_pod_queues: Array<MapData, u32>,
     /// Only the programs use it; held so that its descriptor outlives their loading. It
     /// is pinned like the others: a restart that forgot which flows are bulk would let
     /// their next packets overtake their own queued ones.
@@ -174,6 +177,7 @@ impl Bpf {
         let flows_path = maps_dir.join(FLOWS_MAP);
         let activity_path = maps_dir.join(ACTIVITY_MAP);
         let wake_path = maps_dir.join(WAKE_MAP);
+        let to_pod_queues_path = maps_dir.join(TO_POD_QUEUES_MAP);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(IFACES_MAP, ifaces_path.as_path())
             .map_pin_path(COUNTERS_MAP, counters_path.as_path())
@@ -181,6 +185,7 @@ impl Bpf {
             .map_pin_path(FLOWS_MAP, flows_path.as_path())
             .map_pin_path(ACTIVITY_MAP, activity_path.as_path())
             .map_pin_path(WAKE_MAP, wake_path.as_path())
+            .map_pin_path(TO_POD_QUEUES_MAP, to_pod_queues_path.as_path())
             .load(aya::include_bytes_aligned!(concat!(
                 env!("OUT_DIR"),
                 "/shareguard-ebpf"
@@ -265,6 +270,20 @@ impl Bpf {
                 max_entries: WAKE_BYTES,
             },
         )?;
+        let to_pod_queues = take_map(&mut ebpf, TO_POD_QUEUES_MAP)?;
+        check_map(
+            &to_pod_queues,
+            TO_POD_QUEUES_MAP,
+            &to_pod_queues_path,
+            MapShape {
+                kind: "array",
+                key_size: 4,
+                value_size: size_of::<u32>(),
+                max_entries: MAX_SLOTS,
+            },
+        )?;
+        let to_pod_queues =
+            Array::try_from(to_pod_queues).map_err(|e| map_error(TO_POD_QUEUES_MAP, "open", e))?;
         let activity = Array::try_from(activity).map_err(|e| map_error(ACTIVITY_MAP, "open", e))?;
         let wake = RingBuf::try_from(wake).map_err(|e| map_error(WAKE_MAP, "open", e))?;
         let ifaces = HashMap::try_from(ifaces).map_err(|e| map_error(IFACES_MAP, "open", e))?;
@@ -286,6 +305,7 @@ impl Bpf {
             ifaces,
             counters,
             pace,
+            to_pod_queues,
             _flows: flows,
             activity,
             wake: Some(wake),
@@ -385,6 +405,31 @@ impl Bpf {
         }
     }
 
+    /// Moves the pinned attachment `from` to the name `to` (one rename on bpffs: the
+    /// attachment runs on throughout). Ok when nothing is pinned as `from`; whatever was
+    /// pinned as `to` is detached first.
+    pub fn rename_link(&mut self, from: &str, to: &str) -> Result<(), BpfError> {
+        let from_path = self.link_path(from)?;
+        let to_path = self.link_path(to)?;
+        match fs::symlink_metadata(&from_path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(BpfError::Pinned {
+                    op: "inspecting",
+                    path: from_path,
+                    source,
+                });
+            }
+            Ok(_) => {}
+        }
+        self.detach(to)?;
+        fs::rename(&from_path, &to_path).map_err(|source| BpfError::Pinned {
+            op: "renaming",
+            path: from_path,
+            source,
+        })
+    }
+
     /// Whether a pinned attachment `name` exists and is still attached to `ifindex`.
     ///
     /// For TCX this is the kernel's word: the link's own record of its interface, which
@@ -449,6 +494,27 @@ impl Bpf {
             }
             Err(e) => Err(map_error(IFACES_MAP, "delete", e)),
         }
+    }
+
+    /// Sets the to-pod queue device of the share in `slot` (0: none), which the programs
+    /// read for interfaces configured with `FLAG_TO_POD_QUEUE`.
+    pub fn set_to_pod_queue(&mut self, slot: u32, ifindex: u32) -> Result<(), BpfError> {
+        if slot >= MAX_SLOTS {
+            return Err(BpfError::SlotOutOfRange { slot });
+        }
+        self.to_pod_queues
+            .set(slot, ifindex, 0)
+            .map_err(|e| map_error(TO_POD_QUEUES_MAP, "update", e))
+    }
+
+    /// The to-pod queue device of the share in `slot`, read back from the kernel (0: none).
+    pub fn to_pod_queue(&self, slot: u32) -> Result<u32, BpfError> {
+        if slot >= MAX_SLOTS {
+            return Err(BpfError::SlotOutOfRange { slot });
+        }
+        self.to_pod_queues
+            .get(&slot, 0)
+            .map_err(|e| map_error(TO_POD_QUEUES_MAP, "lookup", e))
     }
 
     /// Sums the per-CPU counters of a slot: (to_pod, from_pod).

@@ -56,18 +56,21 @@ pub fn leftovers(state_dir: &Path) -> Result<Vec<Leftover>, NetError> {
         let Some(kind) = i.mechanism.qdisc_kind() else {
             continue;
         };
-        // The record's interface, only while it still has that name (an index is reused)
-        // and a root qdisc of ours: a veth gone with its pod took its qdisc along.
-        if rtnl::name_of_index(i.host_index)?.as_deref() != Some(i.host_name.as_str()) {
-            continue;
-        }
-        if rtnl::root_qdisc(i.host_index)?.is_some_and(|q| q.kind == kind && q.major == tc::MAJOR) {
-            out.push(Leftover::RootQdisc {
-                dev: i.host_name.clone(),
-                ifindex: i.host_index,
-                kind: kind.to_owned(),
-                share_key: i.share_key.clone(),
-            });
+        for (h, _) in i.hosts() {
+            // The record's interface, only while it still has that name (an index is
+            // reused) and a root qdisc of ours: a veth gone with its pod took its qdisc
+            // along.
+            if rtnl::name_of_index(h.index)?.as_deref() != Some(h.name.as_str()) {
+                continue;
+            }
+            if rtnl::root_qdisc(h.index)?.is_some_and(|q| q.kind == kind && q.major == tc::MAJOR) {
+                out.push(Leftover::RootQdisc {
+                    dev: h.name.clone(),
+                    ifindex: h.index,
+                    kind: kind.to_owned(),
+                    share_key: i.share_key.clone(),
+                });
+            }
         }
     }
     for (name, alias) in rtnl::our_queues()? {

@@ -19,7 +19,7 @@ use shareguard_common::{
     Format, Quantity,
     limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs, TrafficCounters},
 };
-use shareguard_ebpf_common::IfaceConfig;
+use shareguard_ebpf_common::{FLAG_TO_POD_QUEUE, IfaceConfig};
 use tracing::info;
 
 use crate::{
@@ -30,7 +30,10 @@ use crate::{
     mechanism::{self, Mechanism, RootQdisc},
     probe::{self, Probe},
     rtnl,
-    state::{self, Installed, StateDir, queue_name, return_name, short_id},
+    state::{
+        self, Host, Installed, StateDir, queue_name, return_name, short_id, to_queue_name,
+        to_return_name,
+    },
     tc,
 };
 
@@ -73,18 +76,42 @@ pub struct NetLimiter {
 /// `ShareStatus.mechanism` of a share whose every limited direction is unconstrained.
 pub const UNCONSTRAINED: &str = "unconstrained";
 
-/// The file name of a share's pinned link for one direction, under `<pin_dir>/links/`.
+/// The file name of a share's pinned link for one direction on its first pod's host
+/// veth, under `<pin_dir>/links/`.
 pub fn link_name(share_key: &str, dir: Direction) -> String {
-    let d = match dir {
+    format!("{}-{}", short_id(share_key), dir_word(dir))
+}
+
+/// The file name of a share's pinned link for one direction on the host veth `ifindex`
+/// of another of its pods.
+pub fn more_link_name(share_key: &str, dir: Direction, ifindex: u32) -> String {
+    format!("{}-{}-{ifindex}", short_id(share_key), dir_word(dir))
+}
+
+/// The pinned link of `host` for `dir`: `first` is the record's first host.
+fn host_link(share_key: &str, dir: Direction, host: &Host, first: bool) -> String {
+    if first {
+        link_name(share_key, dir)
+    } else {
+        more_link_name(share_key, dir, host.index)
+    }
+}
+
+fn dir_word(dir: Direction) -> &'static str {
+    match dir {
         Direction::ToPod => "to-pod",
         Direction::FromPod => "from-pod",
-    };
-    format!("{}-{d}", short_id(share_key))
+    }
 }
 
 /// The file name of a share's pinned link on the ingress of its return device.
 pub fn return_link_name(share_key: &str) -> String {
     format!("{}-return", short_id(share_key))
+}
+
+/// The file name of a share's pinned link on the ingress of its to-pod return device.
+pub fn to_return_link_name(share_key: &str) -> String {
+    format!("{}-return-to", short_id(share_key))
 }
 
 /// The lowest counter slot no other installed share holds. Slots are allocated, not
@@ -206,9 +233,12 @@ fn htb_tree_bps(ifindex: u32) -> Result<Option<u64>, NetError> {
 }
 
 /// The directions of `i` whose bucket the burst governor keeps, by counter index: those
-/// `htb-ebpf` shapes whose idle bucket is smaller than their busy one. `queue_index`: the
-/// queue device that queues traffic from the pod, where there is one.
-fn governed_directions(i: &Installed, queue_index: Option<u32>) -> Vec<(u32, burst::Governed)> {
+/// `htb-ebpf` shapes whose idle bucket is smaller than their busy one. `queues`: the
+/// queue devices that queue traffic from the pods and to them, where there are.
+fn governed_directions(
+    i: &Installed,
+    (queue_index, to_queue_index): (Option<u32>, Option<u32>),
+) -> Vec<(u32, burst::Governed)> {
     if i.mechanism != Mechanism::HtbEbpf {
         return Vec::new();
     }
@@ -220,6 +250,7 @@ fn governed_directions(i: &Installed, queue_index: Option<u32>) -> Vec<(u32, bur
         .filter_map(|dir| {
             let rate = i.shaped(dir)?;
             let ifindex = match dir {
+                Direction::ToPod if i.to_queue.is_some() => to_queue_index?,
                 Direction::ToPod => i.host_index,
                 Direction::FromPod => queue_index?,
             };
@@ -242,6 +273,77 @@ fn governed_directions(i: &Installed, queue_index: Option<u32>) -> Vec<(u32, bur
             })
         })
         .collect()
+}
+
+/// Takes share `i` off one of its pods' host veths (`first`: the record's first one):
+/// its links, its configuration for the programs and a root qdisc of ours.
+fn leave_host(bpf: &mut Bpf, i: &Installed, host: &Host, first: bool) -> Result<(), NetError> {
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        bpf.detach(&host_link(&i.share_key, dir, host, first))
+            .map_err(bpf_err)?;
+    }
+    // The ifindex may already belong to a new interface; its entry is ours either way.
+    bpf.clear_iface(host.index).map_err(bpf_err)?;
+    let still_there = rtnl::name_of_index(host.index)?.as_deref() == Some(host.name.as_str());
+    if still_there
+        && i.shaped(Direction::ToPod).is_some()
+        && let Some(kind) = i.mechanism.qdisc_kind()
+        && root_is_ours(host.index, kind)?
+    {
+        tc::remove_root(&host.name)?;
+    }
+    Ok(())
+}
+
+/// Brings the record `old` of an installed share to the pods' veths `wanted`: a pod that
+/// left is taken off its veth; the first veth stays first while its pod stays, else the
+/// earliest one that stays takes its place, its pinned links renamed to the first's (a
+/// rename: its programs run on throughout). `old` is left saying what is installed now.
+/// Returns the first veth and the others, new ones last.
+fn regroup(
+    bpf: &mut Bpf,
+    old: &mut Installed,
+    wanted: &[Host],
+) -> Result<(Host, Vec<Host>), NetError> {
+    for (h, first) in old.hosts() {
+        if !wanted.contains(&h) {
+            leave_host(bpf, old, &h, first)?;
+        }
+    }
+    let mut stay: Vec<Host> = old
+        .more_hosts
+        .iter()
+        .filter(|h| wanted.contains(h))
+        .cloned()
+        .collect();
+    let old_first = Host {
+        index: old.host_index,
+        name: old.host_name.clone(),
+    };
+    let first = if wanted.contains(&old_first) {
+        old_first
+    } else if stay.is_empty() {
+        wanted[0].clone()
+    } else {
+        let next = stay.remove(0);
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            bpf.rename_link(
+                &more_link_name(&old.share_key, dir, next.index),
+                &link_name(&old.share_key, dir),
+            )
+            .map_err(bpf_err)?;
+        }
+        next
+    };
+    old.host_index = first.index;
+    old.host_name = first.name.clone();
+    old.more_hosts = stay.clone();
+    for h in wanted {
+        if *h != first && !stay.contains(h) {
+            stay.push(h.clone());
+        }
+    }
+    Ok((first, stay))
 }
 
 /// `ours`: the device's root is already our qdisc (HTB then changes it in place, once it
@@ -332,61 +434,65 @@ impl NetLimiter {
             {
                 self.backend.bursts.forget(index);
             }
-            bpf.detach(&link_name(&i.share_key, dir)).map_err(bpf_err)?;
+        }
+        for (host, first) in i.hosts() {
+            leave_host(bpf, i, &host, first)?;
         }
         bpf.detach(&return_link_name(&i.share_key))
             .map_err(bpf_err)?;
-        // The ifindex may already belong to a new interface; its entry is ours either way.
-        bpf.clear_iface(i.host_index).map_err(bpf_err)?;
-        let still_there =
-            rtnl::name_of_index(i.host_index)?.as_deref() == Some(i.host_name.as_str());
-        if still_there
-            && i.shaped(Direction::ToPod).is_some()
-            && let Some(kind) = i.mechanism.qdisc_kind()
-            && root_is_ours(i.host_index, kind)?
-        {
-            tc::remove_root(&i.host_name)?;
-        }
+        bpf.detach(&to_return_link_name(&i.share_key))
+            .map_err(bpf_err)?;
         if let Some(queue) = &i.queue {
+            rtnl::delete_queue(queue, &i.share_key)?;
+        }
+        if let Some(queue) = &i.to_queue {
+            if let Some(slot) = i.slot() {
+                bpf.set_to_pod_queue(slot, 0).map_err(bpf_err)?;
+            }
             rtnl::delete_queue(queue, &i.share_key)?;
         }
         Ok(())
     }
 
-    /// The rate one direction is enforced at, read back from the kernel: the HTB class's
-    /// rate, or the rate in the programs' map while they are attached, flagged for the
-    /// direction and (for EDT) an fq is at the root of the device that queues it. For an
-    /// unconstrained direction, the path's line rate while the programs that count it
-    /// are attached and nothing of ours shapes it.
+    /// The rate one direction is enforced at on one of the share's host veths, read back
+    /// from the kernel: the HTB class's rate, or the rate in the programs' map while they
+    /// are attached, flagged for the direction and (for EDT) an fq is at the root of the
+    /// device that queues it. For an unconstrained direction, the path's line rate while
+    /// the programs that count it are attached and nothing of ours shapes it.
+    /// `queues`: the queue devices of traffic from the pods and to them, where there are.
     fn direction_rate(
         &self,
         bpf: &Bpf,
         i: &Installed,
+        (host, first): (&Host, bool),
         dir: Direction,
         cfg: Option<&IfaceConfig>,
-        queue_dev_index: Option<u32>,
+        (queue_index, to_queue_index): (Option<u32>, Option<u32>),
     ) -> Result<Option<u64>, NetError> {
-        // Where this direction's traffic queues: the veth itself, or the queue device.
-        let (wanted, queue_index) = match dir {
-            Direction::ToPod => (i.to_pod_bps, Some(i.host_index)),
-            Direction::FromPod => (i.from_pod_bps, queue_dev_index),
+        let wanted = match dir {
+            Direction::ToPod => i.to_pod_bps,
+            Direction::FromPod => i.from_pod_bps,
         };
         if wanted.is_none() {
             return Ok(None);
         }
         let attached = || {
-            bpf.is_attached(&link_name(&i.share_key, dir), i.host_index)
+            bpf.is_attached(&host_link(&i.share_key, dir, host, first), host.index)
                 .map_err(bpf_err)
         };
+        let looped = |c: &IfaceConfig| c.flags & FLAG_TO_POD_QUEUE != 0;
         if i.unconstrained(dir) {
             // Something of ours still shaping it (left over, or drift) is not "nothing
             // shapes it": that is reported as not read back.
             let paced = cfg.is_some_and(|c| {
                 let p = c.pacing(dir.index());
-                p.edt || p.police || (dir == Direction::FromPod && c.redirect_ifindex != 0)
+                p.edt
+                    || p.police
+                    || (dir == Direction::FromPod && c.redirect_ifindex != 0)
+                    || (dir == Direction::ToPod && looped(c))
             });
             let queued = match (dir, i.mechanism.qdisc_kind()) {
-                (Direction::ToPod, Some(kind)) => root_is_ours(i.host_index, kind)?,
+                (Direction::ToPod, Some(kind)) => root_is_ours(host.index, kind)?,
                 (Direction::FromPod, _) => queue_index.is_some(),
                 (Direction::ToPod, None) => false,
             };
@@ -395,13 +501,32 @@ impl NetLimiter {
                 _ => None,
             });
         }
-        // Traffic from the pod reaches its queue only through the program's redirect.
-        let redirected = |cfg: &IfaceConfig| {
-            dir == Direction::ToPod || queue_index.is_some_and(|q| cfg.redirect_ifindex == q)
+        // Traffic from the pod reaches its queue only through the program's redirect, and
+        // traffic to the pods their shared queue only through the loop.
+        let redirected = |cfg: &IfaceConfig| match dir {
+            Direction::ToPod => true,
+            Direction::FromPod => queue_index.is_some_and(|q| cfg.redirect_ifindex == q),
         };
         let pacing = cfg.map(|c| c.pacing(dir.index()));
+        // Where this direction's traffic queues: the veth itself, or a queue device.
+        let queue = match dir {
+            Direction::ToPod => Some(host.index),
+            Direction::FromPod => queue_index,
+        };
         Ok(match i.mechanism {
-            Mechanism::HtbEbpf => match queue_index {
+            Mechanism::HtbEbpf if dir == Direction::ToPod && i.to_queue.is_some() => {
+                match (to_queue_index, cfg, i.slot()) {
+                    (Some(q), Some(c), Some(slot))
+                        if looped(c)
+                            && bpf.to_pod_queue(slot).map_err(bpf_err)? == q
+                            && attached()? =>
+                    {
+                        htb_tree_bps(q)?
+                    }
+                    _ => None,
+                }
+            }
+            Mechanism::HtbEbpf => match queue {
                 // HTB's default class catches all traffic to the pod, so that direction
                 // holds even without the classifier or its configuration.
                 Some(q)
@@ -411,7 +536,7 @@ impl NetLimiter {
                 }
                 _ => None,
             },
-            Mechanism::EdtFq => match (queue_index, cfg, pacing) {
+            Mechanism::EdtFq => match (queue, cfg, pacing) {
                 (Some(q), Some(c), Some(p))
                     if p.edt && redirected(c) && attached()? && root_is_ours(q, "fq")? =>
                 {
@@ -426,8 +551,21 @@ impl NetLimiter {
         })
     }
 
+    /// The queue devices of `i` as they are now: (from the pods, to the pods).
+    fn queue_indices(i: &Installed) -> Result<(Option<u32>, Option<u32>), NetError> {
+        let index = |name: &Option<String>| -> Result<Option<u32>, NetError> {
+            match name {
+                Some(n) => rtnl::index_of(n),
+                None => Ok(None),
+            }
+        };
+        Ok((index(&i.queue)?, index(&i.to_queue)?))
+    }
+
     /// What the kernel holds for the share: the limits read back, or with `observing`
     /// (the rollout's observe stage) that its traffic is counted and nothing shapes it.
+    /// With several pods, each direction holds at the lowest rate read back on any of
+    /// their veths, and not at all when one of them holds nothing.
     fn read_back(
         &self,
         bpf: &Bpf,
@@ -437,17 +575,18 @@ impl NetLimiter {
         let i = self.backend.state.get(&spec.share_key)?.ok_or_else(|| {
             NetError::NotFound(format!("an installed limit for share {}", spec.share_key))
         })?;
-        if rtnl::name_of_index(i.host_index)?.as_deref() != Some(i.host_name.as_str()) {
-            return Err(NetError::NotFound(format!(
-                "interface {} (#{}) the limit was installed on",
-                i.host_name, i.host_index
-            )));
+        let hosts = i.hosts();
+        let mut cfgs = Vec::with_capacity(hosts.len());
+        for (h, _) in &hosts {
+            if rtnl::name_of_index(h.index)?.as_deref() != Some(h.name.as_str()) {
+                return Err(NetError::NotFound(format!(
+                    "interface {} (#{}) the limit was installed on",
+                    h.name, h.index
+                )));
+            }
+            cfgs.push(bpf.iface(h.index).map_err(bpf_err)?);
         }
-        let cfg = bpf.iface(i.host_index).map_err(bpf_err)?;
-        let queue_index = match &i.queue {
-            Some(n) => rtnl::index_of(n)?,
-            None => None,
-        };
+        let queues = Self::queue_indices(&i)?;
         if i.count_only != observing {
             return Err(NetError::OtherStage(if observing {
                 format!(
@@ -462,22 +601,35 @@ impl NetLimiter {
             }));
         }
         if observing {
-            return self.read_counting(bpf, &i, cfg.as_ref(), queue_index);
+            for ((h, first), cfg) in hosts.iter().zip(&cfgs) {
+                self.read_counting(bpf, &i, (h, *first), cfg.as_ref(), queues)?;
+            }
+            return Ok(counting(&i));
         }
-        for (index, g) in governed_directions(&i, queue_index) {
+        for (index, g) in governed_directions(&i, queues) {
             self.backend.bursts.found(index, g);
         }
-        let to_pod = self.direction_rate(bpf, &i, Direction::ToPod, cfg.as_ref(), queue_index)?;
-        let from_pod =
-            self.direction_rate(bpf, &i, Direction::FromPod, cfg.as_ref(), queue_index)?;
+        let rate = |dir: Direction| -> Result<Option<u64>, NetError> {
+            let mut low: Option<u64> = None;
+            for ((h, first), cfg) in hosts.iter().zip(&cfgs) {
+                match self.direction_rate(bpf, &i, (h, *first), dir, cfg.as_ref(), queues)? {
+                    Some(r) => low = Some(low.map_or(r, |l| l.min(r))),
+                    None => return Ok(None),
+                }
+            }
+            Ok(low)
+        };
+        let to_pod = rate(Direction::ToPod)?;
+        let from_pod = rate(Direction::FromPod)?;
         // What was read back is configuration; whether the traffic passes it is the
         // programs' place in the chain and the counters.
         let ahead = self.ahead(bpf, &i)?;
-        let sample = self.sample(bpf, &i)?;
+        let sample = self.sample(bpf, &i, queues.1)?;
+        let names = host_names(&i);
         let bypassed = {
             let mut windows = lock_windows(&self.backend.windows);
             match windows.get_mut(&i.share_key) {
-                Some(w) => w.judge(sample, &i.host_name, &ahead),
+                Some(w) => w.judge(sample, &names, &ahead),
                 None => {
                     windows.insert(i.share_key.clone(), Window::new(sample));
                     None
@@ -489,8 +641,7 @@ impl NetLimiter {
         }
         if !ahead.is_empty() {
             return Err(NetError::Bypassed(format!(
-                "another program on {} runs before shareguard's ({}), and may end the chain before the limit",
-                i.host_name,
+                "another program on {names} runs before shareguard's ({}), and may end the chain before the limit",
                 bypass::describe_ahead(&ahead)
             )));
         }
@@ -546,32 +697,44 @@ impl NetLimiter {
         let state = &self.backend.state;
         let mut bpf = lock(&self.backend.bpf);
         let (to, from) = rates(&spec.limits)?;
-        // The agent found this interface as the host side of the pod's veth; a share is
-        // never put on any other.
-        let host = spec.target.host_iface.clone().ok_or_else(|| {
-            LimiterError::permanent(
+        // The agent found these interfaces as the host sides of the pods' veths; a share
+        // is never put on any other.
+        let mut wanted: Vec<Host> = spec
+            .target
+            .host_ifaces
+            .iter()
+            .map(|h| Host {
+                index: h.index,
+                name: h.name.clone(),
+            })
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        if wanted.is_empty() {
+            return Err(LimiterError::permanent(
                 "a bandwidth share needs the host side of its pod's veth, and none was found",
-            )
-        })?;
-        if rtnl::name_of_index(host.index)?.as_deref() != Some(host.name.as_str()) {
-            return Err(
-                NetError::NotFound(format!("interface {} (#{})", host.name, host.index)).into(),
-            );
+            ));
         }
-        // One read of the records: other shares on this interface, and this share's own.
+        for h in &wanted {
+            if rtnl::name_of_index(h.index)?.as_deref() != Some(h.name.as_str()) {
+                return Err(
+                    NetError::NotFound(format!("interface {} (#{})", h.name, h.index)).into(),
+                );
+            }
+        }
+        // One read of the records: other shares on these interfaces, and this share's own.
         let (mut existing, others): (Vec<Installed>, Vec<Installed>) = state
             .all()?
             .into_iter()
             .partition(|i| i.share_key == spec.share_key);
-        if let Some(other) = others
-            .iter()
-            .find(|o| o.host_index == host.index && o.host_name == host.name)
-        {
-            return Err(NetError::Conflict(format!(
-                "interface {} is already limited by share {}",
-                host.name, other.share_key
-            ))
-            .into());
+        for h in &wanted {
+            if let Some(other) = others.iter().find(|o| o.has_host(h.index, &h.name)) {
+                return Err(NetError::Conflict(format!(
+                    "interface {} is already limited by share {}",
+                    h.name, other.share_key
+                ))
+                .into());
+            }
         }
         // The queue devices and the pinned links are named after twelve hex digits of the key's
         // hash; two live shares with one short id would share them.
@@ -585,36 +748,50 @@ impl NetLimiter {
         }
         let mut existing = existing.pop();
         if let Some(old) = &existing
-            && (old.host_index != host.index
-                || old.host_name != host.name
-                || old.mechanism != self.mechanism
+            && (old.mechanism != self.mechanism
                 || old.path_bps != self.line_rate_bps
                 || old.count_only != count_only)
         {
-            // The pod sandbox came back with a new interface, or the device now uses
-            // another mechanism or line rate (which may shape what was unconstrained, or
-            // the reverse): take the old limit down and install afresh.
+            // The device now uses another mechanism or line rate (which may shape what
+            // was unconstrained, or the reverse), or the share changes stage: take the
+            // old limit down and install afresh.
             self.uninstall(&mut bpf, old)?;
             state.remove(&spec.share_key)?;
             existing = None;
         }
-        let root = rtnl::root_qdisc(host.index)?;
-        let root_ours = root
-            .as_ref()
-            .is_some_and(|q| is_ours(q, self.mechanism.qdisc_kind()));
-        if let Some(rtnl::RootQdisc { kind, major, .. }) = &root
-            && *major != 0
-            && !(root_ours && existing.is_some())
-        {
-            // Someone else's qdisc: replacing it would break the promise to leave the
-            // interface as it was found. (The policer installs none, but a foreign root
-            // qdisc is refused for it too: it would queue the share's traffic in ways
-            // the share's status could not report.)
-            return Err(NetError::Conflict(format!(
-                "interface {} already has a root qdisc {kind} {major}: that was not installed by shareguard",
-                host.name
-            ))
-            .into());
+        // The pods' veths in the order the record keeps them: a pod that stays keeps its
+        // place (and its pinned links), one that left is taken off first.
+        let before = existing.as_ref().map(Installed::hosts);
+        let (first, more) = match existing.as_mut() {
+            Some(old) => regroup(&mut bpf, old, &wanted)?,
+            None => (wanted[0].clone(), wanted[1..].to_vec()),
+        };
+        let hosts: Vec<(Host, bool)> = std::iter::once((first.clone(), true))
+            .chain(more.iter().map(|h| (h.clone(), false)))
+            .collect();
+        let kind = self.mechanism.qdisc_kind();
+        let mut roots_ours = Vec::with_capacity(hosts.len());
+        for (h, _) in &hosts {
+            let root = rtnl::root_qdisc(h.index)?;
+            let ours = root.as_ref().is_some_and(|q| is_ours(q, kind));
+            let known = existing
+                .as_ref()
+                .is_some_and(|e| e.has_host(h.index, &h.name));
+            if let Some(rtnl::RootQdisc { kind, major, .. }) = &root
+                && *major != 0
+                && !(ours && known)
+            {
+                // Someone else's qdisc: replacing it would break the promise to leave the
+                // interface as it was found. (The policer installs none, but a foreign
+                // root qdisc is refused for it too: it would queue the share's traffic in
+                // ways the share's status could not report.)
+                return Err(NetError::Conflict(format!(
+                    "interface {} already has a root qdisc {kind} {major}: that was not installed by shareguard",
+                    h.name
+                ))
+                .into());
+            }
+            roots_ours.push(ours);
         }
         // A share keeps its slot while it stays installed (its counters continue).
         let slot = match existing.as_ref().and_then(|e| e.slot) {
@@ -624,38 +801,49 @@ impl NetLimiter {
         // An unconstrained direction gets no qdisc and no redirect, and an observed
         // share none in either direction; the programs still count them.
         let shaped = |bps| state::shaped(bps, self.line_rate_bps).filter(|_| !count_only);
-        let plan = self.mechanism.plan(shaped(to), shaped(from), slot);
+        let several = hosts.len() > 1 || existing.as_ref().is_some_and(|e| e.to_queue.is_some());
+        let plan = self.mechanism.plan(shaped(to), shaped(from), slot, several);
         // Traffic from the pod is redirected to a queue device when something has to
         // queue it; the released packets come back through its peer (see the programs).
+        // Traffic to several pods likewise, to a queue device of its own.
         let queue_dev = plan.queue_root.map(|_| queue_name(&spec.share_key));
-        if queue_dev.is_some() && shareguard_ebpf_common::loop_mark(host.index).is_none() {
-            return Err(NetError::Unsupported(format!(
-                "interface {} has index {}, beyond the {} the queue loop's packet mark can carry",
-                host.name,
-                host.index,
-                shareguard_ebpf_common::LOOP_MARK_IFINDEX
-            ))
-            .into());
+        let to_queue_dev = plan.to_queue_root.map(|_| to_queue_name(&spec.share_key));
+        if queue_dev.is_some() || to_queue_dev.is_some() {
+            for (h, _) in &hosts {
+                if shareguard_ebpf_common::loop_mark(h.index).is_none() {
+                    return Err(NetError::Unsupported(format!(
+                        "interface {} has index {}, beyond the {} the queue loop's packet mark can carry",
+                        h.name,
+                        h.index,
+                        shareguard_ebpf_common::LOOP_MARK_IFINDEX
+                    ))
+                    .into());
+                }
+            }
         }
         // Record first: if anything below fails or the agent dies, remove() still knows
         // what to clean up.
         let installed = Installed {
             share_key: spec.share_key.clone(),
             mechanism: self.mechanism,
-            host_index: host.index,
-            host_name: host.name.clone(),
+            host_index: first.index,
+            host_name: first.name.clone(),
+            more_hosts: more,
             to_pod_bps: to,
             from_pod_bps: from,
             queue: queue_dev.clone(),
             slot: Some(slot),
             path_bps: self.line_rate_bps,
             count_only,
+            to_queue: to_queue_dev.clone(),
         };
         let fresh = existing.is_none();
         state.put(&installed)?;
         if let Some(q) = &plan.veth_root {
-            // The root read above: a foreign one was refused, so it is ours or none.
-            install_root(&host.name, host.index, q, root_ours)?;
+            for ((h, _), ours) in hosts.iter().zip(&roots_ours) {
+                // The root read above: a foreign one was refused, so it is ours or none.
+                install_root(&h.name, h.index, q, *ours)?;
+            }
         }
         let mut cfg = plan.iface;
         if let (Some(q), Some(name)) = (&plan.queue_root, &queue_dev) {
@@ -672,23 +860,49 @@ impl NetLimiter {
             bpf.detach(&return_link_name(&spec.share_key))
                 .map_err(bpf_err)?;
         }
+        let mut to_queue_index = None;
+        if let (Some(q), Some(name)) = (&plan.to_queue_root, &to_queue_dev) {
+            let (queue, back) =
+                rtnl::ensure_queue_pair(name, &to_return_name(&spec.share_key), &spec.share_key)?;
+            install_root(name, queue, q, root_is_ours(queue, "htb")?)?;
+            bpf.attach_return(back, &to_return_link_name(&spec.share_key))
+                .map_err(bpf_err)?;
+            // Before any veth is configured for the loop: the programs drop what they
+            // would redirect to no queue.
+            bpf.set_to_pod_queue(slot, queue).map_err(bpf_err)?;
+            to_queue_index = Some(queue);
+        }
         if fresh {
             // Pacing state or counts another share left in this slot would hold or drop
             // this one's packets, or be reported as its traffic.
             bpf.reset_counters(cfg.slot).map_err(bpf_err)?;
         }
-        bpf.set_iface(host.index, cfg).map_err(bpf_err)?;
-        for dir in [Direction::ToPod, Direction::FromPod] {
-            bpf.attach(host.index, dir, &link_name(&spec.share_key, dir))
-                .map_err(bpf_err)?;
+        for (h, first) in &hosts {
+            bpf.set_iface(h.index, cfg).map_err(bpf_err)?;
+            for dir in [Direction::ToPod, Direction::FromPod] {
+                bpf.attach(h.index, dir, &host_link(&spec.share_key, dir, h, *first))
+                    .map_err(bpf_err)?;
+            }
+        }
+        if to_queue_index.is_some() {
+            // The veths' own HTB (the layout of one pod) goes once their traffic takes
+            // the loop: until then it still held them, so no packet passed unshaped.
+            for ((h, _), ours) in hosts.iter().zip(&roots_ours) {
+                if *ours && root_is_ours(h.index, "htb")? {
+                    tc::remove_root(&h.name)?;
+                }
+            }
         }
 
         // A share installed afresh counts from 0 in its slot: a new window from here
         // (one across the reset would read the interface's traffic as unseen). A repair
         // keeps its window, so that the next read-back judges the whole period since the
-        // last; a verdict already given stands until a whole window says otherwise.
-        if fresh && !count_only {
-            let sample = self.sample(&bpf, &installed)?;
+        // last; a verdict already given stands until a whole window says otherwise. A
+        // pod that joined or left changes what the interfaces' counters add up to: a new
+        // window from here too.
+        let regrouped = before.is_some_and(|b| b != installed.hosts());
+        if (fresh || regrouped) && !count_only {
+            let sample = self.sample(&bpf, &installed, to_queue_index)?;
             lock_windows(&self.backend.windows)
                 .entry(spec.share_key.clone())
                 .and_modify(|w| w.base = sample)
@@ -697,7 +911,7 @@ impl NetLimiter {
         // The tree was (re)installed with the idle bucket: the share is armed, and gets
         // the full one once it uses its rate.
         let queue_index = (cfg.redirect_ifindex != 0).then_some(cfg.redirect_ifindex);
-        for (index, g) in governed_directions(&installed, queue_index) {
+        for (index, g) in governed_directions(&installed, (queue_index, to_queue_index)) {
             self.backend.bursts.installed(&mut bpf, index, g)?;
         }
         Ok(self.read_back(&bpf, spec, count_only)?)
@@ -705,96 +919,125 @@ impl NetLimiter {
 }
 
 impl NetLimiter {
-    /// The hooks of the share's host veth where another program runs before ours:
-    /// (hook, programs ahead) each; empty when ours run first on both.
+    /// The hooks of the share's host veths where another program runs before ours:
+    /// (hook, programs ahead, summed over the veths) each; empty when ours run first on
+    /// every one.
     fn ahead(&self, bpf: &Bpf, i: &Installed) -> Result<Vec<(&'static str, usize)>, NetError> {
         let mut out = Vec::new();
         for (dir, hook) in [
             (Direction::ToPod, "egress"),
             (Direction::FromPod, "ingress"),
         ] {
-            if let Some(n) = bpf
-                .ahead_of(&link_name(&i.share_key, dir), i.host_index, dir)
-                .map_err(bpf_err)?
-            {
+            let mut n = 0;
+            for (h, first) in i.hosts() {
+                n += bpf
+                    .ahead_of(&host_link(&i.share_key, dir, &h, first), h.index, dir)
+                    .map_err(bpf_err)?
+                    .unwrap_or(0);
+            }
+            if n > 0 {
                 out.push((hook, n));
             }
         }
         Ok(out)
     }
 
-    /// The counters [`crate::bypass`] compares, read now. A direction the share does not limit
-    /// reads as fully seen: what passes it unseen takes nothing from the limit.
-    fn sample(&self, bpf: &Bpf, i: &Installed) -> Result<Sample, NetError> {
+    /// The counters [`crate::bypass`] compares, read now, over all of the share's veths.
+    /// A direction the share does not limit reads as fully seen: what passes it unseen
+    /// takes nothing from the limit. `to_queue_index`: the to-pod queue device, where
+    /// traffic to the pods queues instead of on each veth.
+    fn sample(
+        &self,
+        bpf: &Bpf,
+        i: &Installed,
+        to_queue_index: Option<u32>,
+    ) -> Result<Sample, NetError> {
         let at = Instant::now();
-        let iface = rtnl::link_packets(i.host_index)?.ok_or_else(|| {
-            NetError::NotFound(format!("interface {} (#{})", i.host_name, i.host_index))
-        })?;
+        let (mut rx, mut tx, mut pod_rx) = (0u64, 0u64, Some(0u64));
+        let (mut queue_drops, mut queue_held) = (0u64, 0u64);
+        let kind = i.mechanism.qdisc_kind();
+        let shaped_to = i.shaped(Direction::ToPod).is_some();
+        for (h, _) in i.hosts() {
+            let iface = rtnl::link_packets(h.index)?.ok_or_else(|| {
+                NetError::NotFound(format!("interface {} (#{})", h.name, h.index))
+            })?;
+            rx = rx.wrapping_add(iface.rx);
+            tx = tx.wrapping_add(iface.tx);
+            if i.to_queue.is_none()
+                && shaped_to
+                && let Some(q) = rtnl::root_qdisc(h.index)?.filter(|q| is_ours(q, kind))
+            {
+                queue_drops = queue_drops.wrapping_add(q.drops);
+                queue_held = queue_held.wrapping_add(q.qlen);
+            }
+            // Best effort: a pod end that cannot be read now (its namespace going away)
+            // means nothing can be told of traffic past the host veth, not drift.
+            pod_rx = match (pod_rx, i.to_pod_bps) {
+                (Some(sum), Some(_)) => rtnl::peer_packets(h.index)
+                    .ok()
+                    .flatten()
+                    .map(|p| sum.wrapping_add(p.rx)),
+                _ => None,
+            };
+        }
+        if let Some(q) = to_queue_index
+            .filter(|_| shaped_to)
+            .map(rtnl::root_qdisc)
+            .transpose()?
+            .flatten()
+            .filter(|q| is_ours(q, kind))
+        {
+            queue_drops = queue_drops.wrapping_add(q.drops);
+            queue_held = queue_held.wrapping_add(q.qlen);
+        }
         let (to, from) = match i.slot() {
             Some(slot) => bpf.counters(slot).map_err(bpf_err)?,
             None => Default::default(),
         };
-        let queue = match i.mechanism.qdisc_kind() {
-            Some(kind) if i.shaped(Direction::ToPod).is_some() => {
-                rtnl::root_qdisc(i.host_index)?.filter(|q| is_ours(q, Some(kind)))
-            }
-            _ => None,
-        };
         let seen = |c: shareguard_ebpf_common::Counters| c.packets.wrapping_add(c.drops);
         Ok(Sample {
             at,
-            received: iface.rx,
-            sent: iface.tx,
+            received: rx,
+            sent: tx,
             seen_from_pod: if i.from_pod_bps.is_some() {
                 seen(from)
             } else {
-                iface.rx
+                rx
             },
-            seen_to_pod: if i.to_pod_bps.is_some() {
-                seen(to)
-            } else {
-                iface.tx
-            },
-            queue_drops: queue.as_ref().map_or(0, |q| q.drops),
-            queue_held: queue.as_ref().map_or(0, |q| q.qlen),
-            // Best effort: a pod end that cannot be read now (its namespace going away)
-            // means nothing can be told of traffic past the host veth, not drift.
-            pod_received: match i.to_pod_bps {
-                Some(_) => rtnl::peer_packets(i.host_index)
-                    .ok()
-                    .flatten()
-                    .map(|p| p.rx),
-                None => None,
-            },
+            seen_to_pod: if i.to_pod_bps.is_some() { seen(to) } else { tx },
+            queue_drops,
+            queue_held,
+            pod_received: pod_rx,
         })
     }
 
-    /// An observed share as the kernel holds it: both programs attached to count it, and
-    /// nothing of ours paces, redirects or queues its traffic.
+    /// An observed share as the kernel holds it on one of its veths: both programs
+    /// attached to count it, and nothing of ours paces, redirects or queues its traffic.
     fn read_counting(
         &self,
         bpf: &Bpf,
         i: &Installed,
+        (host, first): (&Host, bool),
         cfg: Option<&IfaceConfig>,
-        queue_index: Option<u32>,
-    ) -> Result<Enforcement, NetError> {
+        (queue_index, to_queue_index): (Option<u32>, Option<u32>),
+    ) -> Result<(), NetError> {
         let Some(cfg) = cfg else {
             return Err(NetError::NotFound(format!(
                 "the counting configuration of interface {}",
-                i.host_name
+                host.name
             )));
         };
         if cfg.flags != 0 || cfg.redirect_ifindex != 0 || cfg.classid != 0 {
             return Err(NetError::OtherStage(format!(
                 "share {} is paced or classified on {} while its device observes",
-                i.share_key, i.host_name
+                i.share_key, host.name
             )));
         }
         let queued = match self.mechanism.qdisc_kind() {
-            Some(kind) => root_is_ours(i.host_index, kind)?,
+            Some(kind) => root_is_ours(host.index, kind)?,
             None => false,
         };
-        if queued || queue_index.is_some() {
+        if queued || queue_index.is_some() || to_queue_index.is_some() {
             return Err(NetError::OtherStage(format!(
                 "a queue of ours still shapes share {} while its device observes",
                 i.share_key
@@ -802,7 +1045,7 @@ impl NetLimiter {
         }
         for dir in [Direction::ToPod, Direction::FromPod] {
             if !bpf
-                .is_attached(&link_name(&i.share_key, dir), i.host_index)
+                .is_attached(&host_link(&i.share_key, dir, host, first), host.index)
                 .map_err(bpf_err)?
             {
                 return Err(NetError::NotFound(format!(
@@ -811,19 +1054,33 @@ impl NetLimiter {
                         Direction::ToPod => "to the pod",
                         Direction::FromPod => "from the pod",
                     },
-                    i.host_name
+                    host.name
                 )));
             }
         }
-        Ok(Enforcement {
-            mechanism: i.mechanism.name().to_owned(),
-            observed: true,
-            notes: vec![
-                "its traffic is counted in both directions, with the time it ran above its allocated rate".to_owned(),
-            ],
-            ..Enforcement::default()
-        })
+        Ok(())
     }
+}
+
+/// The read-back of an observed share whose every veth counts it ([`NetLimiter::read_counting`]).
+fn counting(i: &Installed) -> Enforcement {
+    Enforcement {
+        mechanism: i.mechanism.name().to_owned(),
+        observed: true,
+        notes: vec![
+            "its traffic is counted in both directions, with the time it ran above its allocated rate".to_owned(),
+        ],
+        ..Enforcement::default()
+    }
+}
+
+/// The share's veths by name, for messages.
+fn host_names(i: &Installed) -> String {
+    i.hosts()
+        .iter()
+        .map(|(h, _)| h.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Limiter for NetLimiter {
@@ -877,19 +1134,22 @@ impl Limiter for NetLimiter {
                 .filter(|q| is_ours(q, kind))
                 .map_or(0, |q| q.drops)
         };
-        let queue_index = i
-            .queue
-            .as_deref()
-            .and_then(|n| rtnl::index_of(n).ok().flatten());
+        let (queue_index, to_queue_index) = Self::queue_indices(&i).ok()?;
+        let to_pod_drops = match i.shaped(Direction::ToPod) {
+            None => 0,
+            Some(_) if i.to_queue.is_some() => qdisc_drops(to_queue_index),
+            Some(_) => i
+                .hosts()
+                .iter()
+                .map(|(h, _)| qdisc_drops(Some(h.index)))
+                .sum(),
+        };
         Some(TrafficCounters {
             to_pod_bytes: to.bytes,
             to_pod_packets: to.packets,
             from_pod_bytes: from.bytes,
             from_pod_packets: from.packets,
-            drops: qdisc_drops(i.shaped(Direction::ToPod).map(|_| i.host_index))
-                + qdisc_drops(queue_index)
-                + to.drops
-                + from.drops,
+            drops: to_pod_drops + qdisc_drops(queue_index) + to.drops + from.drops,
         })
     }
 
@@ -964,6 +1224,8 @@ mod tests {
             slot,
             path_bps: None,
             count_only: false,
+            more_hosts: Vec::new(),
+            to_queue: None,
         };
         assert_eq!(free_slot(&[]).unwrap(), 0);
         // A legacy record holds its interface index; an allocated one its slot.

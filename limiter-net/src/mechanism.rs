@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 use shareguard_ebpf_common::{
     FLAG_EDT_FROM_POD, FLAG_EDT_TO_POD, FLAG_HTB_FLOWS, FLAG_POLICE_FROM_POD, FLAG_POLICE_TO_POD,
-    IfaceConfig, Pace,
+    FLAG_TO_POD_QUEUE, IfaceConfig, Pace,
 };
 
 use crate::{error::NetError, probe::Probe, tc};
@@ -116,8 +116,13 @@ pub enum RootQdisc {
 /// device's ifindex.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// The root qdisc of every pod's host veth (traffic to the pod).
     pub veth_root: Option<RootQdisc>,
+    /// The root qdisc of the queue device traffic from the pods is redirected to.
     pub queue_root: Option<RootQdisc>,
+    /// The root qdisc of the queue device traffic to the pods is redirected to, instead
+    /// of one on each veth (`htb-ebpf`, several pods: see [`Mechanism::plan`]).
+    pub to_queue_root: Option<RootQdisc>,
     pub iface: IfaceConfig,
 }
 
@@ -136,7 +141,19 @@ pub const fn pace_bps(p: &Pace) -> u64 {
 
 impl Mechanism {
     /// The plan for a share limited to `to_pod` / `from_pod` bit/s, counted in `slot`.
-    pub fn plan(self, to_pod: Option<u64>, from_pod: Option<u64>, slot: u32) -> Plan {
+    ///
+    /// `to_pod_queue`: the share has (or had) several pods. Traffic from them already
+    /// meets in one queue device, and the programs' EDT and policer state is per share,
+    /// but an HTB on each veth would give each pod the whole rate: for `htb-ebpf` traffic
+    /// to the pods then goes round a queue device of its own, whose HTB holds them
+    /// together.
+    pub fn plan(
+        self,
+        to_pod: Option<u64>,
+        from_pod: Option<u64>,
+        slot: u32,
+        to_pod_queue: bool,
+    ) -> Plan {
         let mut iface = IfaceConfig {
             slot,
             ..IfaceConfig::default()
@@ -177,9 +194,17 @@ impl Mechanism {
                 (fq(to_pod), fq(from_pod))
             }
         };
+        let (veth_root, to_queue_root) = match veth_root {
+            Some(q @ RootQdisc::Htb(_)) if to_pod_queue => {
+                iface.flags |= FLAG_TO_POD_QUEUE;
+                (None, Some(q))
+            }
+            other => (other, None),
+        };
         Plan {
             veth_root,
             queue_root,
+            to_queue_root,
             iface,
         }
     }
@@ -256,7 +281,7 @@ mod tests {
 
     #[test]
     fn edt_paces_both_directions_with_fq_on_veth_and_queue_device() {
-        let p = Mechanism::EdtFq.plan(Some(2_000_000_000), Some(50_000_000), 9);
+        let p = Mechanism::EdtFq.plan(Some(2_000_000_000), Some(50_000_000), 9, false);
         assert_eq!(p.veth_root, Some(RootQdisc::Fq));
         assert_eq!(p.queue_root, Some(RootQdisc::Fq));
         assert_eq!(p.iface.flags, FLAG_EDT_TO_POD | FLAG_EDT_FROM_POD);
@@ -272,7 +297,7 @@ mod tests {
         assert_eq!(pace_bps(&p.iface.from_pod), 50_000_000);
         assert!(flags_valid(&p.iface));
         // One direction only: nothing installed for the other.
-        let p = Mechanism::EdtFq.plan(None, Some(50_000_000), 1);
+        let p = Mechanism::EdtFq.plan(None, Some(50_000_000), 1, false);
         assert_eq!((p.veth_root, p.iface.flags), (None, FLAG_EDT_FROM_POD));
         assert_eq!(p.iface.to_pod, Pace::default());
         assert!(flags_valid(&p.iface));
@@ -280,7 +305,7 @@ mod tests {
 
     #[test]
     fn htb_classifies_to_the_pod_and_shapes_from_the_pod_on_the_queue_device() {
-        let p = Mechanism::HtbEbpf.plan(Some(50_000_000), Some(10_000_000), 2);
+        let p = Mechanism::HtbEbpf.plan(Some(50_000_000), Some(10_000_000), 2, false);
         assert_eq!(
             p.veth_root,
             Some(RootQdisc::Htb(tc::HtbParams::for_rate(50_000_000)))
@@ -295,21 +320,46 @@ mod tests {
             "flows spread over the flow classes"
         );
         assert!(flags_valid(&p.iface));
-        let p = Mechanism::HtbEbpf.plan(None, Some(10_000_000), 2);
+        let p = Mechanism::HtbEbpf.plan(None, Some(10_000_000), 2, false);
         assert_eq!(
             (p.iface.classid, p.iface.flags),
             (tc::CLASSID, FLAG_HTB_FLOWS),
             "traffic from the pod is classified for the queue device's HTB too"
         );
         // Nothing shaped (an unconstrained share): nothing to classify, only counting.
-        let p = Mechanism::HtbEbpf.plan(None, None, 2);
+        let p = Mechanism::HtbEbpf.plan(None, None, 2, false);
         assert_eq!((p.veth_root, p.queue_root), (None, None));
         assert_eq!((p.iface.classid, p.iface.flags, p.iface.slot), (0, 0, 2));
     }
 
     #[test]
+    fn several_pods_under_htb_share_one_to_pod_queue_and_other_mechanisms_need_none() {
+        let p = Mechanism::HtbEbpf.plan(Some(50_000_000), Some(10_000_000), 2, true);
+        assert_eq!(
+            p.veth_root, None,
+            "no HTB per veth: each would give its pod the rate"
+        );
+        assert_eq!(
+            p.to_queue_root,
+            Some(RootQdisc::Htb(tc::HtbParams::for_rate(50_000_000)))
+        );
+        assert_eq!(p.iface.flags, FLAG_HTB_FLOWS | FLAG_TO_POD_QUEUE);
+        assert!(flags_valid(&p.iface));
+        // Only traffic from the pods limited: nothing to queue on the way to them.
+        let p = Mechanism::HtbEbpf.plan(None, Some(10_000_000), 2, true);
+        assert_eq!((p.veth_root, p.to_queue_root), (None, None));
+        assert_eq!(p.iface.flags & FLAG_TO_POD_QUEUE, 0);
+        // EDT and the policer keep their state per share: every veth reads the same.
+        for m in [Mechanism::EdtFq, Mechanism::BpfPolicer] {
+            let p = m.plan(Some(50_000_000), Some(10_000_000), 2, true);
+            assert_eq!(p.to_queue_root, None, "{m:?}");
+            assert_eq!(p.iface.flags & FLAG_TO_POD_QUEUE, 0, "{m:?}");
+        }
+    }
+
+    #[test]
     fn the_policer_installs_no_qdisc() {
-        let p = Mechanism::BpfPolicer.plan(Some(80), Some(7), 3);
+        let p = Mechanism::BpfPolicer.plan(Some(80), Some(7), 3, false);
         assert_eq!((p.veth_root, p.queue_root), (None, None));
         assert_eq!(p.iface.flags, FLAG_POLICE_TO_POD | FLAG_POLICE_FROM_POD);
         assert_eq!(p.iface.to_pod.bytes_per_sec, 10);

@@ -24,9 +24,21 @@ pub struct Installed {
     /// How it is enforced; records from before the field existed were all HTB.
     #[serde(default = "htb")]
     pub mechanism: Mechanism,
-    /// The pod's host-side interface when it was installed.
+    /// The host-side interface of the share's (first) pod when it was installed; its
+    /// pinned links are named [`crate::limiter::link_name`].
     pub host_index: u32,
     pub host_name: String,
+    /// The host-side interfaces of the share's other pods: one limit holds them all
+    /// together. Their links are named after their index. Records from before the field
+    /// existed had one pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_hosts: Vec<Host>,
+    /// `htb-ebpf` with several pods: the queue device that traffic to all of them is
+    /// redirected to (its peer is [`to_return_name`]). Once made, it stays while the share
+    /// is installed, also with one pod left: changing layouts back would leave a moment
+    /// with the pods unshaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_queue: Option<String>,
     /// Traffic to the pod (egress of the host side), bit/s.
     pub to_pod_bps: Option<u64>,
     /// Traffic from the pod (redirected to `queue`), bit/s.
@@ -52,7 +64,32 @@ pub struct Installed {
     pub count_only: bool,
 }
 
+/// One host-side interface of a share's pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Host {
+    pub index: u32,
+    pub name: String,
+}
+
 impl Installed {
+    /// Every host-side interface of the share, the first one first; `true` marks it.
+    pub fn hosts(&self) -> Vec<(Host, bool)> {
+        let first = Host {
+            index: self.host_index,
+            name: self.host_name.clone(),
+        };
+        std::iter::once((first, true))
+            .chain(self.more_hosts.iter().map(|h| (h.clone(), false)))
+            .collect()
+    }
+
+    /// Whether the share's record names interface `index` called `name`.
+    pub fn has_host(&self, index: u32, name: &str) -> bool {
+        self.hosts()
+            .iter()
+            .any(|(h, _)| h.index == index && h.name == name)
+    }
+
     /// The direction's limit, bit/s, if it has one.
     pub fn limit(&self, dir: Direction) -> Option<u64> {
         match dir {
@@ -122,6 +159,17 @@ pub fn queue_name(share_key: &str) -> String {
 /// released back to the pod's host veth.
 pub fn return_name(share_key: &str) -> String {
     format!("sgr{}", short_id(share_key))
+}
+
+/// The share's to-pod queue device (`htb-ebpf` with several pods): traffic to its pods
+/// is redirected to its egress.
+pub fn to_queue_name(share_key: &str) -> String {
+    format!("sgt{}", short_id(share_key))
+}
+
+/// The peer of the share's to-pod queue device.
+pub fn to_return_name(share_key: &str) -> String {
+    format!("sgu{}", short_id(share_key))
 }
 
 /// A share key as a file name: letters, digits, `-` and `_` as they are, every other
@@ -302,6 +350,8 @@ mod tests {
             path_bps: None,
             slot: Some(3),
             count_only: false,
+            more_hosts: Vec::new(),
+            to_queue: None,
         };
         assert_eq!(s.get("k").unwrap(), None);
         s.put(&i).unwrap();
@@ -335,6 +385,8 @@ mod tests {
             path_bps: Some(25_000_000_000),
             slot: Some(1),
             count_only: false,
+            more_hosts: Vec::new(),
+            to_queue: None,
         };
         assert!(i.unconstrained(Direction::ToPod), "equal to the line rate");
         assert_eq!(i.shaped(Direction::ToPod), None);
@@ -366,6 +418,8 @@ mod tests {
             path_bps: None,
             slot: Some(idx),
             count_only: false,
+            more_hosts: Vec::new(),
+            to_queue: None,
         };
         // Not a real collision of the hash (that would take 2^24 tries), but the file
         // names no longer depend on it: a key and the same key escaped differently never

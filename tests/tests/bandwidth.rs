@@ -1190,3 +1190,169 @@ async fn traffic_redirected_past_the_host_veth_is_not_called_enforced() {
     eprintln!("back: {}", back.reason);
     assert_eq!(unprepare_one(&mut c, 0, "peer").await.code, "");
 }
+
+/// The bandwidth limiter itself on one share whose claim two pods use, each behind its
+/// own veth: removed on drop, also when the test fails, so no queue device or qdisc
+/// stays behind.
+struct SharedShare {
+    limiter: shareguard_limiter_net::NetLimiter,
+    key: String,
+    // Dropped after the limiter's removal: the pins, then the state directory.
+    _pins: PinDir,
+    _state: tempfile::TempDir,
+}
+
+impl SharedShare {
+    fn new() -> SharedShare {
+        let pins = PinDir::new();
+        let state = tempfile::tempdir().unwrap();
+        let backend = shareguard_limiter_net::NetBackend::open(state.path(), &pins.0).unwrap();
+        SharedShare {
+            limiter: shareguard_limiter_net::NetLimiter::new(backend, None, None).unwrap(),
+            key: share_id(),
+            _pins: pins,
+            _state: state,
+        }
+    }
+
+    fn spec(&self, rate: &str, pods: &[&Pod]) -> shareguard_common::limiter::LimitSpec {
+        use shareguard_common::limiter::{HostIface, LimitSpec, Target};
+        LimitSpec {
+            share_key: self.key.clone(),
+            device: "nic-0".into(),
+            limits: [(
+                "bandwidth".to_owned(),
+                shareguard_common::Quantity::parse(rate).unwrap(),
+            )]
+            .into(),
+            target: Target {
+                pod_uids: pods.iter().map(|p| p.uid().to_owned()).collect(),
+                cgroups: Vec::new(),
+                host_ifaces: pods
+                    .iter()
+                    .map(|p| HostIface {
+                        index: p.host_ifindex(),
+                        name: p.host_if().to_owned(),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// Applies the share to `pods` and checks that `rate` was read back.
+    fn apply(&self, rate: &str, pods: &[&Pod]) {
+        use shareguard_common::limiter::Limiter as _;
+        let e = self.limiter.apply(&self.spec(rate, pods)).unwrap();
+        assert_eq!(
+            e.enforced
+                .get("bandwidth")
+                .map(ToString::to_string)
+                .as_deref(),
+            Some(rate),
+            "{e:?}"
+        );
+    }
+}
+
+impl Drop for SharedShare {
+    fn drop(&mut self) {
+        use shareguard_common::limiter::Limiter as _;
+        if let Err(e) = self.limiter.remove(&self.key) {
+            eprintln!("removing share {}: {e}", self.key);
+        }
+    }
+}
+
+/// Both pods of `pods` measured at once in `dir`: (first, second).
+fn measure_together(
+    servers: (&net::IperfServer, &net::IperfServer),
+    dir: Direction,
+) -> (net::Measurement, net::Measurement) {
+    std::thread::scope(|s| {
+        let h1 = s.spawn(|| servers.0.measure(&Iperf::new(dir)));
+        let h2 = s.spawn(|| servers.1.measure(&Iperf::new(dir)));
+        (h1.join().unwrap(), h2.join().unwrap())
+    })
+}
+
+/// A claim that two pods use is one share: the limit holds the traffic of both together,
+/// in both directions, not each pod on its own. A pod that leaves or joins is taken off
+/// or put under the same limit while the others stay limited, and the release leaves
+/// every interface as it was found.
+#[test]
+fn one_share_holds_all_of_its_pods_together() {
+    if !net::privileged("one_share_holds_all_of_its_pods_together") {
+        return;
+    }
+    let uid = shareguard_tests::pod::pod_uid();
+    let (p1, p2) = (Pod::network_only(&uid), Pod::network_only(&uid));
+    let (s1, s2) = (p1.iperf_server(), p2.iperf_server());
+    let share = SharedShare::new();
+    share.apply("100M", &[&p1, &p2]);
+    let queues: Vec<String> = net::sh(&["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .filter(|n| n.starts_with("sgt") || n.starts_with("sgb"))
+        .collect();
+    assert!(
+        queues.iter().any(|n| n.starts_with("sgt")),
+        "traffic to the pods queues on a to-pod queue device: {queues:?}"
+    );
+    for p in [&p1, &p2] {
+        assert!(
+            !net::sh(&["tc", "qdisc", "show", "dev", p.host_if(), "root"]).contains("htb"),
+            "no HTB of its own on {}: it would give the pod the whole rate",
+            p.host_if()
+        );
+    }
+
+    let _lock = TrafficLock::acquire();
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        let (m1, m2) = measure_together((&s1, &s2), dir);
+        let sum = m1.bits_per_second + m2.bits_per_second;
+        assert!(
+            (100e6 * LOW..=100e6 * HIGH).contains(&sum),
+            "{dir}: the two pods together got {:.1} Mbit/s of a 100M share ({m1}; {m2})",
+            sum / 1e6
+        );
+        for m in [&m1, &m2] {
+            assert!(
+                m.bits_per_second > 100e6 * 0.1,
+                "{dir}: both pods make progress, not one starved ({m1}; {m2})"
+            );
+        }
+    }
+
+    // The first pod leaves; the other keeps the limit, alone.
+    drop(s1);
+    drop(p1);
+    share.apply("100M", &[&p2]);
+    for dir in [Direction::ToPod, Direction::FromPod] {
+        assert_within(&s2.measure(&Iperf::new(dir)), 100e6, "the pod left alone");
+    }
+    // A third joins: both again under one limit.
+    let p3 = Pod::network_only(&uid);
+    let s3 = p3.iperf_server();
+    share.apply("100M", &[&p2, &p3]);
+    let (m2, m3) = measure_together((&s2, &s3), Direction::ToPod);
+    let sum = m2.bits_per_second + m3.bits_per_second;
+    assert!(
+        (100e6 * LOW..=100e6 * HIGH).contains(&sum),
+        "after a pod joined: {:.1} Mbit/s together ({m2}; {m3})",
+        sum / 1e6
+    );
+
+    use shareguard_common::limiter::Limiter as _;
+    share.limiter.remove(&share.key).unwrap();
+    for p in [&p2, &p3] {
+        let root = net::sh(&["tc", "qdisc", "show", "dev", p.host_if(), "root"]);
+        assert!(!root.contains("htb"), "{}: {root}", p.host_if());
+    }
+    let id = shareguard_limiter_net::state::short_id(&share.key);
+    let links = net::sh(&["ip", "-o", "link", "show"]);
+    assert!(
+        !links.contains(&id),
+        "the share's queue devices are gone: {links}"
+    );
+}

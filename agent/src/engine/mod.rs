@@ -486,12 +486,15 @@ impl Engine {
                             .collect()
                     })
                     .unwrap_or_default(),
-                host_iface: sb.and_then(|s| {
-                    Some(HostIface {
-                        index: s.host_ifindex?,
-                        name: s.host_ifname.clone()?,
+                host_ifaces: sb
+                    .and_then(|s| {
+                        Some(HostIface {
+                            index: s.host_ifindex?,
+                            name: s.host_ifname.clone()?,
+                        })
                     })
-                }),
+                    .into_iter()
+                    .collect(),
             },
         }
     }
