@@ -505,7 +505,15 @@ fn share_rows(shares: &[pb::ShareStatus], wide: bool) -> String {
                 };
                 row.extend([
                     or_dash(s.claim.as_ref().map_or("", |c| c.uid.as_str())),
-                    or_dash(s.sandbox.as_ref().map_or("", |b| b.host_interface.as_str())),
+                    or_dash(
+                        &s.sandbox
+                            .iter()
+                            .chain(&s.more_sandboxes)
+                            .map(|b| b.host_interface.as_str())
+                            .filter(|i| !i.is_empty())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    ),
                     or_dash(&s.policy_version),
                     s.updated_at.as_ref().map_or_else(
                         || "-".to_owned(),

@@ -113,16 +113,21 @@ pub fn share_to_pb_with(
         admin_access: r.admin_access,
         reason: r.reason.clone(),
         pod_uids: r.target.pod_uids.clone(),
-        sandbox: r.sandbox.as_ref().map(|s| pb::Sandbox {
-            pod_uid: s.pod_uid.clone(),
-            cgroup: s.cgroup.clone(),
-            netns_inode: s.netns_inode.unwrap_or(0),
-            host_interface: s.host_ifname.clone().unwrap_or_default(),
-            host_ifindex: s.host_ifindex.unwrap_or(0),
-        }),
+        sandbox: r.sandbox.as_ref().map(sandbox_to_pb),
+        more_sandboxes: r.more_sandboxes.iter().map(sandbox_to_pb).collect(),
         // Filled in Prepare's answer (outcome_to_pb), where the claim's CDI spec is known.
         cdi_device_ids: Vec::new(),
         traffic: traffic.map(traffic_to_pb),
+    }
+}
+
+fn sandbox_to_pb(s: &crate::record::SandboxRecord) -> pb::Sandbox {
+    pb::Sandbox {
+        pod_uid: s.pod_uid.clone(),
+        cgroup: s.cgroup.clone(),
+        netns_inode: s.netns_inode.unwrap_or(0),
+        host_interface: s.host_ifname.clone().unwrap_or_default(),
+        host_ifindex: s.host_ifindex.unwrap_or(0),
     }
 }
 

@@ -200,8 +200,13 @@ pub struct ShareRecord {
     pub updated_at_ms: u64,
     pub released_at_ms: Option<u64>,
     /// The sandbox the share is enforced on; None while it waits for one or needs none.
+    /// With several pods of the claim running here, the first of them by pod uid.
     #[serde(default)]
     pub sandbox: Option<SandboxRecord>,
+    /// The sandboxes of the claim's other pods running here: one limit holds them all
+    /// together with `sandbox`'s. Empty in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_sandboxes: Vec<SandboxRecord>,
     /// The device's kind when the share was admitted ("generic", "net", "gpu"), so a
     /// config that changes it under live shares is caught at start. Empty in records
     /// written before it was kept.
@@ -226,6 +231,21 @@ pub struct ShareRecord {
 }
 
 impl ShareRecord {
+    /// Every sandbox the share is enforced on, the first one first.
+    pub fn sandboxes(&self) -> Vec<SandboxRecord> {
+        self.sandbox
+            .iter()
+            .chain(&self.more_sandboxes)
+            .cloned()
+            .collect()
+    }
+
+    /// Sets the sandboxes the share is enforced on (none: it waits, or needs none).
+    pub fn set_sandboxes(&mut self, mut sandboxes: Vec<SandboxRecord>) {
+        self.sandbox = (!sandboxes.is_empty()).then(|| sandboxes.remove(0));
+        self.more_sandboxes = sandboxes;
+    }
+
     /// The status of the share's `Enforced` condition: True only while ENFORCED.
     pub fn condition_true(&self) -> bool {
         self.phase == Phase::Enforced

@@ -674,6 +674,7 @@ mod tests {
             updated_at_ms: 0,
             released_at_ms: None,
             sandbox: None,
+            more_sandboxes: Vec::new(),
             device_kind: "generic".into(),
             condition_since_ms: 0,
             quarantined: false,

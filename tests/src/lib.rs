@@ -703,6 +703,28 @@ pub const PHASE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Waits until share `id` is in `phase`, reading it every 10 ms, and returns it; fails
 /// with the share's last status after [`PHASE_TIMEOUT`]. A share not there yet (a call
 /// still admitting it) is waited for too.
+/// The share's status once `done` holds of it, within 20 s; else a panic saying `what`
+/// was expected, with the last status.
+pub async fn wait_share(
+    c: &mut NodeAgentClient<Channel>,
+    id: &str,
+    what: &str,
+    done: impl Fn(&pb::ShareStatus) -> bool,
+) -> pb::ShareStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = get_share(c, id.to_owned()).await;
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {what} within 20s: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn wait_phase(
     c: &mut NodeAgentClient<Channel>,
     id: &str,

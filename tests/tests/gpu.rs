@@ -18,6 +18,7 @@ use shareguard_tests::{
     Agent, DRIVER, Options, POOL, alloc, audit_count, claim, device, get_share, metric_sample, net,
     pod::{Layout, Sandbox, pod_uid},
     prepare_one, proto as pb, share_id, simulated_gpu_device, unprepare_one, wait_phase,
+    wait_share,
 };
 
 const UUID: &str = "GPU-simulated-gpu-0";
@@ -903,28 +904,6 @@ fn report_mps_clients(file: &Path, pids: &[Option<u32>]) {
         })
         .collect();
     fs::write(file, serde_json::Value::Array(list).to_string()).unwrap();
-}
-
-/// The share's status once `done` holds of it, within 20 s; else a panic saying `what`
-/// was expected, with the last status.
-async fn wait_share(
-    c: &mut shareguard_tests::proto::node_agent_client::NodeAgentClient<tonic::transport::Channel>,
-    id: &str,
-    what: &str,
-    done: impl Fn(&pb::ShareStatus) -> bool,
-) -> pb::ShareStatus {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = get_share(c, id.to_owned()).await;
-        if done(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {what} within 20s: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The cgroups of a stand-in for the agent's container: one per hierarchy the test can

@@ -17,7 +17,7 @@ use shareguard_tests::{
     Agent, Client, device, get_share,
     net::{self, Direction, Iperf, PinDir, Pod, TrafficLock},
     pod::{Layout, Sandbox, pod_uid},
-    prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
+    prepare_one, proto as pb, share_id, unprepare_one, wait_phase, wait_share,
 };
 
 const LOW: f64 = net::GOODPUT_LOW;
@@ -189,11 +189,31 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
     assert_eq!(unprepare_one(&mut c, 0, "hostnet").await.code, "");
 }
 
-/// A share used by two pods is not enforced per pod (they could reach twice the share
-/// together): DEGRADED with the reason; once only one of them runs, it is enforced.
+/// Both pods of `pods` measured at once in `dir`: their goodput together, bit/s.
+fn together(pods: [&Pod; 2], dir: Direction) -> f64 {
+    let (s1, s2) = (pods[0].iperf_server(), pods[1].iperf_server());
+    let (m1, m2) = std::thread::scope(|s| {
+        let h1 = s.spawn(|| s1.measure(&Iperf::new(dir)));
+        let h2 = s.spawn(|| s2.measure(&Iperf::new(dir)));
+        (h1.join().unwrap(), h2.join().unwrap())
+    });
+    for m in [&m1, &m2] {
+        assert!(
+            m.bits_per_second > 5e6,
+            "{dir}: both pods make progress ({m1}; {m2})"
+        );
+    }
+    m1.bits_per_second + m2.bits_per_second
+}
+
+/// A claim used by two pods on the node is one share, held by one limit: the two pods
+/// sending at once get the share together, in both directions, never the share each
+/// (which a tenant could otherwise get by starting a second pod). A hostNetwork pod
+/// beside them cannot be limited per pod: the share says so (DEGRADED), and the limit
+/// stays on the other two. Once one pod is gone, the other keeps the limit alone.
 #[tokio::test]
-async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
-    if !net::privileged("a_share_of_two_live_pods_is_not_enforced_per_pod") {
+async fn a_share_of_two_live_pods_holds_them_together() {
+    if !net::privileged("a_share_of_two_live_pods_holds_them_together") {
         return;
     }
     let pins = PinDir::new();
@@ -201,23 +221,80 @@ async fn a_share_of_two_live_pods_is_not_enforced_per_pod() {
     let mut c = a.client().await;
     let (p1, p2) = (Pod::new(), Pod::new());
     let id = share_id();
-    let mut cl = claim_for("two", "team-a", p1.uid(), &id, "100M");
-    cl.target
+    let one = claim_for("two", "team-a", p1.uid(), &id, "100M");
+    let r = prepare_one(&mut c, 0, one.clone()).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+    // The second pod joins the claim (kubelet reserved it for both).
+    let mut both = one.clone();
+    both.target
         .as_mut()
         .unwrap()
         .pod_uids
         .push(p2.uid().to_owned());
-    assert_eq!(prepare_one(&mut c, 0, cl).await.error, None);
+    let r = prepare_one(&mut c, 0, both.clone()).await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    let mut hosts: Vec<String> = s
+        .sandbox
+        .iter()
+        .chain(&s.more_sandboxes)
+        .map(|b| b.host_interface.clone())
+        .collect();
+    hosts.sort();
+    let mut want = vec![p1.host_if().to_owned(), p2.host_if().to_owned()];
+    want.sort();
+    assert_eq!(hosts, want, "{s:?}");
+
+    {
+        let _lock = TrafficLock::acquire();
+        for dir in [Direction::ToPod, Direction::FromPod] {
+            let sum = together([&p1, &p2], dir);
+            assert!(
+                (100e6 * LOW..=100e6 * HIGH).contains(&sum),
+                "{dir}: two pods of one 100M share got {:.1} Mbit/s together",
+                sum / 1e6
+            );
+        }
+    }
+
+    // A hostNetwork pod joins too: reported, and the others stay limited.
+    let host_pod = Sandbox::start(&pod_uid(), Layout::Systemd, None);
+    let mut three = both.clone();
+    three
+        .target
+        .as_mut()
+        .unwrap()
+        .pod_uids
+        .push(host_pod.uid().to_owned());
+    assert_eq!(prepare_one(&mut c, 0, three).await.error, None);
     let s = wait_phase(&mut c, &id, pb::Phase::Degraded).await;
-    assert!(s.reason.contains("2 pods"), "{s:?}");
     assert!(
-        !net::sh(&["tc", "qdisc", "show", "dev", p1.host_if()]).contains("htb"),
-        "no per-pod limit that would read as the share's"
+        s.reason.contains("hostNetwork") && s.reason.contains(host_pod.uid()),
+        "{s:?}"
     );
+    assert_eq!(s.more_sandboxes.len(), 1, "the limit stays on both: {s:?}");
+    {
+        let _lock = TrafficLock::acquire();
+        let sum = together([&p1, &p2], Direction::ToPod);
+        assert!(
+            sum <= 100e6 * HIGH,
+            "with a hostNetwork pod beside them: {:.1} Mbit/s together",
+            sum / 1e6
+        );
+    }
+    drop(host_pod);
+    let r = prepare_one(&mut c, 0, both).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+
+    // The second pod ends: the first keeps the limit, alone.
     drop(p2);
-    let s = wait_phase(&mut c, &id, pb::Phase::Enforced).await;
+    let s = wait_share(&mut c, &id, "ENFORCED on the first pod alone", |s| {
+        s.phase == pb::Phase::Enforced as i32 && s.more_sandboxes.is_empty()
+    })
+    .await;
     assert_eq!(s.sandbox.unwrap().host_interface, p1.host_if());
     assert_eq!(unprepare_one(&mut c, 0, "two").await.code, "");
+    nothing_left(&a, &pins, &id);
 }
 
 /// An agent that looks for pods and reads enforcement back every 100 ms (a process
@@ -423,7 +500,7 @@ async fn a_repeated_prepare_follows_the_claims_pods() {
     let r = prepare_one(&mut c, 0, first.clone()).await;
     assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
 
-    // Both pods reserved now, both running: no per-pod limit that reads as the share's.
+    // Both pods reserved now, both running: one limit on both.
     let mut both = first.clone();
     both.target
         .as_mut()
@@ -432,8 +509,8 @@ async fn a_repeated_prepare_follows_the_claims_pods() {
         .push(p2.uid().to_owned());
     let r = prepare_one(&mut c, 0, both).await;
     let s = &r.shares[0];
-    assert_eq!(s.phase, pb::Phase::Degraded as i32, "{s:?}");
-    assert!(s.reason.contains("2 pods"), "{s:?}");
+    assert_eq!(s.phase, pb::Phase::Enforced as i32, "{s:?}");
+    assert_eq!(s.more_sandboxes.len(), 1, "{s:?}");
     assert_eq!(s.pod_uids, vec![p1.uid().to_owned(), p2.uid().to_owned()]);
 
     // The first pod is done and no longer reserved: the share is enforced on the second.

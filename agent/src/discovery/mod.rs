@@ -83,16 +83,16 @@ impl Sandbox {
 /// replaced.
 pub const UNWIRED_NOTE: &str = "; the pod has ";
 
-/// `reason` with its note on the pod set to what `sb`'s scan found: more processes than
-/// a scan reads, or other network namespaces.
-pub fn with_unwired_note(reason: &str, sb: &Sandbox) -> String {
+/// `reason` with its note on the pods set to what the scans of `sandboxes` found: more
+/// processes than a scan reads, or other network namespaces.
+pub fn with_unwired_note(reason: &str, sandboxes: &[Sandbox]) -> String {
     let base = reason.split(UNWIRED_NOTE).next().unwrap_or(reason);
-    if sb.partial_scan {
+    if sandboxes.iter().any(|sb| sb.partial_scan) {
         return format!(
             "{base}{UNWIRED_NOTE}more than one scan reads (processes or cgroups): the sandbox it was enforced on is kept while its host veth is there"
         );
     }
-    match sb.unwired_netns {
+    match sandboxes.iter().map(|sb| sb.unwired_netns).sum::<usize>() {
         0 => base.to_owned(),
         n => format!(
             "{base}{UNWIRED_NOTE}{n} more network namespace(s), none wired to the host: the limit holds every path out of it"
@@ -105,13 +105,16 @@ pub fn with_unwired_note(reason: &str, sb: &Sandbox) -> String {
 pub enum Found {
     /// None of the share's pods has what the share needs on this node (yet); in words.
     Waiting(String),
-    /// Exactly one of the pods has it.
-    One(Sandbox),
-    /// The pod runs in the host's network namespace: there is no pod interface to limit.
+    /// These pods have it (at least one, ordered by pod uid); one limit is to hold them
+    /// together. `host_network`: the share's pods that run in the host's network
+    /// namespace besides them, whose traffic no per-pod limit reaches.
+    Ready {
+        sandboxes: Vec<Sandbox>,
+        host_network: Vec<String>,
+    },
+    /// No pod has a sandbox of its own, and this one runs in the host's network
+    /// namespace: there is no pod interface to limit.
     HostNetwork { pod_uid: String },
-    /// Several of the share's pods have a sandbox: one limit per pod would let them
-    /// together exceed the share.
-    Several(Vec<String>),
 }
 
 pub struct Discovery {
@@ -229,37 +232,35 @@ impl Discovery {
         format!("/{}", rel.display())
     }
 
-    /// What share `target` has of `needs` now. `current` is the sandbox it is enforced
-    /// on, if any: while that is still there, it is confirmed without netlink.
-    pub fn find(
-        &self,
-        target: &TargetRecord,
-        needs: Needs,
-        current: Option<&SandboxRecord>,
-    ) -> Found {
+    /// What share `target` has of `needs` now. `current` holds the sandboxes it is
+    /// enforced on: while one is still there, it is confirmed without netlink.
+    pub fn find(&self, target: &TargetRecord, needs: Needs, current: &[SandboxRecord]) -> Found {
         let mut found = Vec::new();
-        let mut host_network = None;
+        let mut host_network = Vec::new();
         let mut waiting = Vec::new();
         for uid in &target.pod_uids {
-            match self.find_pod(uid, target, needs, current) {
+            let cur = current.iter().find(|c| c.pod_uid == *uid);
+            match self.find_pod(uid, target, needs, cur) {
                 PodState::Ready(sb) => found.push(sb),
-                PodState::HostNetwork => host_network = Some(uid.clone()),
+                PodState::HostNetwork => host_network.push(uid.clone()),
                 PodState::Waiting(why) => waiting.push(why),
             }
         }
-        match (found.len(), host_network) {
-            (0, Some(pod_uid)) => Found::HostNetwork { pod_uid },
-            (0, None) => Found::Waiting(if waiting.is_empty() {
-                "no pod named".to_owned()
-            } else {
-                waiting.join("; ")
-            }),
-            (1, None) => Found::One(found.remove(0)),
-            (_, host) => {
-                let mut pods: Vec<String> = found.into_iter().map(|s| s.record.pod_uid).collect();
-                pods.extend(host);
-                Found::Several(pods)
-            }
+        if found.is_empty() {
+            return match host_network.into_iter().next() {
+                Some(pod_uid) => Found::HostNetwork { pod_uid },
+                None => Found::Waiting(if waiting.is_empty() {
+                    "no pod named".to_owned()
+                } else {
+                    waiting.join("; ")
+                }),
+            };
+        }
+        found.sort_by(|a, b| a.record.pod_uid.cmp(&b.record.pod_uid));
+        found.dedup_by(|a, b| a.record.pod_uid == b.record.pod_uid);
+        Found::Ready {
+            sandboxes: found,
+            host_network,
         }
     }
 

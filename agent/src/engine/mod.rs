@@ -456,7 +456,7 @@ fn open_discovery(cfg: &Config) -> Result<Discovery, OpenError> {
 
 impl Engine {
     /// What the limiter is asked to enforce for `r`: its amounts (a dedicated allocation:
-    /// the device's whole capacity) on the sandbox it was found in.
+    /// the device's whole capacity) on the sandboxes it was found in, together.
     fn spec_of(&self, r: &ShareRecord) -> LimitSpec {
         let limits = if r.is_dedicated() {
             self.cfg
@@ -471,29 +471,26 @@ impl Engine {
         } else {
             r.consumed.clone()
         };
-        let sb = r.sandbox.as_ref();
+        let sandboxes = r.sandboxes();
         LimitSpec {
             share_key: r.key.clone(),
             device: r.device.clone(),
             limits,
             target: Target {
                 pod_uids: r.target.pod_uids.clone(),
-                cgroups: sb
-                    .map(|s| {
-                        s.cgroups
-                            .iter()
-                            .map(|c| self.discovery.mount().join(c.trim_start_matches('/')))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                host_ifaces: sb
-                    .and_then(|s| {
+                cgroups: sandboxes
+                    .iter()
+                    .flat_map(|s| &s.cgroups)
+                    .map(|c| self.discovery.mount().join(c.trim_start_matches('/')))
+                    .collect(),
+                host_ifaces: sandboxes
+                    .iter()
+                    .filter_map(|s| {
                         Some(HostIface {
                             index: s.host_ifindex?,
                             name: s.host_ifname.clone()?,
                         })
                     })
-                    .into_iter()
                     .collect(),
             },
         }

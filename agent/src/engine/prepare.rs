@@ -330,6 +330,7 @@ impl Engine {
             admin_access: a.admin_access,
             target: v.target.clone(),
             sandbox: None,
+            more_sandboxes: Vec::new(),
             device_kind: self
                 .cfg
                 .device(&a.device)
@@ -514,7 +515,7 @@ impl Engine {
             } else {
                 r.phase = Phase::Failed;
                 r.reason = format!("claim rolled back: {}", err.message);
-                r.sandbox = None;
+                r.set_sandboxes(Vec::new());
             }
         }
         if let Err(se) = self

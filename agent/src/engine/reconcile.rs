@@ -98,7 +98,7 @@ impl Engine {
                 n.updated_at_ms = now_ms();
                 n.phase = Phase::Failed;
                 n.rolling_back = false;
-                n.sandbox = None;
+                n.set_sandboxes(Vec::new());
                 // The claim's error, kept on the share since the roll-back.
                 let why = r.error.as_ref().map_or("", |e| e.message.as_str());
                 n.reason = format!(

@@ -53,7 +53,7 @@ pub(super) fn recover(
             r.phase = phase;
             r.reason = reason;
             if phase == Phase::Pending {
-                r.sandbox = None;
+                r.set_sandboxes(Vec::new());
                 r.enforced.clear();
             }
             r.updated_at_ms = now;
@@ -180,6 +180,7 @@ fn quarantine(
             updated_at_ms: now,
             released_at_ms: None,
             sandbox: None,
+            more_sandboxes: Vec::new(),
             device_kind: s.device_kind,
             condition_since_ms: now,
             quarantined: true,

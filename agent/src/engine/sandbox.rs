@@ -11,9 +11,9 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     audit::Decision,
-    discovery::{Found, with_unwired_note},
+    discovery::{Found, Sandbox, with_unwired_note},
     error::{ClaimError, Code},
-    record::{Phase, ShareRecord},
+    record::{Phase, SandboxRecord, ShareRecord},
     sync::lock,
 };
 
@@ -46,6 +46,31 @@ pub(super) fn follows_sandbox(r: &ShareRecord) -> bool {
         )
 }
 
+/// How the reason of a share begins when its limit is installed and kept, but does not
+/// hold all of its pods together (see [`not_all_held`]).
+pub(super) const PARTLY: &str = "not every pod of the share is held by its limit: ";
+
+/// Why the limit installed on `sandboxes` does not hold the share as a whole, if it does
+/// not: pods in the host's network namespace beside pods with their own network (no
+/// per-pod limit reaches their traffic), or several pods under a limit that binds each
+/// cgroup on its own. The limit stays on what it reaches either way: a tenant who starts
+/// another pod takes no limit off the others.
+fn not_all_held(needs: Needs, sandboxes: &[Sandbox], host_network: &[String]) -> Option<String> {
+    match needs {
+        Needs::Network if !host_network.is_empty() => Some(format!(
+            "{PARTLY}pod(s) {} run in the host's network namespace (hostNetwork), whose traffic cannot be limited per pod; the limit holds the other {} pod(s) together; capacity held",
+            host_network.join(", "),
+            sandboxes.len()
+        )),
+        Needs::Cgroup if sandboxes.len() > 1 => Some(format!(
+            "{PARTLY}{} pods run on this node, and the limit binds each pod's cgroup on its own: together they may use up to {} times the share; capacity held",
+            sandboxes.len(),
+            sandboxes.len()
+        )),
+        _ => None,
+    }
+}
+
 /// What the discovery loop did in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiscoverStats {
@@ -70,37 +95,64 @@ impl Engine {
                 return Step::Same;
             }
             let mut n = r.clone();
-            n.sandbox = None;
+            n.set_sandboxes(Vec::new());
             return self.apply_to(n).await;
         }
         match self.find_sandbox(r, needs).await {
-            Found::One(sb) => {
-                let same = r.sandbox.as_ref() == Some(&sb.record);
+            Found::Ready {
+                sandboxes,
+                host_network,
+            } => {
+                let records: Vec<SandboxRecord> =
+                    sandboxes.iter().map(|sb| sb.record.clone()).collect();
+                let same = r.sandboxes() == records;
+                let partly = not_all_held(needs, &sandboxes, &host_network);
                 if same
                     && !force
                     && matches!(r.phase, Phase::Enforced | Phase::Observed | Phase::Degraded)
                 {
-                    // Settled on this sandbox: drift is the reconciler's to find. Only
-                    // the note on what the scan saw besides it may have changed.
-                    let reason = with_unwired_note(&r.reason, &sb);
-                    if r.phase == Phase::Enforced && reason != r.reason {
-                        let mut n = r.clone();
-                        n.reason = reason;
-                        return Step::Next(n);
+                    // Settled on these sandboxes: drift is the reconciler's to find. Only
+                    // the note on what the scans saw besides them, or which pods the
+                    // limit does not hold, may have changed.
+                    let was_partly = r.phase == Phase::Degraded && r.reason.starts_with(PARTLY);
+                    match &partly {
+                        Some(why) if was_partly && r.reason == *why => return Step::Same,
+                        Some(_) => {}
+                        None if was_partly => {}
+                        None => {
+                            let reason = with_unwired_note(&r.reason, &sandboxes);
+                            if r.phase == Phase::Enforced && reason != r.reason {
+                                let mut n = r.clone();
+                                n.reason = reason;
+                                return Step::Next(n);
+                            }
+                            return Step::Same;
+                        }
                     }
-                    return Step::Same;
                 }
-                if !same && r.sandbox.is_some() {
-                    // A new sandbox (or interface): what the old one had goes first.
+                if !same && r.sandbox.is_some() && needs != Needs::Network {
+                    // A new sandbox (or cgroup): what the old one had goes first. (The
+                    // bandwidth limiter takes a pod that left off its veth itself, and
+                    // keeps the others limited throughout.)
                     if let Err(e) = self.remove_blocking(r).await {
                         warn!(error = %e, "removing the limit of the pod's previous sandbox failed");
                     }
                 }
                 let mut n = r.clone();
-                n.sandbox = Some(sb.record.clone());
+                n.set_sandboxes(records);
                 match self.apply_to(n).await {
                     Step::Next(mut n) if n.phase == Phase::Enforced => {
-                        n.reason = with_unwired_note(&n.reason, &sb);
+                        match partly {
+                            // Installed and read back for the pods it reaches, and kept:
+                            // but the share as a whole is not held.
+                            Some(why) => {
+                                n.phase = Phase::Degraded;
+                                n.error =
+                                    Some(ClaimError::precondition("target.pod_uids", why.clone()));
+                                n.reason = why;
+                            }
+                            None => n.reason = with_unwired_note(&n.reason, &sandboxes),
+                        }
                         Step::Next(n)
                     }
                     other => other,
@@ -118,24 +170,14 @@ impl Engine {
                 self.without_sandbox(r, Phase::Degraded, reason, Some(err))
                     .await
             }
-            Found::Several(pods) => {
-                let reason = format!(
-                    "{} pods of the share have a sandbox on this node ({}): a limit per pod would let them together exceed the share; not enforced, capacity held",
-                    pods.len(),
-                    pods.join(", ")
-                );
-                let err = ClaimError::precondition("target.pod_uids", reason.clone());
-                self.without_sandbox(r, Phase::Degraded, reason, Some(err))
-                    .await
-            }
         }
     }
 
     /// What discovery finds now for `r`'s pods.
     async fn find_sandbox(&self, r: &ShareRecord, needs: Needs) -> Found {
         let d = self.discovery.clone();
-        let (target, current) = (r.target.clone(), r.sandbox.clone());
-        tokio::task::spawn_blocking(move || d.find(&target, needs, current.as_ref()))
+        let (target, current) = (r.target.clone(), r.sandboxes());
+        tokio::task::spawn_blocking(move || d.find(&target, needs, &current))
             .await
             .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")))
     }
@@ -147,8 +189,13 @@ impl Engine {
         if needs == Needs::Nothing {
             return true;
         }
-        matches!(self.find_sandbox(r, needs).await,
-            Found::One(sb) if r.sandbox.as_ref() == Some(&sb.record))
+        match self.find_sandbox(r, needs).await {
+            Found::Ready { sandboxes, .. } => sandboxes
+                .iter()
+                .map(|sb| &sb.record)
+                .eq(r.sandboxes().iter()),
+            _ => false,
+        }
     }
 
     /// Applies `n` (its sandbox set) and judges the read-back.
@@ -198,7 +245,7 @@ impl Engine {
         n.phase = phase;
         n.reason = reason;
         n.error = error;
-        n.sandbox = None;
+        n.set_sandboxes(Vec::new());
         n.enforced.clear();
         Step::Next(n)
     }

@@ -165,7 +165,7 @@ impl Engine {
                 r.reason = "released".to_owned();
                 r.error = None;
                 r.enforced.clear();
-                r.sandbox = None;
+                r.set_sandboxes(Vec::new());
                 r.updated_at_ms = now;
                 r.released_at_ms = Some(now);
                 r
