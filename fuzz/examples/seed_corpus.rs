@@ -261,6 +261,7 @@ fn record_seeds(dir: &Path) {
         updated_at_ms: 1_700_000_000_000,
         released_at_ms: None,
         sandbox: None,
+        more_sandboxes: Vec::new(),
         device_kind: "generic".into(),
         condition_since_ms: 1_700_000_000_000,
         quarantined: false,
