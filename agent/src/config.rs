@@ -86,6 +86,9 @@ pub struct AgentConfig {
     /// Kubelet cgroup roots deeper than discovery looks by itself (two levels below the
     /// mount), absolute or relative to the mount.
     pub pod_cgroup_roots: Vec<PathBuf>,
+    /// Kubelet's root directory, whose DRA checkpoint says which pods kubelet runs with
+    /// each claim; None: not read (the kubelet plugin's pods are used).
+    pub kubelet_dir: Option<PathBuf>,
     /// How often every pod is looked for again, besides the kernel's events.
     pub rescan_period: Duration,
     /// Most WatchShares streams served at once.
@@ -228,6 +231,7 @@ struct RawAgent {
     cdi_dir: Option<PathBuf>,
     cgroup_root: Option<PathBuf>,
     pod_cgroup_roots: Option<Vec<PathBuf>>,
+    kubelet_dir: Option<Spanned<PathBuf>>,
     rescan_period: Option<Spanned<String>>,
     counters_period: Option<Spanned<String>>,
     max_watchers: Option<Spanned<usize>>,
@@ -623,6 +627,20 @@ impl Config {
             shareguard_limiter_gpu::mps::MpsDaemons::new(mps.clone())
                 .map_err(|e| err(span, format!("agent.mps_dir: {e}")))?;
         }
+        let kubelet_dir = match a.kubelet_dir {
+            None => Some(PathBuf::from("/var/lib/kubelet")),
+            Some(d) if d.get_ref().as_os_str().is_empty() => None,
+            Some(d) if d.get_ref().is_absolute() => Some(d.into_inner()),
+            Some(d) => {
+                return Err(err(
+                    d.span(),
+                    format!(
+                        "agent.kubelet_dir: {:?} is not an absolute path (\"\" reads no checkpoint)",
+                        d.get_ref()
+                    ),
+                ));
+            }
+        };
         let state_dir = a
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/shareguard"));
@@ -661,6 +679,7 @@ impl Config {
             cdi_dir: a.cdi_dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi")),
             cgroup_root: a.cgroup_root,
             pod_cgroup_roots: a.pod_cgroup_roots.unwrap_or_default(),
+            kubelet_dir,
             rescan_period,
             counters_period,
             max_watchers,

@@ -155,6 +155,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "kubelet cgroup roots nested deeper than two levels.",
     ),
     (
+        "agent.kubelet_dir",
+        "path",
+        "/var/lib/kubelet",
+        "kubelet's root directory: its DRA checkpoint names the pods of each claim (\"\": not read).",
+    ),
+    (
         "agent.rescan_period",
         "duration",
         "5s",

@@ -692,3 +692,23 @@ fn link_percent_is_refused_where_it_cannot_apply() {
         "{e}"
     );
 }
+
+#[test]
+fn kubelets_directory_is_absolute_or_off() {
+    let c = Config::parse(GPU, "t.toml").unwrap();
+    assert_eq!(c.agent.kubelet_dir, Some(PathBuf::from("/var/lib/kubelet")));
+    let with = |line: &str| {
+        GPU.replace(
+            "cdi_dir = \"/tmp/cdi\"",
+            &format!("cdi_dir = \"/tmp/cdi\"\n{line}"),
+        )
+    };
+    let c = Config::parse(&with("kubelet_dir = \"/srv/kubelet\""), "t.toml").unwrap();
+    assert_eq!(c.agent.kubelet_dir, Some(PathBuf::from("/srv/kubelet")));
+    let c = Config::parse(&with("kubelet_dir = \"\""), "t.toml").unwrap();
+    assert_eq!(c.agent.kubelet_dir, None, "\"\" reads no checkpoint");
+    let e = err_of(&with("kubelet_dir = \"var/lib/kubelet\""));
+    assert_eq!(e.line, 6, "{e}");
+    assert!(e.message.contains("agent.kubelet_dir"), "{e}");
+    assert!(e.message.contains("not an absolute path"), "{e}");
+}

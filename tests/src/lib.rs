@@ -179,8 +179,15 @@ impl Agent {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(", ");
+        // Kubelet's directory is the agent's own (a test writes a DRA checkpoint there
+        // as kubelet would), never the machine's.
+        let kubelet = if opts.agent_extra.contains("kubelet_dir") {
+            String::new()
+        } else {
+            format!("kubelet_dir = {:?}", dir.path().join("kubelet"))
+        };
         let text = format!(
-            "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{}\n{}\n{}",
+            "[agent]\nsocket = {:?}\nstate_dir = {:?}\naudit_log = {:?}\nmetrics_addr = \"127.0.0.1:0\"\nallowed_uids = [{uids}]\n{kubelet}\n{}\n{}\n{}",
             socket,
             state_dir,
             audit_log,
@@ -214,6 +221,16 @@ impl Agent {
     fn spawn(&mut self) {
         self.launch();
         self.wait_ready();
+    }
+
+    /// Writes kubelet's DRA checkpoint as kubelet does (a new file renamed over the
+    /// old), listing `(claim uid, claim name, namespace, pod uids)`.
+    pub fn write_kubelet_checkpoint(&self, claims: &[(&str, &str, &str, &[&str])]) {
+        let dir = self.dir.path().join("kubelet");
+        fs::create_dir_all(&dir).unwrap();
+        let tmp = dir.join(".checkpoint.tmp");
+        fs::write(&tmp, shareguard::discovery::kubelet::render(claims)).unwrap();
+        fs::rename(&tmp, dir.join(shareguard::discovery::kubelet::CHECKPOINT)).unwrap();
     }
 
     /// SIGTERM, as kubelet stops the agent's pod; the exit status and how long the

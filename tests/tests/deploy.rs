@@ -415,7 +415,7 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
         }
     }
     // (host path, hostPath type, mount path, propagation, read-only)
-    let want: [(&str, &str, &str, Option<&str>, bool); 8] = [
+    let want: [(&str, &str, &str, Option<&str>, bool); 9] = [
         // Pins live on the host's bpffs; Directory: the host must have mounted it.
         (
             "/sys/fs/bpf",
@@ -455,6 +455,15 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
             "/var/run/cdi",
             None,
             false,
+        ),
+        // kubelet's DRA checkpoint, replaced by a rename (so the directory); pods'
+        // volumes mounted and unmounted below it are not held.
+        (
+            "/var/lib/kubelet",
+            "Directory",
+            "/var/lib/kubelet",
+            Some("HostToContainer"),
+            true,
         ),
         // Per-pod netns bind mounts appear after the agent started.
         (
@@ -555,6 +564,10 @@ fn daemonset_mounts_the_host_paths_the_agent_uses() {
     assert!(a.audit_log.starts_with("/var/lib/shareguard"));
     assert!(a.bpffs_dir.starts_with("/sys/fs/bpf/"));
     assert_eq!(a.cdi_dir, Path::new("/var/run/cdi"));
+    assert_eq!(
+        a.kubelet_dir.as_deref(),
+        Some(Path::new("/var/lib/kubelet"))
+    );
     // Found from the mount table: a fixed path is wrong on either v2 or hybrid nodes.
     assert_eq!(a.cgroup_root, None);
 }

@@ -297,6 +297,95 @@ async fn a_share_of_two_live_pods_holds_them_together() {
     nothing_left(&a, &pins, &id);
 }
 
+/// Kubelet prepares a claim once per node: a second pod of a claim that is already
+/// prepared here only joins kubelet's record of the claim (its DRA checkpoint), and no
+/// Prepare tells the agent. The agent reads that record itself: the second pod is under
+/// the share's one limit as soon as its sandbox is there. A pod that kubelet runs with
+/// another namespace's claim is refused when a caller names it, and a claim kubelet has
+/// not admitted here touches no pod, whatever the caller names.
+#[tokio::test]
+async fn a_pod_kubelet_adds_to_a_prepared_claim_is_held_without_a_prepare() {
+    if !net::privileged("a_pod_kubelet_adds_to_a_prepared_claim_is_held_without_a_prepare") {
+        return;
+    }
+    let pins = PinDir::new();
+    let a = start(&pins);
+    let mut c = a.client().await;
+    let (u1, u2, theirs) = (pod_uid(), pod_uid(), pod_uid());
+    let claim_name = "claim-kc";
+    a.write_kubelet_checkpoint(&[
+        ("kc", claim_name, "team-a", &[u1.as_str()]),
+        ("other", "claim-other", "team-b", &[theirs.as_str()]),
+    ]);
+    let p1 = Pod::with(&u1, Layout::Systemd);
+    let id = share_id();
+    let r = prepare_one(&mut c, 0, claim_for("kc", "team-a", &u1, &id, "100M")).await;
+    assert_eq!(r.shares[0].phase, pb::Phase::Enforced as i32, "{r:?}");
+
+    // Kubelet admits a second pod with the claim: its record first, then the sandbox.
+    a.write_kubelet_checkpoint(&[
+        ("kc", claim_name, "team-a", &[u1.as_str(), u2.as_str()]),
+        ("other", "claim-other", "team-b", &[theirs.as_str()]),
+    ]);
+    let p2 = Pod::with(&u2, Layout::Systemd);
+    let s = wait_share(&mut c, &id, "ENFORCED on both pods", |s| {
+        s.phase == pb::Phase::Enforced as i32 && s.more_sandboxes.len() == 1
+    })
+    .await;
+    let mut pods: Vec<&str> = s
+        .sandbox
+        .iter()
+        .chain(&s.more_sandboxes)
+        .map(|b| b.pod_uid.as_str())
+        .collect();
+    pods.sort_unstable();
+    let mut want = [u1.as_str(), u2.as_str()];
+    want.sort_unstable();
+    assert_eq!(pods, want, "{s:?}");
+    {
+        let _lock = TrafficLock::acquire();
+        let sum = together([&p1, &p2], Direction::ToPod);
+        assert!(
+            (100e6 * LOW..=100e6 * HIGH).contains(&sum),
+            "a pod kubelet added: {:.1} Mbit/s together",
+            sum / 1e6
+        );
+    }
+
+    // A caller naming a pod that kubelet runs with another namespace's claim.
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("kc2", "team-a", &theirs, &share_id(), "10M"),
+    )
+    .await;
+    let e = r
+        .error
+        .expect("a pod of team-b named for a claim of team-a");
+    assert_eq!(e.code, "PermissionDenied", "{e:?}");
+    assert!(e.message.contains("kubelet runs pod"), "{e:?}");
+
+    // A claim kubelet has not admitted here: nothing is touched, whatever is named.
+    let p3 = Pod::new();
+    let ghost = share_id();
+    let r = prepare_one(
+        &mut c,
+        0,
+        claim_for("ghost", "team-a", p3.uid(), &ghost, "10M"),
+    )
+    .await;
+    let s = &r.shares[0];
+    assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    assert!(s.reason.contains("kubelet has admitted no pod"), "{s:?}");
+    assert!(
+        !net::sh(&["tc", "qdisc", "show", "dev", p3.host_if()]).contains("htb"),
+        "the named pod's veth is left alone"
+    );
+    assert_eq!(unprepare_one(&mut c, 0, "ghost").await.code, "");
+    assert_eq!(unprepare_one(&mut c, 0, "kc").await.code, "");
+    nothing_left(&a, &pins, &id);
+}
+
 /// An agent that looks for pods and reads enforcement back every 100 ms (a process
 /// joining a cgroup raises no event of its own), and a pod with a 100M share of claim
 /// `claim_uid`, ENFORCED.

@@ -10,10 +10,15 @@
 //! cgroup, bandwidth needs its network. Nothing a caller names is acted on unless it was
 //! verified to belong to the pod ([`Discovery::verify_hints`]).
 //!
+//! Which pods a share has is kubelet's word where its DRA checkpoint can be read
+//! ([`kubelet`]): kubelet prepares a claim once per node, so a second pod of a claim
+//! reaches the agent only there. Elsewhere the pods the caller named are used.
+//!
 //! [`watch`] turns kernel events (cgroup directories and `cgroup.events`, link changes)
 //! into rescans; a periodic rescan is the safety net.
 
 pub mod cgroups;
+pub mod kubelet;
 pub mod process;
 pub mod watch;
 
@@ -29,7 +34,7 @@ use shareguard_limiter_net::{NetError, rtnl};
 
 use crate::{
     error::ClaimError,
-    record::{SandboxRecord, TargetRecord},
+    record::{ClaimId, SandboxRecord, TargetRecord},
     sync::lock,
 };
 
@@ -132,6 +137,8 @@ pub struct Discovery {
     recheck: Mutex<Option<std::time::Instant>>,
     /// Told when `recheck` is set, so that the loop waits for the new time.
     recheck_set: tokio::sync::Notify,
+    /// Kubelet's own list of each claim's pods.
+    kubelet: kubelet::KubeletClaims,
 }
 
 /// How long a pod's processes must have run before "all of them in the host's network
@@ -147,6 +154,7 @@ impl Discovery {
         configured: Vec<PathBuf>,
         proc_root: PathBuf,
         host_netns: u64,
+        kubelet_dir: Option<&Path>,
     ) -> Discovery {
         let d = Discovery {
             mount,
@@ -156,6 +164,7 @@ impl Discovery {
             host_netns,
             recheck: Mutex::new(None),
             recheck_set: tokio::sync::Notify::new(),
+            kubelet: kubelet::KubeletClaims::new(kubelet_dir),
         };
         d.refresh_roots();
         d
@@ -163,6 +172,35 @@ impl Discovery {
 
     pub fn mount(&self) -> &Path {
         &self.mount
+    }
+
+    /// Kubelet's list of each claim's pods.
+    pub fn kubelet(&self) -> &kubelet::KubeletClaims {
+        &self.kubelet
+    }
+
+    /// The pods claim `claim` has on this node: kubelet's own list where its checkpoint
+    /// can be read, else `named` (the caller's). Err, in words, where the checkpoint
+    /// does not list the claim as it is: no pod is acted on then.
+    pub fn claim_pods(&self, claim: &ClaimId, named: &[String]) -> Result<Vec<String>, String> {
+        match self.kubelet.claim(&claim.uid) {
+            kubelet::ClaimPods::Unavailable(_) => Ok(named.to_vec()),
+            kubelet::ClaimPods::Listed {
+                namespace,
+                name,
+                pods,
+            } if namespace == claim.namespace && name == claim.name => Ok(pods),
+            kubelet::ClaimPods::Listed {
+                namespace, name, ..
+            } => Err(format!(
+                "kubelet lists claim uid {} as {namespace}/{name}, not {}/{}: no pod is acted on",
+                claim.uid, claim.namespace, claim.name
+            )),
+            kubelet::ClaimPods::NotListed => Err(format!(
+                "kubelet has admitted no pod with claim {}/{} on this node yet (its DRA checkpoint does not list it)",
+                claim.namespace, claim.name
+            )),
+        }
     }
 
     /// Looks for kubelet roots again (kubelet may start after the agent).

@@ -451,6 +451,7 @@ fn open_discovery(cfg: &Config) -> Result<Discovery, OpenError> {
         roots,
         PathBuf::from("/proc"),
         host_netns,
+        cfg.agent.kubelet_dir.as_deref(),
     ))
 }
 
@@ -477,7 +478,12 @@ impl Engine {
             device: r.device.clone(),
             limits,
             target: Target {
-                pod_uids: r.target.pod_uids.clone(),
+                // Where kubelet's list cannot be had as it is, no pod: the watchdog acts
+                // on no process rather than on ones the caller named.
+                pod_uids: self
+                    .discovery
+                    .claim_pods(&r.claim, &r.target.pod_uids)
+                    .unwrap_or_default(),
                 cgroups: sandboxes
                     .iter()
                     .flat_map(|s| &s.cgroups)

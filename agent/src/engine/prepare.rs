@@ -242,16 +242,16 @@ impl Engine {
                         ),
                     ));
                 }
-                // The claim's reserved pods may have changed since (kubelet prepares a
-                // shared claim again for each pod that starts using it): the shares
-                // follow the pods named now, so a new pod is never left unlimited
-                // while the share reads ENFORCED on another.
+                // The claim's reserved pods may have changed since (a caller may prepare
+                // a claim again with the pods reserved now; kubelet itself prepares it
+                // once per node, and discovery reads the later pods from its
+                // checkpoint): the shares follow the pods named now.
                 let mut records: Vec<ShareRecord> = live.into_iter().cloned().collect();
                 if records
                     .iter()
                     .any(|r| r.target.pod_uids != v.target.pod_uids)
                 {
-                    pods_of_own_namespace(st, v, &cfield)?;
+                    pods_of_own_namespace(st, self.discovery.kubelet(), v, &cfield)?;
                     for r in &mut records {
                         r.target.pod_uids.clone_from(&v.target.pod_uids);
                     }
@@ -285,7 +285,7 @@ impl Engine {
             }
         }
 
-        pods_of_own_namespace(st, v, &cfield)?;
+        pods_of_own_namespace(st, self.discovery.kubelet(), v, &cfield)?;
 
         ledger::check_claim(&self.cfg, st, v)?;
 
@@ -829,19 +829,34 @@ impl Engine {
 }
 
 /// A pod uses claims of its own namespace only: a pod already named by a live claim of
-/// another namespace is not this claim's (it would point limits, and the watchdog's
-/// terminations, at another tenant's pod).
+/// another namespace, or that kubelet runs with a claim of another namespace, is not
+/// this claim's (it would point limits, and the watchdog's terminations, at another
+/// tenant's pod).
 fn pods_of_own_namespace(
     st: &crate::ledger::State,
+    kubelet: &crate::discovery::kubelet::KubeletClaims,
     v: &ValidClaim,
     cfield: &str,
 ) -> Result<(), ClaimError> {
     for (i, pod) in v.target.pod_uids.iter().enumerate() {
+        let field = || format!("{cfield}.target.pod_uids[{i}]");
         if let Some(ns) = st.pod_namespaces(pod).find(|ns| *ns != v.claim.namespace) {
             return Err(ClaimError::denied(
-                format!("{cfield}.target.pod_uids[{i}]"),
+                field(),
                 format!(
                     "pod {pod} is named by a live claim of namespace {ns}; a pod only uses claims of its own namespace"
+                ),
+            ));
+        }
+        if let Some(ns) = kubelet
+            .namespaces_of_pod(pod)
+            .into_iter()
+            .find(|ns| *ns != v.claim.namespace)
+        {
+            return Err(ClaimError::denied(
+                field(),
+                format!(
+                    "kubelet runs pod {pod} with a claim of namespace {ns}; a pod only uses claims of its own namespace"
                 ),
             ));
         }

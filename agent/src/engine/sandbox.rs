@@ -173,13 +173,19 @@ impl Engine {
         }
     }
 
-    /// What discovery finds now for `r`'s pods.
+    /// What discovery finds now for `r`'s pods (kubelet's list of them, where it has one).
     async fn find_sandbox(&self, r: &ShareRecord, needs: Needs) -> Found {
         let d = self.discovery.clone();
-        let (target, current) = (r.target.clone(), r.sandboxes());
-        tokio::task::spawn_blocking(move || d.find(&target, needs, &current))
-            .await
-            .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")))
+        let (mut target, current, claim) = (r.target.clone(), r.sandboxes(), r.claim.clone());
+        tokio::task::spawn_blocking(move || {
+            match d.claim_pods(&claim, &target.pod_uids) {
+                Ok(pods) => target.pod_uids = pods,
+                Err(why) => return Found::Waiting(why),
+            }
+            d.find(&target, needs, &current)
+        })
+        .await
+        .unwrap_or_else(|e| Found::Waiting(format!("discovery task failed: {e}")))
     }
 
     /// Whether discovery still finds exactly the sandbox `r` is enforced on (always true
