@@ -1028,6 +1028,19 @@ fn typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &str) -
         .collect()
 }
 
+/// The document of `kind` named `name`, as the k8s-openapi type `T`.
+fn named_typed<T: serde::de::DeserializeOwned>(
+    docs: &[(String, Value)],
+    kind: &str,
+    name: &str,
+) -> T {
+    let (f, v) = docs
+        .iter()
+        .find(|(_, v)| v["kind"] == kind && v["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"));
+    serde_json::from_value(json(v)).unwrap_or_else(|e| panic!("{f}: {kind}: {e}"))
+}
+
 fn the_typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &str) -> T {
     let mut all = typed::<T>(docs, kind);
     assert_eq!(all.len(), 1, "exactly one {kind}");
@@ -1577,8 +1590,10 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
     let docs = manifests();
     let ds = daemonset_named(&docs, PLUGIN_DS);
     let cfg = configmap_config(&docs);
-    let p: ValidatingAdmissionPolicy = the_typed(&docs, "ValidatingAdmissionPolicy");
-    let b: ValidatingAdmissionPolicyBinding = the_typed(&docs, "ValidatingAdmissionPolicyBinding");
+    let name = "shareguard-kubelet-plugin-resourceslices";
+    let p: ValidatingAdmissionPolicy = named_typed(&docs, "ValidatingAdmissionPolicy", name);
+    let b: ValidatingAdmissionPolicyBinding =
+        named_typed(&docs, "ValidatingAdmissionPolicyBinding", name);
     let spec = p.spec.as_ref().unwrap();
     assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
     let rules = spec
@@ -1667,6 +1682,110 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
         Some(&["Deny".to_owned()][..])
     );
     assert!(bspec.param_ref.is_none());
+}
+
+/// The plugin's Events and claim status writes have policies of their own: each bound
+/// and denying, failing closed, for the plugin's account alone, on the resource it
+/// names, with the token's node in its rules; the claim-status one with the
+/// ConfigMap's driver.
+#[test]
+fn events_and_claim_status_admission_policies_hold_the_plugin_to_its_node() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let docs = manifests();
+    let ds = daemonset_named(&docs, PLUGIN_DS);
+    let cfg = configmap_config(&docs);
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        ds.metadata.namespace.as_deref().unwrap(),
+        pod_spec(&ds).service_account_name.as_deref().unwrap()
+    );
+    let policies: Vec<ValidatingAdmissionPolicy> = typed(&docs, "ValidatingAdmissionPolicy");
+    let bindings: Vec<ValidatingAdmissionPolicyBinding> =
+        typed(&docs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(policies.len(), 3, "slices, events, claim status");
+    for (name, group, resource, ops) in [
+        (
+            "shareguard-kubelet-plugin-events",
+            "events.k8s.io",
+            "events",
+            &["CREATE", "UPDATE"][..],
+        ),
+        (
+            "shareguard-kubelet-plugin-claim-status",
+            "resource.k8s.io",
+            "resourceclaims/status",
+            &["UPDATE"][..],
+        ),
+    ] {
+        let p: ValidatingAdmissionPolicy = named_typed(&docs, "ValidatingAdmissionPolicy", name);
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.failure_policy.as_deref(), Some("Fail"), "{name}");
+        let rules = spec
+            .match_constraints
+            .as_ref()
+            .unwrap()
+            .resource_rules
+            .as_deref()
+            .unwrap_or_default();
+        assert!(
+            rules.iter().any(|r| {
+                r.api_groups.iter().flatten().any(|g| g == group)
+                    && r.resources.as_deref() == Some(&[resource.to_owned()][..])
+                    && r.operations
+                        .iter()
+                        .flatten()
+                        .cloned()
+                        .collect::<BTreeSet<_>>()
+                        == set(ops)
+            }),
+            "{name}: {rules:?}"
+        );
+        let conds = spec.match_conditions.as_deref().unwrap_or_default();
+        let names: Vec<String> = conds
+            .iter()
+            .flat_map(|c| compared_with(&c.expression, "request.userInfo.username"))
+            .collect();
+        assert_eq!(names, std::slice::from_ref(&user), "{name}");
+        let text: String = spec
+            .variables
+            .iter()
+            .flatten()
+            .map(|v| v.expression.as_str())
+            .chain(
+                spec.validations
+                    .iter()
+                    .flatten()
+                    .map(|v| v.expression.as_str()),
+            )
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("request.userInfo.extra[\"authentication.kubernetes.io/node-name\"]"),
+            "{name}"
+        );
+        if resource == "resourceclaims/status" {
+            for d in configmap_drivers(&cfg) {
+                assert!(
+                    text.contains(&format!("d.driver != \"{d}\"")),
+                    "{name}: {d}"
+                );
+            }
+        } else {
+            assert!(text.contains("\"shareguard/kubelet-plugin\""), "{name}");
+        }
+        let b = bindings
+            .iter()
+            .find(|b| b.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{name} is not bound"));
+        let bspec = b.spec.as_ref().unwrap();
+        assert_eq!(bspec.policy_name.as_deref(), Some(name));
+        assert_eq!(
+            bspec.validation_actions.as_deref(),
+            Some(&["Deny".to_owned()][..])
+        );
+    }
 }
 
 /// One `device.` reference of a DeviceClass selector.

@@ -1597,7 +1597,13 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
 /// the plugin's own identity: a token of its ServiceAccount bound to its pod on one
 /// node may write that node's slices of shareguard's driver, and is refused another
 /// node's slice, another node's pool on its own node, and another driver, each with
-/// the policy's reason. Server-side dry runs: admission runs, nothing is stored.
+/// the policy's reason; it may write Events it reports as its node's instance on a
+/// claim or pod of the Event's namespace, and is refused one as another node's
+/// instance or reporter, one about a Secret and one about another namespace's pod; it
+/// may change its own driver's entry of a claim on its node, and is refused the same
+/// change as another node and a change of the claim's reservedFor (the plugin's account
+/// impersonated with every permission, so that the policy alone decides).
+/// Server-side dry runs: admission runs, nothing is stored.
 #[test]
 #[ignore = "needs the test cluster: make e2e"]
 fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
@@ -1667,6 +1673,125 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
             "{err}"
         );
     }
+    // Events: only its own reports, on a claim or pod of the Event's namespace.
+    let ns = c.namespace("e2e-k");
+    let event = |instance: &str, controller: &str, kind: &str, api: &str, in_ns: &str| {
+        format!(
+            "apiVersion: events.k8s.io/v1\nkind: Event\nmetadata: {{generateName: e2e-k-, namespace: {}}}\neventTime: \"2026-01-01T00:00:00.000000Z\"\nreportingController: {controller}\nreportingInstance: {instance}\naction: Prepare\nreason: ShareEnforced\ntype: Normal\nnote: e2e\nregarding: {{apiVersion: {api}, kind: {kind}, name: x, namespace: {in_ns}, uid: 00000000-0000-4000-8000-000000000000}}\n",
+            ns.name
+        )
+    };
+    let own = format!("kubelet-plugin-{node}");
+    let ctl = "shareguard/kubelet-plugin";
+    for (kind, api) in [("ResourceClaim", "resource.k8s.io/v1"), ("Pod", "v1")] {
+        let (ok, err) = create(event(&own, ctl, kind, api, &ns.name));
+        assert!(ok, "its own Event on a {kind} refused: {err}");
+    }
+    for (doc, reason) in [
+        (
+            event(
+                &format!("kubelet-plugin-{other}"),
+                ctl,
+                "Pod",
+                "v1",
+                &ns.name,
+            ),
+            "may write only Events it reports itself",
+        ),
+        (
+            event(&own, "kubelet", "Pod", "v1", &ns.name),
+            "may write only Events it reports itself",
+        ),
+        (
+            event(&own, ctl, "Secret", "v1", &ns.name),
+            "regarding a ResourceClaim or a Pod of the Event's own namespace",
+        ),
+        (
+            event(&own, ctl, "Pod", "v1", "kube-system"),
+            "regarding a ResourceClaim or a Pod of the Event's own namespace",
+        ),
+    ] {
+        let (ok, err) = create(doc.clone());
+        assert!(!ok, "allowed:\n{doc}");
+        assert!(
+            err.contains("ValidatingAdmissionPolicy") && err.contains(reason),
+            "{err}"
+        );
+    }
+    drop(ns);
+
+    // Claim status: only its own driver's entries, of claims allocated on its node. From
+    // 1.36 the API server's own authorization (resourceclaims/driver) refuses the same
+    // first; the plugin's account impersonated with every permission (system:masters)
+    // meets the policy alone.
+    let ns = c.namespace("e2e-k-status");
+    enforced_pod(&c, &ns.name, "client", node, "10M", ClaimKind::Template);
+    let claim = only_claim(&c, &ns.name);
+    let claim_name = field(&claim, "metadata.name")
+        .as_str()
+        .expect("the claim's name")
+        .to_string();
+    let ours = field(&claim, "status.devices")
+        .as_array()
+        .and_then(|d| d.iter().position(|e| e["driver"] == DRIVER))
+        .expect("the claim's entry of shareguard");
+    let user = "system:serviceaccount:shareguard-system:shareguard-kubelet-plugin";
+    let patch_as = |on: &str, patch: &str| {
+        let extra = format!("authentication.kubernetes.io/node-name={on}");
+        let out = c.run(
+            &[
+                "patch",
+                "resourceclaim",
+                "-n",
+                &ns.name,
+                &claim_name,
+                "--subresource=status",
+                "--type=json",
+                "-p",
+                patch,
+                "--dry-run=server",
+                "--as",
+                user,
+                "--as-group",
+                "system:masters",
+                "--as-group",
+                "system:authenticated",
+                "--as-user-extra",
+                &extra,
+            ],
+            None,
+        );
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let own_entry = format!(
+        r#"[{{"op":"replace","path":"/status/devices/{ours}/data","value":{{"e2e":"k"}}}}]"#
+    );
+    let (ok, err) = patch_as(node, &own_entry);
+    assert!(ok, "its own entry of a claim on its node refused: {err}");
+    for (on, patch, reason) in [
+        (
+            other,
+            own_entry.clone(),
+            "may write the status only of claims allocated on the node its pod runs on",
+        ),
+        (
+            node,
+            r#"[{"op":"add","path":"/status/reservedFor/-","value":{"resource":"pods","name":"x","uid":"00000000-0000-4000-8000-000000000001"}}]"#.to_owned(),
+            "may change only its own driver's entries",
+        ),
+    ] {
+        let (ok, err) = patch_as(on, &patch);
+        assert!(!ok, "allowed as {on}: {patch}");
+        assert!(
+            err.contains("ValidatingAdmissionPolicy") && err.contains(reason),
+            "{err}"
+        );
+    }
+    drop(ns);
+
     // A token that names no node (not bound to a pod) is refused everything.
     let unbound = c.ok(&[
         "-n",
@@ -2403,6 +2528,22 @@ fn assert_nothing_installed(c: &Cluster) {
         (
             "validatingadmissionpolicybinding",
             "shareguard-kubelet-plugin-resourceslices",
+        ),
+        (
+            "validatingadmissionpolicy",
+            "shareguard-kubelet-plugin-events",
+        ),
+        (
+            "validatingadmissionpolicybinding",
+            "shareguard-kubelet-plugin-events",
+        ),
+        (
+            "validatingadmissionpolicy",
+            "shareguard-kubelet-plugin-claim-status",
+        ),
+        (
+            "validatingadmissionpolicybinding",
+            "shareguard-kubelet-plugin-claim-status",
         ),
         ("deviceclass", "shareguard-net-bandwidth"),
         ("deviceclass", "shareguard-net-bandwidth-limited"),
