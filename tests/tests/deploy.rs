@@ -1041,6 +1041,15 @@ fn named_typed<T: serde::de::DeserializeOwned>(
     serde_json::from_value(json(v)).unwrap_or_else(|e| panic!("{f}: {kind}: {e}"))
 }
 
+/// The user name the API server gives the DaemonSet's ServiceAccount.
+fn service_account_user(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> String {
+    format!(
+        "system:serviceaccount:{}:{}",
+        ds.metadata.namespace.as_deref().unwrap(),
+        pod_spec(ds).service_account_name.as_deref().unwrap()
+    )
+}
+
 fn the_typed<T: serde::de::DeserializeOwned>(docs: &[(String, Value)], kind: &str) -> T {
     let mut all = typed::<T>(docs, kind);
     assert_eq!(all.len(), 1, "exactly one {kind}");
@@ -1614,11 +1623,7 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
                 == set(&["CREATE", "UPDATE", "DELETE"])
     }));
     // It applies to the DaemonSet's ServiceAccount.
-    let user = format!(
-        "system:serviceaccount:{}:{}",
-        ds.metadata.namespace.as_deref().unwrap(),
-        pod_spec(&ds).service_account_name.as_deref().unwrap()
-    );
+    let user = service_account_user(&ds);
     let conds = spec.match_conditions.as_deref().unwrap_or_default();
     let names: Vec<String> = conds
         .iter()
@@ -1696,11 +1701,7 @@ fn events_and_claim_status_admission_policies_hold_the_plugin_to_its_node() {
     let docs = manifests();
     let ds = daemonset_named(&docs, PLUGIN_DS);
     let cfg = configmap_config(&docs);
-    let user = format!(
-        "system:serviceaccount:{}:{}",
-        ds.metadata.namespace.as_deref().unwrap(),
-        pod_spec(&ds).service_account_name.as_deref().unwrap()
-    );
+    let user = service_account_user(&ds);
     let policies: Vec<ValidatingAdmissionPolicy> = typed(&docs, "ValidatingAdmissionPolicy");
     let bindings: Vec<ValidatingAdmissionPolicyBinding> =
         typed(&docs, "ValidatingAdmissionPolicyBinding");
