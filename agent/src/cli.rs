@@ -290,7 +290,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     match config::Config::load(file) {
         Ok(cfg) => {
             for d in &cfg.devices {
-                for w in crate::config_warnings::device_warnings(d) {
+                for w in crate::config::warnings::device_warnings(d) {
                     eprintln!("{}: warning: {w}", file.display());
                 }
             }
@@ -840,7 +840,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cleanup(a) => return crate::cli_cleanup::run(&a, matches!(out, Output::Json)).await,
         Cmd::Config(ConfigCmd::Check { file }) => return Ok(check_config(&file)),
         Cmd::Config(ConfigCmd::Reference) => {
-            print!("{}", crate::config_reference::markdown());
+            print!("{}", crate::config::reference::markdown());
             return Ok(ExitCode::SUCCESS);
         }
         cmd => cmd,

@@ -198,7 +198,7 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         enforces: d.facts.enforces,
         stage: d.stage.name().to_owned(),
         device_class: d.config.class.clone(),
-        warnings: crate::config_warnings::device_warnings(&d.config),
+        warnings: crate::config::warnings::device_warnings(&d.config),
         attributes: d
             .facts
             .attributes

@@ -30,7 +30,7 @@ use shareguard_limiter_gpu::{
 };
 use tracing::{debug, warn};
 
-use crate::{config_gpu::WatchdogConfig, engine::Engine, sync::lock};
+use crate::{config::gpu::WatchdogConfig, engine::Engine, sync::lock};
 
 /// One back end's GPUs and their watchdog settings.
 pub struct GpuWatch {

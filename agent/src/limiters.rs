@@ -27,8 +27,8 @@ use tracing::{error, info, warn};
 
 use crate::{
     accounting::AccountingLimiter,
+    config::gpu::GpuBackendKind,
     config::{Config, DeviceKind},
-    config_gpu::GpuBackendKind,
     gpu_watch::GpuWatch,
 };
 

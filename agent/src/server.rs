@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::Config,
-    config_node::{NodeNameSources, pool_belongs_to},
+    config::node::{NodeNameSources, pool_belongs_to},
     engine::{Engine, now_ms},
     grpc::Api,
     http,
@@ -134,7 +134,7 @@ fn log_pools(cfg: &Config) {
                 "the device's pool is neither the node's name nor below it (\"<node>/...\"): its ResourceSlice is refused by the admission policy, and a pool another node also has is counted as one"
             );
         }
-        for w in crate::config_warnings::device_warnings(d) {
+        for w in crate::config::warnings::device_warnings(d) {
             warn!(device = %d.name, "{w}");
         }
     }

@@ -24,8 +24,8 @@ use std::{
 
 use serde::Deserialize;
 use serde_yaml::Value;
+use shareguard::config::node::NodeNameSources;
 use shareguard::config::{Config, DeviceKind};
-use shareguard::config_node::NodeNameSources;
 use shareguard::rollout::Stage;
 use shareguard_tests::manifests::check_document;
 

@@ -21,9 +21,9 @@ use std::{
 
 use serde::Deserialize;
 use serde_yaml::Value;
+use shareguard::config::gpu::GpuBackendKind;
+use shareguard::config::node::{NodeNameSources, pool_belongs_to};
 use shareguard::config::{Config, DeviceKind};
-use shareguard::config_gpu::GpuBackendKind;
-use shareguard::config_node::{NodeNameSources, pool_belongs_to};
 use shareguard_tests::manifests::check_document;
 use shareguard_tests::{Agent, Options, agent_bin, generic_device};
 
@@ -1648,7 +1648,7 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
         .collect();
     assert_eq!(drivers, configmap_drivers(&cfg));
     // Pool: the token's node name, or that name and "/" before the rest, as the agent
-    // names pools (config_node::pool_belongs_to); never a looser match such as a
+    // names pools (config::node::pool_belongs_to); never a looser match such as a
     // prefix without the "/" ("worker-1" would own "worker-10").
     let node = "request.userInfo.extra[\"authentication.kubernetes.io/node-name\"][0]";
     let pool_rules: Vec<String> = spec

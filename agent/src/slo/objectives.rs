@@ -1,5 +1,5 @@
 //! The objectives each class's figures are judged against (`[slo]` in the config, see
-//! [`crate::config_slo`]), and the windows the figures are kept over.
+//! [`crate::config::slo`]), and the windows the figures are kept over.
 
 use std::{collections::BTreeMap, time::Duration};
 

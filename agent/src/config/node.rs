@@ -327,5 +327,5 @@ fn merge<'i>(into: &mut DeTable<'i>, from: &DeTable<'i>) {
 }
 
 #[cfg(test)]
-#[path = "config_node_tests.rs"]
+#[path = "node_tests.rs"]
 mod tests;

@@ -241,7 +241,7 @@ fn a_simulated_gpu_takes_its_memory_and_names_itself() {
     let g = d.gpu.as_ref().unwrap();
     assert_eq!(
         g.backend,
-        crate::config_gpu::GpuBackendKind::Simulated {
+        crate::config::gpu::GpuBackendKind::Simulated {
             memory_bytes: 80 << 30,
             cgroup_limits: true,
             mps: true,
@@ -310,7 +310,7 @@ fn mps_settings_are_read_and_the_directory_checked() {
     assert!(e.message.contains("agent.mps_launcher"), "{e}");
     assert!(matches!(
         c.device("gpu-0").unwrap().gpu.as_ref().unwrap().backend,
-        crate::config_gpu::GpuBackendKind::Simulated {
+        crate::config::gpu::GpuBackendKind::Simulated {
             cgroup_limits: false,
             mps: true,
             ..

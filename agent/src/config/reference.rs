@@ -907,7 +907,7 @@ mod tests {
         assert!(
             have == want,
             "docs/config-reference.md is not `shareguard config reference`'s output; \
-             SHAREGUARD_WRITE_CONFIG_REFERENCE=1 cargo test -p shareguard config_reference writes it"
+             SHAREGUARD_WRITE_CONFIG_REFERENCE=1 cargo test -p shareguard config::reference writes it"
         );
     }
 }

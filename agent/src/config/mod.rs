@@ -6,7 +6,14 @@
 //! the node does not have.
 //!
 //! A device's pool is the node's name unless set, and `[[node]]` tables change devices
-//! on one node, so that one file serves every node ([`crate::config_node`]).
+//! on one node, so that one file serves every node ([`crate::config::node`]).
+
+pub mod gpu;
+pub mod node;
+pub mod reference;
+pub mod rollout;
+pub mod slo;
+pub mod warnings;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -22,8 +29,8 @@ use shareguard_limiter_net::Mechanism;
 use toml::Spanned;
 
 use crate::{
-    config_gpu::{GpuConfig, RawGpu, RawSimulated, RawWatchdog},
-    config_node::{NodeName, NodeNameSources, Problem},
+    config::gpu::{GpuConfig, RawGpu, RawSimulated, RawWatchdog},
+    config::node::{NodeName, NodeNameSources, Problem},
     policy::Policy,
     validate::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
 };
@@ -34,7 +41,7 @@ pub const DEFAULT_PATH: &str = "/etc/shareguard/agent.toml";
 pub struct Config {
     pub agent: AgentConfig,
     pub devices: Vec<DeviceConfig>,
-    /// `[slo]`: the SLO figures' windows and objectives (see [`crate::config_slo`]).
+    /// `[slo]`: the SLO figures' windows and objectives (see [`crate::config::slo`]).
     pub slo: crate::slo::SloConfig,
 }
 
@@ -185,7 +192,7 @@ pub struct ConfigError {
 }
 
 /// The file as parsed, before any check; its shape is also what
-/// [`crate::config_reference`] walks.
+/// [`crate::config::reference`] walks.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
@@ -193,8 +200,8 @@ pub(crate) struct RawConfig {
     agent: RawAgent,
     #[serde(default, rename = "device")]
     devices: Vec<Spanned<RawDevice>>,
-    slo: Option<crate::config_slo::RawSlo>,
-    rollout: Option<crate::config_rollout::RawRollout>,
+    slo: Option<crate::config::slo::RawSlo>,
+    rollout: Option<crate::config::rollout::RawRollout>,
 }
 
 /// `metrics_tls = { cert_file = "...", key_file = "...", client_ca_file = "..." }`.
@@ -277,7 +284,7 @@ struct RawDevice {
     /// For `net` devices: what the path from a pod carries at most, as a quantity in
     /// bit/s; a limit at or above it is not shaped.
     line_rate: Option<Spanned<String>>,
-    /// For `gpu` devices, see [`crate::config_gpu`].
+    /// For `gpu` devices, see [`crate::config::gpu`].
     backend: Option<Spanned<String>>,
     uuid: Option<Spanned<String>>,
     index: Option<Spanned<u32>>,
@@ -376,7 +383,7 @@ impl Config {
                 .map_err(|e| toml_err(prefix, e))
         };
         let mut doc = toml::de::DeTable::parse(text).map_err(|e| toml_err("", e))?;
-        let overrides = crate::config_node::take_overrides(doc.get_mut()).map_err(problem)?;
+        let overrides = crate::config::node::take_overrides(doc.get_mut()).map_err(problem)?;
         // What every node shares, checked on every node: `[agent]` (which no [[node]]
         // table changes) and the devices as they are without a [[node]] table.
         let base = deserialize(doc.clone(), "")?;
@@ -385,7 +392,7 @@ impl Config {
         // field or device would otherwise surface only when that node's agent restarts.
         for o in &overrides {
             let mut theirs = doc.clone();
-            crate::config_node::apply(theirs.get_mut(), o).map_err(problem)?;
+            crate::config::node::apply(theirs.get_mut(), o).map_err(problem)?;
             deserialize(theirs, &format!("[[node]] {}: ", o.name.get_ref()))?;
         }
         let raw = match overrides.first() {
@@ -400,7 +407,7 @@ impl Config {
                 match overrides.iter().find(|o| o.name.get_ref() == name) {
                     None => base,
                     Some(o) => {
-                        crate::config_node::apply(doc.get_mut(), o).map_err(problem)?;
+                        crate::config::node::apply(doc.get_mut(), o).map_err(problem)?;
                         deserialize(doc, "")?
                     }
                 }
@@ -690,7 +697,7 @@ impl Config {
             reconcile_period,
         };
 
-        let class_stages = crate::config_rollout::parse(raw.rollout, &err)?;
+        let class_stages = crate::config::rollout::parse(raw.rollout, &err)?;
         let mut devices = Vec::with_capacity(raw.devices.len());
         // What each device stands for: two devices for one GPU or one NIC would hand out
         // its capacity twice.
@@ -1034,7 +1041,7 @@ impl Config {
             let stage = match &d.stage {
                 // The class's first stage, where `[rollout.class]` names it.
                 None => class_stages.get(&class).copied().unwrap_or_default(),
-                Some(s) => crate::config_rollout::parse_stage(s, &format!("device {name}"), &err)?,
+                Some(s) => crate::config::rollout::parse_stage(s, &format!("device {name}"), &err)?,
             };
             devices.push(DeviceConfig {
                 stage,
@@ -1051,7 +1058,7 @@ impl Config {
                 gpu,
             });
         }
-        let slo = crate::config_slo::parse(raw.slo, &err)?;
+        let slo = crate::config::slo::parse(raw.slo, &err)?;
         Ok(Config {
             agent,
             devices,
@@ -1188,9 +1195,9 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 #[cfg(test)]
-#[path = "config_capacity_tests.rs"]
+#[path = "capacity_tests.rs"]
 mod capacity_tests;
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
+#[path = "tests.rs"]
 mod tests;

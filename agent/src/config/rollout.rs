@@ -16,8 +16,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
+    config::slo::ErrAt,
     config::{ConfigError, check_class_name},
-    config_slo::ErrAt,
     rollout::Stage,
 };
 
