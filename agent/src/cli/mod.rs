@@ -1,6 +1,10 @@
 //! The `shareguard` command line: `agent` runs the daemon; `audit` reads the audit log's
 //! files directly; every other subcommand talks to a running agent over its socket.
 
+pub mod cleanup;
+pub mod rollout;
+pub mod slo;
+
 use std::{
     io::{Read, Write},
     path::PathBuf,
@@ -240,7 +244,7 @@ pub enum Cmd {
     /// List everything shareguard put on this node (qdiscs, queue devices, BPF pins, CDI specs,
     /// MPS daemons, plugin directories, state, audit log); with --apply, remove it. The
     /// agent must be stopped. Needs no running agent.
-    Cleanup(crate::cli_cleanup::CleanupArgs),
+    Cleanup(crate::cli::cleanup::CleanupArgs),
     /// The agent's config file, without an agent.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -837,7 +841,7 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
     let cmd = match cli.cmd {
         Cmd::Audit(a) => return run_audit(a, out),
         Cmd::Capacity(a) => return run_capacity(&a, out),
-        Cmd::Cleanup(a) => return crate::cli_cleanup::run(&a, matches!(out, Output::Json)).await,
+        Cmd::Cleanup(a) => return crate::cli::cleanup::run(&a, matches!(out, Output::Json)).await,
         Cmd::Config(ConfigCmd::Check { file }) => return Ok(check_config(&file)),
         Cmd::Config(ConfigCmd::Reference) => {
             print!("{}", crate::config::reference::markdown());
@@ -861,15 +865,15 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
             device,
             stage,
         } => {
-            let a = crate::cli_rollout::RolloutArgs {
+            let a = crate::cli::rollout::RolloutArgs {
                 class,
                 first: device,
                 second: stage,
             };
-            return crate::cli_rollout::run(&mut c, a, matches!(out, Output::Json)).await;
+            return crate::cli::rollout::run(&mut c, a, matches!(out, Output::Json)).await;
         }
         Cmd::Slo { class, check } => {
-            return crate::cli_slo::run(&mut c, class, check, matches!(out, Output::Json)).await;
+            return crate::cli::slo::run(&mut c, class, check, matches!(out, Output::Json)).await;
         }
         Cmd::Devices => {
             let r = c
