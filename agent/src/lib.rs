@@ -4,27 +4,20 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod api;
 pub mod audit;
 pub mod capacity;
 pub mod cleanup;
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod convert;
-pub mod device_status;
 pub mod discovery;
 pub mod duration;
 pub mod engine;
 pub mod error;
 pub mod gpu_watch;
-pub mod grpc;
-pub mod http;
 pub mod ledger;
 pub mod limiters;
-pub mod metrics;
-pub mod metrics_slo;
-pub mod metrics_text;
-pub mod metrics_tls;
 pub mod policy;
 pub mod record;
 pub mod rollout;

@@ -17,12 +17,10 @@ use tokio::{net::UnixListener, signal::unix::SignalKind};
 use tracing::{info, warn};
 
 use crate::{
+    api::{grpc::Api, http, metrics::Metrics},
     config::Config,
     config::node::{NodeNameSources, pool_belongs_to},
     engine::{Engine, now_ms},
-    grpc::Api,
-    http,
-    metrics::Metrics,
 };
 
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
@@ -205,7 +203,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
     let metrics_addr = http_listener.local_addr()?;
     let app = http::router(engine.clone(), ready.clone());
     if let Some(tls) = &cfg.agent.metrics_tls
-        && let Err(e) = crate::metrics_tls::server_config(tls)
+        && let Err(e) = crate::api::metrics::tls::server_config(tls)
     {
         // Not fatal: the files may come later (a Secret not yet made); until then each
         // connection to the metrics listener is refused, and says why in the log.

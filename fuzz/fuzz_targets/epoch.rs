@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use shareguard::{config::Config, engine::Engine, error::RequestError, metrics::Metrics};
+use shareguard::{api::metrics::Metrics, config::Config, engine::Engine, error::RequestError};
 use shareguard_proto::v1 as pb;
 
 const DRIVER: &str = "shareguard.example.com";

@@ -73,14 +73,14 @@ fn metric_sources() -> String {
         .parent()
         .unwrap()
         .join("agent/src");
-    ["metrics.rs", "metrics_slo.rs"]
+    ["api/metrics/mod.rs", "api/metrics/slo.rs"]
         .iter()
         .map(|f| std::fs::read_to_string(agent.join(f)).unwrap())
         .collect()
 }
 
-/// Every metric the rules read is one the agent exports (by name, in metrics.rs and
-/// metrics_slo.rs), so a renamed metric cannot leave the rules reading nothing.
+/// Every metric the rules read is one the agent exports (by name, in api/metrics/mod.rs
+/// and api/metrics/slo.rs), so a renamed metric cannot leave the rules reading nothing.
 #[test]
 fn the_rules_read_only_metrics_the_agent_exports() {
     let source = metric_sources();

@@ -17,6 +17,8 @@ use shareguard_proto::v1 as pb;
 use tokio_stream::StreamExt;
 
 use crate::{
+    api::convert::parse_phase,
+    api::convert::phase_to_pb,
     audit::{
         Decision,
         bound::printable,
@@ -24,8 +26,6 @@ use crate::{
     },
     client::connect,
     config,
-    convert::parse_phase,
-    convert::phase_to_pb,
 };
 
 #[derive(Parser, Debug)]

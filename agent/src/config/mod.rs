@@ -64,7 +64,7 @@ pub struct AgentConfig {
     pub metrics_token_file: Option<PathBuf>,
     /// TLS on `metrics_addr`, with client certificates checked against a CA where
     /// `client_ca_file` is given; the files are read for each connection.
-    pub metrics_tls: Option<crate::metrics_tls::MetricsTls>,
+    pub metrics_tls: Option<crate::api::metrics::tls::MetricsTls>,
     pub audit_log: PathBuf,
     /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
     pub audit_bound: crate::audit::Bound,
@@ -665,7 +665,7 @@ impl Config {
             metrics_addr,
             health_addr,
             metrics_token_file: a.metrics_token_file,
-            metrics_tls: a.metrics_tls.map(|t| crate::metrics_tls::MetricsTls {
+            metrics_tls: a.metrics_tls.map(|t| crate::api::metrics::tls::MetricsTls {
                 cert_file: t.cert_file,
                 key_file: t.key_file,
                 client_ca_file: t.client_ca_file,

@@ -15,8 +15,8 @@ use shareguard_proto::v1 as pb;
 use tracing::{info, warn};
 
 use crate::{
+    api::convert::share_to_pb_with,
     audit::{Decision, rfc3339},
-    convert::share_to_pb_with,
     gpu_watch::WatchReport,
     record::ShareRecord,
     sync::lock,

@@ -34,12 +34,12 @@ pub use query::{DeviceView, ShareFilter};
 pub use slo::ClassSlo;
 
 use crate::{
+    api::metrics::Metrics,
     audit::AuditLog,
     config::Config,
     discovery::{self, Discovery},
     error::RequestError,
     ledger::State,
-    metrics::Metrics,
     record::{Phase, ShareRecord},
     store::{Batch, Durable, Store, StoreError},
     sync::lock,

@@ -15,7 +15,7 @@ use shareguard_common::{
 use shareguard_proto::v1 as pb;
 
 use super::Engine;
-use crate::{config::Config, error::Code, metrics::Metrics, record::Phase, sync::lock};
+use crate::{api::metrics::Metrics, config::Config, error::Code, record::Phase, sync::lock};
 
 const DRIVER: &str = "shareguard.example.com";
 
@@ -622,7 +622,7 @@ fn the_conditions_transition_time_moves_only_when_its_status_flips() {
     let since = |e: &Engine| {
         let r = e.get_share(&share(1)).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&crate::device_status::render(&r, &[], None)).unwrap();
+            serde_json::from_str(&crate::api::device_status::render(&r, &[], None)).unwrap();
         let shown = v["conditions"][0]["lastTransitionTime"]
             .as_str()
             .unwrap()

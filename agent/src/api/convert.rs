@@ -4,7 +4,7 @@ use shareguard_proto::v1 as pb;
 
 use crate::rollout::measure::{Above, Measured};
 use crate::{
-    device_status,
+    api::device_status,
     engine::{DeviceView, PrepareOutcome},
     error::ClaimError,
     record::{Phase, ShareRecord},

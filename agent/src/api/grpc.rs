@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
 use tracing::{debug, info_span};
 
 use crate::{
-    convert::{device_to_pb, outcome_to_pb, phase_from_pb},
+    api::convert::{device_to_pb, outcome_to_pb, phase_from_pb},
     engine::{Engine, ShareFilter},
     error::{ClaimError, RequestError},
 };
@@ -142,7 +142,7 @@ fn filter(device: &str, namespace: &str, phase: i32) -> Result<ShareFilter, Stat
 }
 
 fn unprepare_entry(e: Option<&ClaimError>) -> pb::Error {
-    e.map(crate::convert::error_to_pb).unwrap_or_default()
+    e.map(crate::api::convert::error_to_pb).unwrap_or_default()
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchSharesResponse, Status>> + Send>>;
@@ -336,7 +336,7 @@ impl NodeAgent for Api {
             .slo(only)
             .map_err(|e| e.to_status())?
             .iter()
-            .map(crate::convert::class_slo_to_pb)
+            .map(crate::api::convert::class_slo_to_pb)
             .collect();
         Ok(Response::new(pb::GetSloResponse { classes }))
     }

@@ -4,6 +4,10 @@
 //! Capacity gauges are in the capacity's own base unit (bytes for memory, bit/s for
 //! bandwidth): the device config decides the unit, so it is a label, not a name suffix.
 
+pub mod slo;
+pub mod text;
+pub mod tls;
+
 use std::{
     sync::{Arc, Mutex, atomic::AtomicU64},
     time::Duration,
@@ -207,8 +211,8 @@ pub struct Metrics {
     overcommitted: Family<DeviceCapacity, Gauge>,
     quarantined: Gauge,
     store_up: Gauge,
-    /// The SLO figures per class (see [`crate::metrics_slo`]).
-    slo: crate::metrics_slo::SloMetrics,
+    /// The SLO figures per class (see [`crate::api::metrics::slo`]).
+    slo: crate::api::metrics::slo::SloMetrics,
     /// Held through a render: a render sets and clears the per-share families before it
     /// encodes them, so two at once would each encode half of the other's. It also guards
     /// the last render, served again to scrapes within `metrics_max_age` of it.
@@ -381,7 +385,7 @@ impl Metrics {
             "1 while a device's live shares hold more than its configured capacity (it was shrunk under them); new shares are refused until enough are released",
             overcommitted.clone(),
         );
-        let slo = crate::metrics_slo::SloMetrics::register(&mut registry);
+        let slo = crate::api::metrics::slo::SloMetrics::register(&mut registry);
         Self {
             slo,
             rendering: Mutex::new(None),
@@ -431,7 +435,7 @@ impl Metrics {
             .inc();
     }
 
-    /// A claim of `class` answered after `took` (see [`crate::metrics_slo`]).
+    /// A claim of `class` answered after `took` (see [`crate::api::metrics::slo`]).
     pub fn slo_prepared(
         &self,
         class: &str,

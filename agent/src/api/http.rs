@@ -5,7 +5,7 @@
 //! once; the health listener, which kubelet probes, has the tighter
 //! `shareguard_common::http::PROBES`.
 //! With `[agent] metrics_tls` the metrics listener speaks TLS only (see
-//! [`crate::metrics_tls`]); the TLS handshake counts as part of the request head's time.
+//! [`crate::api::metrics::tls`]); the TLS handshake counts as part of the request head's time.
 
 use std::{
     sync::{
@@ -29,8 +29,8 @@ use axum::{
 use shareguard_common::http;
 
 use crate::{
+    api::metrics::tls::{self as metrics_tls, MetricsTls},
     engine::Engine,
-    metrics_tls::{self, MetricsTls},
 };
 
 #[derive(Clone)]
@@ -171,7 +171,7 @@ async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> axum::response::Re
         Ok(body) => (
             StatusCode::OK,
             [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-            crate::metrics_text::to_prometheus_text(&body),
+            crate::api::metrics::text::to_prometheus_text(&body),
         )
             .into_response(),
         Err(_) => (
