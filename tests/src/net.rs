@@ -1343,6 +1343,19 @@ impl IperfServer {
         self.measure_client(None, run)
     }
 
+    /// Runs `run` against this server and `other` at once, each client on a thread of
+    /// its own: (this one's, the other's). Does not take [`TrafficLock`].
+    pub fn measure_with(&self, other: &IperfServer, run: &Iperf) -> (Measurement, Measurement) {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| self.measure(run));
+            let b = s.spawn(|| other.measure(run));
+            (
+                a.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            )
+        })
+    }
+
     /// As [`IperfServer::measure`], with the client in namespace `from`: traffic that
     /// reaches the pod through whatever route `from` has to it (another host across a
     /// NIC) rather than straight over the pod's veth.

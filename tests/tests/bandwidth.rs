@@ -144,11 +144,7 @@ async fn two_pods_share_one_device_each_within_its_share() {
 
     // Both pods receive at the same time, each as fast as TCP lets it.
     let _lock = TrafficLock::acquire();
-    let (m1, m2) = std::thread::scope(|s| {
-        let h1 = s.spawn(|| s1.measure(&Iperf::new(Direction::ToPod)));
-        let h2 = s.spawn(|| s2.measure(&Iperf::new(Direction::ToPod)));
-        (h1.join().unwrap(), h2.join().unwrap())
-    });
+    let (m1, m2) = s1.measure_with(&s2, &Iperf::new(Direction::ToPod));
     assert_within(&m1, 300e6, "pod a (300M) while pod b runs");
     assert_within(&m2, 200e6, "pod b (200M) while pod a runs");
     assert!(m1.bits_per_second + m2.bits_per_second <= 500e6 * HIGH);
@@ -1263,18 +1259,6 @@ impl Drop for SharedShare {
     }
 }
 
-/// Both pods of `pods` measured at once in `dir`: (first, second).
-fn measure_together(
-    servers: (&net::IperfServer, &net::IperfServer),
-    dir: Direction,
-) -> (net::Measurement, net::Measurement) {
-    std::thread::scope(|s| {
-        let h1 = s.spawn(|| servers.0.measure(&Iperf::new(dir)));
-        let h2 = s.spawn(|| servers.1.measure(&Iperf::new(dir)));
-        (h1.join().unwrap(), h2.join().unwrap())
-    })
-}
-
 /// A claim that two pods use is one share: the limit holds the traffic of both together,
 /// in both directions, not each pod on its own. A pod that leaves or joins is taken off
 /// or put under the same limit while the others stay limited, and the release leaves
@@ -1309,7 +1293,7 @@ fn one_share_holds_all_of_its_pods_together() {
 
     let _lock = TrafficLock::acquire();
     for dir in [Direction::ToPod, Direction::FromPod] {
-        let (m1, m2) = measure_together((&s1, &s2), dir);
+        let (m1, m2) = s1.measure_with(&s2, &Iperf::new(dir));
         let sum = m1.bits_per_second + m2.bits_per_second;
         assert!(
             (100e6 * LOW..=100e6 * HIGH).contains(&sum),
@@ -1335,7 +1319,7 @@ fn one_share_holds_all_of_its_pods_together() {
     let p3 = Pod::network_only(&uid);
     let s3 = p3.iperf_server();
     share.apply("100M", &[&p2, &p3]);
-    let (m2, m3) = measure_together((&s2, &s3), Direction::ToPod);
+    let (m2, m3) = s2.measure_with(&s3, &Iperf::new(Direction::ToPod));
     let sum = m2.bits_per_second + m3.bits_per_second;
     assert!(
         (100e6 * LOW..=100e6 * HIGH).contains(&sum),

@@ -1041,6 +1041,17 @@ fn named_typed<T: serde::de::DeserializeOwned>(
     serde_json::from_value(json(v)).unwrap_or_else(|e| panic!("{f}: {kind}: {e}"))
 }
 
+/// The user names an admission policy's match conditions compare the caller with.
+fn policy_users(
+    spec: &k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+) -> Vec<String> {
+    spec.match_conditions
+        .iter()
+        .flatten()
+        .flat_map(|c| compared_with(&c.expression, "request.userInfo.username"))
+        .collect()
+}
+
 /// The user name the API server gives the DaemonSet's ServiceAccount.
 fn service_account_user(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> String {
     format!(
@@ -1624,12 +1635,7 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
     }));
     // It applies to the DaemonSet's ServiceAccount.
     let user = service_account_user(&ds);
-    let conds = spec.match_conditions.as_deref().unwrap_or_default();
-    let names: Vec<String> = conds
-        .iter()
-        .flat_map(|c| compared_with(&c.expression, "request.userInfo.username"))
-        .collect();
-    assert_eq!(names, [user]);
+    assert_eq!(policy_users(spec), [user]);
     // Node: the token's node name against the slice's spec.nodeName; driver: the
     // ConfigMap's drivers.
     let validations: String = spec
@@ -1743,12 +1749,7 @@ fn events_and_claim_status_admission_policies_hold_the_plugin_to_its_node() {
             }),
             "{name}: {rules:?}"
         );
-        let conds = spec.match_conditions.as_deref().unwrap_or_default();
-        let names: Vec<String> = conds
-            .iter()
-            .flat_map(|c| compared_with(&c.expression, "request.userInfo.username"))
-            .collect();
-        assert_eq!(names, std::slice::from_ref(&user), "{name}");
+        assert_eq!(policy_users(spec), std::slice::from_ref(&user), "{name}");
         let text: String = spec
             .variables
             .iter()

@@ -192,11 +192,7 @@ async fn a_host_network_pod_is_reported_and_no_host_interface_touched() {
 /// Both pods of `pods` measured at once in `dir`: their goodput together, bit/s.
 fn together(pods: [&Pod; 2], dir: Direction) -> f64 {
     let (s1, s2) = (pods[0].iperf_server(), pods[1].iperf_server());
-    let (m1, m2) = std::thread::scope(|s| {
-        let h1 = s.spawn(|| s1.measure(&Iperf::new(dir)));
-        let h2 = s.spawn(|| s2.measure(&Iperf::new(dir)));
-        (h1.join().unwrap(), h2.join().unwrap())
-    });
+    let (m1, m2) = s1.measure_with(&s2, &Iperf::new(dir));
     for m in [&m1, &m2] {
         assert!(
             m.bits_per_second > 5e6,
