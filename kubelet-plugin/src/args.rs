@@ -40,6 +40,13 @@ pub struct PluginArgs {
     /// against the API server every ten of these periods regardless.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub resync_seconds: u64,
+    /// How many ResourceSlices of each driver this node may hold: one per pool, named
+    /// `<node>-<driver>-<n>` with n below this bound. The admission policy
+    /// (deploy/admission.yaml) refuses any other name to the plugin, so that no plugin
+    /// can publish without bound; the chart sets both from one value. Pools beyond it
+    /// are not published, with an error naming them.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=crate::slices::names::MAX_SLOTS as i64))]
+    pub max_slices_per_node: u32,
 }
 
 /// A pod uid, or anything that makes one file name: lowercase letters, digits and `-`,

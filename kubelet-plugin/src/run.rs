@@ -200,6 +200,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
                 agent.clone(),
                 cluster.clone(),
                 period,
+                args.max_slices_per_node,
                 inventory_rx.clone(),
                 stop_rx.clone(),
             )
@@ -326,13 +327,21 @@ async fn keep_published(
     agent: Arc<Agent>,
     cluster: Cluster,
     period: Duration,
+    slots: u32,
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut stop: watch::Receiver<bool>,
 ) {
     const FULL_PASS_EVERY: u32 = 10;
     let retry = period.min(Duration::from_secs(5));
     let publisher = loop {
-        match Publisher::new(cluster.clients().clone(), driver.name(), cluster.node()).await {
+        match Publisher::new(
+            cluster.clients().clone(),
+            driver.name(),
+            cluster.node(),
+            slots,
+        )
+        .await
+        {
             Ok(p) => break p,
             Err(e) => {
                 warn!(node = %cluster.node(), error = %e, "reading the Node for the ResourceSlices' owner; retrying")
@@ -392,6 +401,13 @@ async fn keep_published(
                     // again each period (and on every change), failing loudly each time.
                     Err(e @ PublishError::FieldsDropped(_)) => {
                         error!(error = %e, check_again_in = ?period, "ResourceSlices published without fields the API server dropped");
+                        due = Some(tokio::time::Instant::now() + period);
+                    }
+                    // More pools than slice names: a config to change, not a call to
+                    // retry. The deletion of a gone pool's slice, which frees a name, is
+                    // a watch event and starts a pass at once.
+                    Err(e @ PublishError::Unplaced(_)) => {
+                        error!(error = %e, check_again_in = ?period, "pools left unpublished");
                         due = Some(tokio::time::Instant::now() + period);
                     }
                     Err(e) => {

@@ -314,6 +314,7 @@ agent:
     [rollout.class]
     "shareguard-accounted" = "observe"
 kubeletPlugin:
+  maxSlicesPerNode: 4
   nodeSelector:
     acme.io/shareguard: "true"
 podMonitor:
@@ -411,6 +412,8 @@ fn other_values_render_valid_manifests_that_use_them() {
     let policy = serde_json::to_string(&of_kind(&docs, "ValidatingAdmissionPolicy")[0]).unwrap();
     assert!(policy.contains(&format!("s.spec.driver == \\\"{driver}\\\"")));
     assert!(policy.contains("system:serviceaccount:sg:shareguard-kubelet-plugin"));
+    // The bound on a node's slices: the policy and the plugin's flag, from one value.
+    assert!(policy.contains("namePrefix.size())) < 4)"), "{policy}");
 
     // Every DeviceClass selects this driver's devices first.
     let classes = of_kind(&docs, "DeviceClass");
@@ -516,6 +519,36 @@ fn other_values_render_valid_manifests_that_use_them() {
         "/var/lib/kubelet/plugins/gpu.acme.io",
     ] {
         assert!(plugin.contains(dir), "{dir} not in the plugin's DaemonSet");
+    }
+    assert!(
+        plugin.contains("\"--max-slices-per-node\",\"4\""),
+        "{plugin}"
+    );
+}
+
+/// A bound on a node's slices that the slice names cannot carry (one or two digits) is
+/// refused by `helm template`, naming the value.
+#[test]
+fn a_slice_bound_out_of_range_is_refused() {
+    let Some(helm) = helm() else { return };
+    let chart = chart();
+    for bad in ["0", "101", "-1"] {
+        let set = format!("kubeletPlugin.maxSlicesPerNode={bad}");
+        let (ok, _, err) = run(
+            &helm,
+            &[
+                "template",
+                "shareguard",
+                chart.to_str().unwrap(),
+                "--set",
+                &set,
+            ],
+        );
+        assert!(!ok, "{bad} rendered");
+        assert!(
+            err.contains("kubeletPlugin.maxSlicesPerNode") && err.contains("from 1 to 100"),
+            "{bad}: {err}"
+        );
     }
 }
 

@@ -1202,6 +1202,7 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
             "--agent-socket",
             "--health-addr",
             "--instance-id",
+            "--max-slices-per-node",
             "--node-name",
             "--plugins-dir",
             "--registry-dir"
@@ -1685,6 +1686,52 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
         let cfg = config_on(&configmap_text(&docs), node).unwrap();
         assert!(cfg.devices.iter().all(|d| pool_belongs_to(&d.pool, node)));
     }
+    // How many: the names the plugin gives its slices (`<node>-<driver>-<n>`, n below
+    // its --max-slices-per-node) and no other, on a create or change.
+    let slots =
+        flags(&plugin_container(&ds).command.as_ref().unwrap()[2..])["--max-slices-per-node"]
+            .clone();
+    let name_rules: Vec<String> = spec
+        .validations
+        .iter()
+        .flatten()
+        .map(|v| {
+            v.expression
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|e| e.contains("object.metadata.name"))
+        .collect();
+    let [rule] = &name_rules[..] else {
+        panic!("one validation of the slice's name: {name_rules:?}")
+    };
+    assert_eq!(
+        rule,
+        &format!(
+            "request.operation == \"DELETE\" || (variables.hasNode && object.metadata.name.startsWith(variables.namePrefix) && object.metadata.name.substring(variables.namePrefix.size()).matches('^(0|[1-9][0-9]?)$') && int(object.metadata.name.substring(variables.namePrefix.size())) < {slots})"
+        )
+    );
+    let prefix = spec
+        .variables
+        .iter()
+        .flatten()
+        .find(|v| v.name == "namePrefix")
+        .map(|v| {
+            v.expression
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .expect("a variable namePrefix");
+    let drivers = configmap_drivers(&cfg);
+    let [driver] = &drivers.iter().collect::<Vec<_>>()[..] else {
+        panic!("one driver: {drivers:?}")
+    };
+    assert_eq!(
+        prefix,
+        format!("variables.hasNode ? {node} + \"-{driver}-\" : \"\"")
+    );
     // Bound, denying.
     let bspec = b.spec.as_ref().unwrap();
     assert_eq!(bspec.policy_name, p.metadata.name);

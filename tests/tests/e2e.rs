@@ -1596,7 +1596,8 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
 /// k. The admission policy (deploy/admission.yaml) evaluated by the real API server on
 /// the plugin's own identity: a token of its ServiceAccount bound to its pod on one
 /// node may write that node's slices of shareguard's driver, and is refused another
-/// node's slice, another node's pool on its own node, and another driver, each with
+/// node's slice, another node's pool on its own node, another driver, and a slice name
+/// outside its node's bounded set (so that it cannot hold more slices than that), each with
 /// the policy's reason; it may write Events it reports as its node's instance on a
 /// claim or pod of the Event's namespace, and is refused one as another node's
 /// instance or reporter, one about a Secret and one about another namespace's pod; it
@@ -1631,10 +1632,16 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
     ]);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let plugin = c.with_token(token.trim(), dir.path());
-    let slice = |node_name: &str, pool: &str, driver: &str| {
+    // The plugin names its slices `<node>-<driver>-<n>`, n below 16 (the chart's
+    // kubeletPlugin.maxSlicesPerNode), from 0 up: the last of them is free.
+    let free = format!("{node}-{DRIVER}-15");
+    let named = |meta: &str, node_name: &str, pool: &str, driver: &str| {
         format!(
-            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{generateName: e2e-k-}}\nspec:\n  driver: {driver}\n  nodeName: {node_name}\n  pool: {{name: {pool}, generation: 1, resourceSliceCount: 1}}\n  devices: []\n"
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{{meta}}}\nspec:\n  driver: {driver}\n  nodeName: {node_name}\n  pool: {{name: {pool}, generation: 1, resourceSliceCount: 1}}\n  devices: []\n"
         )
+    };
+    let slice = |node_name: &str, pool: &str, driver: &str| {
+        named(&format!("name: {free}"), node_name, pool, driver)
     };
     let create = |doc: String| {
         let out = plugin.run(&["create", "--dry-run=server", "-f", "-"], Some(&doc));
@@ -1664,6 +1671,28 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
         (
             slice(node, node, "other.example.com"),
             "may write only ResourceSlices of its own driver",
+        ),
+        // How many: a name outside the node's 16, however it is spelled.
+        (
+            named(&format!("name: {node}-{DRIVER}-16"), node, node, DRIVER),
+            "may write only ResourceSlices named",
+        ),
+        (
+            named(&format!("name: {node}-{DRIVER}-03"), node, node, DRIVER),
+            "may write only ResourceSlices named",
+        ),
+        (
+            named(&format!("name: {other}-{DRIVER}-15"), node, node, DRIVER),
+            "may write only ResourceSlices named",
+        ),
+        (
+            named(
+                &format!("generateName: {node}-{DRIVER}-"),
+                node,
+                node,
+                DRIVER,
+            ),
+            "may write only ResourceSlices named",
         ),
     ] {
         let (ok, err) = create(doc.clone());

@@ -64,8 +64,10 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
     let api = ApiServer::start();
     let node = k8s::node(NODE);
     api.put_cluster(&node);
-    // Another node's slice of the same driver, and a pool this node no longer has.
-    let foreign = |name: &str, node: &str, pool: &str| ResourceSlice {
+    // Another node's slice of the same driver; a pool this node no longer has, in the
+    // first of the node's slice names; and this node's pool under the name an older
+    // plugin gave it (one per pool, unbounded).
+    let foreign = |name: &str, node: &str, pool: &str, generation: i64| ResourceSlice {
         metadata: ObjectMeta {
             name: Some(name.into()),
             uid: Some(share_id()),
@@ -76,24 +78,35 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
             node_name: Some(node.into()),
             pool: k8s_openapi::api::resource::v1::ResourcePool {
                 name: pool.into(),
-                generation: 7,
+                generation,
                 resource_slice_count: 1,
             },
             ..Default::default()
         },
     };
-    api.put_cluster(&foreign("other-node-slice", "node-b", "node-b"));
-    api.put_cluster(&foreign("stale-pool-slice", NODE, "gone-pool"));
+    api.put_cluster(&foreign("other-node-slice", "node-b", "node-b", 7));
+    let stale = format!("{NODE}-{DRIVER}-0");
+    api.put_cluster(&foreign(&stale, NODE, "gone-pool", 7));
+    let old_name = format!("{NODE}-{DRIVER}-{POOL}");
+    api.put_cluster(&foreign(&old_name, NODE, POOL, 3));
 
     // An hour between inventory reads and full passes: within the test, only the watch
     // of the slices can notice a change on the API server.
     let mut p = Plugin::start_with_resync(&agent, &api, NODE, &[DRIVER], 3600);
-    wait_for("our slice published, the stale one deleted", WAIT, || {
+    wait_for("our slice published, the stale ones deleted", WAIT, || {
         let o = ours(&api);
         o.len() == 1 && o[0].spec.pool.name == POOL
     });
     let s = ours(&api).remove(0);
-    assert_eq!(s.spec.pool.generation, 1);
+    assert_eq!(
+        s.metadata.name.as_deref(),
+        Some(format!("{NODE}-{DRIVER}-1").as_str()),
+        "the lowest name no slice held when the pass began (the gone pool's is free only once deleted)"
+    );
+    assert_eq!(
+        s.spec.pool.generation, 4,
+        "a generation above the pool's slice under its old name, so the scheduler takes the new one"
+    );
     assert_eq!(s.spec.pool.resource_slice_count, 1);
     let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -561,7 +574,7 @@ async fn fields_the_api_server_drops_are_reported_loudly() {
     api.put_cluster(&k8s::node(NODE));
     api.drop_consumable_capacity_fields();
     let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
-    let slice = format!("{NODE}-{DRIVER}-{POOL}");
+    let slice = format!("{NODE}-{DRIVER}-0");
     let reports = |field: &str| {
         p.log_text()
             .lines()

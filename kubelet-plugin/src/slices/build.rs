@@ -92,7 +92,8 @@ pub fn desired(
         };
         let slice = ResourceSlice {
             metadata: ObjectMeta {
-                name: Some(slice_name(&node.name, driver, pool)),
+                // Given by the publisher, from the slices it finds (`super::names`).
+                name: None,
                 annotations: Some(BTreeMap::from([(
                     digest_annotation(driver),
                     digest.clone(),
@@ -116,27 +117,6 @@ pub fn desired(
         });
     }
     (out, skipped)
-}
-
-/// A DNS subdomain that is the same for the same node, driver and pool: `<node>-<driver>-
-/// <pool>` where that fits, else shortened with a digest so that two pools never meet.
-pub fn slice_name(node: &str, driver: &str, pool: &str) -> String {
-    let readable: String = format!("{node}-{driver}-{pool}")
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '-' | '.' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '-',
-        })
-        .collect();
-    let exact = readable == format!("{node}-{driver}-{pool}");
-    if exact && readable.len() <= 253 {
-        return readable;
-    }
-    let d = Sha256::digest(format!("{node}\0{driver}\0{pool}").as_bytes());
-    let hex: String = d[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let keep: String = readable.chars().take(253 - 17).collect();
-    format!("{}-{hex}", keep.trim_end_matches(['-', '.']))
 }
 
 fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
@@ -260,19 +240,6 @@ mod tests {
             name: "n1".into(),
             uid: "u".into(),
         }
-    }
-
-    #[test]
-    fn slice_names_are_readable_where_they_can_be_and_never_collide() {
-        assert_eq!(slice_name("n1", "d.example.com", "p"), "n1-d.example.com-p");
-        let a = slice_name("n1", "d.example.com", "a/b");
-        let b = slice_name("n1", "d.example.com", "a-b");
-        assert_ne!(
-            a, b,
-            "'/' is not a name character; the digest tells them apart"
-        );
-        let long = slice_name(&"n".repeat(200), "d.example.com", &"p".repeat(100));
-        assert!(long.len() <= 253, "{}", long.len());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod build;
 pub mod compare;
+pub mod names;
 mod publish;
 
 pub use publish::{Dropped, Pass, PublishError, Publisher, dropped_cause};

@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 use super::{
     build::{self, Desired, NodeRef, digest_annotation},
     compare::{Difference, differences},
+    names::{self, Unplaced},
 };
 use crate::{cluster::Clients, inventory::DriverDevices};
 
@@ -42,6 +43,19 @@ pub enum PublishError {
     /// again until the stored slices are whole.
     #[error("{}", dropped_message(.0))]
     FieldsDropped(Vec<Dropped>),
+    /// Pools that got no slice name (`super::names`): not published. Everything else
+    /// was; the pass is tried again on the next change of the slices (a deleted slice
+    /// frees its name) or period.
+    #[error("{}", unplaced_message(.0))]
+    Unplaced(Vec<(String, Unplaced)>),
+}
+
+fn unplaced_message(unplaced: &[(String, Unplaced)]) -> String {
+    let pools: Vec<String> = unplaced
+        .iter()
+        .map(|(pool, why)| format!("pool {pool:?}: {why}"))
+        .collect();
+    format!("ResourceSlices not published: {}", pools.join("; "))
 }
 
 /// The likely cause, by what was dropped.
@@ -90,6 +104,8 @@ pub struct Pass {
 pub struct Publisher {
     driver: String,
     node: NodeRef,
+    /// How many slice names this node may use (`--max-slices-per-node`).
+    slots: u32,
     clients: Clients,
     /// Calls: list, apply, delete.
     api: Api<ResourceSlice>,
@@ -102,7 +118,12 @@ pub struct Publisher {
 
 impl Publisher {
     /// Reads the Node, whose uid the slices' owner reference needs.
-    pub async fn new(clients: Clients, driver: &str, node: &str) -> Result<Self, kube::Error> {
+    pub async fn new(
+        clients: Clients,
+        driver: &str,
+        node: &str,
+        slots: u32,
+    ) -> Result<Self, kube::Error> {
         let n = clients
             .bounded(Api::<Node>::all(clients.calls.clone()).get(node))
             .await?;
@@ -112,6 +133,7 @@ impl Publisher {
                 name: node.to_owned(),
                 uid: n.metadata.uid.unwrap_or_default(),
             },
+            slots,
             api: Api::all(clients.calls.clone()),
             clients,
             dropped: Mutex::new(BTreeMap::new()),
@@ -144,7 +166,7 @@ impl Publisher {
     /// [`PublishError::FieldsDropped`] once everything else is done; such a slice is
     /// applied again at every pass, at its generation, until it is stored whole.
     pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
-        let (desired, skipped) = build::desired(&self.driver, &self.node, devices);
+        let (mut desired, skipped) = build::desired(&self.driver, &self.node, devices);
         for s in &skipped {
             warn!(driver = %self.driver, device = %s.device, reason = %s.reason, "device not published");
         }
@@ -156,6 +178,23 @@ impl Publisher {
             )
             .await?
             .items;
+        let placement = names::place(
+            desired.iter().map(|d| d.pool.as_str()),
+            &listed,
+            &self.node.name,
+            &self.driver,
+            self.slots,
+        );
+        desired.retain_mut(|d| match placement.names.get(&d.pool) {
+            Some(name) => {
+                d.slice.metadata.name = Some(name.clone());
+                true
+            }
+            None => false,
+        });
+        for (pool, why) in &placement.unplaced {
+            error!(driver = %self.driver, pool = %pool, reason = %why, "pool not published");
+        }
         let mut pass = Pass::default();
         let mut dropped = Vec::new();
         let annotation = digest_annotation(&self.driver);
@@ -246,10 +285,12 @@ impl Publisher {
             info!(driver = %self.driver, slice = %name, "deleted ResourceSlice of a pool no longer here");
             pass.deleted.push(name.to_owned());
         }
-        if dropped.is_empty() {
-            Ok(pass)
-        } else {
+        if !dropped.is_empty() {
             Err(PublishError::FieldsDropped(dropped))
+        } else if !placement.unplaced.is_empty() {
+            Err(PublishError::Unplaced(placement.unplaced))
+        } else {
+            Ok(pass)
         }
     }
 
