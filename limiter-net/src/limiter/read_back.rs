@@ -4,13 +4,23 @@
 
 use super::*;
 
+/// What every veth of a share has in common, read once per read-back.
+#[derive(Clone, Copy)]
+struct Shared {
+    /// The queue device of traffic from the pods, where there is one.
+    from_queue: Option<u32>,
+    /// For `htb-ebpf` traffic to several pods: the rate of the to-pod queue's HTB, read
+    /// where the share's slot in `SG_TO_POD_QUEUES` points at that queue; None where it
+    /// does not, or there is no such queue.
+    to_queue_bps: Option<u64>,
+}
+
 impl NetLimiter {
     /// The rate one direction is enforced at on one of the share's host veths, read back
     /// from the kernel: the HTB class's rate, or the rate in the programs' map while they
     /// are attached, flagged for the direction and (for EDT) an fq is at the root of the
     /// device that queues it. For an unconstrained direction, the path's line rate while
     /// the programs that count it are attached and nothing of ours shapes it.
-    /// `queues`: the queue devices of traffic from the pods and to them, where there are.
     fn direction_rate(
         &self,
         bpf: &Bpf,
@@ -18,8 +28,9 @@ impl NetLimiter {
         (host, first): (&Host, bool),
         dir: Direction,
         cfg: Option<&IfaceConfig>,
-        (queue_index, to_queue_index): (Option<u32>, Option<u32>),
+        shared: Shared,
     ) -> Result<Option<u64>, NetError> {
+        let queue_index = shared.from_queue;
         let wanted = match dir {
             Direction::ToPod => i.to_pod_bps,
             Direction::FromPod => i.from_pod_bps,
@@ -66,14 +77,8 @@ impl NetLimiter {
         };
         Ok(match i.mechanism {
             Mechanism::HtbEbpf if dir == Direction::ToPod && i.to_queue.is_some() => {
-                match (to_queue_index, cfg, i.slot()) {
-                    (Some(q), Some(c), Some(slot))
-                        if looped(c)
-                            && bpf.to_pod_queue(slot).map_err(bpf_err)? == q
-                            && attached()? =>
-                    {
-                        htb_tree_bps(q)?
-                    }
+                match (shared.to_queue_bps, cfg) {
+                    (Some(bps), Some(c)) if looped(c) && attached()? => Some(bps),
                     _ => None,
                 }
             }
@@ -160,10 +165,24 @@ impl NetLimiter {
         for (index, g) in governed_directions(&i, queues) {
             self.backend.bursts.found(index, g);
         }
+        // The to-pod queue is one for all the veths: its HTB is dumped once.
+        let to_queue_bps = match (i.mechanism, queues.1, i.slot()) {
+            (Mechanism::HtbEbpf, Some(q), Some(slot))
+                if !i.unconstrained(Direction::ToPod)
+                    && bpf.to_pod_queue(slot).map_err(bpf_err)? == q =>
+            {
+                htb_tree_bps(q)?
+            }
+            _ => None,
+        };
+        let shared = Shared {
+            from_queue: queues.0,
+            to_queue_bps,
+        };
         let rate = |dir: Direction| -> Result<Option<u64>, NetError> {
             let mut low: Option<u64> = None;
             for ((h, first), cfg) in hosts.iter().zip(&cfgs) {
-                match self.direction_rate(bpf, &i, (h, *first), dir, cfg.as_ref(), queues)? {
+                match self.direction_rate(bpf, &i, (h, *first), dir, cfg.as_ref(), shared)? {
                     Some(r) => low = Some(low.map_or(r, |l| l.min(r))),
                     None => return Ok(None),
                 }
