@@ -91,9 +91,31 @@ impl KubeletClaims {
         self.path.as_deref()
     }
 
+    /// The checkpoint as it is now, for several questions answered from one reading
+    /// (and, in Prepare, read before the ledger's lock is taken).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.current())
+    }
+
     /// What the checkpoint says of claim `uid` now.
     pub fn claim(&self, uid: &str) -> ClaimPods {
-        match &*self.current() {
+        self.snapshot().claim(uid)
+    }
+
+    /// The namespaces of the claims kubelet lists pod `uid` with now.
+    pub fn namespaces_of_pod(&self, uid: &str) -> Vec<String> {
+        self.snapshot().namespaces_of_pod(uid)
+    }
+}
+
+/// kubelet's checkpoint as read at one moment.
+#[derive(Clone, Debug)]
+pub struct Snapshot(std::sync::Arc<Parsed>);
+
+impl Snapshot {
+    /// What the checkpoint says of claim `uid`.
+    pub fn claim(&self, uid: &str) -> ClaimPods {
+        match &*self.0 {
             Parsed::Unavailable(why) => ClaimPods::Unavailable(why.clone()),
             Parsed::Claims(m) => match m.get(uid) {
                 Some(e) => ClaimPods::Listed {
@@ -109,7 +131,7 @@ impl KubeletClaims {
     /// The namespaces of the claims kubelet lists pod `uid` with (empty when the
     /// checkpoint is unavailable or does not name the pod).
     pub fn namespaces_of_pod(&self, uid: &str) -> Vec<String> {
-        match &*self.current() {
+        match &*self.0 {
             Parsed::Unavailable(_) => Vec::new(),
             Parsed::Claims(m) => m
                 .values()
@@ -118,7 +140,9 @@ impl KubeletClaims {
                 .collect(),
         }
     }
+}
 
+impl KubeletClaims {
     /// The checkpoint as it is now: the cached parse while the file's identity, time and
     /// size are unchanged (kubelet replaces it by a rename, so any write changes them).
     fn current(&self) -> std::sync::Arc<Parsed> {

@@ -11,6 +11,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     audit::{AuditLine, Decision, now_rfc3339},
+    discovery::kubelet::Snapshot,
     error::{ClaimError, RequestError},
     ledger::{self, State},
     record::{ClaimRecord, Phase, ShareRecord},
@@ -124,9 +125,12 @@ impl Engine {
                 Err(e) => self.refused(c, e, epoch, caller),
                 Ok(()) => {
                     let _guard = self.locks.lock(&valid.claim.uid).await;
+                    // Read (when it changed) before the ledger's lock, which every
+                    // other Prepare waits on.
+                    let kubelet = self.discovery.kubelet().snapshot();
                     let admission = {
                         let mut st = lock(&self.state);
-                        self.admit(&mut st, &valid, epoch)
+                        self.admit(&mut st, &kubelet, &valid, epoch)
                     };
                     match admission {
                         Err(e) => self.refused(c, e, epoch, caller),
@@ -172,7 +176,13 @@ impl Engine {
     /// Decides under the state lock: idempotency (I3), immutability, the ledger (I1).
     /// A new admission is committed to the store before the lock is released, so the
     /// next decision already counts it.
-    fn admit(&self, st: &mut State, v: &ValidClaim, epoch: u64) -> Result<Admission, ClaimError> {
+    fn admit(
+        &self,
+        st: &mut State,
+        kubelet: &Snapshot,
+        v: &ValidClaim,
+        epoch: u64,
+    ) -> Result<Admission, ClaimError> {
         // The fence again, where it matters: a higher epoch may have been accepted while
         // this request waited (I4).
         if epoch < st.epoch {
@@ -251,7 +261,7 @@ impl Engine {
                     .iter()
                     .any(|r| r.target.pod_uids != v.target.pod_uids)
                 {
-                    pods_of_own_namespace(st, self.discovery.kubelet(), v, &cfield)?;
+                    pods_of_own_namespace(st, kubelet, v, &cfield)?;
                     for r in &mut records {
                         r.target.pod_uids.clone_from(&v.target.pod_uids);
                     }
@@ -285,7 +295,7 @@ impl Engine {
             }
         }
 
-        pods_of_own_namespace(st, self.discovery.kubelet(), v, &cfield)?;
+        pods_of_own_namespace(st, kubelet, v, &cfield)?;
 
         ledger::check_claim(&self.cfg, st, v)?;
 
@@ -834,7 +844,7 @@ impl Engine {
 /// tenant's pod).
 fn pods_of_own_namespace(
     st: &crate::ledger::State,
-    kubelet: &crate::discovery::kubelet::KubeletClaims,
+    kubelet: &Snapshot,
     v: &ValidClaim,
     cfield: &str,
 ) -> Result<(), ClaimError> {
