@@ -294,8 +294,10 @@ impl Discovery {
                 }),
             };
         }
+        // In one order whatever order the pods were named in, so that the same pods are
+        // the same sandboxes to compare. (No two are the same pod: Prepare refuses a uid
+        // named twice, and kubelet's list is read as a set.)
         found.sort_by(|a, b| a.record.pod_uid.cmp(&b.record.pod_uid));
-        found.dedup_by(|a, b| a.record.pod_uid == b.record.pod_uid);
         Found::Ready {
             sandboxes: found,
             host_network,
