@@ -1602,8 +1602,9 @@ fn j_a_node_without_its_plugin_loses_its_slices_after_30s() {
 /// claim or pod of the Event's namespace, and is refused one as another node's
 /// instance or reporter, one about a Secret and one about another namespace's pod; it
 /// may change its own driver's entry of a claim on its node, and is refused the same
-/// change as another node and a change of the claim's reservedFor (the plugin's account
-/// impersonated with every permission, so that the policy alone decides).
+/// change as another node, a change of the claim's reservedFor and an entry of another
+/// driver (the plugin's account impersonated with every permission, so that the policy
+/// alone decides; on its own token the API server's authorization refuses the last).
 /// Server-side dry runs: admission runs, nothing is stored.
 #[test]
 #[ignore = "needs the test cluster: make e2e"]
@@ -1765,7 +1766,7 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
         .and_then(|d| d.iter().position(|e| e["driver"] == DRIVER))
         .expect("the claim's entry of shareguard");
     let user = "system:serviceaccount:shareguard-system:shareguard-kubelet-plugin";
-    let patch_as = |on: &str, patch: &str| {
+    let patch_claim_as = |claim_name: &str, on: &str, patch: &str| {
         let extra = format!("authentication.kubernetes.io/node-name={on}");
         let out = c.run(
             &[
@@ -1773,7 +1774,7 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
                 "resourceclaim",
                 "-n",
                 &ns.name,
-                &claim_name,
+                claim_name,
                 "--subresource=status",
                 "--type=json",
                 "-p",
@@ -1795,6 +1796,7 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
+    let patch_as = |on: &str, patch: &str| patch_claim_as(&claim_name, on, patch);
     let own_entry = format!(
         r#"[{{"op":"replace","path":"/status/devices/{ours}/data","value":{{"e2e":"k"}}}}]"#
     );
@@ -1819,6 +1821,62 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
             "{err}"
         );
     }
+    // Another driver's entry: the API server takes an entry only for a device the claim
+    // is allocated, so a claim on this node is allocated (by hand, as the scheduler
+    // would) a device of another driver. A claim allocated and never reserved stays
+    // allocated (the claim controller deallocates only when the last user leaves).
+    c.apply(&format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: other-driver, namespace: {}}}\nspec:\n  devices:\n    requests:\n    - name: r\n      exactly: {{deviceClassName: shareguard-net-bandwidth}}\n",
+        ns.name
+    ));
+    c.ok(&[
+        "patch",
+        "resourceclaim",
+        "-n",
+        &ns.name,
+        "other-driver",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"status":{{"allocation":{{"devices":{{"results":[{{"request":"r","driver":"other.example.com","pool":"{node}","device":"d0"}}]}},"nodeSelector":{{"nodeSelectorTerms":[{{"matchFields":[{{"key":"metadata.name","operator":"In","values":["{node}"]}}]}}]}}}}}}}}"#
+        ),
+    ]);
+    let other_entry = format!(
+        r#"[{{"op":"add","path":"/status/devices","value":[{{"driver":"other.example.com","pool":"{node}","device":"d0","data":{{"e2e":"k"}}}}]}}]"#
+    );
+    let (ok, err) = patch_claim_as("other-driver", node, &other_entry);
+    assert!(!ok, "another driver's entry allowed: {other_entry}");
+    assert!(
+        err.contains("ValidatingAdmissionPolicy")
+            && err.contains("may change only its own driver's entries"),
+        "{err}"
+    );
+    // On its own token (no impersonation), the API server's authorization of 1.36
+    // (resourceclaims/driver, granted for shareguard's driver only) refuses it first.
+    // Server-side apply, as the plugin writes: `kubectl patch` would GET the claim
+    // first, which the plugin may not.
+    let out = plugin.run(
+        &[
+            "apply",
+            "--server-side",
+            "--subresource=status",
+            &format!("--field-manager={DRIVER}"),
+            "--dry-run=server",
+            "-f",
+            "-",
+        ],
+        Some(&format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: other-driver, namespace: {}}}\nstatus:\n  devices:\n  - {{driver: other.example.com, pool: {node}, device: d0, data: {{e2e: k}}}}\n",
+            ns.name
+        )),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "another driver's entry allowed");
+    assert!(
+        err.contains("forbidden") && err.contains("other.example.com"),
+        "{err}"
+    );
     drop(ns);
 
     // A token that names no node (not bound to a pod) is refused everything.
