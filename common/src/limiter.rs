@@ -11,7 +11,7 @@ use crate::quantity::Quantity;
 
 /// Where a share's limit applies: the sandbox of the share's pod as the agent found and
 /// verified it in the kernel (never a place a caller named). Limiters act on nothing
-/// else (DESIGN I9).
+/// else (I9, docs/architecture.md).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Target {
     /// Every pod the share belongs to.

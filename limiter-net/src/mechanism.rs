@@ -1,5 +1,5 @@
 //! Which mechanism enforces a `net` device's shares, chosen from what the kernel offers
-//! (DESIGN.md, Bandwidth), and what each one installs for a share.
+//! (docs/architecture.md, "Bandwidth"), and what each one installs for a share.
 //!
 //! | mechanism | to the pod (veth egress) | from the pod (veth ingress) |
 //! |---|---|---|

@@ -50,7 +50,7 @@ const AMOUNT: &str = "1Gi";
 /// Claims per preload request; under the agent's default limit of 128 per request.
 const PRELOAD_BATCH: usize = 64;
 
-/// Prepare p99 must stay under this (DESIGN.md, Targets).
+/// Prepare p99 must stay under this (docs/architecture.md, Targets).
 const TARGET_PREPARE_P99: Duration = Duration::from_millis(5);
 /// ... and at most this many times a bare fsync's p99 on the same disk.
 const TARGET_FSYNC_RATIO: f64 = 3.0;
@@ -928,7 +928,7 @@ fn report(s: &Settings, points: &[Point]) -> String {
         }
     }
 
-    let _ = writeln!(w, "\n## Targets (DESIGN.md)\n");
+    let _ = writeln!(w, "\n## Targets (docs/architecture.md)\n");
     let _ = writeln!(w, "| target | live shares | measured | met |");
     let _ = writeln!(w, "|---|---:|---|---|");
     let yes = |b: bool| if b { "yes" } else { "**no**" };

@@ -1,5 +1,5 @@
 //! Many tenants on one NIC, each saturating its share: does a tenant stay within its limit,
-//! and does a quiet tenant's latency stay where it was alone (DESIGN.md's target row:
+//! and does a quiet tenant's latency stay where it was alone (the target row in docs/architecture.md:
 //! "each within its limit; a quiet tenant's p99 moves < 10%")?
 //!
 //! The NIC ([`nic::Nic`]) is one veth pair to a "remote host" namespace, shaped to 1 Gbit/s

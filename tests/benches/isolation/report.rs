@@ -226,9 +226,9 @@ fn quiet_table(runs: &[Run]) {
     }
 }
 
-/// DESIGN.md's row, per direction, from the shares runs.
+/// The target's row (docs/architecture.md, Targets), per direction, from the shares runs.
 fn targets_table(runs: &[Run]) {
-    println!("| target (DESIGN.md) | direction | measured | met |");
+    println!("| target (docs/architecture.md) | direction | measured | met |");
     println!("|---|---|---|---|");
     for dir in dirs(runs) {
         let shares = by_n(runs, dir);
