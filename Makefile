@@ -15,7 +15,7 @@ fuzz:
 	./scripts/fuzz.sh
 
 # A two-node Kubernetes cluster built from upstream's modules (tests/cluster/, pinned),
-# with shareguard installed from deploy/ (docs/kubernetes.md, "The test cluster").
+# with shareguard installed from deploy/ (tests/cluster/README.md).
 # cluster-up leaves it running and prints KUBECONFIG= and KUBECTL= last; cluster-down
 # removes everything it made.
 cluster-up:

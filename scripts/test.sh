@@ -53,8 +53,8 @@ echo "==> cargo build (the integration tests run this binary)"
 cargo build --workspace --all-targets --locked
 echo "==> cargo test"
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}"
-# The scenarios on a real two-node cluster built from upstream (docs/kubernetes.md, "The
-# test cluster"): a fresh cluster, the scenarios, the cluster removed; before the host
+# The scenarios on a real two-node cluster built from upstream (tests/cluster/README.md):
+# a fresh cluster, the scenarios, the cluster removed; before the host
 # check below, so that whatever the cluster leaves counts too.
 echo "==> e2e on a real cluster (tests/cluster/e2e.sh)"
 ./tests/cluster/e2e.sh

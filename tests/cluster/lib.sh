@@ -1,7 +1,7 @@
 # The test cluster's names, addresses and paths, shared by up.sh, down.sh and the e2e
 # scenarios. One cluster per machine: a second `up` replaces the first.
 #
-# Layout (docs/kubernetes.md, "The test cluster"):
+# Layout (tests/cluster/README.md):
 #   host network namespace  bridge sgc0 198.18.0.1/24; etcd (loopback), kube-apiserver
 #                           (198.18.0.1:6443), kube-controller-manager, kube-scheduler
 #   node N (N = 1, 2)       its own network, mount and UTS namespaces: eth0 198.18.0.1N
