@@ -1,4 +1,4 @@
-use super::*;
+use super::{device::percent_of_mbit, *};
 
 const GOOD: &str = r#"
 [agent]
