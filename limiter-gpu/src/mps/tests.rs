@@ -2,6 +2,7 @@
 //! simulation of NVIDIA's control program: real processes, real files, real waits.
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use super::*;
-use crate::mps_tmpfs::{Mounted, host_sees_in, mounts_in};
+use crate::mps_tmpfs::{Mounted, host_sees_in, mounts_in, shm_size};
 
 const UUID: &str = "GPU-5f0c1e2a-0000-4000-8000-000000000001";
 const SHARE: &str = "0b6c3f6e-3a1d-4d0b-9a51-1f2b3c4d5e6f";
