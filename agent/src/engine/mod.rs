@@ -2,6 +2,7 @@
 //! through each device's limiter, and recovery at start. The gRPC layer only translates
 //! to and from these calls; every decision is taken here.
 
+mod audit;
 pub mod gpu;
 mod locks;
 pub mod page;
