@@ -1,0 +1,187 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::record::{ClaimId, Phase, SandboxRecord, ShareRecord, TargetRecord};
+
+fn trees(dir: &Path) -> Trees {
+    let db = sled::Config::new().path(dir).open().unwrap();
+    Trees {
+        shares: db.open_tree("shares").unwrap(),
+        claims: db.open_tree("claims").unwrap(),
+        meta: db.open_tree("meta").unwrap(),
+        quarantine: db.open_tree("quarantine").unwrap(),
+        db,
+    }
+}
+
+fn share(key: &str, reason: String) -> ShareRecord {
+    ShareRecord {
+        key: key.into(),
+        share_id: Some(key.into()),
+        claim: ClaimId::default(),
+        allocation_id: "a".into(),
+        request: "r".into(),
+        driver: "d".into(),
+        pool: "p".into(),
+        device: "gen-0".into(),
+        consumed: BTreeMap::new(),
+        policy_version: String::new(),
+        admin_access: false,
+        target: TargetRecord::default(),
+        phase: Phase::Preparing,
+        mechanism: String::new(),
+        enforced: BTreeMap::new(),
+        reason,
+        error: None,
+        epoch: 1,
+        created_at_ms: 0,
+        updated_at_ms: 0,
+        released_at_ms: None,
+        sandbox: None,
+        more_sandboxes: Vec::new(),
+        device_kind: "generic".into(),
+        condition_since_ms: 0,
+        quarantined: false,
+        rolling_back: false,
+    }
+}
+
+fn put(r: ShareRecord) -> Batch {
+    Batch {
+        put_shares: vec![r],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_failed_batch_fails_the_rest_of_its_group_and_every_later_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trees(dir.path());
+    let failed = Failure {
+        flag: Arc::new(AtomicBool::new(false)),
+        problem: Arc::new(Mutex::new(None)),
+    };
+    // Over the bound: refused, as a write sled would not make durable.
+    let huge = "x".repeat(record::MAX_RECORD_BYTES + 1);
+    let group = [
+        put(share("a", "ok".into())),
+        put(share("b", huge)),
+        put(share("c", "ok".into())),
+    ];
+    let refs: Vec<&Batch> = group.iter().collect();
+    let r = apply_group(&t, &refs, &failed);
+    assert!(r[0].is_ok());
+    assert!(
+        matches!(r[1], Err(StoreError::TooLarge { .. })),
+        "{:?}",
+        r[1]
+    );
+    assert!(matches!(r[2], Err(StoreError::Failed)), "{:?}", r[2]);
+    assert!(t.shares.get("a").unwrap().is_some());
+    assert!(t.shares.get("b").unwrap().is_none());
+    assert!(
+        t.shares.get("c").unwrap().is_none(),
+        "decided on a state with b in it: never written"
+    );
+    let later = [put(share("d", "ok".into()))];
+    let refs: Vec<&Batch> = later.iter().collect();
+    assert!(matches!(
+        apply_group(&t, &refs, &failed)[0],
+        Err(StoreError::Failed)
+    ));
+}
+
+#[test]
+fn slo_windows_are_kept_by_class_and_dropped_by_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let save = |slo: Vec<(&str, Option<&[u8]>)>| {
+        let b = Batch {
+            slo: slo
+                .into_iter()
+                .map(|(c, v)| (c.to_owned(), v.map(<[u8]>::to_vec)))
+                .collect(),
+            ..Default::default()
+        };
+        b.check_sizes()?;
+        store.submit(b).wait_blocking()
+    };
+    save(vec![("a", Some(b"one")), ("b", Some(b"two"))]).unwrap();
+    save(vec![("a", None), ("b", Some(b"three"))]).unwrap();
+    let slo = store.load().unwrap().slo;
+    assert_eq!(slo.keys().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(slo["b"], b"three");
+    let huge = vec![b'x'; record::MAX_RECORD_BYTES + 1];
+    assert!(matches!(
+        save(vec![("c", Some(&huge))]),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(!store.has_failed(), "refused before it reached the writer");
+}
+
+/// sled 0.34 writes a value to an unsynced blob file once it is over a quarter of a
+/// segment minus headers; the bound must stay well below that (checked at compile
+/// time, with sled's default segment size, which the store does not change).
+const _: () = {
+    const SEGMENT: usize = 512 * 1024;
+    const BLOB_THRESHOLD: usize = SEGMENT / 4 - 64;
+    assert!(record::MAX_RECORD_BYTES * 2 <= BLOB_THRESHOLD);
+};
+
+/// A record with every field at the largest size validation, the config and the
+/// engine let through encodes below the bound.
+#[test]
+fn the_largest_record_the_agent_can_make_fits_the_bound() {
+    use crate::validate::{MAX_CGROUP_PATHS, MAX_ID_LEN, MAX_PATH_LEN, MAX_PODS};
+    use shareguard_common::Quantity;
+    let long = |n: usize| "a".repeat(n);
+    // Capacity names: a DNS subdomain prefix and a 63-character name.
+    let caps: BTreeMap<String, Quantity> = (0..crate::config::MAX_CAPACITIES)
+        .map(|i| {
+            (
+                format!("{}/{:0>63}", long(253), i),
+                Quantity::parse("-9223372036854775807").unwrap(),
+            )
+        })
+        .collect();
+    let paths: Vec<String> = (0..MAX_CGROUP_PATHS).map(|_| long(MAX_PATH_LEN)).collect();
+    let mut r = share(&long(MAX_ID_LEN * 2), "é".repeat(10_000));
+    r.claim = ClaimId {
+        uid: long(MAX_ID_LEN),
+        namespace: long(63),
+        name: long(253),
+    };
+    r.allocation_id = long(MAX_ID_LEN);
+    r.request = long(127);
+    r.driver = long(253);
+    r.pool = long(253);
+    r.device = long(63);
+    r.policy_version = long(MAX_ID_LEN);
+    r.consumed = caps.clone();
+    r.enforced = caps;
+    r.mechanism = long(64);
+    r.target = TargetRecord {
+        pod_uids: (0..MAX_PODS).map(|_| long(36)).collect(),
+        cgroup_paths: paths.clone(),
+        netns_inode: Some(u64::MAX),
+        interface: Some(long(15)),
+    };
+    r.sandbox = Some(SandboxRecord {
+        pod_uid: long(36),
+        cgroup: long(MAX_PATH_LEN),
+        cgroup_inode: u64::MAX,
+        cgroups: paths,
+        netns_inode: Some(u64::MAX),
+        host_ifindex: Some(u32::MAX),
+        host_ifname: Some(long(15)),
+    });
+    r.error = Some(crate::error::ClaimError::internal("é".repeat(10_000)));
+    r.bound();
+    let bytes = record::encode(&r).len();
+    eprintln!("largest record: {bytes} bytes");
+    assert!(
+        bytes <= record::MAX_RECORD_BYTES,
+        "{bytes} bytes > {}",
+        record::MAX_RECORD_BYTES
+    );
+}
