@@ -32,6 +32,9 @@ use crate::watchdog::{
     WatchedShare,
 };
 
+mod read_back;
+mod watch;
+
 /// The one capacity a GPU device has.
 pub const MEMORY: &str = "memory";
 
@@ -250,107 +253,6 @@ impl GpuLimiter {
         self.backend.mechanism_label(m)
     }
 
-    /// The share table as the watchdog needs it, every share with `action`.
-    pub fn watched_shares(&self, action: Action) -> Vec<WatchedShare> {
-        self.watched_shares_by(|_| action)
-    }
-
-    /// The share table as the watchdog needs it, each share with its device's action.
-    pub fn watched_shares_by(&self, action_of: impl Fn(&str) -> Action) -> Vec<WatchedShare> {
-        // A share of several pods is watched in each of them (the engine reports such a
-        // share as not enforced for them together).
-        self.lock()
-            .iter()
-            .flat_map(|(k, r)| {
-                r.pod_uids.iter().map(|pod| WatchedShare {
-                    share_key: k.clone(),
-                    pod_uid: pod.clone(),
-                    gpu_uuid: r.uuid.clone(),
-                    limit_bytes: r.bytes,
-                    action: if r.observed {
-                        Action::Report
-                    } else {
-                        action_of(&r.device)
-                    },
-                })
-            })
-            .collect()
-    }
-
-    /// UUIDs of the GPUs behind the configured devices, each once.
-    pub fn gpu_uuids(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.devices.values().map(|d| d.gpu.uuid.clone()).collect();
-        v.sort();
-        v.dedup();
-        v
-    }
-
-    /// Stops a process the watchdog chose: a client of an MPS server through the server
-    /// of its share's daemon (`terminate_client`), any other with `signal` (SIGKILL after
-    /// the pod check). A client no daemon of the group's shares serves is left alone:
-    /// SIGKILL of an MPS client can hang or corrupt the other clients of its server, which
-    /// may be another tenant's. A client whose server ended its work but still holds its
-    /// memory (driver 580 does until the process exits) is then killed with `signal`:
-    /// with its work ended, nothing of the server's other clients depends on it.
-    pub fn terminate(
-        &self,
-        d: &TerminateDecision,
-        signal: &dyn ProcessTerminator,
-    ) -> Result<Terminated, TerminateError> {
-        if !d.via_mps {
-            return signal.terminate(d.pid, &d.pod_uid);
-        }
-        let daemons: Vec<(String, String)> = self
-            .lock()
-            .iter()
-            .filter(|(k, r)| r.mechanism == Mechanism::Mps && d.share_keys.contains(k))
-            .map(|(k, r)| (k.clone(), r.uuid.clone()))
-            .collect();
-        for (key, uuid) in daemons {
-            match self.backend.terminate_mps_client(&uuid, &key, d.pid) {
-                Ok(true) => return Ok(Terminated::MpsClientTerminated),
-                Ok(false) => {}
-                Err(held @ GpuError::MpsClientHeld { .. }) => {
-                    return match signal.terminate(d.pid, &d.pod_uid)? {
-                        Terminated::Signalled => Ok(Terminated::MpsClientKilled),
-                        other => Ok(other),
-                    }
-                    .inspect(|_| tracing::info!(pid = d.pid, share = %key, why = %held, "MPS client killed after terminate_client"));
-                }
-                Err(e) => {
-                    return Err(TerminateError::Failed(format!(
-                        "terminate_client through the MPS daemon of share {key}: {e}"
-                    )));
-                }
-            }
-        }
-        // The agent sees the host's PIDs (NVML reports those).
-        if !Path::new("/proc").join(d.pid.to_string()).exists() {
-            return Ok(Terminated::AlreadyGone);
-        }
-        Err(TerminateError::Failed(format!(
-            "pid {} is an MPS client of no daemon the agent runs for its share; not killed, \
-             since SIGKILL of an MPS client can hang or corrupt the other clients of its server",
-            d.pid
-        )))
-    }
-
-    /// Every compute process on this limiter's GPUs, as the watchdog takes them.
-    pub fn process_usage(&self) -> Result<Vec<ProcessUsage>, GpuError> {
-        let mut out = Vec::new();
-        for uuid in self.gpu_uuids() {
-            for p in self.backend.compute_processes(&uuid)? {
-                out.push(ProcessUsage {
-                    gpu_uuid: uuid.clone(),
-                    pid: p.pid,
-                    used_bytes: p.used_bytes,
-                    via_mps: p.via_mps,
-                });
-            }
-        }
-        Ok(out)
-    }
-
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, ShareRecord>> {
         // The table is only replaced entry by entry; a panic elsewhere cannot leave an
         // entry half written, so a poisoned lock still guards consistent data.
@@ -533,112 +435,6 @@ impl GpuLimiter {
             }
             Mechanism::Watchdog => Ok(()),
         }
-    }
-
-    /// Reads the limit back. The share counts as enforced only when every one of its
-    /// cgroups carries exactly the expected limit; anything else yields no `enforced`
-    /// entry, which the agent reports as DEGRADED rather than trusting it.
-    fn read_back(&self, key: &str, rec: &ShareRecord) -> Result<Enforcement, GpuError> {
-        // The bytes in force when the read-back agrees: the share's memory, or for MPS
-        // the bound on its processes together (see below).
-        let mut per_process = None;
-        let mut notes: Vec<String> = rec.note.iter().cloned().collect();
-        let in_force = match rec.mechanism {
-            Mechanism::NvmlCgroup => {
-                let mut all = true;
-                for cg in &rec.cgroups {
-                    let want = self.cgroup_total(&rec.uuid, cg);
-                    for t in self.targets(cg) {
-                        let got = self.backend.cgroup_limit(&rec.uuid, &t)?;
-                        if got.map(|l| l.hard_bytes) != Some(want) {
-                            tracing::warn!(
-                                share = key,
-                                cgroup = %t.display(),
-                                want,
-                                got = ?got,
-                                "GPU memory limit read back differs"
-                            );
-                            all = false;
-                        }
-                    }
-                }
-                all.then_some(rec.bytes)
-            }
-            Mechanism::Mps => {
-                let want = enforceable_bytes(rec.bytes);
-                let got = self.backend.mps_limit(&rec.uuid, key)?;
-                if !got.is_some_and(|l| l.admits(want)) {
-                    tracing::warn!(share = key, want, got = ?got, "MPS limit read back differs");
-                    None
-                } else {
-                    let seen = self.mps_clients(rec)?;
-                    if let Some(pid) = seen.root {
-                        // Root without a user namespace owns the pipe directory: it can
-                        // serve the daemon's socket itself or remove it, so what the
-                        // daemon holds no longer binds the share.
-                        tracing::warn!(
-                            share = key,
-                            pid,
-                            pods = ?rec.pod_uids,
-                            "a process of the share's pod runs as root outside a user namespace: MPS does not hold it"
-                        );
-                        notes.push(format!(
-                            "MPS refused for a root tenant: process {pid} of the share's pod runs as root outside a user namespace and could take over the MPS daemon's sockets; run the pod as non-root or with hostUsers: false"
-                        ));
-                        None
-                    } else if let Some(pid) = seen.outside {
-                        // The daemon holds the limit, but this process never asked it: a
-                        // container that lost or replaced CUDA_MPS_PIPE_DIRECTORY runs on
-                        // the GPU directly, unlimited.
-                        tracing::warn!(
-                            share = key,
-                            pid,
-                            pods = ?rec.pod_uids,
-                            "a process of the share's pod uses the GPU outside its MPS daemon"
-                        );
-                        None
-                    } else {
-                        // MPS bounds each client process on its own, not the server:
-                        // two clients of the share may hold twice the limit. What holds
-                        // the share as a whole is the limit times its clients, and that
-                        // is what is reported; one client (or none yet) is the share's
-                        // limit itself.
-                        per_process = Some((want, seen.clients));
-                        Some(want.saturating_mul(seen.clients.max(1)))
-                    }
-                }
-            }
-            Mechanism::Watchdog => None,
-        };
-        let mut enforced = BTreeMap::new();
-        if let Some(bytes) = in_force {
-            enforced.insert(MEMORY.to_string(), quantity(bytes)?);
-        }
-        let mut resolution = BTreeMap::new();
-        let mut per = BTreeMap::new();
-        if let Some((each, processes)) = per_process {
-            // MPS limits are whole MiB, rounded down from the share's memory.
-            resolution.insert(MEMORY.to_string(), quantity(MPS_STEP)?);
-            per.insert(
-                MEMORY.to_string(),
-                PerProcess {
-                    each: quantity(each)?,
-                    processes,
-                },
-            );
-        }
-        Ok(Enforcement {
-            mechanism: self.label(rec.mechanism),
-            enforced,
-            watch_only: !rec.mechanism.enforces(),
-            simulated: self.backend.is_simulated(),
-            unconstrained: Default::default(),
-            // Cgroup limits are whole bytes, as requested: no rounding to allow for.
-            resolution,
-            per_process: per,
-            notes,
-            observed: false,
-        })
     }
 
     /// The device's driver edits; None for a device without a driver root, an error
