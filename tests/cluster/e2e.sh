@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scenarios on a real cluster (`make e2e`): a fresh cluster from up.sh, the
-# scenarios in tests/tests/e2e.rs against it (those named in the arguments, or all),
+# scenarios in tests/tests/e2e/ against it (those named in the arguments, or all),
 # then the cluster removed, also when a scenario fails. With SGC_CNI=cilium (`make
 # e2e-cilium`) the nodes run Cilium, and cilium/checks.sh runs after the scenarios. On
 # failure the cluster's logs are kept in target/e2e-logs and the end of each is

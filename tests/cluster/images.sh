@@ -65,7 +65,7 @@ for applet in sh ls cat sleep echo grep awk sed head tail wc cut tr date env kil
 done
 add "$tools" /usr/bin/iperf3 /usr/bin/ping /usr/bin/ip /usr/bin/unshare
 # Built against a SIMULATED driver root, which stays out of the image: a container gets
-# libcuda.so.1 only from its claim's CDI spec (tests/tests/e2e.rs, scenario h).
+# libcuda.so.1 only from its claim's CDI spec (tests/tests/e2e/, scenario h).
 "$repo/tests/gpu/simulated-driver-root.sh" "$work/driver-root" 0 550.54.15 "$work/cuda-probe"
 install -D -m 0755 "$work/cuda-probe" "$tools/usr/bin/cuda-probe"
 libs "$tools" "$tools/usr/bin/cuda-probe"
