@@ -155,10 +155,13 @@ pub struct Agent {
     child: Option<Child>,
     starts: u32,
     run_through: Vec<String>,
+    /// Last: released once the agent is stopped and its files are gone.
+    _host: net::HostLock,
 }
 
 impl Agent {
     pub fn start(opts: Options) -> Agent {
+        let host_lock = net::HostLock::shared();
         let dir = tempfile::Builder::new().prefix("sg-it-").tempdir().unwrap();
         let socket = if opts.own_socket_dir {
             use std::os::unix::fs::PermissionsExt;
@@ -213,6 +216,7 @@ impl Agent {
             child: None,
             starts: 0,
             run_through: opts.run_through.clone(),
+            _host: host_lock,
         };
         a.spawn();
         a

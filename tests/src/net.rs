@@ -66,6 +66,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const ADDR_LOCK: &str = "/tmp/shareguard-tests-net-addr.lock";
 /// Lock file that keeps throughput measurements from running at the same time.
 const TRAFFIC_LOCK: &str = "/tmp/shareguard-tests-traffic.lock";
+/// Lock file that a test acting on the whole machine holds exclusively, and every agent
+/// and pod of the other tests shared ([`HostLock`]).
+const HOST_LOCK: &str = "/tmp/shareguard-tests-host.lock";
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -500,6 +503,75 @@ impl TrafficLock {
     }
 }
 
+thread_local! {
+    /// Set on the thread of a test that holds [`HostLock`] exclusively, whose own agents
+    /// and pods must not wait for the lock it holds.
+    static HOST_EXCLUSIVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps tests that act on the whole machine apart from the rest: `shareguard cleanup
+/// --apply` removes every queue device of shareguard's group on the machine, as it must
+/// on a node, and so would take other tests' shares apart under them. Every agent and pod
+/// a test makes holds it shared ([`HostLock::shared`]); such a test holds it exclusively
+/// ([`HostLock::exclusive`]), and its own agents and pods, made on its thread, then take
+/// nothing. An exclusive holder is taken before the [`TrafficLock`], never after, so
+/// that the two cannot wait on each other.
+#[derive(Debug)]
+pub struct HostLock {
+    _file: Option<File>,
+    exclusive: bool,
+}
+
+impl HostLock {
+    fn open() -> File {
+        File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(HOST_LOCK)
+            .unwrap_or_else(|e| panic!("open lock file {HOST_LOCK}: {e}"))
+    }
+
+    /// Held by an agent or a pod while it lives; nothing on the thread of an exclusive
+    /// holder.
+    pub fn shared() -> HostLock {
+        if HOST_EXCLUSIVE.with(std::cell::Cell::get) {
+            return HostLock {
+                _file: None,
+                exclusive: false,
+            };
+        }
+        let file = HostLock::open();
+        file.lock_shared()
+            .unwrap_or_else(|e| panic!("lock {HOST_LOCK} shared: {e}"));
+        HostLock {
+            _file: Some(file),
+            exclusive: false,
+        }
+    }
+
+    /// Waits until no agent or pod of another test lives, and keeps new ones waiting
+    /// until dropped.
+    pub fn exclusive() -> HostLock {
+        let file = HostLock::open();
+        file.lock()
+            .unwrap_or_else(|e| panic!("lock {HOST_LOCK}: {e}"));
+        HOST_EXCLUSIVE.with(|c| c.set(true));
+        HostLock {
+            _file: Some(file),
+            exclusive: true,
+        }
+    }
+}
+
+impl Drop for HostLock {
+    fn drop(&mut self) {
+        if self.exclusive {
+            HOST_EXCLUSIVE.with(|c| c.set(false));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Namespaces and links
 
@@ -626,6 +698,8 @@ pub struct Pod {
     host_addr: Ipv4Addr,
     pod_addr: Ipv4Addr,
     ifindex: u32,
+    /// Last: released once everything of the pod is gone.
+    _host: HostLock,
 }
 
 impl Pod {
@@ -660,6 +734,7 @@ impl Pod {
     }
 
     fn network_at(uid: &str, index: Option<u32>) -> Pod {
+        let host_lock = HostLock::shared();
         let netns = Netns::new();
         let n = next_id();
         let host = ifname("sgh", n);
@@ -687,6 +762,7 @@ impl Pod {
             host_addr,
             pod_addr,
             ifindex,
+            _host: host_lock,
         }
     }
 

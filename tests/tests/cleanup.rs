@@ -51,10 +51,11 @@ async fn cleanup_lists_then_removes_everything_shareguard_put_on_the_node() {
     if !net::privileged("cleanup_lists_then_removes_everything_shareguard_put_on_the_node") {
         return;
     }
-    // `cleanup --apply` removes every ifb in shareguard's device group on the machine,
-    // as it must on a node: also a measuring test's in another test process (seen when
-    // this test ran beside the bandwidth tests). Measurements hold this lock, so they
-    // never run while it does.
+    // `cleanup --apply` removes every queue device in shareguard's group on the machine,
+    // as it must on a node: also another test's (seen when this test ran beside the
+    // bandwidth tests). Every other test's agents and pods hold the host lock shared, so
+    // none runs while this holds it; the traffic lock after it, as HostLock requires.
+    let _host = net::HostLock::exclusive();
     let _lock = net::TrafficLock::acquire();
     let pins = PinDir::new();
     let cdi = tempfile::tempdir().unwrap();
