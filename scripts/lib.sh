@@ -138,7 +138,7 @@ ensure_py_clients() {
   "$venv/bin/pip" install -q 'grpcio==1.85.3' 'h2==4.4.1'
 }
 
-# Helm, for tests/tests/chart.rs: it lints deploy/chart and renders it, and deploy/*.yaml
+# Helm, for tests/tests/integration/chart.rs: it lints deploy/chart and renders it, and deploy/*.yaml
 # must equal the default render. Built from the Go module proxy (Helm's release
 # downloads are on GitHub), pinned so that every run renders with the same Helm, into
 # the cache the test cluster's programs use (tests/cluster/lib.sh), in a folder named by

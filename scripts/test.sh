@@ -12,9 +12,9 @@ ensure_fuzz_toolchain
 # systemd-analyze (systemd) verifies the unit file, openssl makes the certificates of
 # the metrics TLS test (curl, its scraper, is a build dependency already).
 ensure_debs prometheus systemd openssl
-# Other languages' gRPC clients, for tests/tests/other_clients.rs.
+# Other languages' gRPC clients, for tests/tests/integration/other_clients.rs.
 ensure_py_clients
-# Helm (pinned, from the Go module proxy) for tests/tests/chart.rs: lints deploy/chart and
+# Helm (pinned, from the Go module proxy) for tests/tests/integration/chart.rs: lints deploy/chart and
 # holds deploy/*.yaml to its render. Exports SHAREGUARD_HELM, which the test reads.
 ensure_helm
 

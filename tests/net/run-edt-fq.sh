@@ -8,8 +8,8 @@
 #   tests/net/run-edt-fq.sh
 # Optional environment, for a machine that cannot build the eBPF programs (no nightly,
 # no bpf-linker, no network):
-#   EDT_TEST_BIN=<path>     the bandwidth test binary, built elsewhere with
-#                           `cargo test --release -p shareguard-tests --test bandwidth --no-run`
+#   EDT_TEST_BIN=<path>     the integration test binary, built elsewhere with
+#                           `cargo test --release -p shareguard-tests --test integration --no-run`
 #   SHAREGUARD_BIN=<path>   the agent it starts (`cargo build --release -p shareguard`)
 #
 # Needs ip, tc, ping and iperf3 (Debian: iproute2, iputils-ping, iperf3).
@@ -42,10 +42,10 @@ if [[ -z $bin ]]; then
     ensure_bpf_toolchain
     cargo build --release --locked -p shareguard
     export SHAREGUARD_BIN=${SHAREGUARD_BIN:-$repo/target/release/shareguard}
-    bin=$(cargo test --release --locked -p shareguard-tests --test bandwidth --no-run \
+    bin=$(cargo test --release --locked -p shareguard-tests --test integration --no-run \
         --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)
-    [[ -n $bin ]] || { say "could not build the bandwidth test binary"; exit 1; }
+    [[ -n $bin ]] || { say "could not build the integration test binary"; exit 1; }
 fi
 [[ -x $bin ]] || { say "$bin is not an executable file"; exit 1; }
 [[ -z ${SHAREGUARD_BIN:-} || -x $SHAREGUARD_BIN ]] || {
@@ -54,4 +54,4 @@ fi
 }
 
 say "running $bin"
-CI=true "$bin" --exact edt_fq_limits_both_directions_where_the_kernel_has_sch_fq --nocapture
+CI=true "$bin" --exact bandwidth::edt_fq_limits_both_directions_where_the_kernel_has_sch_fq --nocapture

@@ -1,7 +1,7 @@
 //! Kubernetes manifests read as their types: each document through the k8s-openapi type
 //! its apiVersion and kind name, and back, with no field lost. Shared by the checks of
-//! deploy/*.yaml (tests/tests/deploy.rs) and of the Helm chart's renders
-//! (tests/tests/chart.rs), so both hold manifests to the same standard.
+//! deploy/*.yaml (tests/tests/integration/deploy.rs) and of the Helm chart's renders
+//! (tests/tests/integration/chart.rs), so both hold manifests to the same standard.
 //!
 //! k8s-openapi's Deserialize skips unknown fields, as the API server does (it drops them,
 //! with at most a warning): a misspelled `readOnlyRootFileSystem` would parse and

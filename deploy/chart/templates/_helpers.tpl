@@ -1,6 +1,6 @@
 {{/*
 The templates are the source of deploy/*.yaml: their render with the default values,
-byte for byte (tests/tests/chart.rs). Keep the manifests' comments here; they are what
+byte for byte (tests/tests/integration/chart.rs). Keep the manifests' comments here; they are what
 a reader of deploy/ or of the installed objects has. After a change, regenerate
 deploy/ with SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p shareguard-tests --test chart.
 */}}

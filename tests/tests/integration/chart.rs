@@ -248,7 +248,7 @@ fn deploy_manifests_are_the_charts_default_render() {
         stale.is_empty(),
         "deploy/ is not the chart's default render; change deploy/chart/ and rerun this test \
          with SHAREGUARD_WRITE_MANIFESTS=1 (`SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p \
-         shareguard-tests --test chart`):\n{}",
+         shareguard-tests --test integration chart::`):\n{}",
         stale.join("\n")
     );
 }

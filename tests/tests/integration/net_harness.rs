@@ -5,7 +5,7 @@
 //!
 //! `htb_tuning` is an experiment, not a test (`#[ignore]`): it produced
 //! docs/htb-tuning.md. Run it with
-//! `cargo test -p shareguard-tests --test net_harness -- --ignored --nocapture htb_tuning`.
+//! `cargo test -p shareguard-tests --test integration -- --ignored --nocapture net_harness::htb_tuning`.
 
 #![allow(clippy::unwrap_used)] // A harness failure is a test failure; panics say where.
 
