@@ -95,6 +95,11 @@ impl GpuError {
     }
 }
 
+/// A failed file operation on `path`, as a retryable error naming what was done.
+pub(crate) fn io_err(what: &str, path: &std::path::Path, e: &std::io::Error) -> GpuError {
+    GpuError::Transient(format!("{what} {}: {e}", path.display()))
+}
+
 impl From<GpuError> for LimiterError {
     fn from(e: GpuError) -> Self {
         LimiterError {

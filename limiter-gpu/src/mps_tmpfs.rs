@@ -11,7 +11,7 @@ use nix::mount::MntFlags;
 
 use crate::error::GpuError;
 
-use crate::mps::io_err;
+use crate::error::io_err;
 
 /// One mount as `/proc/<pid>/mountinfo` shows it.
 #[derive(Debug, PartialEq, Eq)]

@@ -7,10 +7,10 @@ use nix::mount::MsFlags;
 
 use super::{
     MpsDaemons, PIPE_BYTES, PIPE_INODES, SHARED_MODE, SHM_FLAGS, check_owner, check_private_dir,
-    check_shared_dir, create_dir, exists, io_err, remove_stale_temps, set_mode, write_atomic,
+    check_shared_dir, create_dir, exists, remove_stale_temps, set_mode, write_atomic,
 };
 use crate::{
-    error::GpuError,
+    error::{GpuError, io_err},
     mps_tmpfs::{host_sees, mount_err, mounts_at, shm_size, unmount_shm},
 };
 

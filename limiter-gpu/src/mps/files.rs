@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{CONTROL_SOCKET, own_tag};
-use crate::error::GpuError;
+use crate::error::{GpuError, io_err};
 
 /// Whether `dir` is recorded as `share_key`'s (false: no record yet); an error when it
 /// belongs to another share, whose daemon must never be touched for this one.
@@ -185,8 +185,4 @@ pub(super) fn check_control_socket(pipe: &Path) -> Result<(), GpuError> {
 pub(super) fn set_mode(path: &Path, mode: u32) -> Result<(), GpuError> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| io_err("setting the mode of", path, &e))
-}
-
-pub(crate) fn io_err(what: &str, path: &Path, e: &std::io::Error) -> GpuError {
-    GpuError::Transient(format!("{what} {}: {e}", path.display()))
 }

@@ -116,11 +116,11 @@ use std::time::{Duration, Instant};
 use nix::mount::MsFlags;
 
 pub use answers::*;
-pub(crate) use files::*;
+use files::*;
 pub use process::*;
 
 use crate::backend::{MpsLimit, Support};
-use crate::error::GpuError;
+use crate::error::{GpuError, io_err};
 use crate::mps_tmpfs::{host_sees, mount_err, mounts_at, unmount_shm};
 
 const MIB: u64 = 1 << 20;
