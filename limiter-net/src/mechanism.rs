@@ -99,8 +99,26 @@ pub fn choose(probe: &Probe, requested: Option<Mechanism>) -> Result<Mechanism, 
             ))),
         },
         // The policer needs nothing but the BPF programs, so there always is one.
-        None => Ok(probe.auto()),
+        None => Ok(auto(probe)),
     }
+}
+
+/// What `mechanism = "auto"` picks on a kernel as probed: the first of [`AUTO_ORDER`] it
+/// can run.
+pub fn auto(probe: &Probe) -> Mechanism {
+    AUTO_ORDER
+        .into_iter()
+        .find(|m| m.unsupported(probe).is_none())
+        .unwrap_or(Mechanism::BpfPolicer)
+}
+
+/// Mechanism names a kernel as probed can run, strongest first.
+pub fn available(probe: &Probe) -> Vec<&'static str> {
+    Mechanism::ALL
+        .into_iter()
+        .filter(|m| m.unsupported(probe).is_none())
+        .map(|m| m.name())
+        .collect()
 }
 
 /// What a qdisc-based mechanism puts at the root of a device.

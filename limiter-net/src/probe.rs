@@ -17,25 +17,6 @@ pub struct Probe {
     pub fq: bool,
 }
 
-impl Probe {
-    /// What `mechanism = "auto"` picks on this kernel (see [`crate::mechanism::AUTO_ORDER`]).
-    pub fn auto(&self) -> crate::mechanism::Mechanism {
-        crate::mechanism::AUTO_ORDER
-            .into_iter()
-            .find(|m| m.unsupported(self).is_none())
-            .unwrap_or(crate::mechanism::Mechanism::BpfPolicer)
-    }
-
-    /// Mechanism names the kernel can run, strongest first.
-    pub fn available(&self) -> Vec<&'static str> {
-        crate::mechanism::Mechanism::ALL
-            .into_iter()
-            .filter(|m| m.unsupported(self).is_none())
-            .map(|m| m.name())
-            .collect()
-    }
-}
-
 fn qdisc_works(dev: &str, kind: &str) -> bool {
     let ok = Command::new("tc")
         .args(["qdisc", "add", "dev", dev, "root", "handle", "1:", kind])

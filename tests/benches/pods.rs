@@ -313,9 +313,7 @@ fn main() {
         ms(pct(&sorted, 0.9)),
         ms(pct(&sorted, 0.99)),
         ms(*sorted.last().unwrap()),
-        shareguard_limiter_net::probe::probe()
-            .unwrap()
-            .auto()
+        shareguard_limiter_net::mechanism::auto(&shareguard_limiter_net::probe::probe().unwrap(),)
             .name()
     );
     let tenth = |i: usize| {

@@ -328,7 +328,7 @@ impl NetBackend {
             fq = probe.fq,
             htb = probe.htb,
             queue = probe.queue,
-            available = ?probe.available(),
+            available = ?mechanism::available(&probe),
             "probed the kernel for bandwidth mechanisms"
         );
         let wakeups = bpf.take_wakeups();

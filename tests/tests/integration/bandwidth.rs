@@ -74,9 +74,7 @@ fn auto_mechanism() -> &'static str {
     // Once per process: the probe uses a device named after the process id.
     static AUTO: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
     AUTO.get_or_init(|| {
-        shareguard_limiter_net::probe::probe()
-            .unwrap()
-            .auto()
+        shareguard_limiter_net::mechanism::auto(&shareguard_limiter_net::probe::probe().unwrap())
             .name()
     })
 }

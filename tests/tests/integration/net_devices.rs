@@ -42,7 +42,7 @@ async fn each_device_gets_the_mechanism_the_kernel_and_config_allow() {
     let mut c = a.client().await;
     // auto: htb-ebpf where the kernel can run it, else the policer; never edt-fq, which
     // is used only by name until it has run end to end on a kernel with sch_fq.
-    let auto = if kernel.available().contains(&"htb-ebpf") {
+    let auto = if shareguard_limiter_net::mechanism::available(&kernel).contains(&"htb-ebpf") {
         "htb-ebpf"
     } else {
         "bpf-policer"
