@@ -37,6 +37,7 @@ use crate::{
     tc,
 };
 
+mod governor;
 mod install;
 mod read_back;
 
@@ -340,7 +341,7 @@ impl NetBackend {
             windows: Mutex::new(HashMap::new()),
         });
         if let Some(w) = wakeups {
-            burst::spawn(Arc::downgrade(&backend), w)?;
+            governor::spawn(Arc::downgrade(&backend), w)?;
         }
         Ok(backend)
     }
