@@ -14,32 +14,19 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     agent::Agent,
+    answer::{Answers, Caller, DeviceAnswer},
     claims::{self, KubeletDevice, Prepared},
     cluster::Cluster,
     error::ClaimError,
     events::Events,
+    forward::Successors,
     inventory::DriverDevices,
-    kubelet::Successors,
     policy::PolicySnapshot,
 };
 
 /// kubelet gives a whole call 45 s; an answer after that is thrown away, so the plugin
 /// answers with an error (kubelet calls again) well before.
 const CALL_DEADLINE: Duration = Duration::from_secs(35);
-
-/// One device of a prepared claim, as kubelet gets it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceAnswer {
-    /// The claim's request as a container names it (`resources.claims[].request`): the
-    /// parent request of a `firstAvailable` subrequest, since kubelet matches the names
-    /// exactly.
-    pub request: String,
-    pub pool: String,
-    pub device: String,
-    /// None for a whole device.
-    pub share_id: Option<String>,
-    pub cdi_device_ids: Vec<String>,
-}
 
 /// This node's devices of the driver, and the policy snapshot published for them.
 #[derive(Clone, Debug, Default)]
@@ -84,17 +71,6 @@ impl Drop for InFlight<'_> {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
-
-/// Where a call came from: kubelet, or a fenced instance that passed it on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Caller {
-    Kubelet,
-    /// Never passed on again.
-    FencedInstance,
-}
-
-/// Claim uid (kubelet's key) -> the answer for it.
-pub type Answers<T> = Vec<(String, Result<T, String>)>;
 
 impl Driver {
     /// `successors` finds the instances that may replace this one.

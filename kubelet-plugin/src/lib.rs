@@ -8,6 +8,7 @@
 //! epoch, so that an instance replaced in a rolling update is fenced.
 
 mod agent;
+mod answer;
 mod args;
 pub mod claims;
 mod cluster;
@@ -15,6 +16,7 @@ mod dirs;
 mod driver;
 pub mod error;
 pub mod events;
+mod forward;
 mod health;
 pub mod inventory;
 pub mod kubelet;

@@ -22,9 +22,10 @@ use crate::{
     driver::{Devices, Driver},
     error::PluginError,
     events::Events,
+    forward::Successors,
     health::{self, Readiness},
     inventory::{DriverDevices, Inventory},
-    kubelet::{Registration, RegistrationState, SocketFile, Successors, V1, V1Beta1},
+    kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
     status::StatusWriter,
 };

@@ -9,8 +9,11 @@ use shareguard_proto::{
 };
 use tonic::{Request, Response, Status};
 
-use super::forward::FORWARDED_BY;
-use crate::driver::{Caller, DeviceAnswer, Driver};
+use crate::forward::FORWARDED_BY;
+use crate::{
+    answer::{Caller, DeviceAnswer},
+    driver::Driver,
+};
 
 fn caller<T>(req: &Request<T>) -> Caller {
     if req.metadata().contains_key(FORWARDED_BY) {

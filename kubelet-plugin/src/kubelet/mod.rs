@@ -2,12 +2,10 @@
 //! it calls. The handlers translate kubelet's messages; [`crate::driver`] decides.
 
 mod dra;
-mod forward;
 mod registration;
 mod socket;
 
 pub use dra::{V1, V1Beta1};
-pub use forward::{Successors, is_dra_socket_name};
 pub use registration::{Registration, RegistrationState};
 pub use socket::SocketFile;
 

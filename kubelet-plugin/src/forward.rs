@@ -23,7 +23,7 @@ use shareguard_proto::{
 };
 use tracing::{info, warn};
 
-use crate::driver::{Answers, DeviceAnswer};
+use crate::answer::{Answers, DeviceAnswer};
 
 /// Set on a call one instance passed on to another; the value is the sender's epoch.
 pub const FORWARDED_BY: &str = "x-shareguard-forwarded-by";
