@@ -6,8 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::StoreError;
-
 /// The gRPC code names the API promises in `Error.code`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Code {
@@ -191,4 +189,41 @@ impl RequestError {
     pub fn to_status(&self) -> tonic::Status {
         tonic::Status::new(self.code(), self.to_string())
     }
+}
+
+/// A stored value that cannot be read back ([`crate::record`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty value")]
+    Empty,
+    #[error("value format {found} is newer than this agent understands (max {max})")]
+    UnknownFormat { found: u8, max: u8 },
+    #[error("malformed JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The store failing ([`crate::store`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("record {tree}/{key}: {source}")]
+    Decode {
+        tree: &'static str,
+        key: String,
+        source: DecodeError,
+    },
+    #[error("meta/{0}: malformed value")]
+    Meta(&'static str),
+    #[error("sync of the store's log file: {0}")]
+    Sync(String),
+    #[error("{tree}/{key}: encoded value of {bytes} bytes is over the store's bound of {max}")]
+    TooLarge {
+        tree: &'static str,
+        key: String,
+        bytes: usize,
+        max: usize,
+    },
+    #[error("the store failed earlier and accepts no more writes; restart the agent")]
+    Failed,
 }

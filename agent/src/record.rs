@@ -311,15 +311,7 @@ pub struct ClaimRecord {
     pub updated_at_ms: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("empty value")]
-    Empty,
-    #[error("value format {0} is newer than this agent understands (max {FORMAT_V1})")]
-    UnknownFormat(u8),
-    #[error("malformed JSON: {0}")]
-    Json(#[from] serde_json::Error),
-}
+pub use crate::error::DecodeError;
 
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     let mut out = vec![FORMAT_V1];
@@ -374,7 +366,10 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeErr
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
         Some((&FORMAT_V1, rest)) => Ok(serde_json::from_slice(rest)?),
-        Some((&v, _)) => Err(DecodeError::UnknownFormat(v)),
+        Some((&v, _)) => Err(DecodeError::UnknownFormat {
+            found: v,
+            max: FORMAT_V1,
+        }),
     }
 }
 

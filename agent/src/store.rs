@@ -51,7 +51,7 @@ use std::{
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use tokio::sync::oneshot;
 
-use crate::record::{self, ClaimRecord, DecodeError, ShareRecord};
+use crate::record::{self, ClaimRecord, ShareRecord};
 use crate::rollout::StageRecord;
 
 const EPOCH_KEY: &[u8] = b"epoch";
@@ -60,30 +60,7 @@ const CONFIG_KEY: &[u8] = b"config";
 const STAGE_PREFIX: &str = "stage/";
 const SLO_PREFIX: &str = "slo/";
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("sled: {0}")]
-    Sled(#[from] sled::Error),
-    #[error("record {tree}/{key}: {source}")]
-    Decode {
-        tree: &'static str,
-        key: String,
-        source: DecodeError,
-    },
-    #[error("meta/{0}: malformed value")]
-    Meta(&'static str),
-    #[error("sync of the store's log file: {0}")]
-    Sync(String),
-    #[error("{tree}/{key}: encoded value of {bytes} bytes is over the store's bound of {max}")]
-    TooLarge {
-        tree: &'static str,
-        key: String,
-        bytes: usize,
-        max: usize,
-    },
-    #[error("the store failed earlier and accepts no more writes; restart the agent")]
-    Failed,
-}
+pub use crate::error::StoreError;
 
 /// Writes that must land together.
 #[derive(Default, Debug)]
