@@ -268,7 +268,7 @@ pub(super) fn parse(
         metrics_addr,
         health_addr,
         metrics_token_file: a.metrics_token_file,
-        metrics_tls: a.metrics_tls.map(|t| crate::api::metrics::tls::MetricsTls {
+        metrics_tls: a.metrics_tls.map(|t| super::MetricsTls {
             cert_file: t.cert_file,
             key_file: t.key_file,
             client_ca_file: t.client_ca_file,

@@ -48,6 +48,18 @@ pub struct Config {
     pub slo: crate::slo::SloConfig,
 }
 
+/// The files of `[agent] metrics_tls`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsTls {
+    /// PEM: the server's certificate first, then its chain.
+    pub cert_file: PathBuf,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM: the CA(s) whose client certificates are admitted; None: no client
+    /// certificate is asked for (TLS for the server only).
+    pub client_ca_file: Option<PathBuf>,
+}
+
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     /// The node's name: `[agent] node_name`, else `--node-name`/`NODE_NAME`, else the
@@ -67,7 +79,7 @@ pub struct AgentConfig {
     pub metrics_token_file: Option<PathBuf>,
     /// TLS on `metrics_addr`, with client certificates checked against a CA where
     /// `client_ca_file` is given; the files are read for each connection.
-    pub metrics_tls: Option<crate::api::metrics::tls::MetricsTls>,
+    pub metrics_tls: Option<MetricsTls>,
     pub audit_log: PathBuf,
     /// Size bound and rotation of the audit log (`audit_max_bytes`, `audit_keep`).
     pub audit_bound: crate::audit::Bound,

@@ -9,7 +9,7 @@
 //! connection without a restart. A scrape every few seconds makes that a few small file
 //! reads and one parse per scrape.
 
-use std::{path::PathBuf, sync::Arc};
+use std::sync::Arc;
 
 use rustls::{
     ServerConfig,
@@ -18,17 +18,7 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
-/// The files of `[agent] metrics_tls`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MetricsTls {
-    /// PEM: the server's certificate first, then its chain.
-    pub cert_file: PathBuf,
-    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
-    pub key_file: PathBuf,
-    /// PEM: the CA(s) whose client certificates are admitted; None: no client
-    /// certificate is asked for (TLS for the server only).
-    pub client_ca_file: Option<PathBuf>,
-}
+pub use crate::config::MetricsTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
