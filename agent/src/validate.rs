@@ -81,37 +81,10 @@ pub fn check_share_id(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub use shareguard_common::slice::{is_dns_label, is_dns_subdomain, is_driver_name};
-
-pub fn is_namespace(s: &str) -> bool {
-    is_dns_label(s)
-}
-
-/// Pool names are one or more DNS subdomains joined by '/'.
-pub fn is_pool_name(s: &str) -> bool {
-    s.len() <= 253 && !s.is_empty() && s.split('/').all(is_dns_subdomain)
-}
-
-/// A ResourceSlice attribute or capacity name (resource.k8s.io `QualifiedName`): a C
-/// identifier of at most 32 characters, optionally after a domain (a DNS subdomain of at
-/// most 63 characters) and '/'. The API server accepts more than one '/' (an open TODO
-/// there); the agent does not.
-pub fn is_qualified_name(s: &str) -> bool {
-    match s.split_once('/') {
-        None => is_c_identifier(s),
-        Some((domain, name)) => {
-            domain.len() <= 63 && is_dns_subdomain(domain) && is_c_identifier(name)
-        }
-    }
-}
-
-/// `[A-Za-z_][A-Za-z0-9_]*`, at most 32 characters (resource.k8s.io's `DeviceMaxIDLength`).
-pub fn is_c_identifier(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 32
-        && !s.as_bytes()[0].is_ascii_digit()
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
+pub use shareguard_common::slice::{
+    is_c_identifier, is_dns_label, is_dns_subdomain, is_driver_name, is_namespace, is_pool_name,
+    is_qualified_name,
+};
 
 /// Identifiers the agent uses in store keys and audit lines: uids, allocation ids.
 fn check_id(field: &str, s: &str) -> Result<(), ClaimError> {

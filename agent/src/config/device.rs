@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use shareguard_common::{Quantity, slice};
+use shareguard_common::{
+    Quantity, slice,
+    slice::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
+};
 use shareguard_limiter_gpu::limiter::MEMORY;
 use shareguard_limiter_net::Mechanism;
 use toml::Spanned;
@@ -12,11 +15,7 @@ use super::{
     CapacityConfig, ConfigError, DeviceConfig, DeviceKind, check_class_name, default_class,
     gpu::RawGpu, node::NodeName, raw::RawDevice, slo::ErrAt,
 };
-use crate::{
-    policy::Policy,
-    rollout::Stage,
-    validate::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
-};
+use crate::{policy::Policy, rollout::Stage};
 
 /// Every `[[device]]`, in the file's order.
 pub(super) fn parse(
