@@ -23,10 +23,7 @@ use shareguard_limiter_gpu::{
     deferred::DeferredGpuLimiter,
     simulated::SimulatedBackend,
     sys::PidfdTerminator,
-    watchdog::{
-        Action, OverLimit, ShareUsage, TerminateDecision, TerminateError, Terminated, Watchdog,
-        execute_terminations,
-    },
+    watchdog::{Action, Watchdog, execute_terminations},
 };
 use tracing::{debug, warn};
 
@@ -47,16 +44,7 @@ pub struct GpuWatch {
     namespace: &'static CgroupNamespace,
 }
 
-/// What one poll found and did.
-#[derive(Debug, Default)]
-pub struct WatchReport {
-    pub usage: Vec<ShareUsage>,
-    pub over_limit: Vec<OverLimit>,
-    pub terminated: Vec<(TerminateDecision, Result<Terminated, TerminateError>)>,
-    /// PIDs on a watched GPU that belong to no share there: (GPU, pid).
-    pub unattributed: Vec<(String, u32)>,
-    pub took: Duration,
-}
+pub use crate::engine::gpu::WatchReport;
 
 /// One entry of the simulated processes file.
 #[derive(Deserialize)]

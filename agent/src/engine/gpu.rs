@@ -3,13 +3,16 @@
 //! decisions to persist), turned into share status, audit lines, metrics and watch
 //! events; and the CDI spec files of claims with GPU shares.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Duration,
+};
 
 use shareguard_common::{Format, Quantity};
 use shareguard_limiter_gpu::{
     cdi::{CdiConfig, CdiShare, CdiWriter},
     limiter::MEMORY,
-    watchdog::Terminated,
+    watchdog::{OverLimit, ShareUsage, TerminateDecision, TerminateError, Terminated},
 };
 use shareguard_proto::v1 as pb;
 use tracing::{info, warn};
@@ -17,12 +20,22 @@ use tracing::{info, warn};
 use crate::{
     api::convert::share_to_pb_with,
     audit::{Decision, rfc3339},
-    gpu_watch::WatchReport,
     record::ShareRecord,
     sync::lock,
 };
 
 use super::{Engine, now_ms};
+
+/// What one poll of the GPU watchdog (`crate::gpu_watch`) found and did.
+#[derive(Debug, Default)]
+pub struct WatchReport {
+    pub usage: Vec<ShareUsage>,
+    pub over_limit: Vec<OverLimit>,
+    pub terminated: Vec<(TerminateDecision, Result<Terminated, TerminateError>)>,
+    /// PIDs on a watched GPU that belong to no share there: (GPU, pid).
+    pub unattributed: Vec<(String, u32)>,
+    pub took: Duration,
+}
 
 /// The watchdog's latest view of one share.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
