@@ -1603,6 +1603,30 @@ fn compared_with(expr: &str, what: &str) -> Vec<String> {
     out
 }
 
+/// The one validation of a policy whose expression mentions `field`, its whitespace
+/// made single spaces.
+fn only_validation_of(
+    spec: &k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+    field: &str,
+) -> String {
+    let rules: Vec<String> = spec
+        .validations
+        .iter()
+        .flatten()
+        .map(|v| {
+            v.expression
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|e| e.contains(field))
+        .collect();
+    let [rule] = &rules[..] else {
+        panic!("one validation of {field}: {rules:?}")
+    };
+    rule.clone()
+}
+
 #[test]
 fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
     use k8s_openapi::api::admissionregistration::v1::{
@@ -1658,26 +1682,12 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
     // names pools (config::node::pool_belongs_to); never a looser match such as a
     // prefix without the "/" ("worker-1" would own "worker-10").
     let node = "request.userInfo.extra[\"authentication.kubernetes.io/node-name\"][0]";
-    let pool_rules: Vec<String> = spec
-        .validations
-        .iter()
-        .flatten()
-        .map(|v| {
-            v.expression
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .filter(|e| e.contains("spec.pool.name"))
-        .collect();
-    let [rule] = &pool_rules[..] else {
-        panic!("one validation of spec.pool.name: {pool_rules:?}")
-    };
+    let rule = only_validation_of(spec, "spec.pool.name");
     // What is created or updated; a stale slice of this node (the node rule holds the
     // old slice to it) stays deletable whatever its pool.
     assert_eq!(
         rule,
-        &format!(
+        format!(
             "request.operation == \"DELETE\" || (variables.hasNode && (object.spec.pool.name == {node} || object.spec.pool.name.startsWith({node} + \"/\")))"
         )
     );
@@ -1691,24 +1701,10 @@ fn resourceslice_admission_policy_checks_the_plugins_account_node_and_driver() {
     let slots =
         flags(&plugin_container(&ds).command.as_ref().unwrap()[2..])["--max-slices-per-node"]
             .clone();
-    let name_rules: Vec<String> = spec
-        .validations
-        .iter()
-        .flatten()
-        .map(|v| {
-            v.expression
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .filter(|e| e.contains("object.metadata.name"))
-        .collect();
-    let [rule] = &name_rules[..] else {
-        panic!("one validation of the slice's name: {name_rules:?}")
-    };
+    let rule = only_validation_of(spec, "object.metadata.name");
     assert_eq!(
         rule,
-        &format!(
+        format!(
             "request.operation == \"DELETE\" || (variables.hasNode && object.metadata.name.startsWith(variables.namePrefix) && object.metadata.name.substring(variables.namePrefix.size()).matches('^(0|[1-9][0-9]?)$') && int(object.metadata.name.substring(variables.namePrefix.size())) < {slots})"
         )
     );
