@@ -2,8 +2,8 @@
 //! and what was admitted is still exactly what is held after a restart.
 
 use shareguard_tests::{
-    Agent, Options, all_shares, alloc, claim, device, generic_device, prepare_one, proto as pb,
-    share_id,
+    Agent, Options, all_shares, alloc, claim, device, generic_device, net, prepare_one,
+    proto as pb, share_id,
 };
 
 const RACERS: usize = 64;
@@ -17,6 +17,7 @@ async fn sixty_four_racing_prepares_admit_exactly_what_fits() {
         &["team-a"],
         &[],
     )));
+    let _busy = net::TrafficLock::busy();
     // Separate connections, so the calls really arrive at the agent concurrently rather
     // than queued behind one another on one HTTP/2 connection's flow control.
     let mut clients = Vec::with_capacity(RACERS);
@@ -97,6 +98,7 @@ async fn racing_retries_of_one_claim_count_it_once() {
         &["team-a"],
         &[],
     )));
+    let _busy = net::TrafficLock::busy();
     let id = share_id();
     // A kubelet retry racing the first attempt: the same claim, allocation and shareID
     // from many callers at once must admit one share and answer all of them with it.
@@ -156,6 +158,7 @@ async fn many_concurrent_durable_prepares_and_releases_all_complete() {
         &["team-a"],
         &[],
     )));
+    let _busy = net::TrafficLock::busy();
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
         let mut c = a.client().await;

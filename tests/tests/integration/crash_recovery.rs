@@ -11,8 +11,8 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, Options, all_shares, alloc, claim, claim_ref, device, generic_device, gib, proto as pb,
-    share_id,
+    Agent, Options, all_shares, alloc, claim, claim_ref, device, generic_device, gib, net,
+    proto as pb, share_id,
 };
 use tokio::sync::watch;
 
@@ -95,6 +95,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_operation() {
         &["team-a"],
         &[],
     )));
+    let _busy = net::TrafficLock::busy();
     let journal = Arc::new(Mutex::new(Journal::default()));
     let (acks, mut seen) = watch::channel(0usize);
     let mut workers = Vec::new();

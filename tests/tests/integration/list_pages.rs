@@ -8,7 +8,8 @@
 use std::collections::BTreeSet;
 
 use shareguard_tests::{
-    Agent, Options, alloc, claim, generic_device, prepare_one, proto as pb, share_id, unprepare_one,
+    Agent, Options, alloc, claim, generic_device, net, prepare_one, proto as pb, share_id,
+    unprepare_one,
 };
 
 async fn page(
@@ -120,6 +121,7 @@ async fn a_hundred_thousand_shares_list_through_the_cli() {
     let mut o = Options::new(generic_device("gen-0", "100Ti", "1Mi", &["team-a"], &[]));
     o.agent_extra = "max_claims_per_request = 32".into();
     let a = Agent::start(o);
+    let _busy = net::TrafficLock::busy();
     let mut c = a.client().await;
     let mut ids = BTreeSet::new();
     let mut n = 0;
