@@ -472,14 +472,26 @@ pub struct FileLock {
 
 impl FileLock {
     pub fn acquire(path: &str) -> FileLock {
-        let file = File::options()
+        let file = FileLock::open(path);
+        file.lock().unwrap_or_else(|e| panic!("lock {path}: {e}"));
+        FileLock { _file: file }
+    }
+
+    /// The same file locked shared: any number of shared holders, no exclusive one.
+    pub fn shared(path: &str) -> FileLock {
+        let file = FileLock::open(path);
+        file.lock_shared()
+            .unwrap_or_else(|e| panic!("lock {path} shared: {e}"));
+        FileLock { _file: file }
+    }
+
+    fn open(path: &str) -> File {
+        File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)
-            .unwrap_or_else(|e| panic!("open lock file {path}: {e}"));
-        file.lock().unwrap_or_else(|e| panic!("lock {path}: {e}"));
-        FileLock { _file: file }
+            .unwrap_or_else(|e| panic!("open lock file {path}: {e}"))
     }
 }
 
@@ -508,22 +520,16 @@ impl TrafficLock {
     /// while 100,000 shares were listed next to them). Taken after the test's agent
     /// exists, as [`HostLock`] requires.
     pub fn busy() -> BusyLock {
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(TRAFFIC_LOCK)
-            .unwrap_or_else(|e| panic!("open lock file {TRAFFIC_LOCK}: {e}"));
-        file.lock_shared()
-            .unwrap_or_else(|e| panic!("lock {TRAFFIC_LOCK} shared: {e}"));
-        BusyLock { _file: file }
+        BusyLock {
+            _lock: FileLock::shared(TRAFFIC_LOCK),
+        }
     }
 }
 
 /// See [`TrafficLock::busy`].
 #[derive(Debug)]
 pub struct BusyLock {
-    _file: File,
+    _lock: FileLock,
 }
 
 thread_local! {
@@ -541,34 +547,22 @@ thread_local! {
 /// [`TrafficLock::busy`]), never after, so that the two cannot wait on each other.
 #[derive(Debug)]
 pub struct HostLock {
-    _file: Option<File>,
+    _lock: Option<FileLock>,
     exclusive: bool,
 }
 
 impl HostLock {
-    fn open() -> File {
-        File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(HOST_LOCK)
-            .unwrap_or_else(|e| panic!("open lock file {HOST_LOCK}: {e}"))
-    }
-
     /// Held by an agent or a pod while it lives; nothing on the thread of an exclusive
     /// holder.
     pub fn shared() -> HostLock {
         if HOST_EXCLUSIVE.with(std::cell::Cell::get) {
             return HostLock {
-                _file: None,
+                _lock: None,
                 exclusive: false,
             };
         }
-        let file = HostLock::open();
-        file.lock_shared()
-            .unwrap_or_else(|e| panic!("lock {HOST_LOCK} shared: {e}"));
         HostLock {
-            _file: Some(file),
+            _lock: Some(FileLock::shared(HOST_LOCK)),
             exclusive: false,
         }
     }
@@ -576,12 +570,10 @@ impl HostLock {
     /// Waits until no agent or pod of another test lives, and keeps new ones waiting
     /// until dropped.
     pub fn exclusive() -> HostLock {
-        let file = HostLock::open();
-        file.lock()
-            .unwrap_or_else(|e| panic!("lock {HOST_LOCK}: {e}"));
+        let lock = FileLock::acquire(HOST_LOCK);
         HOST_EXCLUSIVE.with(|c| c.set(true));
         HostLock {
-            _file: Some(file),
+            _lock: Some(lock),
             exclusive: true,
         }
     }

@@ -168,7 +168,7 @@ impl NetLimiter {
         // The to-pod queue is one for all the veths: its HTB is dumped once.
         let to_queue_bps = match (i.mechanism, queues.1, i.slot()) {
             (Mechanism::HtbEbpf, Some(q), Some(slot))
-                if !i.unconstrained(Direction::ToPod)
+                if i.shaped(Direction::ToPod).is_some()
                     && bpf.to_pod_queue(slot).map_err(bpf_err)? == q =>
             {
                 htb_tree_bps(q)?
