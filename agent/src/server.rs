@@ -177,6 +177,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         .with_context(|| format!("chmod 0700 {}", cfg.agent.state_dir.display()))?;
     let boot = boot_id()?;
     let metrics = Arc::new(Metrics::new());
+    let observer: Arc<dyn crate::engine::Observer> = metrics.clone();
     let path = config_path.to_path_buf();
     let (engine, cfg, gpu_watches) = tokio::task::spawn_blocking(move || {
         // The limiters complete the config (GPU memory discovered from the GPU) before
@@ -184,7 +185,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         let limiters = crate::limiters::for_config(&mut cfg)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let cfg = Arc::new(cfg);
-        let engine = Engine::open(cfg.clone(), limiters.by_device, &boot, metrics)?;
+        let engine = Engine::open(cfg.clone(), limiters.by_device, &boot, observer)?;
         engine
             .note_config(config_digest)
             .context("recording the config in the store")?;
@@ -201,7 +202,7 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         .await
         .with_context(|| format!("binding metrics_addr {}", cfg.agent.metrics_addr))?;
     let metrics_addr = http_listener.local_addr()?;
-    let app = http::router(engine.clone(), ready.clone());
+    let app = http::router(engine.clone(), metrics, ready.clone());
     if let Some(tls) = &cfg.agent.metrics_tls
         && let Err(e) = crate::api::metrics::tls::server_config(tls)
     {

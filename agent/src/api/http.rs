@@ -29,7 +29,10 @@ use axum::{
 use shareguard_common::http;
 
 use crate::{
-    api::metrics::tls::{self as metrics_tls, MetricsTls},
+    api::metrics::{
+        Metrics,
+        tls::{self as metrics_tls, MetricsTls},
+    },
     engine::Engine,
 };
 
@@ -37,6 +40,12 @@ use crate::{
 struct Ctx {
     engine: Arc<Engine>,
     ready: Arc<AtomicBool>,
+}
+
+#[derive(Clone)]
+struct MetricsCtx {
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
 }
 
 /// Time a client of the metrics listener has to send a request's head after connecting
@@ -53,10 +62,18 @@ pub const METRICS: http::Bounds = http::Bounds {
     max_connections: MAX_CONNECTIONS,
 };
 
-pub fn router(engine: Arc<Engine>, ready: Arc<AtomicBool>) -> Router {
+/// Health and `/metrics`, for `metrics_addr`. `metrics` is the registry the engine
+/// reports to.
+pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
+    let scrape = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .with_state(MetricsCtx {
+            engine: engine.clone(),
+            metrics,
+        });
     health_routes()
-        .route("/metrics", get(metrics))
         .with_state(Ctx { engine, ready })
+        .merge(scrape)
 }
 
 /// Health alone, for `health_addr`.
@@ -134,7 +151,10 @@ fn authorized(file: &std::path::Path, headers: &HeaderMap) -> bool {
 
 /// OpenMetrics to a scraper that asks for it (Prometheus does), the Prometheus text
 /// format to everyone else.
-async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> axum::response::Response {
+async fn serve_metrics(
+    State(c): State<MetricsCtx>,
+    headers: HeaderMap,
+) -> axum::response::Response {
     if let Some(file) = &c.engine.config().agent.metrics_token_file
         && !authorized(file, &headers)
     {
@@ -152,12 +172,11 @@ async fn metrics(State(c): State<Ctx>, headers: HeaderMap) -> axum::response::Re
         .any(|v| v.contains("application/openmetrics-text"));
     // Rendering is CPU work over every live share: off the async workers, which serve
     // the gRPC API, and one at a time (see `Metrics::render`).
-    let engine = c.engine.clone();
+    let (engine, metrics) = (c.engine.clone(), c.metrics.clone());
     let max_age = engine.config().agent.metrics_max_age;
-    let rendered =
-        tokio::task::spawn_blocking(move || engine.metrics().render_cached(&engine, max_age))
-            .await
-            .unwrap_or(Err(std::fmt::Error));
+    let rendered = tokio::task::spawn_blocking(move || metrics.render_cached(&engine, max_age))
+        .await
+        .unwrap_or(Err(std::fmt::Error));
     match rendered {
         Ok(body) if openmetrics => (
             StatusCode::OK,

@@ -5,6 +5,7 @@
 mod audit;
 pub mod gpu;
 mod locks;
+pub mod observer;
 pub mod page;
 mod prepare;
 mod query;
@@ -30,12 +31,12 @@ use shareguard_common::limiter::{HostIface, LimitSpec, Limiter, Target};
 use tokio::sync::{Notify, broadcast};
 use tracing::info;
 
+pub use observer::Observer;
 pub use prepare::PrepareOutcome;
 pub use query::{DeviceView, ShareFilter};
 pub use slo::ClassSlo;
 
 use crate::{
-    api::metrics::Metrics,
     audit::AuditLog,
     config::Config,
     discovery::{self, Discovery},
@@ -85,7 +86,8 @@ pub struct Engine {
     stage_change: tokio::sync::Mutex<()>,
     events: broadcast::Sender<ShareRecord>,
     audit: AuditLog,
-    metrics: Arc<Metrics>,
+    /// Told what is counted (the metrics registry; see [`observer`]).
+    metrics: Arc<dyn Observer>,
     /// What the GPU watchdog last saw, by share key (see [`gpu`]).
     gpu_obs: Mutex<HashMap<String, gpu::GpuObservation>>,
     /// Finds pods' sandboxes (see [`crate::discovery`]).
@@ -132,7 +134,7 @@ impl Engine {
         cfg: Arc<Config>,
         limiters: HashMap<String, Arc<dyn Limiter>>,
         boot_id: &str,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Observer>,
     ) -> Result<Engine, OpenError> {
         // The start recovery is timed from (see [`crate::slo`]).
         let started = std::time::Instant::now();
@@ -204,10 +206,6 @@ impl Engine {
 
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     fn accounting_only(&self, device: &str) -> bool {

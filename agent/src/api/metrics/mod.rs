@@ -28,9 +28,10 @@ use prometheus_client::{
 use shareguard_common::{Quantity, limiter::TrafficCounters};
 
 use crate::{
-    engine::Engine,
+    engine::{Engine, observer::Observer},
     error::ClaimError,
     rollout::measure::{Above, Measured},
+    slo::RefusalReason,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -237,6 +238,105 @@ fn as_f64(q: &Quantity) -> f64 {
     q.nanos() as f64 / 1e9
 }
 
+impl Observer for Metrics {
+    fn observe_prepare(&self, took: Duration, error: Option<&ClaimError>) {
+        self.prepare_seconds.observe(took.as_secs_f64());
+        if let Some(e) = error {
+            self.refused("Prepare", e.reason());
+        }
+    }
+
+    fn refused(&self, rpc: &str, reason: &str) {
+        self.refusals
+            .get_or_create(&RefusalLabel {
+                rpc: rpc.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    fn slo_prepared(&self, class: &str, took: Duration, refusal: Option<RefusalReason>) {
+        self.slo.prepared(class, took, refusal);
+    }
+
+    fn slo_converged(&self, class: &str, took: Duration) {
+        self.slo.converged(class, took);
+    }
+
+    fn slo_repaired(&self, class: &str) {
+        self.slo.repaired(class);
+    }
+
+    fn gpu_over_limit(&self, device: &str) {
+        self.gpu_over_limit
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
+    }
+
+    fn gpu_terminated(&self, device: &str, outcome: &str) {
+        self.gpu_terminations
+            .get_or_create(&OutcomeLabel {
+                device: device.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    fn enforced_in(&self, device: &str, took: Duration) {
+        self.enforce_seconds
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    fn sandbox_transition(&self, device: &str, phase: &str) {
+        self.sandbox_transitions
+            .get_or_create(&DevicePhaseLabel {
+                device: device.to_owned(),
+                phase: phase.to_owned(),
+            })
+            .inc();
+    }
+
+    fn quarantined(&self, n: usize) {
+        self.quarantined.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn reconciled(&self, took: Duration) {
+        self.reconcile_seconds.observe(took.as_secs_f64());
+    }
+
+    fn drift(&self, device: &str) {
+        self.drift
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
+    }
+
+    fn repaired(&self, device: &str) {
+        self.repairs
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
+    }
+
+    fn gpu_polled(&self, took: Duration, ok: bool) {
+        if ok {
+            self.gpu_poll_seconds.observe(took.as_secs_f64());
+        }
+        self.gpu_polls
+            .get_or_create(&PollLabel {
+                result: if ok { "ok" } else { "error" }.to_owned(),
+            })
+            .inc();
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
@@ -415,111 +515,6 @@ impl Metrics {
             prepare_seconds,
             refusals,
         }
-    }
-
-    pub fn observe_prepare(&self, took: Duration, error: Option<&ClaimError>) {
-        self.prepare_seconds.observe(took.as_secs_f64());
-        if let Some(e) = error {
-            self.refused("Prepare", e.reason());
-        }
-    }
-
-    /// Counts one refusal: of a claim, or of a whole request (then `reason` is the gRPC
-    /// code of the status it was answered with).
-    pub fn refused(&self, rpc: &str, reason: &str) {
-        self.refusals
-            .get_or_create(&RefusalLabel {
-                rpc: rpc.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .inc();
-    }
-
-    /// A claim of `class` answered after `took` (see [`crate::api::metrics::slo`]).
-    pub fn slo_prepared(
-        &self,
-        class: &str,
-        took: Duration,
-        refusal: Option<crate::slo::RefusalReason>,
-    ) {
-        self.slo.prepared(class, took, refusal);
-    }
-
-    pub fn slo_converged(&self, class: &str, took: Duration) {
-        self.slo.converged(class, took);
-    }
-
-    pub fn slo_repaired(&self, class: &str) {
-        self.slo.repaired(class);
-    }
-
-    pub fn gpu_over_limit(&self, device: &str) {
-        self.gpu_over_limit
-            .get_or_create(&DeviceLabel {
-                device: device.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn gpu_terminated(&self, device: &str, outcome: &str) {
-        self.gpu_terminations
-            .get_or_create(&OutcomeLabel {
-                device: device.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn enforced_in(&self, device: &str, took: Duration) {
-        self.enforce_seconds
-            .get_or_create(&DeviceLabel {
-                device: device.to_owned(),
-            })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn sandbox_transition(&self, device: &str, phase: &str) {
-        self.sandbox_transitions
-            .get_or_create(&DevicePhaseLabel {
-                device: device.to_owned(),
-                phase: phase.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn quarantined(&self, n: usize) {
-        self.quarantined.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    pub fn reconciled(&self, took: Duration) {
-        self.reconcile_seconds.observe(took.as_secs_f64());
-    }
-
-    pub fn drift(&self, device: &str) {
-        self.drift
-            .get_or_create(&DeviceLabel {
-                device: device.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn repaired(&self, device: &str) {
-        self.repairs
-            .get_or_create(&DeviceLabel {
-                device: device.to_owned(),
-            })
-            .inc();
-    }
-
-    pub fn gpu_polled(&self, took: Duration, ok: bool) {
-        if ok {
-            self.gpu_poll_seconds.observe(took.as_secs_f64());
-        }
-        self.gpu_polls
-            .get_or_create(&PollLabel {
-                result: if ok { "ok" } else { "error" }.to_owned(),
-            })
-            .inc();
     }
 
     /// The text format as rendered at most `max_age` ago: scrapers that come together
