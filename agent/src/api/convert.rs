@@ -1,11 +1,13 @@
 //! Translation between the library's records and the `shareguard.v1` messages.
 
+use shareguard_limiter_gpu::limiter::MEMORY;
 use shareguard_proto::v1 as pb;
 
 use crate::rollout::measure::{Above, Measured};
 use crate::{
     api::device_status,
-    engine::{DeviceView, PrepareOutcome},
+    audit::rfc3339,
+    engine::{DeviceView, Engine, PrepareOutcome, gpu::bytes},
     error::ClaimError,
     record::{Phase, ShareRecord},
 };
@@ -51,6 +53,36 @@ fn timestamp(ms: u64) -> pbjson_types::Timestamp {
         // Below 1e9 by construction, so it fits.
         nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
     }
+}
+
+/// A share's status as the API shows it: the record, plus what the engine measured of
+/// its traffic and what the GPU watchdog sees of its memory.
+pub fn share_status(engine: &Engine, r: &ShareRecord) -> pb::ShareStatus {
+    let traffic = engine.measured(&r.key);
+    let Some(o) = engine.gpu_observation(&r.key) else {
+        return share_to_pb_with(r, &[], traffic.as_ref());
+    };
+    let mut s = share_to_pb_with(
+        r,
+        &[(MEMORY.to_owned(), bytes(o.used_bytes))],
+        traffic.as_ref(),
+    );
+    if o.unknown > 0 {
+        s.reason = format!(
+            "{}; watchdog: the driver does not report the memory of {} of the share's processes: the usage shown counts only the others",
+            s.reason, o.unknown
+        );
+    }
+    if let Some(since) = o.over_since_ms {
+        s.reason = format!(
+            "{}; watchdog: over the memory limit since {}: {} used of {}",
+            s.reason,
+            rfc3339(since),
+            bytes(o.used_bytes),
+            bytes(o.limit_bytes)
+        );
+    }
+    s
 }
 
 pub fn share_to_pb(r: &ShareRecord) -> pb::ShareStatus {

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
 use tracing::{debug, info_span};
 
 use crate::{
-    api::convert::{device_to_pb, outcome_to_pb, phase_from_pb},
+    api::convert::{device_to_pb, outcome_to_pb, phase_from_pb, share_status},
     engine::{Engine, ShareFilter},
     error::{ClaimError, RequestError},
 };
@@ -204,7 +204,7 @@ impl NodeAgent for Api {
         let _span = info_span!("get_share", share = %id).entered();
         self.engine
             .get_share(&id)
-            .map(|r| Response::new(self.engine.status(&r)))
+            .map(|r| Response::new(share_status(&self.engine, &r)))
             .ok_or_else(|| RequestError::NotFound(id).to_status())
     }
 
@@ -228,7 +228,7 @@ impl NodeAgent for Api {
         let (page, next) =
             self.engine
                 .list_page(&f, after.as_ref(), crate::engine::page::size(r.page_size));
-        let shares = page.iter().map(|r| self.engine.status(r)).collect();
+        let shares = page.iter().map(|r| share_status(&self.engine, r)).collect();
         Ok(Response::new(pb::ListSharesResponse {
             shares,
             next_page_token: next.map(|p| p.token()).unwrap_or_default(),
@@ -271,7 +271,7 @@ impl NodeAgent for Api {
                 for r in &snapshot {
                     if !send(
                         pb::watch_shares_response::Kind::Snapshot,
-                        Some(engine.status(r)),
+                        Some(share_status(&engine, r)),
                     )
                     .await
                     {
@@ -292,7 +292,7 @@ impl NodeAgent for Api {
                         Ok(r) if f.matches(&r) => {
                             if !send(
                                 pb::watch_shares_response::Kind::Changed,
-                                Some(engine.status(&r)),
+                                Some(share_status(&engine, &r)),
                             )
                             .await
                             {

@@ -1,7 +1,7 @@
 //! What the GPU watchdog observed, as the engine keeps and shows it: per-share usage and
 //! over-limit episodes (in memory: they are observations, re-made every poll, not
-//! decisions to persist), turned into share status, audit lines, metrics and watch
-//! events; and the CDI spec files of claims with GPU shares.
+//! decisions to persist), turned into audit lines, metrics and watch events (the API
+//! status shows them: `api::convert::share_status`); and the CDI spec files of claims with GPU shares.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -11,18 +11,11 @@ use std::{
 use shareguard_common::{Format, Quantity};
 use shareguard_limiter_gpu::{
     cdi::{CdiConfig, CdiShare, CdiWriter},
-    limiter::MEMORY,
     watchdog::{OverLimit, ShareUsage, TerminateDecision, TerminateError, Terminated},
 };
-use shareguard_proto::v1 as pb;
 use tracing::{info, warn};
 
-use crate::{
-    api::convert::share_to_pb_with,
-    audit::{Decision, rfc3339},
-    record::ShareRecord,
-    sync::lock,
-};
+use crate::{audit::Decision, record::ShareRecord, sync::lock};
 
 use super::{Engine, now_ms};
 
@@ -51,7 +44,8 @@ pub struct GpuObservation {
     pub over_since_ms: Option<u64>,
 }
 
-fn bytes(b: u64) -> String {
+/// A byte count as a binary-SI quantity ("3Gi"), as capacities are written.
+pub(crate) fn bytes(b: u64) -> String {
     Quantity::from_units(i128::from(b), Format::BinarySI)
         .map_or_else(|| b.to_string(), |q| q.to_string())
 }
@@ -171,33 +165,9 @@ impl Engine {
             .collect()
     }
 
-    /// A share's status as the API shows it: the record, plus what the watchdog sees.
-    pub fn status(&self, r: &ShareRecord) -> pb::ShareStatus {
-        let traffic = self.measured(&r.key);
-        let Some(o) = lock(&self.gpu_obs).get(&r.key).cloned() else {
-            return share_to_pb_with(r, &[], traffic.as_ref());
-        };
-        let mut s = share_to_pb_with(
-            r,
-            &[(MEMORY.to_owned(), bytes(o.used_bytes))],
-            traffic.as_ref(),
-        );
-        if o.unknown > 0 {
-            s.reason = format!(
-                "{}; watchdog: the driver does not report the memory of {} of the share's processes: the usage shown counts only the others",
-                s.reason, o.unknown
-            );
-        }
-        if let Some(since) = o.over_since_ms {
-            s.reason = format!(
-                "{}; watchdog: over the memory limit since {}: {} used of {}",
-                s.reason,
-                rfc3339(since),
-                bytes(o.used_bytes),
-                bytes(o.limit_bytes)
-            );
-        }
-        s
+    /// The watchdog's latest view of one share; None when it does not watch it.
+    pub fn gpu_observation(&self, key: &str) -> Option<GpuObservation> {
+        lock(&self.gpu_obs).get(key).cloned()
     }
 
     /// Writes the CDI specs of a claim's GPU shares (one file per driver, named after
