@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod limiters;
 pub mod policy;
 pub mod record;
+pub mod request;
 pub mod rollout;
 pub mod server;
 pub mod slo;

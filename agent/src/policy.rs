@@ -5,7 +5,6 @@
 //! an amount the policy does not allow is a scheduler or kubelet plugin bug, and is refused.
 
 use shareguard_common::Quantity;
-use shareguard_proto::v1 as pb;
 
 pub use shareguard_common::slice::MAX_VALID_VALUES;
 
@@ -246,7 +245,8 @@ impl Policy {
         }
     }
 
-    pub fn from_proto(p: &pb::CapacityPolicy) -> Result<Policy, PolicyError> {
+    /// A request-policy snapshot as a caller sent it (see [`crate::request`]).
+    pub fn from_snapshot(p: &crate::request::CapacityPolicy) -> Result<Policy, PolicyError> {
         let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
         let default = opt(&p.default);
         let range = p
@@ -262,8 +262,9 @@ impl Policy {
         )
     }
 
-    pub fn to_proto(&self) -> pb::CapacityPolicy {
-        let mut out = pb::CapacityPolicy {
+    /// The policy in its string form, as a ResourceSlice and the API write it.
+    pub fn to_snapshot(&self) -> crate::request::CapacityPolicy {
+        let mut out = crate::request::CapacityPolicy {
             default: self.default.map(|d| d.to_string()).unwrap_or_default(),
             ..Default::default()
         };
@@ -271,7 +272,7 @@ impl Policy {
             Rule::Any => {}
             Rule::Values(v) => out.valid_values = v.iter().map(|q| q.to_string()).collect(),
             Rule::Range { min, max, step } => {
-                out.valid_range = Some(pb::ValidRange {
+                out.valid_range = Some(crate::request::ValidRange {
                     min: min.to_string(),
                     max: max.map(|q| q.to_string()).unwrap_or_default(),
                     step: step.map(|q| q.to_string()).unwrap_or_default(),

@@ -138,8 +138,8 @@ fn the_schedulers_policy_violation_table() {
 
 /// A policy the config accepts for a capacity of `cap`, from generated parts.
 fn accepted(p: &Policy, cap: i128) -> bool {
-    let s = p.to_proto();
-    Policy::from_proto(&s).is_ok_and(|back| back == *p) && p.check_capacity(&q(cap)).is_ok()
+    let s = p.to_snapshot();
+    Policy::from_snapshot(&s).is_ok_and(|back| back == *p) && p.check_capacity(&q(cap)).is_ok()
 }
 
 fn policies() -> impl Strategy<Value = (Policy, i128)> {

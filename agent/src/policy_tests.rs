@@ -80,7 +80,7 @@ fn malformed_policies_are_refused_with_the_part_named() {
 #[test]
 fn proto_round_trip() {
     let p = range("5Gi", Some("40Gi"), Some("5Gi"), "5Gi");
-    assert_eq!(Policy::from_proto(&p.to_proto()).unwrap(), p);
+    assert_eq!(Policy::from_snapshot(&p.to_snapshot()).unwrap(), p);
     let p = Policy::from_parts(Some("1Gi"), &["1Gi".into(), "2Gi".into()], None).unwrap();
-    assert_eq!(Policy::from_proto(&p.to_proto()).unwrap(), p);
+    assert_eq!(Policy::from_snapshot(&p.to_snapshot()).unwrap(), p);
 }

@@ -4,13 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use shareguard_common::Quantity;
-use shareguard_proto::v1 as pb;
 
 use crate::{
     config::Config,
     error::ClaimError,
     policy::Policy,
     record::{ClaimId, TargetRecord},
+    request,
 };
 
 /// A claim has at most this many allocation results (Kubernetes' own limit).
@@ -130,7 +130,10 @@ fn check_claim_uid(field: &str, s: &str) -> Result<(), ClaimError> {
     Ok(())
 }
 
-pub fn validate_claim_ref(field: &str, c: Option<&pb::ClaimRef>) -> Result<ClaimId, ClaimError> {
+pub fn validate_claim_ref(
+    field: &str,
+    c: Option<&request::ClaimRef>,
+) -> Result<ClaimId, ClaimError> {
     let c = c.ok_or_else(|| ClaimError::invalid(field, "required"))?;
     check_claim_uid(&format!("{field}.uid"), &c.uid)?;
     if !is_namespace(&c.namespace) {
@@ -154,7 +157,7 @@ pub fn validate_claim_ref(field: &str, c: Option<&pb::ClaimRef>) -> Result<Claim
 
 /// Unprepare only needs the uid to find the claim. '.' stays allowed here, so that a
 /// claim admitted before it was refused can still be released.
-pub fn validate_claim_uid(field: &str, c: &pb::ClaimRef) -> Result<(), ClaimError> {
+pub fn validate_claim_uid(field: &str, c: &request::ClaimRef) -> Result<(), ClaimError> {
     check_id(&format!("{field}.uid"), &c.uid)
 }
 
@@ -214,7 +217,7 @@ fn check_netns_path(field: &str, p: &str) -> Result<(), ClaimError> {
 
 fn validate_target(
     field: &str,
-    t: Option<&pb::PodTarget>,
+    t: Option<&request::PodTarget>,
 ) -> Result<(TargetRecord, Option<String>), ClaimError> {
     let Some(t) = t else {
         return Ok((TargetRecord::default(), None));
@@ -285,7 +288,7 @@ fn validate_alloc(
     claim: &ClaimId,
     field: &str,
     index: usize,
-    a: &pb::DeviceAllocation,
+    a: &request::DeviceAllocation,
 ) -> Result<ValidAlloc, ClaimError> {
     if !is_dns_subdomain(&a.driver) {
         return Err(ClaimError::invalid(
@@ -400,7 +403,8 @@ fn validate_alloc(
                 format!("policy for capacity {name:?} the allocation does not consume"),
             ));
         };
-        let snapshot = Policy::from_proto(p).map_err(|e| ClaimError::invalid(&f, e.to_string()))?;
+        let snapshot =
+            Policy::from_snapshot(p).map_err(|e| ClaimError::invalid(&f, e.to_string()))?;
         snapshot.allows(q).map_err(|why| {
             ClaimError::invalid(
                 format!("{field}.consumed_capacity[{name}]"),
@@ -429,7 +433,7 @@ fn validate_alloc(
 pub fn validate_claim(
     cfg: &Config,
     index: usize,
-    c: &pb::ClaimPrepare,
+    c: &request::ClaimPrepare,
 ) -> Result<ValidClaim, ClaimError> {
     let field = format!("claims[{index}]");
     let claim = validate_claim_ref(&format!("{field}.claim"), c.claim.as_ref())?;

@@ -219,7 +219,7 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         policy: c
             .capacities
             .iter()
-            .map(|(k, v)| (k.clone(), v.policy.to_proto()))
+            .map(|(k, v)| (k.clone(), v.policy.to_snapshot().into()))
             .collect(),
         allowed_namespaces: c.allowed_namespaces.clone(),
         admin_namespaces: c.admin_namespaces.clone(),

@@ -13,6 +13,7 @@ use crate::{
     api::convert::{device_to_pb, outcome_to_pb, phase_from_pb, share_status},
     engine::{Engine, ShareFilter},
     error::{ClaimError, RequestError},
+    request,
 };
 
 /// How many watch events may wait for a slow client before its stream falls behind and
@@ -162,7 +163,8 @@ impl NodeAgent for Api {
         // makes tonic drop this handler) must not leave the work half done. The task
         // runs to a consistent end, holding each claim's lock until then.
         let engine = self.engine.clone();
-        let outcomes = tokio::spawn(async move { engine.prepare(r.epoch, &r.claims, uid).await })
+        let claims: Vec<request::ClaimPrepare> = r.claims.into_iter().map(Into::into).collect();
+        let outcomes = tokio::spawn(async move { engine.prepare(r.epoch, &claims, uid).await })
             .await
             .map_err(|e| Status::internal(format!("prepare task failed: {e}")))?
             .map_err(|e| self.refuse("Prepare", Some(uid), epoch, e))?;
@@ -184,7 +186,8 @@ impl NodeAgent for Api {
         let r = req.into_inner();
         // As for Prepare: a release that started runs to its end whatever the client does.
         let engine = self.engine.clone();
-        let results = tokio::spawn(async move { engine.unprepare(r.epoch, &r.claims, uid).await })
+        let claims: Vec<request::ClaimRef> = r.claims.into_iter().map(Into::into).collect();
+        let results = tokio::spawn(async move { engine.unprepare(r.epoch, &claims, uid).await })
             .await
             .map_err(|e| Status::internal(format!("unprepare task failed: {e}")))?
             .map_err(|e| self.refuse("Unprepare", Some(uid), epoch, e))?;

@@ -2,21 +2,20 @@
 //! (epoch, rollout, config), and a decision on one share. Each is one `write`, with every
 //! caller string bounded by the audit log itself.
 
-use shareguard_proto::v1 as pb;
-
 use super::Engine;
 use crate::{
     audit::{AuditLine, Decision, now_rfc3339},
     error::{ClaimError, RequestError},
     record::ShareRecord,
+    request,
 };
 
 impl Engine {
     pub(super) fn audit_refusal(
         &self,
-        claim: &pb::ClaimRef,
-        c: &pb::ClaimPrepare,
-        a: Option<&pb::DeviceAllocation>,
+        claim: &request::ClaimRef,
+        c: &request::ClaimPrepare,
+        a: Option<&request::DeviceAllocation>,
         e: &ClaimError,
         epoch: u64,
         caller: u32,
@@ -133,9 +132,9 @@ impl Engine {
 /// The allocation a refusal names (`claims[i].allocations[j]…` in its field), or the only
 /// one: the audit line shows its share and device. None for a claim-wide reason.
 pub(super) fn allocation_at_fault<'a>(
-    c: &'a pb::ClaimPrepare,
+    c: &'a request::ClaimPrepare,
     e: &ClaimError,
-) -> Option<&'a pb::DeviceAllocation> {
+) -> Option<&'a request::DeviceAllocation> {
     let named = e
         .field
         .split_once(".allocations[")

@@ -6,7 +6,6 @@
 use std::{collections::HashSet, time::Instant};
 
 use shareguard_common::limiter::{LimiterError, Retry};
-use shareguard_proto::v1 as pb;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
@@ -15,6 +14,7 @@ use crate::{
     error::{ClaimError, RequestError},
     ledger::{self, State},
     record::{ClaimRecord, Phase, ShareRecord},
+    request,
     store::{Batch, Durable},
     sync::lock,
     validate::{ValidClaim, authorize, validate_claim},
@@ -60,7 +60,7 @@ impl Engine {
     pub async fn prepare(
         &self,
         epoch: u64,
-        claims: &[pb::ClaimPrepare],
+        claims: &[request::ClaimPrepare],
         caller_uid: u32,
     ) -> Result<Vec<PrepareOutcome>, RequestError> {
         self.check_batch("claims", claims.len())?;
@@ -113,7 +113,7 @@ impl Engine {
 
     async fn prepare_claim(
         &self,
-        c: &pb::ClaimPrepare,
+        c: &request::ClaimPrepare,
         checked: Result<ValidClaim, ClaimError>,
         epoch: u64,
         caller: u32,
@@ -660,7 +660,7 @@ impl Engine {
 
     fn refused(
         &self,
-        c: &pb::ClaimPrepare,
+        c: &request::ClaimPrepare,
         e: ClaimError,
         epoch: u64,
         caller: u32,

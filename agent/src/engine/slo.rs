@@ -6,11 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shareguard_proto::v1 as pb;
-
 use crate::{
     error::{ClaimError, RequestError},
     record::{Phase, ShareRecord},
+    request,
     rollout::Stage,
     slo::{self, ClassFigures, ClassStage, Objectives, ReadBackSum, RefusalReason, Verdict},
     sync::lock,
@@ -89,7 +88,7 @@ impl Engine {
     }
 
     /// The classes the allocations of `c` name (unknown devices name none).
-    fn classes_of(&self, c: &pb::ClaimPrepare) -> BTreeSet<String> {
+    fn classes_of(&self, c: &request::ClaimPrepare) -> BTreeSet<String> {
         c.allocations
             .iter()
             .filter_map(|a| self.class_of(&a.device))
@@ -100,7 +99,7 @@ impl Engine {
     /// A claim of a Prepare was answered after `took`: counted in each class it touches.
     pub(super) fn slo_prepared(
         &self,
-        c: &pb::ClaimPrepare,
+        c: &request::ClaimPrepare,
         took: Duration,
         error: Option<&ClaimError>,
         shares: &[ShareRecord],

@@ -12,10 +12,11 @@ use shareguard_common::{
     Quantity,
     limiter::{Enforcement, LimitSpec, Limiter, LimiterError, Needs, Target},
 };
-use shareguard_proto::v1 as pb;
 
 use super::Engine;
-use crate::{api::metrics::Metrics, config::Config, error::Code, record::Phase, sync::lock};
+use crate::{
+    api::metrics::Metrics, config::Config, error::Code, record::Phase, request, sync::lock,
+};
 
 const DRIVER: &str = "shareguard.example.com";
 
@@ -172,8 +173,8 @@ fn share(n: u32) -> String {
     format!("{n:08x}-0000-4000-8000-000000000000")
 }
 
-fn alloc(device: &str, id: &str, mem: &str) -> pb::DeviceAllocation {
-    pb::DeviceAllocation {
+fn alloc(device: &str, id: &str, mem: &str) -> request::DeviceAllocation {
+    request::DeviceAllocation {
         request: "r".into(),
         driver: DRIVER.into(),
         pool: "p".into(),
@@ -184,15 +185,19 @@ fn alloc(device: &str, id: &str, mem: &str) -> pb::DeviceAllocation {
     }
 }
 
-fn claim(uid: &str, alloc_id: &str, allocs: Vec<pb::DeviceAllocation>) -> pb::ClaimPrepare {
-    pb::ClaimPrepare {
-        claim: Some(pb::ClaimRef {
+fn claim(
+    uid: &str,
+    alloc_id: &str,
+    allocs: Vec<request::DeviceAllocation>,
+) -> request::ClaimPrepare {
+    request::ClaimPrepare {
+        claim: Some(request::ClaimRef {
             uid: uid.into(),
             namespace: "ns".into(),
             name: uid.into(),
         }),
         allocation_id: alloc_id.into(),
-        target: Some(pb::PodTarget {
+        target: Some(request::PodTarget {
             pod_uids: vec![POD.into()],
             ..Default::default()
         }),
@@ -658,7 +663,7 @@ fn the_conditions_transition_time_moves_only_when_its_status_flips() {
     // False -> False with another phase and reason: Unprepare. Seconds apart (the
     // condition's time has second resolution), so a moved time would show.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let refs = [pb::ClaimRef {
+    let refs = [request::ClaimRef {
         uid: "c1".into(),
         ..Default::default()
     }];
@@ -714,7 +719,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
     ))
     .unwrap();
     lock(&k.fail_remove).insert(share(1));
-    let refs = [pb::ClaimRef {
+    let refs = [request::ClaimRef {
         uid: "c1".into(),
         ..Default::default()
     }];
@@ -769,7 +774,7 @@ fn tombstones_expire_after_retention_only() {
     .unwrap();
     rt.block_on(e.unprepare(
         0,
-        &[pb::ClaimRef {
+        &[request::ClaimRef {
             uid: "c1".into(),
             ..Default::default()
         }],
@@ -832,7 +837,7 @@ fn op() -> impl Strategy<Value = Op> {
 struct Model {
     live: BTreeMap<u8, (u8, u8)>,
     /// Last request per claim, and a generation so a new allocation gets a new shareID.
-    last: BTreeMap<u8, (pb::ClaimPrepare, u32)>,
+    last: BTreeMap<u8, (request::ClaimPrepare, u32)>,
 }
 
 impl Model {
@@ -897,7 +902,7 @@ proptest! {
                     }
                 }
                 Op::Unprepare { c } => {
-                    let refs = [pb::ClaimRef { uid: format!("c{c}"), ..Default::default() }];
+                    let refs = [request::ClaimRef { uid: format!("c{c}"), ..Default::default() }];
                     let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
                     prop_assert_eq!(&out[0].1, &None);
                     m.live.remove(&c);
@@ -979,8 +984,12 @@ fn reconcile_repairs_drift_verifies_unknown_and_never_frees() {
 
 /// Unprepares claim `uid`, whose only share is `share(1)`, expecting the removal to
 /// fail (the test arranged that): the share stays RELEASING. Returns the request.
-fn release_cut_short(rt: &tokio::runtime::Runtime, e: &Engine, uid: &str) -> [pb::ClaimRef; 1] {
-    let refs = [pb::ClaimRef {
+fn release_cut_short(
+    rt: &tokio::runtime::Runtime,
+    e: &Engine,
+    uid: &str,
+) -> [request::ClaimRef; 1] {
+    let refs = [request::ClaimRef {
         uid: uid.into(),
         ..Default::default()
     }];
@@ -1186,7 +1195,7 @@ fn only_new_epoch_moves_the_fence() {
     let e = open(&cfg, None, "boot-a");
     let rt = rt();
     let ok = claim("c1", "a1", vec![alloc("gen-0", &share(1), "1Gi")]);
-    let release = pb::ClaimRef {
+    let release = request::ClaimRef {
         uid: "c1".into(),
         ..Default::default()
     };

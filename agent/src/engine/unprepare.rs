@@ -3,13 +3,13 @@
 
 use std::collections::HashSet;
 
-use shareguard_proto::v1 as pb;
 use tracing::{Instrument, info, info_span};
 
 use crate::{
     audit::{AuditLine, Decision, now_rfc3339},
     error::{ClaimError, RequestError},
     record::{Phase, ShareRecord},
+    request,
     store::Batch,
     sync::lock,
     validate::validate_claim_uid,
@@ -22,7 +22,7 @@ impl Engine {
     pub async fn unprepare(
         &self,
         epoch: u64,
-        claims: &[pb::ClaimRef],
+        claims: &[request::ClaimRef],
         caller_uid: u32,
     ) -> Result<Vec<(String, Option<ClaimError>)>, RequestError> {
         self.check_batch("claims", claims.len())?;
@@ -68,7 +68,13 @@ impl Engine {
         Ok(out)
     }
 
-    fn audit_unprepare_refusal(&self, c: &pb::ClaimRef, e: &ClaimError, epoch: u64, caller: u32) {
+    fn audit_unprepare_refusal(
+        &self,
+        c: &request::ClaimRef,
+        e: &ClaimError,
+        epoch: u64,
+        caller: u32,
+    ) {
         self.metrics.refused("Unprepare", e.reason());
         self.audit.write(&AuditLine {
             time: now_rfc3339(),
