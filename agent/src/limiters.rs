@@ -1,41 +1,23 @@
 //! Which limiter enforces each device of the inventory.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use shareguard_common::{
     Format, Quantity,
     limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError},
 };
-use shareguard_limiter_gpu::mps::MpsDaemons;
 use shareguard_limiter_gpu::{
-    GpuBackend, GpuLimiter,
-    deferred::DeferredGpuLimiter,
-    limiter::{GpuDeviceConfig, MEMORY},
-    nvml::NvmlBackend,
-    reopen::{BackendOpener, ReopeningBackend},
-    simulated::{SimulatedBackend, SimulatedGpu},
+    limiter::MEMORY,
+    setup::{self, WatchdogConfig},
 };
-use shareguard_limiter_net::{NetBackend, NetLimiter};
-use tracing::{error, info, warn};
+use shareguard_limiter_net::setup::NetDevice;
+use tracing::{error, info};
 
 use crate::{
     accounting::AccountingLimiter,
-    config::gpu::GpuBackendKind,
     config::{Config, DeviceKind},
     gpu_watch::GpuWatch,
 };
-
-/// How often at most NVML is opened again: after a driver reload (the back end), and
-/// while it could not be opened at all (the GPU limiter). Each attempt is an nvmlInit
-/// and a probe, cheap, but not for every share and watchdog poll.
-const GPU_REOPEN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The limiter of every device, and the GPU watchdogs to run (one per GPU back end).
 pub struct Limiters {
@@ -102,42 +84,11 @@ impl Limiter for Unavailable {
 /// Fails when a GPU's memory, read from the GPU, is smaller than what the device's
 /// request policy needs (resource.k8s.io would refuse the device's ResourceSlice).
 pub fn for_config(cfg: &mut Config) -> Result<Limiters, String> {
-    // One back end (programs, pins, install records, probe) for all net devices, opened
-    // on first use; each device gets its own mechanism on top of it.
-    let mut net: Option<Result<Arc<NetBackend>, String>> = None;
     let mut out: HashMap<String, Arc<dyn Limiter>> = HashMap::new();
-    for d in &cfg.devices {
-        let l: Arc<dyn Limiter> = match d.kind {
-            DeviceKind::Generic => Arc::new(AccountingLimiter),
-            DeviceKind::Net => {
-                let backend = net.get_or_insert_with(|| {
-                    let state = cfg.agent.state_dir.join("net");
-                    let pins = cfg.agent.bpffs_dir.join("net");
-                    NetBackend::open(&state, &pins).map_err(|e| {
-                        error!(error = %e, "bandwidth limiter unavailable");
-                        e.to_string()
-                    })
-                });
-                match backend {
-                    Ok(b) => match NetLimiter::new(b.clone(), d.net_mechanism, d.net_line_rate_bps)
-                    {
-                        Ok(l) => {
-                            info!(device = %d.name, mechanism = %l.mechanism(), "bandwidth mechanism chosen");
-                            Arc::new(l)
-                        }
-                        Err(e) => {
-                            error!(device = %d.name, error = %e, "bandwidth limiter unavailable for the device");
-                            Arc::new(Unavailable { why: e.to_string() })
-                        }
-                    },
-                    Err(why) => Arc::new(Unavailable { why: why.clone() }),
-                }
-            }
-            // Below, per back end.
-            DeviceKind::Gpu => continue,
-        };
-        out.insert(d.name.clone(), l);
+    for d in cfg.devices.iter().filter(|d| d.kind == DeviceKind::Generic) {
+        out.insert(d.name.clone(), Arc::new(AccountingLimiter));
     }
+    net_limiters(cfg, &mut out);
     let gpu_watches = gpu_limiters(cfg, &mut out)?;
     Ok(Limiters {
         by_device: out,
@@ -145,112 +96,111 @@ pub fn for_config(cfg: &mut Config) -> Result<Limiters, String> {
     })
 }
 
-/// One `GpuLimiter` per back end kind (NVML, simulated) over that kind's devices.
+/// The net devices' limiters, built by the bandwidth limiter crate from their sections;
+/// a device whose limiter cannot be built is listed unavailable, with the reason.
+fn net_limiters(cfg: &Config, out: &mut HashMap<String, Arc<dyn Limiter>>) {
+    let devices: Vec<NetDevice> = cfg
+        .devices
+        .iter()
+        .filter_map(|d| {
+            Some(NetDevice {
+                name: &d.name,
+                net: d.net.as_ref()?,
+            })
+        })
+        .collect();
+    let state = cfg.agent.state_dir.join("net");
+    let pins = cfg.agent.bpffs_dir.join("net");
+    match shareguard_limiter_net::setup::build(&state, &pins, &devices) {
+        Ok(built) => {
+            for (name, l) in built {
+                let l: Arc<dyn Limiter> = match l {
+                    Ok(l) => {
+                        info!(device = %name, mechanism = %l.mechanism(), "bandwidth mechanism chosen");
+                        Arc::new(l)
+                    }
+                    Err(e) => {
+                        error!(device = %name, error = %e, "bandwidth limiter unavailable for the device");
+                        Arc::new(Unavailable { why: e.to_string() })
+                    }
+                };
+                out.insert(name, l);
+            }
+        }
+        Err(e) => {
+            error!(error = %e, "bandwidth limiter unavailable");
+            for d in devices {
+                out.insert(
+                    d.name.to_owned(),
+                    Arc::new(Unavailable { why: e.to_string() }),
+                );
+            }
+        }
+    }
+}
+
+/// The GPU devices' limiters, built by the GPU limiter crate from their sections (one
+/// per back end), and the watchdog of each; then the memory of GPUs whose capacity the
+/// config leaves out.
 fn gpu_limiters(
     cfg: &mut Config,
     out: &mut HashMap<String, Arc<dyn Limiter>>,
 ) -> Result<Vec<GpuWatch>, String> {
-    let mut watches = Vec::new();
-    for simulated in [false, true] {
-        let devices: Vec<_> = cfg
-            .devices
-            .iter()
-            .filter_map(|d| d.gpu.as_ref().map(|g| (d, g)))
-            .filter(|(_, g)| matches!(g.backend, GpuBackendKind::Simulated { .. }) == simulated)
-            .collect();
-        if devices.is_empty() {
-            continue;
-        }
-        let configs: Vec<GpuDeviceConfig> = devices
-            .iter()
-            .map(|(d, g)| GpuDeviceConfig {
-                name: d.name.clone(),
-                gpu: g.selector.clone(),
+    let devices: Vec<setup::GpuDevice> = cfg
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let gpu = d.gpu.as_ref()?;
+            Some(setup::GpuDevice {
+                name: &d.name,
+                gpu,
                 memory_bytes: d
                     .capacities
                     .get(MEMORY)
-                    .filter(|_| !g.discover_memory)
                     .and_then(|c| c.value.ceil_units())
                     .and_then(|b| u64::try_from(b).ok()),
-                driver_root: g.driver_root.clone(),
-                container_driver_root: g.container_driver_root.clone(),
             })
-            .collect();
-        // Checked when the config was read, so this only fails for a config built in
-        // code; then MPS is left out and said so.
-        let mps_config = cfg.agent.mps.clone();
-        let mps_daemons = move || {
-            MpsDaemons::new(mps_config.clone())
-                .map_err(
-                    |e| error!(error = %e, "MPS daemons unusable; no GPU gets the mps mechanism"),
-                )
-                .ok()
-        };
-        let sim_backend = simulated.then(|| {
-            let gpus = devices
-                .iter()
-                .filter_map(|(_, g)| match (&g.selector, &g.backend) {
-                    (
-                        shareguard_limiter_gpu::limiter::GpuSelector::Uuid(u),
-                        GpuBackendKind::Simulated {
-                            memory_bytes,
-                            cgroup_limits,
-                            mps,
-                        },
-                    ) => {
-                        let mut gpu = SimulatedGpu::new(u.clone(), *memory_bytes);
-                        gpu.cgroup_limits = *cgroup_limits;
-                        gpu.mps = *mps;
-                        Some(gpu)
-                    }
-                    _ => None,
-                })
-                .collect();
-            let backend = SimulatedBackend::new(gpus)
-                .with_faults_file(cfg.agent.simulated_gpu_faults.clone());
-            Arc::new(match mps_daemons() {
-                Some(d) => backend.with_mps_daemons(d),
-                None => backend,
-            })
-        });
-        let names: Vec<String> = devices.iter().map(|(d, _)| d.name.clone()).collect();
-        let watchdogs: Vec<_> = devices
-            .iter()
-            .map(|(d, g)| (d.name.clone(), g.watchdog.clone()))
-            .collect();
-        let discovered: Vec<String> = devices
-            .iter()
-            .filter(|(_, g)| g.discover_memory)
-            .map(|(d, _)| d.name.clone())
-            .collect();
-        let gpu = match &sim_backend {
-            Some(b) => {
-                warn!(devices = ?names, "GPU devices on the SIMULATED back end: nothing real enforces their shares");
-                // A simulated GPU is there from the start; a limiter that cannot be built
-                // over it is a config error, which no retry mends.
-                match GpuLimiter::new(b.clone(), &configs) {
-                    Ok(l) => Arc::new(DeferredGpuLimiter::ready(Arc::new(l))),
-                    Err(e) => {
-                        error!(error = %e, "GPU limiter unavailable");
-                        for name in names {
-                            out.insert(name, Arc::new(Unavailable { why: e.to_string() }));
-                        }
-                        continue;
-                    }
+        })
+        .collect();
+    let watchdogs: HashMap<&str, WatchdogConfig> = devices
+        .iter()
+        .map(|d| (d.name, d.gpu.watchdog.clone()))
+        .collect();
+    let groups = setup::build(
+        &devices,
+        &setup::Setup {
+            mps: cfg.agent.mps.clone(),
+            simulated_faults: cfg.agent.simulated_gpu_faults.clone(),
+        },
+    );
+    let mut watches = Vec::new();
+    let mut built = Vec::new();
+    for g in groups {
+        let gpu = match g.limiter {
+            Ok(l) => l,
+            Err(e) => {
+                for name in g.devices {
+                    out.insert(name, Arc::new(Unavailable { why: e.to_string() }));
                 }
+                continue;
             }
-            None => Arc::new(nvml_limiter(configs, mps_daemons, &names, discovered)),
         };
-        for name in &names {
+        for name in &g.devices {
             out.insert(name.clone(), gpu.clone() as Arc<dyn Limiter>);
         }
         watches.push(GpuWatch::new(
             gpu.clone(),
-            sim_backend,
+            g.simulated,
             cfg.agent.simulated_gpu_processes.clone(),
-            watchdogs,
+            g.devices
+                .iter()
+                .filter_map(|n| Some((n.clone(), watchdogs.get(n.as_str())?.clone())))
+                .collect(),
         ));
-        // Capacities the config left to the GPU, where the GPU could be asked now.
+        built.push((g.devices, gpu));
+    }
+    // Capacities the config left to the GPU, where the GPU could be asked now.
+    for (names, gpu) in built {
         let Some(l) = gpu.built() else { continue };
         for d in cfg.devices.iter_mut().filter(|d| names.contains(&d.name)) {
             if d.gpu.as_ref().is_some_and(|g| g.discover_memory)
@@ -272,50 +222,12 @@ fn gpu_limiters(
     Ok(watches)
 }
 
-/// The NVML devices' limiter: built now if NVML opens, else on use and from the
-/// watchdog loop once it does (the driver container may come up after the agent). Its
-/// back end is opened again after a driver reload.
-///
-/// Devices whose memory the config takes from the GPU (`discovered`) get their capacity
-/// only when the limiter is built at start: the inventory is fixed then, so when NVML
-/// comes later they stay at capacity 0 (nothing is admitted on them) until the agent
-/// restarts, which the log says.
-fn nvml_limiter(
-    configs: Vec<GpuDeviceConfig>,
-    mps_daemons: impl Fn() -> Option<MpsDaemons> + Send + Sync + 'static,
-    names: &[String],
-    discovered: Vec<String>,
-) -> DeferredGpuLimiter {
-    let open: BackendOpener = Arc::new(move || {
-        NvmlBackend::open()
-            .map(|b| match mps_daemons() {
-                Some(d) => b.with_mps(d),
-                None => b,
-            })
-            .map(|b| Arc::new(b) as Arc<dyn GpuBackend>)
-    });
-    let attempts = AtomicU32::new(0);
-    let build = Box::new(move || {
-        let at_start = attempts.fetch_add(1, Ordering::Relaxed) == 0;
-        let backend = ReopeningBackend::open(open.clone(), GPU_REOPEN_INTERVAL)?;
-        let l = GpuLimiter::new(Arc::new(backend), &configs)?;
-        if !at_start && !discovered.is_empty() {
-            warn!(devices = ?discovered, "NVML came up after the agent started: these devices keep capacity 0 (their memory is taken from the GPU) until the agent restarts");
-        }
-        Ok(l)
-    });
-    let gpu = DeferredGpuLimiter::new("NVML", build, GPU_REOPEN_INTERVAL);
-    if gpu.built().is_none() {
-        error!(devices = ?names, reason = %gpu.why(), "NVML unavailable: the GPU devices cannot be enforced until it can be opened; retrying");
-    }
-    gpu
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use shareguard_common::limiter::{Needs, Retry, Target};
+    use shareguard_limiter_gpu::nvml::NvmlBackend;
 
     use super::*;
 

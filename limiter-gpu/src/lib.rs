@@ -1,6 +1,6 @@
 //! GPU memory limiter for `gpu` devices: a plain library; the agent decides when to call
-//! it (`agent/src/limiters.rs` builds it from the config, `agent/src/gpu_watch.rs` runs
-//! the watchdog loop, the engine writes the CDI specs).
+//! it ([`setup`] builds it from the devices' config section, which the agent parses;
+//! `agent/src/gpu_watch.rs` runs the watchdog loop, the engine writes the CDI specs).
 //!
 //! What exists:
 //!
@@ -78,6 +78,7 @@ pub mod mps_cgroup;
 mod mps_tmpfs;
 pub mod nvml;
 pub mod reopen;
+pub mod setup;
 pub mod simulated;
 pub mod sys;
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! | [`tc`] | HTB and fq qdiscs through iproute2's `tc` |
 //! | [`state`] | what was installed per share, on disk |
 //! | [`probe`] | what the kernel offers (veth queue pairs, HTB, fq) |
+//! | [`setup`] | the limiters built from the devices' config section |
 
 pub mod bpf;
 pub mod burst;
@@ -22,6 +23,7 @@ pub mod limiter;
 pub mod mechanism;
 pub mod probe;
 pub mod rtnl;
+pub mod setup;
 pub mod state;
 pub mod tc;
 

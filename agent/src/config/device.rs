@@ -8,7 +8,7 @@ use shareguard_common::{
     slice::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
 };
 use shareguard_limiter_gpu::limiter::MEMORY;
-use shareguard_limiter_net::Mechanism;
+use shareguard_limiter_net::{Mechanism, setup::NetConfig};
 use toml::Spanned;
 
 use super::{
@@ -376,8 +376,10 @@ pub(super) fn parse(
             allowed_namespaces: allowed,
             admin_namespaces: admin,
             capacities,
-            net_mechanism,
-            net_line_rate_bps,
+            net: (kind == DeviceKind::Net).then_some(NetConfig {
+                mechanism: net_mechanism,
+                line_rate_bps: net_line_rate_bps,
+            }),
             gpu,
         });
     }

@@ -29,43 +29,8 @@ use shareguard_common::Quantity;
 use shareguard_limiter_gpu::{limiter::GpuSelector, watchdog::Action};
 use toml::Spanned;
 
-/// Which back end drives a GPU device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GpuBackendKind {
-    Nvml,
-    /// An in-memory GPU of `memory_bytes`, for tests and demos without a GPU.
-    Simulated {
-        memory_bytes: u64,
-        /// Whether the simulated driver offers per-cgroup limits.
-        cgroup_limits: bool,
-        /// Whether it offers MPS (which then runs real daemons of `agent.mps_control`).
-        mps: bool,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchdogConfig {
-    pub period: Duration,
-    pub action: Action,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuConfig {
-    pub backend: GpuBackendKind,
-    pub selector: GpuSelector,
-    /// True when the `memory` capacity has no `value` in the config: the agent takes the
-    /// GPU's memory when it starts (until then the capacity reads 0).
-    pub discover_memory: bool,
-    pub watchdog: WatchdogConfig,
-    /// Where the driver's device nodes, libraries and tools are on the host, for the
-    /// share's containers (see `shareguard_limiter_gpu::driver`). `/` for an NVML GPU
-    /// unless set; a simulated GPU has none unless set, and its containers then get
-    /// only the environment.
-    pub driver_root: Option<PathBuf>,
-    /// Where the agent's container mounts the host's driver root, when it does; else
-    /// the agent reads it through pid 1's root or as it is.
-    pub container_driver_root: Option<PathBuf>,
-}
+// The section's types are the GPU limiter's, which builds itself from them.
+pub use shareguard_limiter_gpu::setup::{GpuBackendKind, GpuConfig, WatchdogConfig};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -27,7 +27,7 @@ use std::{
 
 use serde::Deserialize;
 use shareguard_common::Quantity;
-use shareguard_limiter_net::Mechanism;
+use shareguard_limiter_net::setup::NetConfig;
 use toml::Spanned;
 
 use crate::{
@@ -163,14 +163,8 @@ pub struct DeviceConfig {
     /// Namespaces that may request admin access.
     pub admin_namespaces: Vec<String>,
     pub capacities: BTreeMap<String, CapacityConfig>,
-    /// For `net` devices: the mechanism the config insists on; `None` (`auto`) takes
-    /// the first of `AUTO_ORDER` the kernel probe finds (never `edt-fq`).
-    pub net_mechanism: Option<Mechanism>,
-    /// For `net` devices: what the path from a pod carries at most, bit/s (`line_rate`).
-    /// A share direction limited at or above it is counted but not shaped (its status
-    /// says "unconstrained"): shaping it would cost throughput and hold nothing back.
-    /// None (the default): every limit is shaped.
-    pub net_line_rate_bps: Option<u64>,
+    /// For `net` devices: mechanism and line rate.
+    pub net: Option<NetConfig>,
     /// For `gpu` devices: back end, GPU and watchdog.
     pub gpu: Option<GpuConfig>,
     /// The rollout stage the device starts in, until one is set at runtime (which the

@@ -208,14 +208,17 @@ fn a_node_table_applies_on_the_node_of_that_exact_name_only() {
     let on = parse(&text, &given("worker-7"));
     let nic = on.device("nic-0").unwrap();
     assert_eq!(nic.pool, "worker-7/nics");
-    assert_eq!(nic.net_line_rate_bps, Some(25_000_000_000));
+    assert_eq!(
+        nic.net.unwrap_or_default().line_rate_bps,
+        Some(25_000_000_000)
+    );
     assert_eq!(on.device("gen-0").unwrap().pool, "worker-7", "untouched");
     // No prefix, suffix or substring matches.
     for other in ["worker-70", "worker", "worker-7.example.com", "xworker-7"] {
         let off = parse(&text, &given(other));
         let nic = off.device("nic-0").unwrap();
         assert_eq!(nic.pool, other, "{other}");
-        assert_eq!(nic.net_line_rate_bps, None, "{other}");
+        assert_eq!(nic.net.unwrap_or_default().line_rate_bps, None, "{other}");
     }
 }
 

@@ -550,13 +550,19 @@ fn two_devices_for_one_gpu_or_one_nic_are_refused() {
 fn a_net_device_may_name_its_mechanism() {
     let c = Config::parse(NET, "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net_mechanism,
-        Some(Mechanism::BpfPolicer)
+        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        Some(shareguard_limiter_net::Mechanism::BpfPolicer)
     );
     let c = Config::parse(&NET.replace("bpf-policer", "auto"), "t.toml").unwrap();
-    assert_eq!(c.device("nic-0").unwrap().net_mechanism, None);
+    assert_eq!(
+        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        None
+    );
     let c = Config::parse(&NET.replace("mechanism = \"bpf-policer\"\n", ""), "t.toml").unwrap();
-    assert_eq!(c.device("nic-0").unwrap().net_mechanism, None);
+    assert_eq!(
+        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        None
+    );
 
     let e = err_of(&NET.replace("bpf-policer", "tbf"));
     assert_eq!(e.line, 11, "{e}");
@@ -582,12 +588,20 @@ fn a_net_device_may_state_its_line_rate() {
     };
     let c = Config::parse(&with("25G"), "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net_line_rate_bps,
+        c.device("nic-0")
+            .unwrap()
+            .net
+            .unwrap_or_default()
+            .line_rate_bps,
         Some(25_000_000_000)
     );
     let c = Config::parse(NET, "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net_line_rate_bps,
+        c.device("nic-0")
+            .unwrap()
+            .net
+            .unwrap_or_default()
+            .line_rate_bps,
         None,
         "unset: all shaped"
     );

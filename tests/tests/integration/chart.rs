@@ -452,7 +452,10 @@ fn other_values_render_valid_manifests_that_use_them() {
     assert_eq!(nic.allowed_namespaces, ["team-a", "team-b"]);
     assert_eq!(nic.admin_namespaces, ["ops"]);
     assert_eq!(nic.stage, Stage::Observe);
-    assert_eq!(nic.net_line_rate_bps, Some(25_000_000_000));
+    assert_eq!(
+        nic.net.unwrap_or_default().line_rate_bps,
+        Some(25_000_000_000)
+    );
     assert!(toml.contains("interface = \"ens5\""), "{toml}");
     assert!(toml.contains("mechanism = \"bpf-policer\""), "{toml}");
     assert!(
