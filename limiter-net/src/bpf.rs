@@ -3,7 +3,8 @@
 //!
 //! This is the one module of the crate that talks to aya and the `bpf(2)` system call;
 //! everything `unsafe` in the crate is in its `sys` submodule, each with its reason.
-//! `hook` names where programs attach, `error` what can fail.
+//! `hook` names where programs attach, `maps` reads and writes the maps, `tcx` and
+//! `clsact` attach in either mode, `error` says what can fail.
 //!
 //! Everything the kernel holds is pinned under one directory on bpffs, so that it outlives
 //! the agent (killing the agent lifts no limit) and a restarted agent finds it again:
@@ -36,11 +37,11 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, RingBuf},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     pin::PinError,
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
-        links::{FdLink, Link, PinnedLink},
+        links::Link,
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     },
     util::KernelVersion,
@@ -49,7 +50,6 @@ use shareguard_ebpf_common::{
     Activity, COUNTERS_MAP, DIR_FROM_POD, DIR_TO_POD, FLOWS_MAP, FlowKey, FlowState, IFACES_MAP,
     MAX_COUNTERS, MAX_FLOWS, PACE_MAP, PROG_FROM_POD, PROG_RETURN, PROG_TO_POD, TO_POD_QUEUES_MAP,
     activity::{ACTIVITY_MAP, WAKE_BYTES, WAKE_MAP},
-    counter_index, flags_valid,
 };
 pub use shareguard_ebpf_common::{Counters, IfaceConfig, MAX_IFACES, MAX_SLOTS, Pace, PaceState};
 
@@ -57,6 +57,10 @@ mod clsact;
 use clsact::{clsact_place, read_clsact_record};
 mod error;
 mod hook;
+mod maps;
+use maps::{MapShape, check_map, map_error, take_map};
+mod tcx;
+use tcx::{detach_tcx, pinned_link_info};
 
 pub use error::BpfError;
 pub use hook::{AttachMode, Direction, Hook};
@@ -460,142 +464,6 @@ impl Bpf {
         }
     }
 
-    /// Tells the programs what to do for `ifindex`, replacing any earlier configuration;
-    /// takes effect with the next packet.
-    pub fn set_iface(&mut self, ifindex: u32, cfg: IfaceConfig) -> Result<(), BpfError> {
-        if cfg.slot >= MAX_SLOTS {
-            return Err(BpfError::SlotOutOfRange { slot: cfg.slot });
-        }
-        if !flags_valid(&cfg) {
-            return Err(BpfError::InvalidFlags { flags: cfg.flags });
-        }
-        self.ifaces
-            .insert(ifindex, cfg, 0)
-            .map_err(|e| map_error(IFACES_MAP, "insert", e))
-    }
-
-    /// The configuration the programs see for `ifindex`, read back from the kernel.
-    pub fn iface(&self, ifindex: u32) -> Result<Option<IfaceConfig>, BpfError> {
-        match self.ifaces.get(&ifindex, 0) {
-            Ok(cfg) => Ok(Some(cfg)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(map_error(IFACES_MAP, "lookup", e)),
-        }
-    }
-
-    /// Stops the programs from acting on `ifindex` (they pass its traffic untouched).
-    /// Ok if it was not configured.
-    pub fn clear_iface(&mut self, ifindex: u32) -> Result<(), BpfError> {
-        match self.ifaces.remove(&ifindex) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            // aya passes the kernel's ENOENT for a missing key through as it is.
-            Err(MapError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => {
-                Ok(())
-            }
-            Err(e) => Err(map_error(IFACES_MAP, "delete", e)),
-        }
-    }
-
-    /// Sets the to-pod queue device of the share in `slot` (0: none), which the programs
-    /// read for interfaces configured with `FLAG_TO_POD_QUEUE`.
-    pub fn set_to_pod_queue(&mut self, slot: u32, ifindex: u32) -> Result<(), BpfError> {
-        if slot >= MAX_SLOTS {
-            return Err(BpfError::SlotOutOfRange { slot });
-        }
-        self.to_pod_queues
-            .set(slot, ifindex, 0)
-            .map_err(|e| map_error(TO_POD_QUEUES_MAP, "update", e))
-    }
-
-    /// The to-pod queue device of the share in `slot`, read back from the kernel (0: none).
-    pub fn to_pod_queue(&self, slot: u32) -> Result<u32, BpfError> {
-        if slot >= MAX_SLOTS {
-            return Err(BpfError::SlotOutOfRange { slot });
-        }
-        self.to_pod_queues
-            .get(&slot, 0)
-            .map_err(|e| map_error(TO_POD_QUEUES_MAP, "lookup", e))
-    }
-
-    /// Sums the per-CPU counters of a slot: (to_pod, from_pod).
-    pub fn counters(&self, slot: u32) -> Result<(Counters, Counters), BpfError> {
-        let read = |dir| -> Result<Counters, BpfError> {
-            let index = counter_index(slot, dir).ok_or(BpfError::SlotOutOfRange { slot })?;
-            self.index_counters(index)
-        };
-        Ok((read(DIR_TO_POD)?, read(DIR_FROM_POD)?))
-    }
-
-    /// The counters at counter `index` (one slot's one direction), summed over CPUs.
-    pub fn index_counters(&self, index: u32) -> Result<Counters, BpfError> {
-        let per_cpu = self
-            .counters
-            .get(&index, 0)
-            .map_err(|e| map_error(COUNTERS_MAP, "lookup", e))?;
-        Ok(per_cpu
-            .iter()
-            .fold(Counters::default(), |sum, cpu| sum.wrapping_add(*cpu)))
-    }
-
-    /// The EDT or policer state of a slot: (to_pod, from_pod).
-    pub fn pace_state(&self, slot: u32) -> Result<(PaceState, PaceState), BpfError> {
-        let read = |dir| -> Result<PaceState, BpfError> {
-            let index = counter_index(slot, dir).ok_or(BpfError::SlotOutOfRange { slot })?;
-            self.pace
-                .get(&index, 0)
-                .map_err(|e| map_error(PACE_MAP, "lookup", e))
-        };
-        Ok((read(DIR_TO_POD)?, read(DIR_FROM_POD)?))
-    }
-
-    /// Zeroes both directions of a slot (counters and pacing state), e.g. before it is
-    /// given to a new share: state left by another share would hold or drop its packets.
-    pub fn reset_counters(&mut self, slot: u32) -> Result<(), BpfError> {
-        let cpus =
-            aya::util::nr_cpus().map_err(|(what, source)| BpfError::Cpus { what, source })?;
-        for dir in [DIR_TO_POD, DIR_FROM_POD] {
-            let index = counter_index(slot, dir).ok_or(BpfError::SlotOutOfRange { slot })?;
-            let zeroes =
-                PerCpuValues::try_from(vec![Counters::default(); cpus]).map_err(|source| {
-                    BpfError::Cpus {
-                        what: "per-CPU value count",
-                        source,
-                    }
-                })?;
-            self.counters
-                .set(index, zeroes, 0)
-                .map_err(|e| map_error(COUNTERS_MAP, "update", e))?;
-            self.pace
-                .set(index, PaceState::default(), 0)
-                .map_err(|e| map_error(PACE_MAP, "update", e))?;
-            self.activity
-                .set(index, Activity::default(), 0)
-                .map_err(|e| map_error(ACTIVITY_MAP, "update", e))?;
-        }
-        Ok(())
-    }
-
-    /// When the share at counter `index` last sent, and whether it is armed.
-    pub fn activity(&self, index: u32) -> Result<Activity, BpfError> {
-        self.activity
-            .get(&index, 0)
-            .map_err(|e| map_error(ACTIVITY_MAP, "lookup", e))
-    }
-
-    /// Asks the programs to send `index` on the wake-up ring at the share's next packet.
-    /// `seen` is the entry as last read: its `last_ns` is written back as it was.
-    pub fn arm(&mut self, index: u32, seen: Activity) -> Result<(), BpfError> {
-        let armed = Activity { armed: 1, ..seen };
-        self.activity
-            .set(index, armed, 0)
-            .map_err(|e| map_error(ACTIVITY_MAP, "update", e))
-    }
-
-    /// The wake-up ring, to be read by one consumer; None once taken.
-    pub fn take_wakeups(&mut self) -> Option<Wakeups> {
-        self.wake.take().map(|ring| Wakeups { ring })
-    }
-
     fn link_path(&self, name: &str) -> Result<PathBuf, BpfError> {
         let invalid = |reason| BpfError::InvalidName {
             name: name.to_owned(),
@@ -617,161 +485,11 @@ impl Bpf {
         classifier(&mut self.ebpf, hook.program())
     }
 
-    fn attach_tcx(&mut self, ifindex: u32, hook: Hook, path: &Path) -> Result<(), BpfError> {
-        let program = hook.program();
-        let attach_error = |source: ProgramError| BpfError::Attach {
-            program,
-            hook,
-            ifindex,
-            mode: AttachMode::Tcx,
-            source: Box::new(source),
-        };
-        // First, so that a request for a missing interface fails without side effects.
-        let ifname = self.ifname(ifindex)?;
-
-        if let Some(info) = pinned_link_info(path)? {
-            // A link that another program was put in front of is attached anew, first:
-            // its place cannot be changed in place. Detached before, never after: two of
-            // ours on one hook would send a packet round the queue loop twice.
-            let in_place = match hook {
-                Hook::Pod(_) => sys::tcx_chain(ifindex, hook.tcx_attach_type())
-                    .map_err(|source| BpfError::Pinned {
-                        op: "listing the chain of the link pinned at",
-                        path: path.to_owned(),
-                        source,
-                    })?
-                    .first()
-                    .is_some_and(|&(_, link)| link == info.id),
-                Hook::Return => true,
-            };
-            if info.link_type == sys::BPF_LINK_TYPE_TCX
-                && info.ifindex == ifindex
-                && info.attach_type == hook.tcx_attach_type()
-                && in_place
-            {
-                let pinned = PinnedLink::from_pin(path).map_err(|e| BpfError::Pinned {
-                    op: "opening",
-                    path: path.to_owned(),
-                    source: io::Error::other(e),
-                })?;
-                let link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(|e| {
-                    BpfError::Pinned {
-                        op: "adopting",
-                        path: path.to_owned(),
-                        source: io::Error::other(e),
-                    }
-                })?;
-                let prog = self.program(hook)?;
-                let id = prog.attach_to_link(link).map_err(attach_error)?;
-                // The pin keeps the link; the handle aya tracks would only be closed when
-                // `Bpf` drops, so let it go now.
-                drop(prog.take_link(id).map_err(attach_error)?);
-                return Ok(());
-            }
-            // Left by an earlier attachment under this name to an interface that is gone
-            // or was replaced (a pod sandbox recreated with a new veth), or pushed back
-            // in the chain: the name now means `ifindex`, first, and the old attachment
-            // must not linger.
-            detach_tcx(path)?;
-        }
-
-        let prog = self.program(hook)?;
-        let id = prog
-            .attach_with_options(
-                &ifname,
-                hook.tc_attach_type(),
-                TcAttachOptions::TcxOrder(hook.order()),
-            )
-            .map_err(attach_error)?;
-        let link = prog.take_link(id).map_err(attach_error)?;
-        let link = FdLink::try_from(link)
-            .map_err(|e| attach_error(ProgramError::IOError(io::Error::other(e))))?;
-        // On failure the link is dropped, which detaches it: nothing half-done is left.
-        drop(link.pin(path).map_err(|source| BpfError::Pin {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?);
-
-        // aya attached by name; if the interface was renamed or replaced in between, the
-        // link sits on another interface than the caller asked for.
-        let found = pinned_link_info(path)?.map_or(0, |info| info.ifindex);
-        if found != ifindex {
-            detach_tcx(path)?;
-            return Err(BpfError::AttachRaced {
-                path: path.to_owned(),
-                expected: ifindex,
-                found,
-            });
-        }
-        Ok(())
-    }
-
     fn ifname(&self, ifindex: u32) -> Result<String, BpfError> {
         sys::interface_name(ifindex)
             .map_err(|source| BpfError::InterfaceName { ifindex, source })?
             .ok_or(BpfError::NoSuchInterface { ifindex })
     }
-}
-
-/// Removes a pinned TCX link and with it the attachment. Ok if it is not there.
-fn detach_tcx(path: &Path) -> Result<(), BpfError> {
-    let link = match sys::obj_get(path) {
-        Ok(fd) => fd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(BpfError::Pinned {
-                op: "opening",
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    // Detach explicitly: removing the pin alone frees the link only once every other holder
-    // has closed it, and the kernel then releases it from a work queue, so the program
-    // could still run for a moment after detach returns. EINVAL: already detached (its
-    // interface is gone).
-    match sys::link_detach(&link) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-        Err(source) => {
-            return Err(BpfError::Pinned {
-                op: "detaching the link pinned at",
-                path: path.to_owned(),
-                source,
-            });
-        }
-    }
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(BpfError::Pinned {
-            op: "unpinning",
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
-/// The kernel's record of a pinned link, or `None` when nothing is pinned at `path`.
-fn pinned_link_info(path: &Path) -> Result<Option<sys::LinkInfo>, BpfError> {
-    let fd = match sys::obj_get(path) {
-        Ok(fd) => fd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(BpfError::Pinned {
-                op: "opening",
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    sys::link_info(&fd)
-        .map(Some)
-        .map_err(|source| BpfError::Pinned {
-            op: "reading the link info of",
-            path: path.to_owned(),
-            source,
-        })
 }
 
 fn classifier<'a>(
@@ -784,78 +502,6 @@ fn classifier<'a>(
             kind: "tc classifier",
             name,
         })
-}
-
-fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, BpfError> {
-    ebpf.take_map(name)
-        .ok_or(BpfError::MissingObject { kind: "map", name })
-}
-
-fn map_error(map: &'static str, op: &'static str, source: MapError) -> BpfError {
-    BpfError::Map {
-        map,
-        op,
-        source: Box::new(source),
-    }
-}
-
-#[derive(PartialEq, Eq)]
-struct MapShape {
-    kind: &'static str,
-    key_size: usize,
-    value_size: usize,
-    max_entries: u32,
-}
-
-impl fmt::Display for MapShape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a {} map of {} entries, key {} B, value {} B",
-            self.kind, self.max_entries, self.key_size, self.value_size
-        )
-    }
-}
-
-fn check_map(
-    map: &Map,
-    name: &'static str,
-    path: &Path,
-    expected: MapShape,
-) -> Result<(), BpfError> {
-    let (kind, data) = match map {
-        Map::HashMap(data) => ("hash", data),
-        Map::PerCpuArray(data) => ("percpu_array", data),
-        Map::Array(data) => ("array", data),
-        Map::LruHashMap(data) => ("lru_hash", data),
-        Map::RingBuf(data) => ("ringbuf", data),
-        _ => {
-            return Err(BpfError::IncompatibleMap {
-                name,
-                path: path.to_owned(),
-                found: "a map of another type".to_owned(),
-                expected: expected.to_string(),
-            });
-        }
-    };
-    let info = data
-        .info()
-        .map_err(|e| map_error(name, "reading map info", e))?;
-    let found = MapShape {
-        kind,
-        key_size: info.key_size() as usize,
-        value_size: info.value_size() as usize,
-        max_entries: info.max_entries(),
-    };
-    if found != expected {
-        return Err(BpfError::IncompatibleMap {
-            name,
-            path: path.to_owned(),
-            found: found.to_string(),
-            expected: expected.to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// The `bpf(2)` and libc calls aya does not make; all `unsafe` of the crate is there.
