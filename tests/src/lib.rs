@@ -29,10 +29,13 @@ pub mod cluster;
 pub mod foreign;
 pub mod k8s;
 pub mod kubelet;
+pub mod locks;
 pub mod manifests;
 pub mod net;
 pub mod plugin;
 pub mod pod;
+pub mod shell;
+pub mod stale;
 
 /// How long an agent may take to become ready before the test fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -26,16 +26,23 @@
 #![allow(clippy::new_without_default)]
 
 use std::{
-    fmt,
-    fs::{self, File},
+    fmt, fs,
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{
-        Once,
-        atomic::{AtomicU32, Ordering},
-    },
     time::{Duration, Instant},
+};
+
+pub use crate::{
+    locks::{BusyLock, FileLock, HostLock, TrafficLock},
+    shell::{
+        in_ci, is_root, link_exists, netns_list, privileged, require_tools, sh, try_sh, wait_for,
+    },
+    stale::{sweep_stale, sweep_stale_now},
+};
+use crate::{
+    shell::quiet,
+    stale::{next_id, remove_netns},
 };
 
 /// Measured seconds of a default [`Iperf`] run (after [`DEFAULT_OMIT`]).
@@ -64,14 +71,6 @@ const BLOCKS: u32 = 1 << 15;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lock file that serialises address allocation between processes.
 const ADDR_LOCK: &str = "/tmp/shareguard-tests-net-addr.lock";
-/// Lock file that keeps throughput measurements from running at the same time.
-const TRAFFIC_LOCK: &str = "/tmp/shareguard-tests-traffic.lock";
-/// Lock file that a test acting on the whole machine holds exclusively, and every agent
-/// and pod of the other tests shared ([`HostLock`]).
-const HOST_LOCK: &str = "/tmp/shareguard-tests-host.lock";
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
 /// A private bpffs directory for one agent's pins, removed (and with it every link the
 /// agent pinned, so no program stays attached) when dropped, also on panic.
 pub struct PinDir(pub PathBuf);
@@ -245,61 +244,6 @@ fn bring_up(host: &str, ns: &str, pod_addr: Ipv4Addr) -> u32 {
     ifindex(host)
 }
 
-/// A number unique in this process, for names.
-pub(crate) fn next_id() -> u32 {
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Removes namespaces and links an earlier test process left behind when it was killed
-/// before its guards ran (SIGKILL, a timeout): those whose name carries the pid of a
-/// process that no longer exists. Runs once per process, before the first object is made.
-pub fn sweep_stale() {
-    static SWEEP: Once = Once::new();
-    SWEEP.call_once(sweep_stale_now);
-}
-
-/// [`sweep_stale`], every time it is called. Assumes that every test process using the
-/// harness on this host shares one pid namespace (so "no /proc/<pid>" means dead).
-pub fn sweep_stale_now() {
-    let dead = |pid: &str| {
-        pid.parse::<u32>()
-            .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
-    };
-    for ns in netns_list() {
-        if let Some((pid, _)) = ns.strip_prefix("sgt-").and_then(|r| r.split_once('-'))
-            && dead(pid)
-        {
-            remove_netns(&ns);
-        }
-    }
-    for entry in fs::read_dir("/sys/class/net")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = ["sgh", "sgi"]
-            .iter()
-            .find_map(|p| name.strip_prefix(p))
-            .and_then(|r| r.split_once('_'))
-            .map(|(pid, _)| pid);
-        if pid.is_some_and(dead) {
-            quiet(&["ip", "link", "del", &name]);
-        }
-    }
-    crate::pod::sweep_stale_cgroups(dead);
-}
-
-/// Kills whatever still runs in the namespace, then deletes it.
-fn remove_netns(name: &str) {
-    if let Ok(pids) = try_sh(&["ip", "netns", "pids", name]) {
-        for pid in pids.split_whitespace() {
-            quiet(&["kill", "-KILL", pid]);
-        }
-    }
-    quiet(&["ip", "netns", "del", name]);
-}
-
 /// A unique interface name: `<prefix><pid>_<n>`, checked against IFNAMSIZ.
 fn ifname(prefix: &str, n: u32) -> String {
     let name = format!("{prefix}{}_{n}", std::process::id());
@@ -308,130 +252,6 @@ fn ifname(prefix: &str, n: u32) -> String {
         "interface name {name} is longer than 15 characters"
     );
     name
-}
-
-// ---------------------------------------------------------------------------------------
-// Privilege and tools
-
-/// Whether the effective uid is 0 (read from /proc, no libc needed).
-pub fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
-}
-
-/// Whether `CI=true` is set: privileged tests must then run, not skip.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Call first in a test that needs root: returns `true` when it may run. Without root it
-/// prints why it skips and returns `false`, or panics when `CI=true`. Missing tools fail
-/// the test with the package to install (they are never a reason to skip).
-pub fn privileged(test: &str) -> bool {
-    if !is_root() {
-        assert!(
-            !in_ci(),
-            "{test}: needs root (network namespaces, veth, tc); CI=true, so this fails instead of skipping"
-        );
-        eprintln!(
-            "SKIP {test}: needs root for network namespaces, veth and tc (run the tests as root; with CI=true this is a failure)"
-        );
-        return false;
-    }
-    require_tools();
-    true
-}
-
-/// Panics naming the Debian package for any missing tool.
-pub fn require_tools() {
-    for (tool, package) in [
-        ("ip", "iproute2"),
-        ("tc", "iproute2"),
-        ("iperf3", "iperf3"),
-        ("ping", "iputils-ping"),
-    ] {
-        assert!(
-            on_path(tool),
-            "`{tool}` not found: install it (`apt-get install -y {package}`; scripts/lib.sh does this for the tests)"
-        );
-    }
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
-
-// ---------------------------------------------------------------------------------------
-// Commands
-
-/// Runs `args` and returns its standard output; panics with the command and its
-/// standard error if it fails.
-pub fn sh(args: &[&str]) -> String {
-    match try_sh(args) {
-        Ok(out) => out,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// Runs `args`: its standard output, or an error naming the command and its stderr.
-pub fn try_sh(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("`{}`: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Cleanup: runs `args`, ignoring failure (the thing may already be gone).
-fn quiet(args: &[&str]) {
-    let _ = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
-pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether a network interface of that name exists in the root namespace.
-pub fn link_exists(name: &str) -> bool {
-    Path::new("/sys/class/net").join(name).exists()
-}
-
-/// Names listed by `ip netns list`.
-pub fn netns_list() -> Vec<String> {
-    sh(&["ip", "netns", "list"])
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect()
 }
 
 /// The 1, 5 and 15 minute load averages, to print beside throughput figures.
@@ -456,134 +276,6 @@ impl LoadAvg {
 impl fmt::Display for LoadAvg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:.2} {:.2} {:.2}", self.0, self.1, self.2)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Locks
-
-/// An exclusive `flock` on a file under /tmp, held until drop. `flock` locks belong to
-/// the open file description, so two holders conflict whether they are threads of one
-/// process or separate processes.
-#[derive(Debug)]
-pub struct FileLock {
-    _file: File,
-}
-
-impl FileLock {
-    pub fn acquire(path: &str) -> FileLock {
-        let file = FileLock::open(path);
-        file.lock().unwrap_or_else(|e| panic!("lock {path}: {e}"));
-        FileLock { _file: file }
-    }
-
-    /// The same file locked shared: any number of shared holders, no exclusive one.
-    pub fn shared(path: &str) -> FileLock {
-        let file = FileLock::open(path);
-        file.lock_shared()
-            .unwrap_or_else(|e| panic!("lock {path} shared: {e}"));
-        FileLock { _file: file }
-    }
-
-    fn open(path: &str) -> File {
-        File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .unwrap_or_else(|e| panic!("open lock file {path}: {e}"))
-    }
-}
-
-/// Held around every throughput or timing measurement: such tests in this process and in
-/// other test processes never run at the same time and compete for the CPUs (two iperf3
-/// runs side by side on two cores each measure less than their limit).
-#[derive(Debug)]
-pub struct TrafficLock {
-    _lock: FileLock,
-    pub waited: Duration,
-}
-
-impl TrafficLock {
-    pub fn acquire() -> TrafficLock {
-        let started = Instant::now();
-        let lock = FileLock::acquire(TRAFFIC_LOCK);
-        TrafficLock {
-            _lock: lock,
-            waited: started.elapsed(),
-        }
-    }
-
-    /// Held by a test that keeps the CPUs busy without measuring anything (a hundred
-    /// thousand shares, dozens of racing clients): such tests run beside each other, but
-    /// never beside a measurement (seen: two pods' goodput read 0.927 of their limit
-    /// while 100,000 shares were listed next to them). Taken after the test's agent
-    /// exists, as [`HostLock`] requires.
-    pub fn busy() -> BusyLock {
-        BusyLock {
-            _lock: FileLock::shared(TRAFFIC_LOCK),
-        }
-    }
-}
-
-/// See [`TrafficLock::busy`].
-#[derive(Debug)]
-pub struct BusyLock {
-    _lock: FileLock,
-}
-
-thread_local! {
-    /// Set on the thread of a test that holds [`HostLock`] exclusively, whose own agents
-    /// and pods must not wait for the lock it holds.
-    static HOST_EXCLUSIVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Keeps tests that act on the whole machine apart from the rest: `shareguard cleanup
-/// --apply` removes every queue device of shareguard's group on the machine, as it must
-/// on a node, and so would take other tests' shares apart under them. Every agent and pod
-/// a test makes holds it shared ([`HostLock::shared`]); such a test holds it exclusively
-/// ([`HostLock::exclusive`]), and its own agents and pods, made on its thread, then take
-/// nothing. The host lock is always taken before the [`TrafficLock`] (exclusive or
-/// [`TrafficLock::busy`]), never after, so that the two cannot wait on each other.
-#[derive(Debug)]
-pub struct HostLock {
-    _lock: Option<FileLock>,
-    exclusive: bool,
-}
-
-impl HostLock {
-    /// Held by an agent or a pod while it lives; nothing on the thread of an exclusive
-    /// holder.
-    pub fn shared() -> HostLock {
-        if HOST_EXCLUSIVE.with(std::cell::Cell::get) {
-            return HostLock {
-                _lock: None,
-                exclusive: false,
-            };
-        }
-        HostLock {
-            _lock: Some(FileLock::shared(HOST_LOCK)),
-            exclusive: false,
-        }
-    }
-
-    /// Waits until no agent or pod of another test lives, and keeps new ones waiting
-    /// until dropped.
-    pub fn exclusive() -> HostLock {
-        let lock = FileLock::acquire(HOST_LOCK);
-        HOST_EXCLUSIVE.with(|c| c.set(true));
-        HostLock {
-            _lock: Some(lock),
-            exclusive: true,
-        }
-    }
-}
-
-impl Drop for HostLock {
-    fn drop(&mut self) {
-        if self.exclusive {
-            HOST_EXCLUSIVE.with(|c| c.set(false));
-        }
     }
 }
 

@@ -12,12 +12,12 @@
 //!
 //! [`Sandbox`] kills its process and removes its directories, deepest first, when dropped
 //! (also while a test panics); a test process killed before that leaves its tops behind
-//! for [`sweep_stale`] to remove. [`CgroupTop`] is a top for a test that lays out a
+//! for [`crate::stale::sweep_stale`] to remove. [`CgroupTop`] is a top for a test that lays out a
 //! tree of its own.
 
 use std::{
     fs,
-    io::{ErrorKind, Write as _},
+    io::Write as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -106,9 +106,9 @@ impl Sandbox {
     /// Pod `uid`'s cgroup (and its container cgroup) with no process in it yet: kubelet
     /// makes the pod cgroup before the runtime starts the sandbox.
     pub fn cgroup_only(uid: &str, layout: Layout) -> Sandbox {
-        crate::net::sweep_stale();
+        crate::stale::sweep_stale();
         let mount = cgroup2_mount();
-        let n = crate::net::next_id();
+        let n = crate::stale::next_id();
         let cid = format!("{:08x}{n:08x}{}", std::process::id(), "c0ffee".repeat(8));
         let (top, rel) = match layout {
             Layout::Systemd => {
@@ -290,12 +290,12 @@ impl Drop for Sandbox {
         for dir in self.empty.drain(..) {
             let _ = fs::remove_dir(&dir);
         }
-        remove_tree(&self.created);
+        crate::stale::remove_tree(&self.created);
     }
 }
 
 /// A cgroup top of this test process (`sgt-<pid>-<n>[.slice]`, so
-/// [`sweep_stale_cgroups`] knows it) for a test that lays out several pods, and processes of its own, in one
+/// [`crate::stale`] knows it) for a test that lays out several pods, and processes of its own, in one
 /// kubelet tree below it. When dropped (also while a test panics) it kills every
 /// process left in it and removes every directory, deepest first.
 #[derive(Debug)]
@@ -306,8 +306,8 @@ pub struct CgroupTop {
 impl CgroupTop {
     /// A fresh top for `layout`'s naming (a `.slice` for the systemd driver).
     pub fn new(layout: Layout) -> CgroupTop {
-        crate::net::sweep_stale();
-        let n = crate::net::next_id();
+        crate::stale::sweep_stale();
+        let n = crate::stale::next_id();
         let name = match layout {
             Layout::Systemd => format!("sgt-{}-{n}.slice", std::process::id()),
             Layout::Cgroupfs => format!("sgt-{}-{n}", std::process::id()),
@@ -332,7 +332,7 @@ impl CgroupTop {
 impl Drop for CgroupTop {
     fn drop(&mut self) {
         let mut dirs = Vec::new();
-        collect(&self.path, &mut dirs);
+        crate::stale::collect(&self.path, &mut dirs);
         for d in &dirs {
             if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
                 for p in procs.split_whitespace() {
@@ -340,68 +340,6 @@ impl Drop for CgroupTop {
                 }
             }
         }
-        remove_tree(&dirs);
-    }
-}
-
-/// Removes `dirs` (parents first in the list) deepest first. A cgroup can stay busy for
-/// a moment after its last process is reaped, so EBUSY is retried until a deadline;
-/// failures are reported, not raised (this may run while a test panics).
-fn remove_tree(dirs: &[PathBuf]) {
-    for dir in dirs.iter().rev() {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match fs::remove_dir(dir) {
-                Ok(()) => break,
-                Err(e) if e.kind() == ErrorKind::NotFound => break,
-                Err(e) if e.raw_os_error() == Some(16) && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => {
-                    eprintln!("cleanup: rmdir {}: {e}", dir.display());
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// Removes cgroup tops (`sgt-<pid>-<n>[.slice]`) of test processes that no longer exist,
-/// killing what still runs in them first. Called once per process by `net::sweep_stale`.
-pub fn sweep_stale_cgroups(dead: impl Fn(&str) -> bool) {
-    let Some(mount) = shareguard::discovery::cgroups::host_cgroup2_mount() else {
-        return;
-    };
-    for top in shareguard::discovery::cgroups::subdirs(&mount) {
-        let Some(name) = top.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let Some(pid) = name
-            .strip_prefix("sgt-")
-            .and_then(|r| r.split_once('-'))
-            .map(|(pid, _)| pid)
-        else {
-            continue;
-        };
-        if dead(pid) {
-            let mut dirs = Vec::new();
-            collect(&top, &mut dirs);
-            for d in &dirs {
-                if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
-                    for p in procs.split_whitespace() {
-                        let _ = Command::new("kill").args(["-KILL", p]).status();
-                    }
-                }
-            }
-            remove_tree(&dirs);
-        }
-    }
-}
-
-/// `dir` and every directory below it, parents first.
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
-    out.push(dir.to_path_buf());
-    for d in shareguard::discovery::cgroups::subdirs(dir) {
-        collect(&d, out);
+        crate::stale::remove_tree(&dirs);
     }
 }
