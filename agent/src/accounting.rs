@@ -22,6 +22,8 @@ impl Limiter for AccountingLimiter {
             mechanism: MECHANISM.to_owned(),
             enforces: false,
             attributes: Default::default(),
+            // Nothing to break: counting needs no hardware.
+            fault: None,
         }
     }
 

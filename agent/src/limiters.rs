@@ -46,6 +46,7 @@ impl Limiter for Unavailable {
             mechanism: "unavailable".to_owned(),
             enforces: false,
             attributes: Default::default(),
+            fault: Some(format!("enforcement unavailable: {}", self.why)),
         }
     }
 

@@ -236,6 +236,10 @@ pub struct DeviceFacts {
     pub enforces: bool,
     /// Further facts, e.g. a GPU's `uuid` and `model`.
     pub attributes: std::collections::BTreeMap<String, String>,
+    /// Why the device cannot hold its shares now (its NIC's link down or gone, its
+    /// limiter unavailable, its GPU not answering the driver); None while it can. What
+    /// kubelet is told of the device's health.
+    pub fault: Option<String>,
 }
 
 /// What a CDI spec gives a container for one share (see `Limiter::cdi_device`).

@@ -198,6 +198,7 @@ impl Limiter for DeferredGpuLimiter {
                 mechanism: "unavailable".to_owned(),
                 enforces: false,
                 attributes: Default::default(),
+                fault: Some(self.why()),
             },
         }
     }

@@ -603,6 +603,14 @@ impl Limiter for GpuLimiter {
                 && !self.backend.is_simulated()
                 && self.driver_edits(device).is_ok(),
             attributes,
+            // The call the watchdog makes every poll: a GPU that does not answer it (lost
+            // from the bus, the driver gone or reloading) holds no share's memory to
+            // anything the agent can see.
+            fault: self
+                .backend
+                .compute_processes(&d.gpu.uuid)
+                .err()
+                .map(|e| format!("GPU {} does not answer the driver: {e}", d.gpu.uuid)),
         }
     }
 

@@ -7,6 +7,7 @@
 //! | [`mechanism`] | which mechanism (EDT + fq, HTB, policer) and what it installs per share |
 //! | [`burst`] | an HTB share's bucket: small after an idle spell, full while busy |
 //! | [`bypass`] | whether the share's traffic passes the programs: interface vs program counters |
+//! | [`link`] | whether a device's NIC carries traffic (its `operstate`) |
 //! | [`bpf`] | the only module that talks to aya: load, pin, attach, maps, counters |
 //! | [`rtnl`] | netlink: the pod's host-side interface, queue devices, HTB read-back |
 //! | [`tc`] | HTB and fq qdiscs through iproute2's `tc` |
@@ -20,6 +21,7 @@ pub mod bypass;
 pub mod cleanup;
 pub mod error;
 pub mod limiter;
+pub mod link;
 pub mod mechanism;
 pub mod probe;
 pub mod rtnl;

@@ -8,7 +8,7 @@ use std::{path::Path, sync::Arc};
 use crate::{Mechanism, NetBackend, NetError, NetLimiter};
 
 /// The `net` section of one device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetConfig {
     /// The mechanism the config insists on; `None` (`auto`) takes the first of
     /// `AUTO_ORDER` the kernel probe finds (never `edt-fq`).
@@ -18,6 +18,9 @@ pub struct NetConfig {
     /// "unconstrained"): shaping it would cost throughput and hold nothing back. None
     /// (the default): every limit is shaped.
     pub line_rate_bps: Option<u64>,
+    /// The NIC the device stands for (`interface`), whose link state is the device's
+    /// health; None: none to watch.
+    pub interface: Option<String>,
 }
 
 /// One `net` device of the inventory: its name and its section.
@@ -45,7 +48,8 @@ pub fn build(
     Ok(devices
         .iter()
         .map(|d| {
-            let l = NetLimiter::new(backend.clone(), d.net.mechanism, d.net.line_rate_bps);
+            let l = NetLimiter::new(backend.clone(), d.net.mechanism, d.net.line_rate_bps)
+                .map(|l| l.with_interface(d.net.interface.clone()));
             (d.name.to_owned(), l)
         })
         .collect())

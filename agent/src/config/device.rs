@@ -376,9 +376,10 @@ pub(super) fn parse(
             allowed_namespaces: allowed,
             admin_namespaces: admin,
             capacities,
-            net: (kind == DeviceKind::Net).then_some(NetConfig {
+            net: (kind == DeviceKind::Net).then(|| NetConfig {
                 mechanism: net_mechanism,
                 line_rate_bps: net_line_rate_bps,
+                interface: d.interface.as_ref().map(|i| i.get_ref().clone()),
             }),
             gpu,
         });

@@ -209,7 +209,7 @@ fn a_node_table_applies_on_the_node_of_that_exact_name_only() {
     let nic = on.device("nic-0").unwrap();
     assert_eq!(nic.pool, "worker-7/nics");
     assert_eq!(
-        nic.net.unwrap_or_default().line_rate_bps,
+        nic.net.clone().unwrap_or_default().line_rate_bps,
         Some(25_000_000_000)
     );
     assert_eq!(on.device("gen-0").unwrap().pool, "worker-7", "untouched");
@@ -218,7 +218,11 @@ fn a_node_table_applies_on_the_node_of_that_exact_name_only() {
         let off = parse(&text, &given(other));
         let nic = off.device("nic-0").unwrap();
         assert_eq!(nic.pool, other, "{other}");
-        assert_eq!(nic.net.unwrap_or_default().line_rate_bps, None, "{other}");
+        assert_eq!(
+            nic.net.clone().unwrap_or_default().line_rate_bps,
+            None,
+            "{other}"
+        );
     }
 }
 

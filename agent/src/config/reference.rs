@@ -323,7 +323,8 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "device.interface",
         "string",
         "none",
-        "net: the NIC the device stands for; its speed is the capacity when value is not set.",
+        "net: the NIC the device stands for; its speed is the capacity when value is not set, \
+         and its link state the device's health (down or gone: unhealthy).",
     ),
     (
         "device.mechanism",

@@ -550,17 +550,32 @@ fn two_devices_for_one_gpu_or_one_nic_are_refused() {
 fn a_net_device_may_name_its_mechanism() {
     let c = Config::parse(NET, "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        c.device("nic-0")
+            .unwrap()
+            .net
+            .clone()
+            .unwrap_or_default()
+            .mechanism,
         Some(shareguard_limiter_net::Mechanism::BpfPolicer)
     );
     let c = Config::parse(&NET.replace("bpf-policer", "auto"), "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        c.device("nic-0")
+            .unwrap()
+            .net
+            .clone()
+            .unwrap_or_default()
+            .mechanism,
         None
     );
     let c = Config::parse(&NET.replace("mechanism = \"bpf-policer\"\n", ""), "t.toml").unwrap();
     assert_eq!(
-        c.device("nic-0").unwrap().net.unwrap_or_default().mechanism,
+        c.device("nic-0")
+            .unwrap()
+            .net
+            .clone()
+            .unwrap_or_default()
+            .mechanism,
         None
     );
 
@@ -591,6 +606,7 @@ fn a_net_device_may_state_its_line_rate() {
         c.device("nic-0")
             .unwrap()
             .net
+            .clone()
             .unwrap_or_default()
             .line_rate_bps,
         Some(25_000_000_000)
@@ -600,6 +616,7 @@ fn a_net_device_may_state_its_line_rate() {
         c.device("nic-0")
             .unwrap()
             .net
+            .clone()
             .unwrap_or_default()
             .line_rate_bps,
         None,

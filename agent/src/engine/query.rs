@@ -103,12 +103,21 @@ impl Engine {
     }
 
     pub fn devices(&self) -> Vec<DeviceView> {
-        let st = lock(&self.state);
+        let usages: Vec<_> = {
+            let st = lock(&self.state);
+            self.cfg
+                .devices
+                .iter()
+                .map(|d| ledger::usage(&st, d))
+                .collect()
+        };
+        // The limiters are asked outside the state lock: a device's facts may read the
+        // kernel or the driver (its health), which no Prepare should wait for.
         self.cfg
             .devices
             .iter()
-            .map(|d| {
-                let usage = ledger::usage(&st, d);
+            .zip(usages)
+            .map(|(d, usage)| {
                 let free = d
                     .capacities
                     .iter()

@@ -92,6 +92,7 @@ impl Limiter for FakeLimiter {
             mechanism: "fake".into(),
             enforces: false,
             attributes: Default::default(),
+            fault: None,
         }
     }
     fn needs(&self, _device: &str) -> Needs {

@@ -75,6 +75,9 @@ pub struct NetLimiter {
     /// What the device's path carries at most, bit/s (config `line_rate`): a direction
     /// limited at or above it is counted but not shaped. None: every limit is shaped.
     line_rate_bps: Option<u64>,
+    /// The NIC the device stands for, whose link state is the device's health (config
+    /// `interface`); None: no NIC to watch.
+    interface: Option<String>,
 }
 
 /// `ShareStatus.mechanism` of a share whose every limited direction is unconstrained.
@@ -372,7 +375,14 @@ impl NetLimiter {
             backend,
             mechanism,
             line_rate_bps,
+            interface: None,
         })
+    }
+
+    /// The limiter that reports `interface`'s link state as the device's health.
+    pub fn with_interface(mut self, interface: Option<String>) -> NetLimiter {
+        self.interface = interface;
+        self
     }
 
     pub fn mechanism(&self) -> Mechanism {
@@ -422,6 +432,10 @@ impl Limiter for NetLimiter {
             mechanism: self.mechanism.name().to_owned(),
             enforces: true,
             attributes: Default::default(),
+            fault: self
+                .interface
+                .as_deref()
+                .and_then(|i| crate::link::fault(Path::new(crate::link::SYS_CLASS_NET), i)),
         }
     }
 

@@ -453,7 +453,7 @@ fn other_values_render_valid_manifests_that_use_them() {
     assert_eq!(nic.admin_namespaces, ["ops"]);
     assert_eq!(nic.stage, Stage::Observe);
     assert_eq!(
-        nic.net.unwrap_or_default().line_rate_bps,
+        nic.net.clone().unwrap_or_default().line_rate_bps,
         Some(25_000_000_000)
     );
     assert!(toml.contains("interface = \"ens5\""), "{toml}");

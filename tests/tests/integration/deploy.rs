@@ -742,14 +742,20 @@ fn configmap_config_gives_each_node_a_pool_of_its_own() {
     let there = config_on(&with, "worker-7").unwrap();
     let d = there.devices.iter().find(|d| d.name == nic).unwrap();
     assert_eq!(
-        (d.pool.as_str(), d.net.unwrap_or_default().line_rate_bps),
+        (
+            d.pool.as_str(),
+            d.net.clone().unwrap_or_default().line_rate_bps
+        ),
         ("worker-7/nics", Some(25_000_000_000))
     );
     for elsewhere in ["worker-70", "worker-1"] {
         let cfg = config_on(&with, elsewhere).unwrap();
         let d = cfg.devices.iter().find(|d| d.name == nic).unwrap();
         assert_eq!(
-            (d.pool.as_str(), d.net.unwrap_or_default().line_rate_bps),
+            (
+                d.pool.as_str(),
+                d.net.clone().unwrap_or_default().line_rate_bps
+            ),
             (elsewhere, None)
         );
     }
