@@ -1,7 +1,8 @@
 //! Generates the tonic service, prost messages and pbjson serde impls (proto3 canonical
 //! JSON) from `proto/shareguard/v1/agent.proto`, plus the descriptor set that server
-//! reflection serves; and kubelet's DRA and plugin registration APIs (`proto/kubelet/`),
-//! clients and servers both: the plugin serves them, the tests play kubelet.
+//! reflection serves; and kubelet's DRA, DRA resource health and plugin registration APIs
+//! (`proto/kubelet/`), clients and servers both: the plugin serves them, the tests play
+//! kubelet.
 
 use std::{env, path::PathBuf};
 
@@ -30,6 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/kubelet/pluginregistration/v1/api.proto",
         "proto/kubelet/dra/v1/api.proto",
         "proto/kubelet/dra/v1beta1/api.proto",
+        "proto/kubelet/dra-health/v1alpha1/api.proto",
+        "proto/kubelet/dra-health/v1/api.proto",
     ];
     tonic_prost_build::configure().compile_protos(&kubelet, &["proto"])?;
 

@@ -2,8 +2,8 @@
 //!
 //! A separate, unprivileged process: it holds the API credentials the privileged agent
 //! never has, and it never touches the kernel. It registers each driver of the agent's
-//! inventory with kubelet, serves kubelet's DRA API (v1 and v1beta1), and turns each
-//! claim kubelet prepares into the agent's Prepare: the claim and its pods are read from
+//! inventory with kubelet, serves kubelet's DRA API (v1 and v1beta1) and each device's
+//! health (v1alpha1 and v1), and turns each claim kubelet prepares into the agent's Prepare: the claim and its pods are read from
 //! the API server, checked against this node's devices, and sent with this instance's
 //! epoch, so that an instance replaced in a rolling update is fenced.
 
@@ -12,6 +12,7 @@ mod answer;
 mod args;
 pub mod claims;
 mod cluster;
+mod device_health;
 mod dirs;
 mod driver;
 pub mod error;

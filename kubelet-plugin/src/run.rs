@@ -8,6 +8,8 @@ use anyhow::Context;
 use futures::StreamExt;
 use kube::runtime::WatchStreamExt;
 use shareguard_proto::kubelet::{
+    dra_health_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1Server,
+    dra_health_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1Alpha1Server,
     dra_v1::dra_plugin_server::DraPluginServer as V1Server,
     dra_v1beta1::dra_plugin_server::DraPluginServer as V1Beta1Server,
     pluginregistration::registration_server::RegistrationServer,
@@ -25,7 +27,7 @@ use crate::{
     forward::Successors,
     health::{self, Readiness},
     inventory::{DriverDevices, Inventory},
-    kubelet::{Registration, RegistrationState, SocketFile, V1, V1Beta1},
+    kubelet::{HealthV1, HealthV1Alpha1, Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
     status::StatusWriter,
 };
@@ -130,6 +132,14 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         let dra = tonic::transport::Server::builder()
             .add_service(V1Server::new(V1(driver.clone())))
             .add_service(V1Beta1Server::new(V1Beta1(driver.clone())))
+            .add_service(HealthV1Alpha1Server::new(HealthV1Alpha1 {
+                agent: agent.clone(),
+                driver: driver.clone(),
+            }))
+            .add_service(HealthV1Server::new(HealthV1 {
+                agent: agent.clone(),
+                driver: driver.clone(),
+            }))
             .serve_with_incoming_shutdown(
                 shareguard_uds::incoming(dra_listener),
                 stopped(&stop_rx),

@@ -38,4 +38,17 @@ pub mod kubelet {
             "/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"
         ));
     }
+
+    /// DRA resource health `v1alpha1` (kubelet 1.36 dials it on every DRA plugin; 1.37
+    /// when the registration lists it and not v1).
+    pub mod dra_health_v1alpha1 {
+        #![allow(clippy::all, missing_docs)]
+        include!(concat!(env!("OUT_DIR"), "/v1alpha1.rs"));
+    }
+
+    /// DRA resource health `v1` (kubelet 1.37 and later, when the registration lists it).
+    pub mod dra_health_v1 {
+        #![allow(clippy::all, missing_docs)]
+        include!(concat!(env!("OUT_DIR"), "/v1.rs"));
+    }
 }

@@ -79,7 +79,12 @@ async fn registers_each_driver_and_removes_its_sockets_at_stop() {
         assert_eq!(info.endpoint, p.endpoint(driver));
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
         assert!(std::path::Path::new(&info.endpoint).exists());
     }

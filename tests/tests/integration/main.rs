@@ -21,6 +21,7 @@ mod crash_recovery;
 mod dashboard;
 mod dedicated;
 mod deploy;
+mod device_health;
 mod epoch;
 mod full_disk;
 mod gpu;
