@@ -17,6 +17,9 @@ const CONTAINER_DRIVER_ROOT: &str = "/driver-root";
 
 const CONFIGMAP: &str = "shareguard-agent-config";
 
+/// The SIMULATED driver's faults file, in the driver root.
+const FAULTS: &str = "e2e-faults.json";
+
 impl SimulatedGpus {
     fn add(c: &Cluster) -> SimulatedGpus {
         let original = c.json(&["get", "configmap", "-n", "shareguard-system", CONFIGMAP]);
@@ -37,6 +40,13 @@ impl SimulatedGpus {
             .unwrap_or_else(|e| panic!("{script:?}: {e}"));
         assert!(made.status.success(), "{script:?}: {made:?}");
         let root = driver_root.path().display().to_string();
+        // The SIMULATED driver's faults come from a file in the driver root, which the
+        // test writes on the host and every node's agent reads through its mount.
+        toml = toml.replacen(
+            "[agent]\n",
+            &format!("[agent]\nsimulated_gpu_faults = \"{CONTAINER_DRIVER_ROOT}/{FAULTS}\"\n"),
+            1,
+        );
         for i in 0..2 {
             toml.push_str(&format!(
                 r#"
@@ -67,6 +77,11 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         };
         guard.install(&changed, &Self::mount(&root, ""));
         guard
+    }
+
+    /// Where the test writes the SIMULATED driver's faults, on the host.
+    fn faults_file(&self) -> std::path::PathBuf {
+        self._driver_root.path().join(FAULTS)
     }
 
     /// A strategic merge patch of the agent's DaemonSet that mounts `host` at
@@ -221,7 +236,7 @@ fn pod_env(c: &Cluster, ns: &str, pod: &str) -> Vec<String> {
 fn h_gpu_claims_on_simulated_gpus_reach_their_containers() {
     let c = Cluster::from_env();
     let node = NODES[0];
-    let _gpus = SimulatedGpus::add(&c);
+    let gpus = SimulatedGpus::add(&c);
     let uuids = simulated_gpu_uuids(&c, node);
     let uuid_of = |device: &str| -> String {
         uuids
@@ -339,6 +354,55 @@ spec:
         assert_sees_only(&c, &ns.name, pod, std::slice::from_ref(gpu0));
     }
     assert_ne!(shares[0], shares[1], "two shares of one GPU");
+
+    // Health: kubelet hears the plugin's DRAResourceHealth and writes it into the pod's
+    // status. The GPU stops answering the SIMULATED driver: Unhealthy with the reason,
+    // then Healthy again once it answers.
+    let health = |want: &str| {
+        wait_for(
+            &format!("same-a's GPU {want} in allocatedResourcesStatus"),
+            STATUS_TIMEOUT,
+            || {
+                let p = c.json(&["get", "pod", "-n", &ns.name, "same-a"]);
+                let resources: Vec<Value> = field(&p, "status.containerStatuses")
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|s| {
+                        s["allocatedResourcesStatus"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default()
+                    })
+                    .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+                    .collect();
+                match resources.iter().find(|r| r["health"] == want) {
+                    Some(r) => Ok(r.clone()),
+                    None => Err(format!("{resources:?}")),
+                }
+            },
+        )
+    };
+    let healthy = health("Healthy");
+    eprintln!("same-a's GPU in its status: {healthy}");
+    let started = std::time::Instant::now();
+    std::fs::write(
+        gpus.faults_file(),
+        r#"[{"op": "compute_processes", "error": "gpu_lost"}]"#,
+    )
+    .expect("writing the faults file");
+    let unhealthy = health("Unhealthy");
+    let took = started.elapsed();
+    // A figure, not a bound: docs/benchmarks.md keeps it beside the design's 30 s.
+    eprintln!("fault to Unhealthy in the pod's status: {took:?}: {unhealthy}");
+    assert!(
+        unhealthy["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not answer the driver")),
+        "says why: {unhealthy}"
+    );
+    std::fs::remove_file(gpus.faults_file()).expect("removing the faults file");
+    health("Healthy");
     c.ok(&["delete", "deviceclass", "e2e-simulated-gpu"]);
 }
 
