@@ -4,7 +4,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use shareguard_common::{
     Format, Quantity,
-    limiter::{DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError},
+    limiter::{DeviceFacts, DeviceFault, Enforcement, LimitSpec, Limiter, LimiterError},
 };
 use shareguard_limiter_gpu::{
     limiter::MEMORY,
@@ -46,7 +46,10 @@ impl Limiter for Unavailable {
             mechanism: "unavailable".to_owned(),
             enforces: false,
             attributes: Default::default(),
-            fault: Some(format!("enforcement unavailable: {}", self.why)),
+            fault: Some(DeviceFault::new(
+                "limiter-unavailable",
+                format!("enforcement unavailable: {}", self.why),
+            )),
         }
     }
 

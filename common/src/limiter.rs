@@ -238,8 +238,28 @@ pub struct DeviceFacts {
     pub attributes: std::collections::BTreeMap<String, String>,
     /// Why the device cannot hold its shares now (its NIC's link down or gone, its
     /// limiter unavailable, its GPU not answering the driver); None while it can. What
-    /// kubelet is told of the device's health.
-    pub fault: Option<String>,
+    /// kubelet is told of the device's health, and the taint its slice carries.
+    pub fault: Option<DeviceFault>,
+}
+
+/// Why a device cannot hold its shares now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFault {
+    /// A short code of the kind of fault, a Kubernetes label value (`link-down`,
+    /// `link-gone`, `limiter-unavailable`, `gpu-not-answering`): the value of the taint
+    /// the device's ResourceSlice carries while it lasts.
+    pub reason: &'static str,
+    /// The fault in words, for people.
+    pub message: String,
+}
+
+impl DeviceFault {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
 }
 
 /// What a CDI spec gives a container for one share (see `Limiter::cdi_device`).

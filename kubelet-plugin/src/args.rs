@@ -35,9 +35,10 @@ pub struct PluginArgs {
     /// A kubeconfig; without it, the in-cluster config, then `$KUBECONFIG`.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// How often the agent's inventory is read for changes to publish, in seconds. The
-    /// ResourceSlices are also checked on every change the API server reports, and
-    /// against the API server every ten of these periods regardless.
+    /// How often, in seconds, at most the agent's inventory is read for changes to
+    /// publish (every 5 s where this is longer); the ResourceSlices are checked against
+    /// the API server every ten of these periods regardless, and on every change it
+    /// reports.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub resync_seconds: u64,
     /// How many ResourceSlices of each driver this node may hold: one per pool, named

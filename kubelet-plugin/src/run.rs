@@ -169,8 +169,13 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     // failures are logged and retried, never a reason to stop serving kubelet.
     let mut background = JoinSet::new();
     background.spawn(
-        poll_inventory(agent.clone(), period, inventory_tx, stop_rx.clone())
-            .instrument(info_span!("inventory")),
+        poll_inventory(
+            agent.clone(),
+            INVENTORY_PERIOD.min(period),
+            inventory_tx,
+            stop_rx.clone(),
+        )
+        .instrument(info_span!("inventory")),
     );
     background.spawn(
         StatusWriter::new(
@@ -299,6 +304,11 @@ async fn fenced_for_good(agent: &Agent, successors: Vec<Successors>) -> PluginEr
     }
 }
 
+/// How often the agent's inventory is read: a local call, so that a device's fault
+/// reaches its slice (a taint) within seconds. What it changes on the API server is only
+/// what changed in a slice.
+const INVENTORY_PERIOD: Duration = Duration::from_secs(5);
+
 /// Reads the agent's inventory every `period` and hands each reading to the watchers
 /// (a restarted agent may have a new config). A failed reading is skipped: the agent
 /// may be restarting, and the last inventory stays in force until the next one.
@@ -331,8 +341,8 @@ async fn poll_inventory(
 /// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the API
 /// server reports a change of one of them (a watch, so a slice someone deleted or edited
 /// comes back at once), when a reading of the agent's inventory (`inventory`, every
-/// `period`) changed this driver's devices, and every `FULL_PASS_EVERY` periods in case
-/// a watch went quiet without an error.
+/// [`INVENTORY_PERIOD`]) changed what this driver's slices publish, and every
+/// `FULL_PASS_EVERY` periods in case a watch went quiet without an error.
 async fn keep_published(
     driver: Arc<Driver>,
     agent: Arc<Agent>,
@@ -369,6 +379,7 @@ async fn keep_published(
     let mut ticks = 0u32;
     let mut due: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
     let mut first = true;
+    let mut published_for = publisher.digests(&driver.devices_now().devices);
     loop {
         let sleep_until = due.unwrap_or_else(|| tokio::time::Instant::now() + period * 1000);
         tokio::select! {
@@ -392,7 +403,13 @@ async fn keep_published(
             Ok(()) = inventory.changed() => {
                 let reading = inventory.borrow_and_update().clone();
                 if take_devices(&driver, &reading) {
-                    due.get_or_insert_with(tokio::time::Instant::now);
+                    // Allocations change with every Prepare and are in no slice: only a
+                    // change of what the slices say is worth a pass (and its LIST).
+                    let now = publisher.digests(&driver.devices_now().devices);
+                    if now != published_for {
+                        published_for = now;
+                        due.get_or_insert_with(tokio::time::Instant::now);
+                    }
                 }
             }
             () = tokio::time::sleep_until(sleep_until) => {
@@ -469,7 +486,8 @@ fn take_devices(driver: &Driver, reading: &Inventory) -> bool {
     if *fresh == driver.devices_now().devices {
         return false;
     }
-    info!(
+    // Allocations change it with every Prepare: not news for the log.
+    debug!(
         devices = fresh.devices.len(),
         "the agent's inventory changed"
     );

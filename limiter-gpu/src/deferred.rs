@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use shareguard_common::limiter::{
-    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs,
+    CdiDevice, DeviceFacts, DeviceFault, Enforcement, LimitSpec, Limiter, LimiterError, Needs,
 };
 
 use crate::error::GpuError;
@@ -198,7 +198,7 @@ impl Limiter for DeferredGpuLimiter {
                 mechanism: "unavailable".to_owned(),
                 enforces: false,
                 attributes: Default::default(),
-                fault: Some(self.why()),
+                fault: Some(DeviceFault::new("limiter-unavailable", self.why())),
             },
         }
     }

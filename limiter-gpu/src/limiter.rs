@@ -19,7 +19,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shareguard_common::limiter::{
-    CdiDevice, DeviceFacts, Enforcement, LimitSpec, Limiter, LimiterError, Needs, PerProcess,
+    CdiDevice, DeviceFacts, DeviceFault, Enforcement, LimitSpec, Limiter, LimiterError, Needs,
+    PerProcess,
 };
 use shareguard_common::{Format, Quantity};
 
@@ -606,11 +607,12 @@ impl Limiter for GpuLimiter {
             // The call the watchdog makes every poll: a GPU that does not answer it (lost
             // from the bus, the driver gone or reloading) holds no share's memory to
             // anything the agent can see.
-            fault: self
-                .backend
-                .compute_processes(&d.gpu.uuid)
-                .err()
-                .map(|e| format!("GPU {} does not answer the driver: {e}", d.gpu.uuid)),
+            fault: self.backend.compute_processes(&d.gpu.uuid).err().map(|e| {
+                DeviceFault::new(
+                    "gpu-not-answering",
+                    format!("GPU {} does not answer the driver: {e}", d.gpu.uuid),
+                )
+            }),
         }
     }
 

@@ -4,6 +4,8 @@
 
 use std::{fs, io::ErrorKind, path::Path};
 
+use shareguard_common::limiter::DeviceFault;
+
 /// Where the kernel lists the interfaces of the reader's network namespace.
 pub const SYS_CLASS_NET: &str = "/sys/class/net";
 
@@ -13,21 +15,30 @@ pub const SYS_CLASS_NET: &str = "/sys/class/net";
 /// The kernel's `operstate` (RFC 2863): `up`, and `unknown` (what drivers that do not
 /// track the state report, such as loopback and tun) carry traffic; `down`,
 /// `lowerlayerdown` (a lower device down), `notpresent`, `dormant` and `testing` do not.
-pub fn fault(sys: &Path, interface: &str) -> Option<String> {
+pub fn fault(sys: &Path, interface: &str) -> Option<DeviceFault> {
     // A name with a slash or a dot-dot would read another file than the interface's.
     if interface.is_empty() || interface.contains('/') || interface == "." || interface == ".." {
-        return Some(format!("interface {interface:?} is not an interface name"));
+        return Some(DeviceFault::new(
+            "link-gone",
+            format!("interface {interface:?} is not an interface name"),
+        ));
     }
     let path = sys.join(interface).join("operstate");
     match fs::read_to_string(&path) {
         Ok(state) => match state.trim() {
             "up" | "unknown" => None,
-            other => Some(format!("interface {interface} is {other}")),
+            other => Some(DeviceFault::new(
+                "link-down",
+                format!("interface {interface} is {other}"),
+            )),
         },
-        Err(e) if e.kind() == ErrorKind::NotFound => Some(format!("interface {interface} is gone")),
-        Err(e) => Some(format!(
-            "interface {interface}: reading {}: {e}",
-            path.display()
+        Err(e) if e.kind() == ErrorKind::NotFound => Some(DeviceFault::new(
+            "link-gone",
+            format!("interface {interface} is gone"),
+        )),
+        Err(e) => Some(DeviceFault::new(
+            "link-down",
+            format!("interface {interface}: reading {}: {e}", path.display()),
         )),
     }
 }
@@ -55,17 +66,18 @@ mod tests {
         ]);
         assert_eq!(fault(d.path(), "eth0"), None);
         assert_eq!(fault(d.path(), "tun0"), None);
+        let said = |name| fault(d.path(), name).map(|f| (f.reason, f.message));
         assert_eq!(
-            fault(d.path(), "eth1").as_deref(),
-            Some("interface eth1 is down")
+            said("eth1"),
+            Some(("link-down", "interface eth1 is down".to_owned()))
         );
         assert_eq!(
-            fault(d.path(), "bond0").as_deref(),
-            Some("interface bond0 is lowerlayerdown")
+            said("bond0"),
+            Some(("link-down", "interface bond0 is lowerlayerdown".to_owned()))
         );
         assert_eq!(
-            fault(d.path(), "eth9").as_deref(),
-            Some("interface eth9 is gone")
+            said("eth9"),
+            Some(("link-gone", "interface eth9 is gone".to_owned()))
         );
     }
 
@@ -74,7 +86,10 @@ mod tests {
         let d = sys_with(&[("eth0", "up")]);
         for bad in ["", "..", "eth0/..", "../eth0"] {
             let f = fault(d.path(), bad).unwrap();
-            assert!(f.contains("not an interface name"), "{bad:?}: {f}");
+            assert!(
+                f.message.contains("not an interface name"),
+                "{bad:?}: {f:?}"
+            );
         }
     }
 

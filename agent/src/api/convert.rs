@@ -231,7 +231,18 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
         stage: d.stage.name().to_owned(),
         device_class: d.config.class.clone(),
         warnings: crate::config::warnings::device_warnings(&d.config),
-        fault: d.facts.fault.clone().unwrap_or_default(),
+        fault: d
+            .facts
+            .fault
+            .as_ref()
+            .map(|f| f.message.clone())
+            .unwrap_or_default(),
+        fault_reason: d
+            .facts
+            .fault
+            .as_ref()
+            .map(|f| f.reason.to_owned())
+            .unwrap_or_default(),
         attributes: d
             .facts
             .attributes

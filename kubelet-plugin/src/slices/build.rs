@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     api::resource::v1::{
         CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-        ResourcePool, ResourceSlice, ResourceSliceSpec,
+        DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -62,7 +62,7 @@ pub fn desired(
     for (pool, devs) in devices.pools() {
         let mut api_devices = Vec::new();
         for d in devs {
-            match device(d) {
+            match device(driver, d) {
                 Ok(dev) => api_devices.push(dev),
                 Err(reason) => skipped.push(Skipped {
                     device: d.name.clone(),
@@ -119,7 +119,40 @@ pub fn desired(
     (out, skipped)
 }
 
-fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
+/// The taint key of a device that cannot hold its shares now, under the driver's name.
+pub fn unhealthy_taint_key(driver: &str) -> String {
+    format!("{driver}/unhealthy")
+}
+
+/// What a device that cannot hold its shares now carries (the agent's `fault_reason` as
+/// the value): NoSchedule, so that the scheduler gives it no new claim that does not
+/// tolerate it and leaves the pods that run there alone; gone once the fault is.
+fn taint(driver: &str, d: &pb::DeviceStatus) -> Option<DeviceTaint> {
+    if d.fault.is_empty() && d.fault_reason.is_empty() {
+        return None;
+    }
+    // A label value: 63 characters of letters, digits, '-', '_' and '.', alphanumeric at
+    // both ends. The agent's codes are; anything else becomes "fault".
+    let r = &d.fault_reason;
+    let label_value = !r.is_empty()
+        && r.len() <= 63
+        && r.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && r.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && r.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    Some(DeviceTaint {
+        key: unhealthy_taint_key(driver),
+        value: Some(if label_value {
+            r.clone()
+        } else {
+            "fault".into()
+        }),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    })
+}
+
+fn device(driver: &str, d: &pb::DeviceStatus) -> Result<Device, String> {
     if !is_dns_label(&d.name) {
         return Err(format!(
             "name {:?} is not a DNS label (at most 63 of a-z, 0-9 and '-'), which a ResourceSlice device name must be",
@@ -177,6 +210,7 @@ fn device(d: &pb::DeviceStatus) -> Result<Device, String> {
         allow_multiple_allocations: Some(true),
         attributes: Some(attributes),
         capacity: Some(capacity),
+        taints: taint(driver, d).map(|t| vec![t]),
         ..Default::default()
     })
 }
@@ -260,6 +294,55 @@ mod tests {
             "cut to the API's bound"
         );
         assert_eq!(devs[0].allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn a_device_that_cannot_hold_its_shares_is_tainted_no_schedule_until_it_can() {
+        let mut devices = inventory(&["gpu-0", "gpu-1"]);
+        let faults = [
+            ("gpu-0", "gpu-not-answering", "gpu-not-answering"),
+            // Not a label value: the taint still goes on, with a value the API takes.
+            ("gpu-1", "not a label!", "fault"),
+        ];
+        for (name, reason, _) in faults {
+            let d = devices
+                .devices
+                .get_mut(&("p".to_owned(), name.to_owned()))
+                .unwrap();
+            d.fault = "GPU x does not answer the driver".into();
+            d.fault_reason = reason.into();
+        }
+        let (tainted, _) = desired("d.example.com", &node(), &devices);
+        let devs = tainted[0].slice.spec.devices.as_ref().unwrap();
+        for (d, (name, _, value)) in devs.iter().zip(faults) {
+            assert_eq!(d.name, name);
+            let t = d.taints.as_ref().unwrap();
+            assert_eq!(t.len(), 1, "{t:?}");
+            assert_eq!(t[0].key, "d.example.com/unhealthy");
+            assert_eq!(t[0].value.as_deref(), Some(value));
+            assert_eq!(t[0].effect, "NoSchedule", "never evicts a running pod");
+            assert_eq!(t[0].time_added, None, "the API server stamps it");
+        }
+        // The fault gone: no taint, and a digest of its own, so the slice is applied.
+        let (healthy, _) = desired("d.example.com", &node(), &inventory(&["gpu-0", "gpu-1"]));
+        let devs = healthy[0].slice.spec.devices.as_ref().unwrap();
+        assert!(devs.iter().all(|d| d.taints.is_none()), "{devs:?}");
+        assert_ne!(healthy[0].digest, tainted[0].digest);
+    }
+
+    /// The plugin reads the inventory every few seconds and passes (a LIST, maybe an
+    /// apply) only when a digest changed: what a Prepare changes must not change one.
+    #[test]
+    fn allocations_leave_the_digest_as_it_is() {
+        let idle = inventory(&["gpu-0"]);
+        let mut busy = idle.clone();
+        for d in busy.devices.values_mut() {
+            d.allocated = [("memory".to_owned(), "40Gi".to_owned())].into();
+            d.free = [("memory".to_owned(), "40Gi".to_owned())].into();
+            d.live_shares = 3;
+        }
+        let digest = |d: &DriverDevices| desired("d.example.com", &node(), d).0[0].digest.clone();
+        assert_eq!(digest(&idle), digest(&busy));
     }
 
     #[test]

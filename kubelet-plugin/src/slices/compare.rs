@@ -77,6 +77,25 @@ pub fn differences(applied: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> V
                 Some(sc) => capacity(name, ac, sc, &mut diff),
             }
         }
+        // Taints by key, value and effect: the API server stamps `timeAdded`, and drops
+        // them all where the `DRADeviceTaints` gate is off (beta, on by default from
+        // 1.36), which leaves a device that cannot hold its shares schedulable.
+        let taints = |d: &Device| -> Vec<(String, String, String)> {
+            d.taints
+                .iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        t.key.clone(),
+                        t.value.clone().unwrap_or_default(),
+                        t.effect.clone(),
+                    )
+                })
+                .collect()
+        };
+        if taints(a) != taints(s) {
+            diff("taints".into(), show(&taints(a)), show(&taints(s)));
+        }
         let no_attrs = BTreeMap::new();
         let stored_attrs = s.attributes.as_ref().unwrap_or(&no_attrs);
         for (name, aa) in a.attributes.iter().flatten() {
@@ -257,6 +276,30 @@ mod tests {
         assert!(got.iter().all(|d| d.device == "nic-0"));
         assert_eq!(got[0].applied, "true");
         assert_eq!(got[0].stored, "null");
+    }
+
+    /// An API server with `DRADeviceTaints` off drops the taints: said, since the
+    /// device then stays schedulable while it cannot hold its shares.
+    #[test]
+    fn dropped_taints_are_a_difference_and_a_stamped_time_is_not() {
+        let mut applied = spec();
+        device(&mut applied).taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+            key: "d/unhealthy".into(),
+            value: Some("link-down".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+        let mut stamped = applied.clone();
+        device(&mut stamped).taints.as_mut().unwrap()[0].time_added =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(differences(&applied, &stamped), vec![]);
+        let dropped = spec();
+        let d = differences(&applied, &dropped);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].field, "taints");
+        assert!(!d[0].is_consumable_capacity());
     }
 
     #[test]

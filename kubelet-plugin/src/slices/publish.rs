@@ -165,6 +165,17 @@ impl Publisher {
     /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
     /// [`PublishError::FieldsDropped`] once everything else is done; such a slice is
     /// applied again at every pass, at its generation, until it is stored whole.
+    /// Each pool's slice digest for `devices`, as a pass would publish them: what tells
+    /// a change worth a pass (a device's fault, capacity, attributes) from one that is
+    /// not (its shares' allocations, which no slice shows).
+    pub fn digests(&self, devices: &DriverDevices) -> Vec<(String, String)> {
+        build::desired(&self.driver, &self.node, devices)
+            .0
+            .into_iter()
+            .map(|d| (d.pool, d.digest))
+            .collect()
+    }
+
     pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
         let (mut desired, skipped) = build::desired(&self.driver, &self.node, devices);
         for s in &skipped {

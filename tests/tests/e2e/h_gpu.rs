@@ -401,8 +401,43 @@ spec:
             .is_some_and(|m| m.contains("does not answer the driver")),
         "says why: {unhealthy}"
     );
+    // The scheduler sees it too: the GPU tainted NoSchedule in the node's slice, with
+    // the kind of fault, and a new claim that only this node's GPUs could take waits.
+    let taint_of = |device: &str| -> Option<Value> {
+        node_slices(&c, node)
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == device)
+            .and_then(|d| d["taints"].as_array().and_then(|t| t.first().cloned()))
+    };
+    let taint = wait_for(
+        &format!("{gpu0} tainted in {node}'s slice"),
+        STATUS_TIMEOUT,
+        || taint_of(gpu0).ok_or_else(|| format!("{:?}", node_slices(&c, node))),
+    );
+    eprintln!(
+        "fault to taint in the slice: {:?}: {taint}",
+        started.elapsed()
+    );
+    assert_eq!(taint["key"], format!("{DRIVER}/unhealthy"), "{taint}");
+    assert_eq!(taint["value"], "gpu-not-answering", "{taint}");
+    assert_eq!(taint["effect"], "NoSchedule", "{taint}");
+    c.apply(&gpu_pod(&ns.name, "late", node, one, ""));
+    let why = wait_unschedulable(&c, &ns.name, "late");
+    eprintln!("late, while every GPU of {node} is tainted: {why}");
+
     std::fs::remove_file(gpus.faults_file()).expect("removing the faults file");
     health("Healthy");
+    wait_for(
+        &format!("{gpu0}'s taint gone"),
+        STATUS_TIMEOUT,
+        || match taint_of(gpu0) {
+            None => Ok(()),
+            Some(t) => Err(format!("{t}")),
+        },
+    );
+    // Once the taint is gone the waiting pod is placed and runs.
+    wait_running(&c, &ns.name, "late");
     c.ok(&["delete", "deviceclass", "e2e-simulated-gpu"]);
 }
 

@@ -2,9 +2,13 @@
 //! plugin's DRA socket), from the real plugin over the real agent: HEALTHY while a device
 //! can hold its shares, UNHEALTHY with the reason when it cannot (a GPU that stopped
 //! answering the SIMULATED driver, a NIC whose link went down or away), UNKNOWN while the
-//! agent does not answer, and each back again once the fault is gone.
+//! agent does not answer, and each back again once the fault is gone. And what the
+//! scheduler sees of it: a NoSchedule taint on the device in its slice (the API-server
+//! STAND-IN).
 
 use std::{fs, time::Duration};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL,
@@ -17,6 +21,9 @@ use shareguard_tests::{
 };
 
 const NODE: &str = "node-a";
+
+/// A device taint as (key, value, effect).
+type Taint = (String, String, String);
 /// The plugin asks the agent every 5 s while kubelet listens; a change shows within
 /// two of its periods even on a loaded machine.
 const HEARD_WITHIN: Duration = Duration::from_secs(15);
@@ -170,4 +177,79 @@ async fn a_nic_whose_link_goes_down_or_away_is_unhealthy() {
     net::sh(&["ip", "link", "del", &nic]);
     let h = s.wait_for("nic-0", "UNHEALTHY", HEARD_WITHIN).await;
     assert_eq!(h.message, format!("interface {nic} is gone"), "{h:?}");
+}
+
+/// A device that cannot hold its shares carries a NoSchedule taint in its slice, its
+/// value the kind of fault, and loses it once the device can again; the device beside it
+/// is never tainted.
+#[tokio::test]
+async fn a_device_that_cannot_hold_its_shares_is_tainted_in_its_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults.json");
+    let mut o = Options::new(format!(
+        "{}{}",
+        simulated_gpu_device("{ period = \"1s\", action = \"report\" }"),
+        generic_device("mem-0", "8Gi", "1Gi", &["team-a"], &[])
+    ));
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}",
+        dir.path().join("cdi")
+    );
+    let agent = Agent::start(o);
+    let api = api();
+    let _p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    // Device name -> its taints as (key, value, effect), once the slice is published.
+    let taints = || -> Option<Vec<(String, Vec<Taint>)>> {
+        let slices: Vec<ResourceSlice> = api
+            .list::<ResourceSlice>()
+            .into_iter()
+            .filter(|s| s.spec.driver == DRIVER)
+            .collect();
+        let s = slices.first()?;
+        Some(
+            s.spec
+                .devices
+                .iter()
+                .flatten()
+                .map(|d| {
+                    let t = d
+                        .taints
+                        .iter()
+                        .flatten()
+                        .map(|t| {
+                            (
+                                t.key.clone(),
+                                t.value.clone().unwrap_or_default(),
+                                t.effect.clone(),
+                            )
+                        })
+                        .collect();
+                    (d.name.clone(), t)
+                })
+                .collect(),
+        )
+    };
+    let untainted =
+        || taints().is_some_and(|ds| ds.len() == 2 && ds.iter().all(|(_, t)| t.is_empty()));
+    net::wait_for("the slice, with no taint", HEARD_WITHIN, untainted);
+
+    fs::write(
+        &faults,
+        r#"[{"op": "compute_processes", "error": "gpu_lost"}]"#,
+    )
+    .unwrap();
+    let want = vec![(
+        format!("{DRIVER}/unhealthy"),
+        "gpu-not-answering".to_owned(),
+        "NoSchedule".to_owned(),
+    )];
+    net::wait_for("gpu-0 tainted", HEARD_WITHIN, || {
+        taints().is_some_and(|ds| {
+            ds.iter().any(|(n, t)| n == "gpu-0" && *t == want)
+                && ds.iter().any(|(n, t)| n == "mem-0" && t.is_empty())
+        })
+    });
+
+    fs::remove_file(&faults).unwrap();
+    net::wait_for("the taint gone", HEARD_WITHIN, untainted);
 }
