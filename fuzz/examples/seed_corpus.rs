@@ -203,7 +203,7 @@ fn claim_prepare_seeds(dir: &Path) {
     let cfg = inventory();
     fs::create_dir_all(dir).expect("create the corpus directory");
     for (name, msg, want) in seeds {
-        let got = validate_claim(cfg, 0, &msg).and_then(|v| authorize(cfg, &v));
+        let got = validate_claim(cfg, 0, &msg.clone().into()).and_then(|v| authorize(cfg, &v));
         match (&got, want) {
             (Ok(()), Ok(())) => {}
             (Err(e), Err(says)) if e.to_string().contains(says) => {}

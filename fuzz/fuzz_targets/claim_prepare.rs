@@ -15,6 +15,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let cfg = shareguard_fuzz::inventory();
+    // Then the API layer's translation, field for field, as the Prepare handler does.
+    let claim: shareguard::request::ClaimPrepare = claim.into();
     let valid = match validate_claim(cfg, 0, &claim) {
         Ok(valid) => valid,
         Err(e) => {

@@ -120,7 +120,7 @@ fuzz_target!(|data: &[u8]| {
             }
             1 => {
                 let c = claim(step[1] >> 4, step[2]);
-                match rt.block_on(engine.prepare(epoch, &[c], 0)) {
+                match rt.block_on(engine.prepare(epoch, &[c.into()], 0)) {
                     Ok(_) => assert_eq!(
                         epoch, model,
                         "a Prepare at {epoch} passed the fence at {model}"
@@ -143,7 +143,7 @@ fuzz_target!(|data: &[u8]| {
                     uid: format!("c{}", step[1] >> 4),
                     ..Default::default()
                 };
-                match rt.block_on(engine.unprepare(epoch, &[c], 0)) {
+                match rt.block_on(engine.unprepare(epoch, &[c.into()], 0)) {
                     Ok(_) => assert_eq!(
                         epoch, model,
                         "an Unprepare at {epoch} passed the fence at {model}"
