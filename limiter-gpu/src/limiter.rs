@@ -113,6 +113,11 @@ pub struct GpuLimiter {
     /// For the MPS read-back: a process of the share's pod that could take the daemon's
     /// socket over.
     is_root: RootLookup,
+    /// What each GPU (by UUID) last answered the watchdog's process query: absent or
+    /// None when it answered, the error when it did not. The device's health, read
+    /// without calling the driver on the caller's thread: a failing GPU can keep an NVML
+    /// call waiting for seconds, and the watchdog asks on a thread of its own.
+    answered: Mutex<BTreeMap<String, Option<String>>>,
 }
 
 impl GpuLimiter {
@@ -206,6 +211,7 @@ impl GpuLimiter {
                 crate::cgroup::pod_uid_of_pid(Path::new("/proc"), &roots, pid)
             }),
             is_root: Arc::new(crate::mps::root_without_user_namespace),
+            answered: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -607,12 +613,20 @@ impl Limiter for GpuLimiter {
             // The call the watchdog makes every poll: a GPU that does not answer it (lost
             // from the bus, the driver gone or reloading) holds no share's memory to
             // anything the agent can see.
-            fault: self.backend.compute_processes(&d.gpu.uuid).err().map(|e| {
-                DeviceFault::new(
-                    "gpu-not-answering",
-                    format!("GPU {} does not answer the driver: {e}", d.gpu.uuid),
-                )
-            }),
+            // What the GPU last answered the watchdog, which asks every poll.
+            fault: self
+                .answered
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&d.gpu.uuid)
+                .cloned()
+                .flatten()
+                .map(|e| {
+                    DeviceFault::new(
+                        "gpu-not-answering",
+                        format!("GPU {} does not answer the driver: {e}", d.gpu.uuid),
+                    )
+                }),
         }
     }
 

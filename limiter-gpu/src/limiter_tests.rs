@@ -763,3 +763,48 @@ fn the_published_facts_say_what_the_limit_binds() {
     assert_eq!(l.device_facts("gpu0").attributes["binds"], "none");
     assert_eq!(Mechanism::Mps.binds(), "process");
 }
+
+/// A device's health is what its GPU last answered the watchdog: a GPU that stops
+/// answering is a fault (with the driver's error) from the next poll on, every GPU is
+/// asked even after one failed, and the fault is gone once it answers again.
+#[test]
+fn a_gpu_that_stops_answering_the_watchdog_is_a_fault_until_it_answers() {
+    let b = sim(vec![
+        SimulatedGpu::new("GPU-a", 80 * GIB),
+        SimulatedGpu::new("GPU-b", 80 * GIB),
+    ]);
+    let l = GpuLimiter::new(
+        b.clone(),
+        &[
+            cfg("gpu0", GpuSelector::Uuid("GPU-a".into()), None),
+            cfg("gpu1", GpuSelector::Uuid("GPU-b".into()), None),
+        ],
+    )
+    .unwrap();
+    l.process_usage().unwrap();
+    assert_eq!(l.device_facts("gpu0").fault, None);
+    // Every query fails from now on: the facts say nothing until the watchdog asks.
+    b.inject_fault(SimOp::ComputeProcesses, || NvmlError::GpuLost, None);
+    assert_eq!(
+        l.device_facts("gpu0").fault,
+        None,
+        "no driver call of its own"
+    );
+    assert!(l.process_usage().is_err());
+    for (device, uuid) in [("gpu0", "GPU-a"), ("gpu1", "GPU-b")] {
+        let f = l
+            .device_facts(device)
+            .fault
+            .expect("a fault after the poll");
+        assert_eq!(f.reason, "gpu-not-answering");
+        assert!(
+            f.message
+                .starts_with(&format!("GPU {uuid} does not answer the driver")),
+            "{f:?}"
+        );
+    }
+    b.clear_faults();
+    l.process_usage().unwrap();
+    assert_eq!(l.device_facts("gpu0").fault, None);
+    assert_eq!(l.device_facts("gpu1").fault, None);
+}

@@ -89,19 +89,33 @@ impl GpuLimiter {
         )))
     }
 
-    /// Every compute process on this limiter's GPUs, as the watchdog takes them.
+    /// Every compute process on this limiter's GPUs, as the watchdog takes them. Every
+    /// GPU is asked, and what each answered is kept as its health
+    /// ([`GpuLimiter::device_facts`]); the first failure fails the poll.
     pub fn process_usage(&self) -> Result<Vec<ProcessUsage>, GpuError> {
         let mut out = Vec::new();
+        let mut first_err = None;
         for uuid in self.gpu_uuids() {
-            for p in self.backend.compute_processes(&uuid)? {
-                out.push(ProcessUsage {
+            let answer = self.backend.compute_processes(&uuid);
+            self.answered
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(uuid.clone(), answer.as_ref().err().map(ToString::to_string));
+            match answer {
+                Ok(procs) => out.extend(procs.into_iter().map(|p| ProcessUsage {
                     gpu_uuid: uuid.clone(),
                     pid: p.pid,
                     used_bytes: p.used_bytes,
                     via_mps: p.via_mps,
-                });
+                })),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        Ok(out)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 }
