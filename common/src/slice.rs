@@ -32,6 +32,17 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// A Kubernetes label value, non-empty: at most 63 of letters, digits, '-', '_' and '.',
+/// beginning and ending with a letter or digit. What a device taint's value must be.
+pub fn is_label_value(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
 /// RFC 1123 subdomain: object names and driver names.
 pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
@@ -72,4 +83,33 @@ pub fn is_c_identifier(s: &str) -> bool {
         && s.len() <= 32
         && !s.as_bytes()[0].is_ascii_digit()
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_what_kubernetes_takes() {
+        for ok in [
+            "link-down",
+            "gpu-not-answering",
+            "a",
+            "A.b_c-9",
+            &"x".repeat(63),
+        ] {
+            assert!(is_label_value(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a b",
+            "not a label!",
+            "a/b",
+            &"x".repeat(64),
+        ] {
+            assert!(!is_label_value(bad), "{bad:?}");
+        }
+    }
 }

@@ -50,7 +50,9 @@ pub fn digest_annotation(driver: &str) -> String {
     format!("{driver}/spec-digest")
 }
 
-use shareguard_common::slice::{DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE, is_dns_label};
+use shareguard_common::slice::{
+    DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE, is_dns_label, is_label_value,
+};
 
 pub fn desired(
     driver: &str,
@@ -131,18 +133,12 @@ fn taint(driver: &str, d: &pb::DeviceStatus) -> Option<DeviceTaint> {
     if d.fault.is_empty() && d.fault_reason.is_empty() {
         return None;
     }
-    // A label value: 63 characters of letters, digits, '-', '_' and '.', alphanumeric at
-    // both ends. The agent's codes are; anything else becomes "fault".
+    // The value must be a label value. The agent's codes are; anything else becomes
+    // "fault".
     let r = &d.fault_reason;
-    let label_value = !r.is_empty()
-        && r.len() <= 63
-        && r.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && r.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && r.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
     Some(DeviceTaint {
         key: unhealthy_taint_key(driver),
-        value: Some(if label_value {
+        value: Some(if is_label_value(r) {
             r.clone()
         } else {
             "fault".into()
