@@ -40,6 +40,22 @@ fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// An agent with a SIMULATED GPU `gpu-0` and an accounting device `mem-0`, and the file
+/// (under `dir`, absent for now) its simulated driver's faults are read from.
+fn gpu_and_accounting_agent(dir: &std::path::Path) -> (Agent, std::path::PathBuf) {
+    let faults = dir.join("faults.json");
+    let mut o = Options::new(format!(
+        "{}{}",
+        simulated_gpu_device("{ period = \"1s\", action = \"report\" }"),
+        generic_device("mem-0", "8Gi", "1Gi", &["team-a"], &[])
+    ));
+    o.agent_extra = format!(
+        "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}",
+        dir.join("cdi")
+    );
+    (Agent::start(o), faults)
+}
+
 fn assert_fresh(h: &HeardHealth) {
     assert_eq!(h.pool, POOL, "{h:?}");
     assert_eq!(h.health_check_timeout_seconds, 30, "{h:?}");
@@ -56,17 +72,7 @@ fn assert_fresh(h: &HeardHealth) {
 #[tokio::test]
 async fn a_gpu_the_driver_loses_is_unhealthy_until_it_answers_again() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = dir.path().join("faults.json");
-    let mut o = Options::new(format!(
-        "{}{}",
-        simulated_gpu_device("{ period = \"1s\", action = \"report\" }"),
-        generic_device("mem-0", "8Gi", "1Gi", &["team-a"], &[])
-    ));
-    o.agent_extra = format!(
-        "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}",
-        dir.path().join("cdi")
-    );
-    let agent = Agent::start(o);
+    let (agent, faults) = gpu_and_accounting_agent(dir.path());
     let api = api();
     let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
     let endpoint = p.endpoint(DRIVER);
@@ -185,17 +191,7 @@ async fn a_nic_whose_link_goes_down_or_away_is_unhealthy() {
 #[tokio::test]
 async fn a_device_that_cannot_hold_its_shares_is_tainted_in_its_slice() {
     let dir = tempfile::tempdir().unwrap();
-    let faults = dir.path().join("faults.json");
-    let mut o = Options::new(format!(
-        "{}{}",
-        simulated_gpu_device("{ period = \"1s\", action = \"report\" }"),
-        generic_device("mem-0", "8Gi", "1Gi", &["team-a"], &[])
-    ));
-    o.agent_extra = format!(
-        "cdi_dir = {:?}\nsimulated_gpu_faults = {faults:?}",
-        dir.path().join("cdi")
-    );
-    let agent = Agent::start(o);
+    let (agent, faults) = gpu_and_accounting_agent(dir.path());
     let api = api();
     let _p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
     // Device name -> its taints as (key, value, effect), once the slice is published.
