@@ -228,6 +228,12 @@ pub struct ShareRecord {
     /// its claim's error) once it succeeds. Capacity stays held until then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rolling_back: bool,
+    /// Admitted by the kubelet plugin's binding gate for a pod the scheduler had not
+    /// bound yet, and not prepared by kubelet since (its Prepare clears it). The plugin
+    /// releases such a share when its claim loses the allocation before any kubelet
+    /// prepared it; no other share is ever released without kubelet's Unprepare.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pre_bind: bool,
 }
 
 impl ShareRecord {

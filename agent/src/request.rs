@@ -68,4 +68,6 @@ pub struct ClaimPrepare {
     pub allocation_id: String,
     pub target: Option<PodTarget>,
     pub allocations: Vec<DeviceAllocation>,
+    /// From the plugin's binding gate, before the pod is bound (see `ShareRecord::pre_bind`).
+    pub pre_bind: bool,
 }

@@ -43,6 +43,7 @@ fn share(key: &str, reason: String) -> ShareRecord {
         condition_since_ms: 0,
         quarantined: false,
         rolling_back: false,
+        pre_bind: false,
     }
 }
 

@@ -51,6 +51,7 @@ pub struct ValidClaim {
     pub target: TargetRecord,
     pub netns_path: Option<String>,
     pub allocs: Vec<ValidAlloc>,
+    pub pre_bind: bool,
 }
 
 pub fn dedicated_key(claim_uid: &str, device: &str) -> String {
@@ -495,6 +496,7 @@ pub fn validate_claim(
         target,
         netns_path,
         allocs,
+        pre_bind: c.pre_bind,
     })
 }
 

@@ -47,6 +47,7 @@ fn claim(uid: &str, namespace: &str, allocations: Vec<pb::DeviceAllocation>) -> 
             ..Default::default()
         }),
         allocations,
+        pre_bind: false,
     }
 }
 
@@ -266,6 +267,7 @@ fn record_seeds(dir: &Path) {
         condition_since_ms: 1_700_000_000_000,
         quarantined: false,
         rolling_back: false,
+        pre_bind: false,
     };
     let enforced = ShareRecord {
         key: SHARE_B.into(),

@@ -65,6 +65,7 @@ fn claim(n: u8, gib: u8) -> pb::ClaimPrepare {
             consumed_capacity: [("memory".to_owned(), format!("{}Gi", gib % 3 + 1))].into(),
             ..Default::default()
         }],
+        pre_bind: false,
     }
 }
 

@@ -633,6 +633,7 @@ pub fn claim(
         allocation_id: allocation_id.into(),
         target: None,
         allocations,
+        pre_bind: false,
     }
 }
 

@@ -11,6 +11,9 @@ use crate::record::{Phase, ShareRecord};
 /// Kubernetes caps the whole `data` + `conditions` of a device status; keep far below.
 pub const MAX_BYTES: usize = 10 * 1024;
 
+/// The condition that says the node's ledger holds the share (see `render`).
+pub const ADMITTED: &str = "Admitted";
+
 fn reason_of(phase: Phase) -> &'static str {
     match phase {
         Phase::Preparing => "Preparing",
@@ -65,6 +68,19 @@ pub fn render(
             } else {
                 r.updated_at_ms
             }),
+        }, {
+            // The node's ledger holds the share's capacity: the binding condition the
+            // scheduler waits for where the plugin publishes binding conditions. True
+            // from admission to release; a FAILED share holds nothing.
+            "type": ADMITTED,
+            "status": if r.phase.holds_capacity() { "True" } else { "False" },
+            "reason": if r.phase.holds_capacity() { "CapacityHeld" } else { reason_of(r.phase) },
+            "message": if r.phase.holds_capacity() {
+                "the node's ledger holds the share's capacity"
+            } else {
+                "the node's ledger holds nothing for the share"
+            },
+            "lastTransitionTime": rfc3339_seconds(r.created_at_ms),
         }],
         "data": {
             "phase": r.phase.name(),
@@ -153,6 +169,7 @@ mod tests {
             condition_since_ms: 0,
             quarantined: false,
             rolling_back: false,
+            pre_bind: false,
         }
     }
 
@@ -269,6 +286,16 @@ mod tests {
                 } else {
                     "False"
                 }
+            );
+            assert_eq!(v["conditions"][1]["type"], ADMITTED);
+            assert_eq!(
+                v["conditions"][1]["status"],
+                if matches!(phase, Phase::Failed | Phase::Released) {
+                    "False"
+                } else {
+                    "True"
+                },
+                "{phase:?}: a share holds capacity until it fails or is released"
             );
         }
     }

@@ -78,6 +78,7 @@ impl From<pb::ClaimPrepare> for request::ClaimPrepare {
             allocation_id: c.allocation_id,
             target: c.target.map(Into::into),
             allocations: c.allocations.into_iter().map(Into::into).collect(),
+            pre_bind: c.pre_bind,
         }
     }
 }
@@ -126,6 +127,7 @@ mod tests {
                 policy_version: "v7".into(),
                 admin_access: true,
             }],
+            pre_bind: true,
         };
         let got = request::ClaimPrepare::from(claim.clone());
         let c = got.claim.as_ref().unwrap();
@@ -134,6 +136,7 @@ mod tests {
             ("u", "ns", "n")
         );
         assert_eq!(got.allocation_id, "a1");
+        assert!(got.pre_bind);
         let t = got.target.as_ref().unwrap();
         assert_eq!(t.pod_uids, ["p"]);
         assert_eq!(t.cgroup_paths, ["/c"]);

@@ -257,6 +257,13 @@ impl Engine {
                 // once per node, and discovery reads the later pods from its
                 // checkpoint): the shares follow the pods named now.
                 let mut records: Vec<ShareRecord> = live.into_iter().cloned().collect();
+                // kubelet's Prepare of a share the binding gate admitted: from now on
+                // only kubelet's Unprepare releases it.
+                if !v.pre_bind {
+                    for r in &mut records {
+                        r.pre_bind = false;
+                    }
+                }
                 if records
                     .iter()
                     .any(|r| r.target.pod_uids != v.target.pod_uids)
@@ -372,6 +379,7 @@ impl Engine {
             condition_since_ms: now,
             quarantined: false,
             rolling_back: false,
+            pre_bind: v.pre_bind,
         }
     }
 

@@ -185,6 +185,7 @@ fn quarantine(
             condition_since_ms: now,
             quarantined: true,
             rolling_back: false,
+            pre_bind: false,
         });
     }
     stand_ins

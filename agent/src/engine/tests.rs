@@ -203,6 +203,7 @@ fn claim(
             ..Default::default()
         }),
         allocations: allocs,
+        pre_bind: false,
     }
 }
 
@@ -528,6 +529,51 @@ fn restart_reverifies_and_never_frees() {
         allocated(&e, "gen-0"),
         q("3Gi"),
         "a repeat never counts twice"
+    );
+}
+
+/// The binding gate's admission holds capacity like any Prepare and marks the share
+/// `pre_bind`; kubelet's Prepare of the same allocation clears the mark (durably), and a
+/// late gate repeat does not put it back.
+#[test]
+fn kubelets_prepare_clears_the_gates_pre_bind_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    let gate = |pre_bind| {
+        let mut c = claim("c1", "a1", vec![alloc("gen-0", &share(1), "2Gi")]);
+        c.pre_bind = pre_bind;
+        c
+    };
+    let e = open(&cfg, Some(&k), "boot-a");
+    let out = rt.block_on(e.prepare(0, &[gate(true)], 0)).unwrap();
+    assert_eq!(out[0].error, None);
+    assert!(e.get_share(&share(1)).unwrap().pre_bind);
+    assert_eq!(allocated(&e, "gen-0"), q("2Gi"));
+    // The gate again (a second watch event): still the gate's, counted once.
+    rt.block_on(e.prepare(0, &[gate(true)], 0)).unwrap();
+    assert!(e.get_share(&share(1)).unwrap().pre_bind);
+    assert_eq!(allocated(&e, "gen-0"), q("2Gi"));
+
+    let out = rt.block_on(e.prepare(0, &[gate(false)], 0)).unwrap();
+    assert_eq!(out[0].error, None);
+    assert!(!e.get_share(&share(1)).unwrap().pre_bind);
+    assert_eq!(
+        allocated(&e, "gen-0"),
+        q("2Gi"),
+        "kubelet's Prepare counts nothing again"
+    );
+    rt.block_on(e.prepare(0, &[gate(true)], 0)).unwrap();
+    assert!(
+        !e.get_share(&share(1)).unwrap().pre_bind,
+        "once kubelet prepared it, only kubelet's Unprepare may release it"
+    );
+    drop(e);
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert!(
+        !e.get_share(&share(1)).unwrap().pre_bind,
+        "the clearing was durable"
     );
 }
 

@@ -118,6 +118,8 @@ pub fn build(
                 ..Default::default()
             }),
             allocations,
+            // The binding gate sets it; kubelet's Prepare never does.
+            pre_bind: false,
         },
         devices: answer,
     })

@@ -97,6 +97,7 @@ fn m_a_claim_the_node_refuses_is_told_in_events() {
                     .collect(),
                 ..Default::default()
             }],
+            pre_bind: false,
         }],
     };
     let mut filler = Filler {
