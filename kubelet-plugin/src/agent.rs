@@ -230,6 +230,32 @@ impl Agent {
         }
     }
 
+    /// Every share the agent holds, page by page.
+    pub async fn list_shares(&self) -> Result<Vec<pb::ShareStatus>, ClaimError> {
+        let mut out = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let mut req = tonic::Request::new(pb::ListSharesRequest {
+                page_size: 1000,
+                page_token: page_token.clone(),
+                ..Default::default()
+            });
+            req.set_timeout(CALL_TIMEOUT);
+            let page = self
+                .client
+                .clone()
+                .list_shares(req)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| self.call_error(&s))?;
+            out.extend(page.shares);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
     /// A stream of share changes: the snapshot, its end marker, then every change.
     pub async fn watch(&self) -> Result<tonic::Streaming<pb::WatchSharesResponse>, ClaimError> {
         self.client

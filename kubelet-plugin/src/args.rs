@@ -48,6 +48,14 @@ pub struct PluginArgs {
     /// are not published, with an error naming them.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=crate::slices::names::MAX_SLOTS as i64))]
     pub max_slices_per_node: u32,
+    /// Publishes every device with binding conditions, so that the scheduler binds a
+    /// pod only once this node's agent holds its shares (or sends it elsewhere when the
+    /// agent refuses), and runs the gate that admits them (`binding`). Needs the
+    /// `DRADeviceBindingConditions` and `DRAResourceClaimDeviceStatus` features (beta,
+    /// on by default from 1.36); costs each such pod the scheduler's poll of the
+    /// claim, up to 5 s before it binds. `--binding-conditions=false` turns it off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub binding_conditions: bool,
 }
 
 /// A pod uid, or anything that makes one file name: lowercase letters, digits and `-`,

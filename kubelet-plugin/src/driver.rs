@@ -24,6 +24,18 @@ use crate::{
     policy::PolicySnapshot,
 };
 
+/// Why the binding gate did not admit a claim.
+#[derive(Debug)]
+pub enum GateRefusal {
+    /// This instance is fenced: the newer one decides.
+    Fenced(u64),
+    /// The claim, the agent or the API server refused it; `code` is the agent's.
+    Refused {
+        code: Option<String>,
+        error: ClaimError,
+    },
+}
+
 /// kubelet gives a whole call 45 s; an answer after that is thrown away, so the plugin
 /// answers with an error (kubelet calls again) well before.
 const CALL_DEADLINE: Duration = Duration::from_secs(35);
@@ -249,6 +261,51 @@ impl Driver {
             answers.push((c.uid.clone(), answer));
         }
         answers
+    }
+
+    /// The binding gate's Prepare of one claim, before the scheduler binds its pod
+    /// (`pre_bind`): the agent holds the capacity or refuses. Never passed on: a fenced
+    /// instance leaves the claim to the instance that fenced it, whose gate sees the same
+    /// pod. A refusal is told in Events as kubelet's would be; the error carries the
+    /// agent's code where it gave one.
+    pub async fn admit_before_binding(&self, c: &pb::ClaimRef) -> Result<(), GateRefusal> {
+        let _call = InFlight::start(&self.in_flight);
+        let refused = |code: Option<String>, e: ClaimError| {
+            self.tell_refused(c, code.as_deref(), &e);
+            GateRefusal::Refused { code, error: e }
+        };
+        let devices = self.devices();
+        let Prepared { mut request, .. } = self
+            .build(c, &devices)
+            .await
+            .map_err(|e| refused(None, e))?;
+        request.pre_bind = true;
+        let mut results = match self.agent.prepare(vec![request]).await {
+            Ok(r) => r.claims,
+            Err(ClaimError::Fenced(epoch)) => return Err(GateRefusal::Fenced(epoch)),
+            Err(e) => {
+                let code = match &e {
+                    ClaimError::Agent { code, .. } if *code == tonic::Code::Unavailable => {
+                        Some("Unavailable".to_owned())
+                    }
+                    _ => None,
+                };
+                return Err(refused(code, e));
+            }
+        };
+        match results.remove(&c.uid) {
+            None => Err(refused(
+                None,
+                ClaimError::Refused("the node agent gave no answer for the claim".into()),
+            )),
+            Some(r) => match r.error.as_ref().filter(|e| !e.code.is_empty()) {
+                None => Ok(()),
+                Some(e) => match self.agent.claim_error(e) {
+                    ClaimError::Fenced(epoch) => Err(GateRefusal::Fenced(epoch)),
+                    err => Err(refused(Some(e.code.clone()), err)),
+                },
+            },
+        }
     }
 
     /// An Event on the claim and its pods for a refusal, unless this instance was only

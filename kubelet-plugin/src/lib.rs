@@ -10,6 +10,7 @@
 mod agent;
 mod answer;
 mod args;
+pub mod binding;
 pub mod claims;
 mod cluster;
 mod device_health;

@@ -215,8 +215,11 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
                 driver.clone(),
                 agent.clone(),
                 cluster.clone(),
-                period,
-                args.max_slices_per_node,
+                Publishing {
+                    period,
+                    slots: args.max_slices_per_node,
+                    gated: args.binding_conditions,
+                },
                 inventory_rx.clone(),
                 stop_rx.clone(),
             )
@@ -226,6 +229,19 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         reg_sockets.push(reg_socket);
     }
     readiness.set_registrations(registrations.clone());
+    if args.binding_conditions {
+        let gate = Arc::new(crate::binding::Gate::new(
+            cluster.clients().clone(),
+            cluster.node(),
+            agent.clone(),
+            drivers.clone(),
+            period,
+        ));
+        background.spawn(
+            gate.run(stop_rx.clone())
+                .instrument(info_span!("binding-gate")),
+        );
+    }
 
     let registered: BTreeSet<String> = inventory.drivers.keys().cloned().collect();
     let outcome: anyhow::Result<()> = tokio::select! {
@@ -338,6 +354,15 @@ async fn poll_inventory(
     }
 }
 
+/// How the slices are published: the resync period, how many slices a node may hold
+/// (`--max-slices-per-node`), and whether devices carry binding conditions.
+#[derive(Clone, Copy, Debug)]
+struct Publishing {
+    period: Duration,
+    slots: u32,
+    gated: bool,
+}
+
 /// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the API
 /// server reports a change of one of them (a watch, so a slice someone deleted or edited
 /// comes back at once), when a reading of the agent's inventory (`inventory`, every
@@ -347,12 +372,16 @@ async fn keep_published(
     driver: Arc<Driver>,
     agent: Arc<Agent>,
     cluster: Cluster,
-    period: Duration,
-    slots: u32,
+    how: Publishing,
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut stop: watch::Receiver<bool>,
 ) {
     const FULL_PASS_EVERY: u32 = 10;
+    let Publishing {
+        period,
+        slots,
+        gated,
+    } = how;
     let retry = period.min(Duration::from_secs(5));
     let publisher = loop {
         match Publisher::new(
@@ -360,6 +389,7 @@ async fn keep_published(
             driver.name(),
             cluster.node(),
             slots,
+            gated,
         )
         .await
         {

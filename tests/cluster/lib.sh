@@ -24,7 +24,7 @@ SGC_CLUSTER_CIDR=198.18.16.0/20
 SGC_NODES=(sgc-node-1 sgc-node-2)
 # Named explicitly, although 1.36 has each of them on by default, so that the cluster
 # keeps testing what it says it tests when defaults move.
-SGC_FEATURE_GATES="DynamicResourceAllocation=true,DRAConsumableCapacity=true,DRAPrioritizedList=true,DRAResourceClaimDeviceStatus=true,DRAResourceClaimGranularStatusAuthorization=true"
+SGC_FEATURE_GATES="DynamicResourceAllocation=true,DRAConsumableCapacity=true,DRAPrioritizedList=true,DRAResourceClaimDeviceStatus=true,DRAResourceClaimGranularStatusAuthorization=true,DRADeviceBindingConditions=true"
 
 sgc_node_index() { echo "${1##*-}"; }
 sgc_node_ip() { echo "198.18.0.1$(sgc_node_index "$1")"; }

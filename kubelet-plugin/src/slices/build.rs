@@ -54,17 +54,19 @@ use shareguard_common::slice::{
     DEVICE_ATTRIBUTES, MAX_STRING_ATTRIBUTE, is_dns_label, is_label_value,
 };
 
+/// `gated`: each device carries the binding gate's conditions (`crate::binding`).
 pub fn desired(
     driver: &str,
     node: &NodeRef,
     devices: &DriverDevices,
+    gated: bool,
 ) -> (Vec<Desired>, Vec<Skipped>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for (pool, devs) in devices.pools() {
         let mut api_devices = Vec::new();
         for d in devs {
-            match device(driver, d) {
+            match device(driver, d, gated) {
                 Ok(dev) => api_devices.push(dev),
                 Err(reason) => skipped.push(Skipped {
                     device: d.name.clone(),
@@ -148,7 +150,7 @@ fn taint(driver: &str, d: &pb::DeviceStatus) -> Option<DeviceTaint> {
     })
 }
 
-fn device(driver: &str, d: &pb::DeviceStatus) -> Result<Device, String> {
+fn device(driver: &str, d: &pb::DeviceStatus, gated: bool) -> Result<Device, String> {
     if !is_dns_label(&d.name) {
         return Err(format!(
             "name {:?} is not a DNS label (at most 63 of a-z, 0-9 and '-'), which a ResourceSlice device name must be",
@@ -207,6 +209,8 @@ fn device(driver: &str, d: &pb::DeviceStatus) -> Result<Device, String> {
         attributes: Some(attributes),
         capacity: Some(capacity),
         taints: taint(driver, d).map(|t| vec![t]),
+        binding_conditions: gated.then(|| vec![crate::binding::ADMITTED.to_owned()]),
+        binding_failure_conditions: gated.then(|| vec![crate::binding::REFUSED.to_owned()]),
         ..Default::default()
     })
 }
@@ -274,7 +278,12 @@ mod tests {
 
     #[test]
     fn devices_are_shareable_with_their_facts_and_bad_names_are_skipped() {
-        let (desired, skipped) = desired("d.example.com", &node(), &inventory(&["gpu-0", "GPU_1"]));
+        let (desired, skipped) = desired(
+            "d.example.com",
+            &node(),
+            &inventory(&["gpu-0", "GPU_1"]),
+            false,
+        );
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].device, "GPU_1");
         let devs = desired[0].slice.spec.devices.as_ref().unwrap();
@@ -308,7 +317,7 @@ mod tests {
             d.fault = "GPU x does not answer the driver".into();
             d.fault_reason = reason.into();
         }
-        let (tainted, _) = desired("d.example.com", &node(), &devices);
+        let (tainted, _) = desired("d.example.com", &node(), &devices, false);
         let devs = tainted[0].slice.spec.devices.as_ref().unwrap();
         for (d, (name, _, value)) in devs.iter().zip(faults) {
             assert_eq!(d.name, name);
@@ -320,10 +329,40 @@ mod tests {
             assert_eq!(t[0].time_added, None, "the API server stamps it");
         }
         // The fault gone: no taint, and a digest of its own, so the slice is applied.
-        let (healthy, _) = desired("d.example.com", &node(), &inventory(&["gpu-0", "gpu-1"]));
+        let (healthy, _) = desired(
+            "d.example.com",
+            &node(),
+            &inventory(&["gpu-0", "gpu-1"]),
+            false,
+        );
         let devs = healthy[0].slice.spec.devices.as_ref().unwrap();
         assert!(devs.iter().all(|d| d.taints.is_none()), "{devs:?}");
         assert_ne!(healthy[0].digest, tainted[0].digest);
+    }
+
+    /// With the binding gate on, every device makes the scheduler wait for the node's
+    /// admission, and a refusal sends the pod back; off, none does.
+    #[test]
+    fn a_gated_device_carries_the_gates_binding_conditions() {
+        let devices = inventory(&["gpu-0", "gpu-1"]);
+        let (gated, _) = desired("d.example.com", &node(), &devices, true);
+        for d in gated[0].slice.spec.devices.as_ref().unwrap() {
+            assert_eq!(
+                d.binding_conditions.as_deref(),
+                Some(&[crate::binding::ADMITTED.to_owned()][..])
+            );
+            assert_eq!(
+                d.binding_failure_conditions.as_deref(),
+                Some(&[crate::binding::REFUSED.to_owned()][..])
+            );
+        }
+        let (plain, _) = desired("d.example.com", &node(), &devices, false);
+        let devs = plain[0].slice.spec.devices.as_ref().unwrap();
+        assert!(
+            devs.iter().all(|d| d.binding_conditions.is_none()),
+            "{devs:?}"
+        );
+        assert_ne!(plain[0].digest, gated[0].digest);
     }
 
     /// The plugin reads the inventory every few seconds and passes (a LIST, maybe an
@@ -337,7 +376,11 @@ mod tests {
             d.free = [("memory".to_owned(), "40Gi".to_owned())].into();
             d.live_shares = 3;
         }
-        let digest = |d: &DriverDevices| desired("d.example.com", &node(), d).0[0].digest.clone();
+        let digest = |d: &DriverDevices| {
+            desired("d.example.com", &node(), d, false).0[0]
+                .digest
+                .clone()
+        };
         assert_eq!(digest(&idle), digest(&busy));
     }
 
@@ -347,7 +390,7 @@ mod tests {
         for d in devices.devices.values_mut() {
             d.stage = "observe".into();
         }
-        let (desired, _) = desired("d.example.com", &node(), &devices);
+        let (desired, _) = desired("d.example.com", &node(), &devices, false);
         let devs = desired[0].slice.spec.devices.as_ref().unwrap();
         let attrs = devs[0].attributes.as_ref().unwrap();
         assert_eq!(attrs["stage"].string.as_deref(), Some("observe"));
@@ -365,7 +408,7 @@ mod tests {
                 d.mechanism = "unavailable".into();
             }
         }
-        let (desired, skipped) = desired("d.example.com", &node(), &devices);
+        let (desired, skipped) = desired("d.example.com", &node(), &devices, false);
         assert_eq!(skipped.len(), 1, "{skipped:?}");
         assert_eq!(skipped[0].device, "gpu-1");
         assert!(
@@ -381,7 +424,7 @@ mod tests {
     #[test]
     fn the_digest_follows_the_content() {
         let d = |names: &[&str]| {
-            desired("d.example.com", &node(), &inventory(names)).0[0]
+            desired("d.example.com", &node(), &inventory(names), false).0[0]
                 .digest
                 .clone()
         };

@@ -30,6 +30,12 @@ impl Difference {
     pub fn is_consumable_capacity(&self) -> bool {
         self.field == "allowMultipleAllocations" || self.field.contains(".requestPolicy")
     }
+
+    /// Whether the field is one of the binding gate's, which an API server with the
+    /// `DRADeviceBindingConditions` gate off drops.
+    pub fn is_binding_condition(&self) -> bool {
+        self.field.starts_with("binding")
+    }
 }
 
 /// Every field of `applied`'s devices that `stored` lacks or holds otherwise. Quantities
@@ -95,6 +101,22 @@ pub fn differences(applied: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> V
         };
         if taints(a) != taints(s) {
             diff("taints".into(), show(&taints(a)), show(&taints(s)));
+        }
+        // Dropped where `DRADeviceBindingConditions` is off (beta, on by default from
+        // 1.36): the scheduler then binds without waiting for the node's admission.
+        if a.binding_conditions != s.binding_conditions {
+            diff(
+                "bindingConditions".into(),
+                show(&a.binding_conditions),
+                show(&s.binding_conditions),
+            );
+        }
+        if a.binding_failure_conditions != s.binding_failure_conditions {
+            diff(
+                "bindingFailureConditions".into(),
+                show(&a.binding_failure_conditions),
+                show(&s.binding_failure_conditions),
+            );
         }
         let no_attrs = BTreeMap::new();
         let stored_attrs = s.attributes.as_ref().unwrap_or(&no_attrs);
@@ -300,6 +322,20 @@ mod tests {
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!(d[0].field, "taints");
         assert!(!d[0].is_consumable_capacity());
+    }
+
+    /// An API server with `DRADeviceBindingConditions` off drops the binding
+    /// conditions: said, since pods then bind before the node admitted their shares.
+    #[test]
+    fn dropped_binding_conditions_are_a_difference() {
+        let mut applied = spec();
+        device(&mut applied).binding_conditions = Some(vec!["Admitted".into()]);
+        device(&mut applied).binding_failure_conditions = Some(vec!["AdmissionRefused".into()]);
+        assert_eq!(differences(&applied, &applied.clone()), vec![]);
+        let d = differences(&applied, &spec());
+        let fields: Vec<&str> = d.iter().map(|d| d.field.as_str()).collect();
+        assert_eq!(fields, ["bindingConditions", "bindingFailureConditions"]);
+        assert!(d.iter().all(Difference::is_binding_condition));
     }
 
     #[test]

@@ -68,6 +68,12 @@ pub fn dropped_cause(dropped: &[Dropped]) -> &'static str {
          feature gate on (kube-apiserver, kube-scheduler and kubelet; alpha and off by default \
          in 1.34 and 1.35)? Without them the scheduler allocates each device whole, to one \
          claim, and no share is ever made"
+    } else if dropped.iter().any(|d| d.difference.is_binding_condition()) {
+        "the API server drops binding conditions: is the DRADeviceBindingConditions \
+         feature gate on (kube-apiserver and kube-scheduler; beta and on by default from \
+         1.36)? Without it pods bind before this node admitted their shares; run the \
+         plugin with --binding-conditions=false (chart: kubeletPlugin.bindingConditions) \
+         on such a cluster"
     } else {
         "the API server keeps other values than were applied: an admission webhook or \
          mutating policy may rewrite ResourceSlices, or the API server is older than the \
@@ -114,6 +120,8 @@ pub struct Publisher {
     /// content (it would come back the same, with a new generation and a watch event
     /// each time); it is reported every pass instead.
     dropped: Mutex<BTreeMap<String, String>>,
+    /// Devices carry the binding gate's conditions.
+    gated: bool,
 }
 
 impl Publisher {
@@ -123,6 +131,7 @@ impl Publisher {
         driver: &str,
         node: &str,
         slots: u32,
+        gated: bool,
     ) -> Result<Self, kube::Error> {
         let n = clients
             .bounded(Api::<Node>::all(clients.calls.clone()).get(node))
@@ -137,6 +146,7 @@ impl Publisher {
             api: Api::all(clients.calls.clone()),
             clients,
             dropped: Mutex::new(BTreeMap::new()),
+            gated,
         })
     }
 
@@ -169,7 +179,7 @@ impl Publisher {
     /// a change worth a pass (a device's fault, capacity, attributes) from one that is
     /// not (its shares' allocations, which no slice shows).
     pub fn digests(&self, devices: &DriverDevices) -> Vec<(String, String)> {
-        build::desired(&self.driver, &self.node, devices)
+        build::desired(&self.driver, &self.node, devices, self.gated)
             .0
             .into_iter()
             .map(|d| (d.pool, d.digest))
@@ -177,7 +187,7 @@ impl Publisher {
     }
 
     pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
-        let (mut desired, skipped) = build::desired(&self.driver, &self.node, devices);
+        let (mut desired, skipped) = build::desired(&self.driver, &self.node, devices, self.gated);
         for s in &skipped {
             warn!(driver = %self.driver, device = %s.device, reason = %s.reason, "device not published");
         }

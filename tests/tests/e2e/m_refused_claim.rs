@@ -54,10 +54,11 @@ impl Drop for Filler<'_> {
 /// m. A claim the node refuses, as a scheduler that counted capacity twice would leave
 /// it: the node's ledger is filled behind the scheduler's back (a claim prepared on the
 /// agent directly), so the scheduler's allocation of a pod's claim does not fit. The
-/// claim and the pod get a Warning Event that says why (kubectl shows it where the pod
-/// otherwise only sat in ContainerCreating), kubelet's retries count in that Event's
-/// series; once the capacity is released the retry is admitted, and a Normal Event
-/// says the share was enforced after waiting for the pod's sandbox.
+/// binding gate refuses it before the pod is bound: the pod stays Pending, unbound
+/// (never in ContainerCreating on a node that will not run it), the scheduler tries
+/// again, and the claim and the pod get a Warning Event that says why, each retry
+/// counted in that Event's series. Once the capacity is released a retry is admitted,
+/// and a Normal Event says the share was enforced after waiting for the pod's sandbox.
 #[test]
 #[ignore = "needs the test cluster: make e2e"]
 fn m_a_claim_the_node_refuses_is_told_in_events() {
@@ -145,6 +146,10 @@ fn m_a_claim_the_node_refuses_is_told_in_events() {
     assert!(described.contains("CapacityExceeded"), "{described}");
     let p = c.json(&["get", "pod", "-n", &ns.name, "client"]);
     assert_ne!(field(&p, "status.phase"), "Running", "{p}");
+    assert!(
+        field(&p, "spec.nodeName").as_str().unwrap_or("").is_empty(),
+        "a pod whose share the node refused is not bound there: {p}"
+    );
 
     filler.release();
     wait_running(&c, &ns.name, "client");

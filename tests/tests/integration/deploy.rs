@@ -1556,6 +1556,9 @@ fn cluster_role_grants_exactly_the_verbs_the_plugin_uses() {
         ("resource.k8s.io", "resourceslices", "patch"),
         ("resource.k8s.io", "resourceslices", "delete"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
+        // The binding gate, with a field selector always.
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
     ]

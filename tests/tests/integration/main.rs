@@ -13,6 +13,7 @@ mod api_roundtrip;
 mod audit;
 mod audit_log;
 mod bandwidth;
+mod binding_gate;
 mod chart;
 mod cleanup;
 mod cli;
