@@ -3,11 +3,11 @@ use super::*;
 /// Two simulated GPUs per node, added to the agents' ConfigMap as an operator would
 /// (and the agents restarted); the ConfigMap as it was comes back when this drops.
 struct SimulatedGpus {
-    cluster: Cluster,
-    original: Value,
+    _config: AgentConfig,
     /// A SIMULATED driver root (tests/gpu/simulated-driver-root.sh) with both GPUs'
     /// nodes, which every node's runtime sees at this one host path, and the agent's
-    /// container at /driver-root.
+    /// container at /driver-root. Declared after `_config`, so it goes once the agents
+    /// no longer mount it.
     _driver_root: tempfile::TempDir,
 }
 
@@ -15,18 +15,11 @@ struct SimulatedGpus {
 /// mounts the host's driver root in its own container.
 const CONTAINER_DRIVER_ROOT: &str = "/driver-root";
 
-const CONFIGMAP: &str = "shareguard-agent-config";
-
 /// The SIMULATED driver's faults file, in the driver root.
 const FAULTS: &str = "e2e-faults.json";
 
 impl SimulatedGpus {
     fn add(c: &Cluster) -> SimulatedGpus {
-        let original = c.json(&["get", "configmap", "-n", "shareguard-system", CONFIGMAP]);
-        let mut toml = field(&original, "data")["agent.toml"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no agent.toml in {original}"))
-            .to_string();
         let driver_root = tempfile::Builder::new()
             .prefix("sg-e2e-driver-root")
             .tempdir()
@@ -40,16 +33,22 @@ impl SimulatedGpus {
             .unwrap_or_else(|e| panic!("{script:?}: {e}"));
         assert!(made.status.success(), "{script:?}: {made:?}");
         let root = driver_root.path().display().to_string();
-        // The SIMULATED driver's faults come from a file in the driver root, which the
-        // test writes on the host and every node's agent reads through its mount.
-        toml = toml.replacen(
-            "[agent]\n",
-            &format!("[agent]\nsimulated_gpu_faults = \"{CONTAINER_DRIVER_ROOT}/{FAULTS}\"\n"),
-            1,
-        );
-        for i in 0..2 {
-            toml.push_str(&format!(
-                r#"
+        let config = AgentConfig::change(
+            c,
+            |toml| {
+                // The SIMULATED driver's faults come from a file in the driver root,
+                // which the test writes on the host and every node's agent reads
+                // through its mount.
+                let mut toml = toml.replacen(
+                    "[agent]\n",
+                    &format!(
+                        "[agent]\nsimulated_gpu_faults = \"{CONTAINER_DRIVER_ROOT}/{FAULTS}\"\n"
+                    ),
+                    1,
+                );
+                for i in 0..2 {
+                    toml.push_str(&format!(
+                        r#"
 # e2e: a SIMULATED GPU (no GPU on these nodes)
 [[device]]
 name = "sim-gpu-{i}"
@@ -66,17 +65,16 @@ memory = "16Gi"
 default = "1Gi"
 valid_range = {{ min = "1Gi", step = "1Gi" }}
 "#
-            ));
-        }
-        let mut changed = original.clone();
-        changed["data"]["agent.toml"] = Value::String(toml);
-        let guard = SimulatedGpus {
-            cluster: c.clone(),
-            original,
+                    ));
+                }
+                toml
+            },
+            Some((Self::mount(&root, ""), Self::mount("", "delete"))),
+        );
+        SimulatedGpus {
+            _config: config,
             _driver_root: driver_root,
-        };
-        guard.install(&changed, &Self::mount(&root, ""));
-        guard
+        }
     }
 
     /// Where the test writes the SIMULATED driver's faults, on the host.
@@ -95,55 +93,6 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
         format!(
             r#"{{"spec":{{"template":{{"spec":{{"volumes":[{{"name":"e2e-driver-root","hostPath":{{"path":"{host}","type":"Directory"}}{op}}}],"containers":[{{"name":"agent","volumeMounts":[{{"name":"e2e-driver-root","mountPath":"{CONTAINER_DRIVER_ROOT}","readOnly":true{op}}}]}}]}}}}}}}}"#
         )
-    }
-
-    /// Applies `configmap`, patches the agent's DaemonSet with `patch`, and waits for
-    /// the agents to run with both.
-    fn install(&self, configmap: &Value, patch: &str) {
-        let mut cm = configmap.clone();
-        // apply wants no server-owned fields.
-        if let Some(meta) = cm["metadata"].as_object_mut() {
-            for f in [
-                "resourceVersion",
-                "uid",
-                "creationTimestamp",
-                "managedFields",
-            ] {
-                meta.remove(f);
-            }
-        }
-        self.cluster.apply(&cm.to_string());
-        self.cluster.ok(&[
-            "patch",
-            "-n",
-            "shareguard-system",
-            "daemonset/shareguard-agent",
-            "--type=strategic",
-            "-p",
-            patch,
-        ]);
-        self.cluster.ok(&[
-            "rollout",
-            "restart",
-            "-n",
-            "shareguard-system",
-            "daemonset/shareguard-agent",
-        ]);
-        self.cluster.ok(&[
-            "rollout",
-            "status",
-            "-n",
-            "shareguard-system",
-            "daemonset/shareguard-agent",
-            "--timeout=180s",
-        ]);
-    }
-}
-
-impl Drop for SimulatedGpus {
-    fn drop(&mut self) {
-        let original = self.original.clone();
-        self.install(&original, &Self::mount("", "delete"));
     }
 }
 
@@ -363,19 +312,7 @@ spec:
             &format!("same-a's GPU {want} in allocatedResourcesStatus"),
             STATUS_TIMEOUT,
             || {
-                let p = c.json(&["get", "pod", "-n", &ns.name, "same-a"]);
-                let resources: Vec<Value> = field(&p, "status.containerStatuses")
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|s| {
-                        s["allocatedResourcesStatus"]
-                            .as_array()
-                            .cloned()
-                            .unwrap_or_default()
-                    })
-                    .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
-                    .collect();
+                let resources = resource_health(&c, &ns.name, "same-a");
                 match resources.iter().find(|r| r["health"] == want) {
                     Some(r) => Ok(r.clone()),
                     None => Err(format!("{resources:?}")),
@@ -403,13 +340,7 @@ spec:
     );
     // The scheduler sees it too: the GPU tainted NoSchedule in the node's slice, with
     // the kind of fault, and a new claim that only this node's GPUs could take waits.
-    let taint_of = |device: &str| -> Option<Value> {
-        node_slices(&c, node)
-            .iter()
-            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-            .find(|d| d["name"] == device)
-            .and_then(|d| d["taints"].as_array().and_then(|t| t.first().cloned()))
-    };
+    let taint_of = |device: &str| device_taint(&c, node, device);
     let taint = wait_for(
         &format!("{gpu0} tainted in {node}'s slice"),
         STATUS_TIMEOUT,

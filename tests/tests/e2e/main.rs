@@ -44,6 +44,129 @@ pub(crate) const POD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Agent ENFORCED -> condition in the claim, and the plugin's other writes.
 pub(crate) const STATUS_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What kubelet writes into pod `pod`'s status of its DRA devices' health: every
+/// `allocatedResourcesStatus[].resources[]` entry (resourceID, health, message).
+pub(crate) fn resource_health(c: &Cluster, ns: &str, pod: &str) -> Vec<Value> {
+    let p = c.json(&["get", "pod", "-n", ns, pod]);
+    field(&p, "status.containerStatuses")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| {
+            s["allocatedResourcesStatus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// The first taint of device `device` in `node`'s slices, if it has one.
+pub(crate) fn device_taint(c: &Cluster, node: &str, device: &str) -> Option<Value> {
+    node_slices(c, node)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == device)
+        .and_then(|d| d["taints"].as_array().and_then(|t| t.first().cloned()))
+}
+
+const AGENT_CONFIGMAP: &str = "shareguard-agent-config";
+
+/// The agents' config changed as an operator would: the ConfigMap applied, the agents'
+/// DaemonSet patched where the change needs it (a mount), the agents restarted and
+/// waited for. The ConfigMap as it was, and the DaemonSet without the patch, come back
+/// when this drops.
+pub(crate) struct AgentConfig {
+    cluster: Cluster,
+    original: Value,
+    /// The patch that undoes the one applied, if any.
+    undo: Option<String>,
+}
+
+impl AgentConfig {
+    /// `edit` gets the agents' config file (agent.toml) and returns the new one;
+    /// `patch` is a strategic merge patch of the agents' DaemonSet and the one that
+    /// undoes it.
+    pub(crate) fn change(
+        c: &Cluster,
+        edit: impl FnOnce(String) -> String,
+        patch: Option<(String, String)>,
+    ) -> AgentConfig {
+        let original = c.json(&[
+            "get",
+            "configmap",
+            "-n",
+            "shareguard-system",
+            AGENT_CONFIGMAP,
+        ]);
+        let toml = field(&original, "data")["agent.toml"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no agent.toml in {original}"))
+            .to_string();
+        let mut changed = original.clone();
+        changed["data"]["agent.toml"] = Value::String(edit(toml));
+        let (patch, undo) = patch.unzip();
+        let guard = AgentConfig {
+            cluster: c.clone(),
+            original,
+            undo,
+        };
+        guard.install(&changed, patch.as_deref());
+        guard
+    }
+
+    fn install(&self, configmap: &Value, patch: Option<&str>) {
+        let mut cm = configmap.clone();
+        // apply wants no server-owned fields.
+        if let Some(meta) = cm["metadata"].as_object_mut() {
+            for f in [
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "managedFields",
+            ] {
+                meta.remove(f);
+            }
+        }
+        self.cluster.apply(&cm.to_string());
+        if let Some(patch) = patch {
+            self.cluster.ok(&[
+                "patch",
+                "-n",
+                "shareguard-system",
+                "daemonset/shareguard-agent",
+                "--type=strategic",
+                "-p",
+                patch,
+            ]);
+        }
+        self.cluster.ok(&[
+            "rollout",
+            "restart",
+            "-n",
+            "shareguard-system",
+            "daemonset/shareguard-agent",
+        ]);
+        self.cluster.ok(&[
+            "rollout",
+            "status",
+            "-n",
+            "shareguard-system",
+            "daemonset/shareguard-agent",
+            "--timeout=180s",
+        ]);
+    }
+}
+
+impl Drop for AgentConfig {
+    fn drop(&mut self) {
+        let original = self.original.clone();
+        let undo = self.undo.clone();
+        self.install(&original, undo.as_deref());
+    }
+}
+
 /// How a pod gets its claim.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum ClaimKind {
