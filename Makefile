@@ -14,23 +14,27 @@ bench:
 fuzz:
 	./scripts/fuzz.sh
 
+# The Kubernetes release of the test cluster: 1.36 (what `make test` runs) or 1.37
+# (`make e2e K8S=1.37`; docs/kubernetes.md lists what ran on each).
+K8S ?= 1.36
+
 # A two-node Kubernetes cluster built from upstream's modules (tests/cluster/, pinned),
 # with shareguard installed from deploy/ (tests/cluster/README.md).
 # cluster-up leaves it running and prints KUBECONFIG= and KUBECTL= last; cluster-down
 # removes everything it made.
 cluster-up:
-	./tests/cluster/up.sh
+	SGC_K8S=$(K8S) ./tests/cluster/up.sh
 
 cluster-down:
 	./tests/cluster/down.sh
 
 # The scenarios on the real cluster: a fresh cluster, the tests, and the cluster removed.
 e2e:
-	./tests/cluster/e2e.sh
+	SGC_K8S=$(K8S) ./tests/cluster/e2e.sh
 
 # The bandwidth scenarios on the test cluster with Cilium as the nodes' CNI, and Cilium's
 # programs counted beside shareguard's, with legacy and with BPF host routing
 # (docs/platform.md, "Beside Cilium"). Builds Cilium from tests/cluster/cilium (minutes).
 e2e-cilium:
-	SGC_CNI=cilium ./tests/cluster/e2e.sh b_e_pods d_two_tenants f_limits_outlive \
+	SGC_K8S=$(K8S) SGC_CNI=cilium ./tests/cluster/e2e.sh b_e_pods d_two_tenants f_limits_outlive \
 	  n_the_bandwidth_example o_a_rollback

@@ -28,20 +28,21 @@ pinned() {
 }
 
 # build NAME DIR VERSION CGO TAGS LDFLAGS PACKAGES...: build into $cache/NAME-VERSION-DIGEST
-# unless it is there, then link each program into $bin.
+# unless it is there, then link each program into $bin. $MODFILE names another go.mod
+# of DIR (its go.sum beside it, as `go build -modfile` reads it).
 build() {
   local name="$1" dir="$2" version="$3" cgo="$4" tags="$5" ldflags="$6"
   shift 6
-  local digest out
-  digest="$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$go_version $cgo $tags $ldflags $*") |
+  local digest out mod="${MODFILE:-go.mod}"
+  digest="$(cat "$dir/$mod" "$dir/${mod%.mod}.sum" <(echo "$go_version $cgo $tags $ldflags $*") |
     sha256sum | cut -c1-12)"
   out="$cache/$name-$version-$digest"
   if [ ! -f "$out/.done" ]; then
     echo "==> building $name $version ($*) into $out" >&2
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
-    (cd "$dir" && CGO_ENABLED="$cgo" go build -trimpath -tags "$tags" -ldflags "$ldflags" \
-      -o "$out.tmp/" "$@")
+    (cd "$dir" && CGO_ENABLED="$cgo" go build -modfile "$mod" -trimpath -tags "$tags" \
+      -ldflags "$ldflags" -o "$out.tmp/" "$@")
     touch "$out.tmp/.done"
     rm -rf "$out"
     mv "$out.tmp" "$out"
@@ -52,7 +53,14 @@ build() {
   done
 }
 
-k8s="$(pinned k8s.io/kubernetes "$here/go.mod")"
+# The Kubernetes release, by $SGC_K8S: 1.36 (the default) from go.mod, 1.37 from
+# go.1.37.mod, the same programs with every k8s.io module at the other release.
+case "${SGC_K8S:-1.36}" in
+  1.36) k8s_mod=go.mod ;;
+  1.37) k8s_mod=go.1.37.mod ;;
+  *) echo "build.sh: SGC_K8S=$SGC_K8S: the test cluster builds 1.36 or 1.37" >&2; exit 2 ;;
+esac
+k8s="$(pinned k8s.io/kubernetes "$here/$k8s_mod")"
 # What upstream's release build stamps into its programs (hack/lib/version.sh): kubelet
 # reports it as the node's kubeletVersion, and kubectl version prints it.
 k8s_minor="$(echo "$k8s" | cut -d. -f2)"
@@ -60,7 +68,7 @@ ld="-s -w"
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld="$ld -X $p.gitVersion=$k8s -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor -X $p.gitTreeState=clean"
 done
-build kubernetes "$here" "$k8s" 0 "" "$ld" \
+MODFILE="$k8s_mod" build kubernetes "$here" "$k8s" 0 "" "$ld" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl ./cmd/etcd ./cmd/pause

@@ -37,6 +37,13 @@ keep_logs() {
   done
 }
 
+# Scenario zz installs the chart with Helm: the pinned build scripts/test.sh makes
+# (built once, then cached), also when the scenarios run alone (`make e2e`).
+if [ -z "${SHAREGUARD_HELM:-}" ]; then
+  . "$repo/scripts/lib.sh"
+  ensure_helm
+fi
+
 started=$SECONDS
 out="$("$here/up.sh" | tail -n 2)" || {
   echo "e2e: the cluster did not come up" >&2
