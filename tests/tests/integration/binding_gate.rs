@@ -13,6 +13,7 @@ use k8s_openapi::api::{
     core::v1::{Pod, PodResourceClaim, PodStatus},
     resource::v1::{AllocatedDeviceStatus, ResourceClaim},
 };
+use shareguard_tests::proto::node_agent_client::NodeAgentClient;
 use shareguard_tests::{
     Agent, DRIVER, Options, POOL,
     apiserver::ApiServer,
@@ -23,6 +24,7 @@ use shareguard_tests::{
     plugin::Plugin,
     proto as pb, share_id,
 };
+use tonic::transport::Channel;
 
 const NODE: &str = "node-a";
 const NS: &str = "team-a";
@@ -82,10 +84,7 @@ fn condition(api: &ApiServer, claim: &str, type_: &str) -> Option<(String, Strin
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-async fn phase_of(
-    c: &mut shareguard_tests::proto::node_agent_client::NodeAgentClient<tonic::transport::Channel>,
-    id: &str,
-) -> Option<(pb::Phase, bool)> {
+async fn phase_of(c: &mut NodeAgentClient<Channel>, id: &str) -> Option<(pb::Phase, bool)> {
     c.get_share(pb::GetShareRequest {
         share_id: id.into(),
     })
@@ -100,8 +99,8 @@ async fn phase_of(
     })
 }
 
-#[tokio::test]
-async fn a_nominated_pods_claim_is_admitted_before_binding_or_refused_with_the_reason() {
+/// An agent with an 8Gi generic device on NODE, and the API stand-in with NODE.
+async fn node() -> (Agent, NodeAgentClient<Channel>, ApiServer) {
     let agent = Agent::start(Options::new(generic_device(
         "mem-0",
         "8Gi",
@@ -109,13 +108,31 @@ async fn a_nominated_pods_claim_is_admitted_before_binding_or_refused_with_the_r
         &[NS],
         &[],
     )));
-    let mut client = agent.client().await;
+    let client = agent.client().await;
     let api = ApiServer::start();
     api.put_cluster(&k8s::node(NODE));
-    let (pod1, pod2) = (share_id(), share_id());
-    let (uid1, uid2, share1, share2) = (share_id(), share_id(), share_id(), share_id());
-    api.put(&nominated("p1", &pod1, "c1"));
-    api.put(&gated_claim("c1", &uid1, &share1, "2Gi", ("p1", &pod1)));
+    (agent, client, api)
+}
+
+/// Pod `pod` nominated to NODE with claim `claim` of `amount`, as the scheduler's
+/// PreBind leaves them: (claim uid, share id).
+fn nominate(api: &ApiServer, pod: &str, claim: &str, amount: &str) -> (String, String) {
+    let (pod_uid, claim_uid, share) = (share_id(), share_id(), share_id());
+    api.put(&nominated(pod, &pod_uid, claim));
+    api.put(&gated_claim(
+        claim,
+        &claim_uid,
+        &share,
+        amount,
+        (pod, &pod_uid),
+    ));
+    (claim_uid, share)
+}
+
+#[tokio::test]
+async fn a_nominated_pods_claim_is_admitted_before_binding_or_refused_with_the_reason() {
+    let (agent, mut client, api) = node().await;
+    let (uid1, share1) = nominate(&api, "p1", "c1", "2Gi");
     let p = Plugin::start_with_resync(&agent, &api, NODE, &[DRIVER], 1);
 
     wait_for("c1 admitted in the claim", WAIT, || {
@@ -131,8 +148,7 @@ async fn a_nominated_pods_claim_is_admitted_before_binding_or_refused_with_the_r
     );
 
     // 7Gi beside c1's 2Gi does not fit the 8Gi the node has.
-    api.put(&nominated("p2", &pod2, "c2"));
-    api.put(&gated_claim("c2", &uid2, &share2, "7Gi", ("p2", &pod2)));
+    let (_, share2) = nominate(&api, "p2", "c2", "7Gi");
 
     let until = std::time::Instant::now() + WAIT;
     let refused = loop {
@@ -171,22 +187,9 @@ async fn a_nominated_pods_claim_is_admitted_before_binding_or_refused_with_the_r
 
 #[tokio::test]
 async fn a_gate_share_whose_claim_went_is_released_and_one_kubelet_prepared_is_not() {
-    let agent = Agent::start(Options::new(generic_device(
-        "mem-0",
-        "8Gi",
-        "1Gi",
-        &[NS],
-        &[],
-    )));
-    let mut client = agent.client().await;
-    let api = ApiServer::start();
-    api.put_cluster(&k8s::node(NODE));
-    let (pod1, pod2) = (share_id(), share_id());
-    let (uid1, uid2, share1, share2) = (share_id(), share_id(), share_id(), share_id());
-    api.put(&nominated("p1", &pod1, "c1"));
-    api.put(&gated_claim("c1", &uid1, &share1, "1Gi", ("p1", &pod1)));
-    api.put(&nominated("p2", &pod2, "c2"));
-    api.put(&gated_claim("c2", &uid2, &share2, "1Gi", ("p2", &pod2)));
+    let (agent, mut client, api) = node().await;
+    let (_, share1) = nominate(&api, "p1", "c1", "1Gi");
+    let (uid2, share2) = nominate(&api, "p2", "c2", "1Gi");
 
     let p = Plugin::start_with_resync(&agent, &api, NODE, &[DRIVER], 1);
     for c in ["c1", "c2"] {
