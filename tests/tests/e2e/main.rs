@@ -23,6 +23,8 @@ mod m_refused_claim;
 mod n_example;
 mod o_rollback;
 mod p_shared_claim;
+mod q_nic_fault;
+mod r_lost_node;
 mod z_uninstall;
 mod zz_helm;
 
