@@ -1209,6 +1209,7 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         f.keys().map(String::as_str).collect::<BTreeSet<_>>(),
         BTreeSet::from([
             "--agent-socket",
+            "--binding-conditions",
             "--health-addr",
             "--instance-id",
             "--max-slices-per-node",
@@ -1224,6 +1225,8 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         "the ConfigMap's socket"
     );
     assert_eq!(f["--node-name"], "$(NODE_NAME)");
+    // The binding gate, on by default: no pod bound to a node that refused its share.
+    assert_eq!(f["--binding-conditions"], "true");
     let node_env = c
         .env
         .iter()
