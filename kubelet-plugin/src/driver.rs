@@ -9,6 +9,7 @@ use std::{
 };
 
 use futures::future::join_all;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use shareguard_proto::v1 as pb;
 use tracing::{Instrument, info, info_span, warn};
 
@@ -263,12 +264,16 @@ impl Driver {
         answers
     }
 
-    /// The binding gate's Prepare of one claim, before the scheduler binds its pod
-    /// (`pre_bind`): the agent holds the capacity or refuses. Never passed on: a fenced
-    /// instance leaves the claim to the instance that fenced it, whose gate sees the same
-    /// pod. A refusal is told in Events as kubelet's would be; the error carries the
-    /// agent's code where it gave one.
-    pub async fn admit_before_binding(&self, c: &pb::ClaimRef) -> Result<(), GateRefusal> {
+    /// The binding gate's Prepare of `claim` (as the gate just read it; `c` names it),
+    /// before the scheduler binds its pod (`pre_bind`): the agent holds the capacity or
+    /// refuses. Never passed on: a fenced instance leaves the claim to the instance that
+    /// fenced it, whose gate sees the same pod. A refusal is told in Events as kubelet's
+    /// would be; the error carries the agent's code where it gave one.
+    pub async fn admit_before_binding(
+        &self,
+        claim: &ResourceClaim,
+        c: &pb::ClaimRef,
+    ) -> Result<(), GateRefusal> {
         let _call = InFlight::start(&self.in_flight);
         let refused = |code: Option<String>, e: ClaimError| {
             self.tell_refused(c, code.as_deref(), &e);
@@ -276,8 +281,7 @@ impl Driver {
         };
         let devices = self.devices();
         let Prepared { mut request, .. } = self
-            .build(c, &devices)
-            .await
+            .build_from(claim, c, &devices)
             .map_err(|e| refused(None, e))?;
         request.pre_bind = true;
         let mut results = match self.agent.prepare(vec![request]).await {
@@ -331,14 +335,24 @@ impl Driver {
             ));
         }
         let claim = self.cluster.claim(&c.namespace, &c.name).await?;
+        self.build_from(&claim, c, devices)
+    }
+
+    /// [`Driver::build`] from a claim already read.
+    fn build_from(
+        &self,
+        claim: &ResourceClaim,
+        c: &pb::ClaimRef,
+        devices: &Devices,
+    ) -> Result<Prepared, ClaimError> {
         // The pods are taken from the claim as they are, with no read of the Pods
         // (claims::pods says why that is enough).
-        let pods = claims::reserved_pods(&claim)
+        let pods = claims::reserved_pods(claim)
             .into_iter()
             .map(|p| p.uid)
             .collect();
         claims::build(
-            &claim,
+            claim,
             c,
             &self.name,
             &devices.devices,

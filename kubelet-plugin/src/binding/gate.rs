@@ -109,6 +109,9 @@ impl Gate {
         };
         let mut pods = watch();
         let mut workers: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
+        // The pods a relist (after the watch was lost) returned: a worker of a pod not
+        // among them is stopped at its end, since no deletion was seen for it.
+        let mut relisted: Option<BTreeSet<String>> = None;
         let mut tasks = JoinSet::new();
         let mut sweep = tokio::time::interval(self.sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -117,6 +120,9 @@ impl Gate {
                 ev = pods.next() => match ev {
                     Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
                         let Some(uid) = pod.metadata.uid.clone() else { continue };
+                        if let Some(seen) = relisted.as_mut() {
+                            seen.insert(uid.clone());
+                        }
                         if workers.get(&uid).is_some_and(|h| !h.is_finished()) {
                             continue;
                         }
@@ -134,8 +140,17 @@ impl Gate {
                             h.abort();
                         }
                     }
-                    Some(Ok(watcher::Event::InitDone)) => workers.retain(|_, h| !h.is_finished()),
-                    Some(Ok(watcher::Event::Init)) => {}
+                    Some(Ok(watcher::Event::Init)) => relisted = Some(BTreeSet::new()),
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        let seen = relisted.take().unwrap_or_default();
+                        workers.retain(|uid, h| {
+                            let keep = !h.is_finished() && seen.contains(uid);
+                            if !keep {
+                                h.abort();
+                            }
+                            keep
+                        });
+                    }
                     Some(Err(e)) => debug!(error = %e, "watching nominated pods; the watch restarts"),
                     None => pods = watch(),
                 },
@@ -213,7 +228,7 @@ impl Gate {
             let Some(driver) = self.drivers.iter().find(|d| d.name() == driver_name) else {
                 continue;
             };
-            match driver.admit_before_binding(&c).await {
+            match driver.admit_before_binding(&claim, &c).await {
                 Ok(()) => {
                     info!(claim = %format!("{ns}/{name}"), claim_uid = %c.uid, driver = %driver_name, "admitted before binding");
                     admitted.insert((driver_name, allocation_id));
