@@ -144,7 +144,7 @@ fuzz_target!(|data: &[u8]| {
                     uid: format!("c{}", step[1] >> 4),
                     ..Default::default()
                 };
-                match rt.block_on(engine.unprepare(epoch, &[c.into()], 0)) {
+                match rt.block_on(engine.unprepare(epoch, &[c.into()], 0, false)) {
                     Ok(_) => assert_eq!(
                         epoch, model,
                         "an Unprepare at {epoch} passed the fence at {model}"

@@ -172,11 +172,29 @@ impl Agent {
         &self,
         claims: Vec<pb::ClaimRef>,
     ) -> Result<pb::UnprepareResponse, ClaimError> {
+        self.unprepare_with(claims, false).await
+    }
+
+    /// Releases `claims` only while every share of each is still the binding gate's
+    /// (`pre_bind`), decided by the agent under the claim's lock.
+    pub async fn unprepare_pre_bind(
+        &self,
+        claims: Vec<pb::ClaimRef>,
+    ) -> Result<pb::UnprepareResponse, ClaimError> {
+        self.unprepare_with(claims, true).await
+    }
+
+    async fn unprepare_with(
+        &self,
+        claims: Vec<pb::ClaimRef>,
+        only_pre_bind: bool,
+    ) -> Result<pb::UnprepareResponse, ClaimError> {
         self.check_epoch()?;
         self.waiting_for_agent(|| {
             let mut req = tonic::Request::new(pb::UnprepareRequest {
                 epoch: self.epoch(),
                 claims: claims.clone(),
+                only_pre_bind,
             });
             req.set_timeout(CALL_TIMEOUT);
             let mut client = self.client.clone();

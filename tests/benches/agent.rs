@@ -221,6 +221,7 @@ fn unprepare_request(uid: &str) -> pb::UnprepareRequest {
     pb::UnprepareRequest {
         epoch: EPOCH,
         claims: vec![claim_ref(uid)],
+        only_pre_bind: false,
     }
 }
 
@@ -404,6 +405,7 @@ async fn release_all(a: &Agent, uids: &[String]) {
         let req = pb::UnprepareRequest {
             epoch: EPOCH,
             claims: batch.iter().map(|u| claim_ref(u)).collect(),
+            only_pre_bind: false,
         };
         let r = c.unprepare(req).await.unwrap().into_inner();
         for u in batch {

@@ -262,6 +262,7 @@ async fn prepare_under_scrapes(
                 c.unprepare(pb::UnprepareRequest {
                     epoch: 0,
                     claims: vec![shareguard_tests::claim_ref(&uid)],
+                    only_pre_bind: false,
                 })
                 .await
                 .unwrap();

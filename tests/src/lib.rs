@@ -688,6 +688,7 @@ pub async fn unprepare_one(c: &mut NodeAgentClient<Channel>, epoch: u64, uid: &s
         .unprepare(pb::UnprepareRequest {
             epoch,
             claims: vec![claim_ref(uid)],
+            only_pre_bind: false,
         })
         .await
         .unwrap()

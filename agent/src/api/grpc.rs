@@ -187,7 +187,11 @@ impl NodeAgent for Api {
         // As for Prepare: a release that started runs to its end whatever the client does.
         let engine = self.engine.clone();
         let claims: Vec<request::ClaimRef> = r.claims.into_iter().map(Into::into).collect();
-        let results = tokio::spawn(async move { engine.unprepare(r.epoch, &claims, uid).await })
+        let only_pre_bind = r.only_pre_bind;
+        let results =
+            tokio::spawn(
+                async move { engine.unprepare(r.epoch, &claims, uid, only_pre_bind).await },
+            )
             .await
             .map_err(|e| Status::internal(format!("unprepare task failed: {e}")))?
             .map_err(|e| self.refuse("Unprepare", Some(uid), epoch, e))?;

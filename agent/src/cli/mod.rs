@@ -339,7 +339,11 @@ pub async fn run_client(cli: Cli) -> anyhow::Result<ExitCode> {
                 })
                 .collect();
             let r = c
-                .unprepare(pb::UnprepareRequest { epoch, claims })
+                .unprepare(pb::UnprepareRequest {
+                    epoch,
+                    claims,
+                    only_pre_bind: false,
+                })
                 .await?
                 .into_inner();
             if out == Output::Json {

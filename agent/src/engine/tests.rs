@@ -577,6 +577,49 @@ fn kubelets_prepare_clears_the_gates_pre_bind_mark() {
     );
 }
 
+/// The gate's sweep releases with `only_pre_bind`: a claim still the gate's goes; one
+/// kubelet prepared meanwhile is refused with FailedPrecondition and keeps its capacity,
+/// and kubelet's own Unprepare still releases it.
+#[test]
+fn a_release_only_while_pre_bind_leaves_what_kubelet_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    let gate = |uid: &str, n| {
+        let mut c = claim(uid, "a1", vec![alloc("gen-0", &share(n), "2Gi")]);
+        c.pre_bind = true;
+        c
+    };
+    let refs = |uid: &str| {
+        vec![request::ClaimRef {
+            uid: uid.into(),
+            ..Default::default()
+        }]
+    };
+    let e = open(&cfg, Some(&k), "boot-a");
+    rt.block_on(e.prepare(0, &[gate("c1", 1), gate("c2", 2)], 0))
+        .unwrap();
+    assert_eq!(allocated(&e, "gen-0"), q("4Gi"));
+
+    let out = rt.block_on(e.unprepare(0, &refs("c1"), 0, true)).unwrap();
+    assert_eq!(out[0].1, None, "still the gate's: released");
+    assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
+
+    let mut kubelet = gate("c2", 2);
+    kubelet.pre_bind = false;
+    rt.block_on(e.prepare(0, &[kubelet], 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs("c2"), 0, true)).unwrap();
+    let err = out[0].1.clone().expect("refused once kubelet prepared it");
+    assert_eq!(err.code, crate::error::Code::FailedPrecondition, "{err:?}");
+    assert_ne!(e.get_share(&share(2)).unwrap().phase, Phase::Released);
+    assert_eq!(allocated(&e, "gen-0"), q("2Gi"), "its capacity stays held");
+
+    let out = rt.block_on(e.unprepare(0, &refs("c2"), 0, false)).unwrap();
+    assert_eq!(out[0].1, None, "kubelet's Unprepare releases it");
+    assert_eq!(allocated(&e, "gen-0"), Quantity::ZERO);
+}
+
 /// The pod's cgroup in the test's cgroup tree (cgroupfs layout, burstable).
 fn pod_dir(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("cgroup/kubepods/burstable")
@@ -714,7 +757,7 @@ fn the_conditions_transition_time_moves_only_when_its_status_flips() {
         uid: "c1".into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
     assert!(out[0].1.is_none(), "{out:?}");
     let (released, shown) = since(&e);
     assert_eq!(released.phase, Phase::Released);
@@ -770,7 +813,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
         uid: "c1".into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
     let err = out[0].1.clone().unwrap();
     assert!(err.retryable);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
@@ -795,7 +838,7 @@ fn failed_removal_keeps_capacity_until_a_retry_succeeds() {
     let e = open(&cfg, Some(&k), "boot-a");
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
     lock(&k.fail_remove).clear();
-    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
     assert_eq!(out[0].1, None);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
     assert_eq!(allocated(&e, "gen-0"), Quantity::ZERO);
@@ -826,6 +869,7 @@ fn tombstones_expire_after_retention_only() {
             ..Default::default()
         }],
         0,
+        false,
     ))
     .unwrap();
     let released = e.get_share(&share(1)).unwrap().released_at_ms.unwrap();
@@ -950,7 +994,7 @@ proptest! {
                 }
                 Op::Unprepare { c } => {
                     let refs = [request::ClaimRef { uid: format!("c{c}"), ..Default::default() }];
-                    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
+                    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
                     prop_assert_eq!(&out[0].1, &None);
                     m.live.remove(&c);
                 }
@@ -1040,7 +1084,7 @@ fn release_cut_short(
         uid: uid.into(),
         ..Default::default()
     }];
-    let out = rt.block_on(e.unprepare(0, &refs, 0)).unwrap();
+    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
     assert!(out[0].1.is_some(), "the release was meant to fail: {out:?}");
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
     refs
@@ -1128,7 +1172,10 @@ memory = "16Gi"
 
     let e = life();
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Releasing);
-    assert_eq!(rt.block_on(e.unprepare(0, &refs, 0)).unwrap()[0].1, None);
+    assert_eq!(
+        rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap()[0].1,
+        None
+    );
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Released);
     assert!(
         gpu.cgroup_limits().is_empty(),
@@ -1255,7 +1302,7 @@ fn only_new_epoch_moves_the_fence() {
             ),
             "{refused:?}"
         );
-        let refused = rt.block_on(e.unprepare(epoch, std::slice::from_ref(&release), 0));
+        let refused = rt.block_on(e.unprepare(epoch, std::slice::from_ref(&release), 0, false));
         assert!(
             matches!(
                 refused,

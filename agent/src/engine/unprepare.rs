@@ -19,11 +19,14 @@ use super::{Engine, now_ms};
 
 impl Engine {
     /// Returns, per claim in request order, the claim uid and its error (None: released).
+    /// With `only_pre_bind`, a claim is released only while all its live shares are
+    /// still the binding gate's (`pre_bind`), not kubelet's.
     pub async fn unprepare(
         &self,
         epoch: u64,
         claims: &[request::ClaimRef],
         caller_uid: u32,
+        only_pre_bind: bool,
     ) -> Result<Vec<(String, Option<ClaimError>)>, RequestError> {
         self.check_batch("claims", claims.len())?;
         let mut seen = HashSet::new();
@@ -54,7 +57,15 @@ impl Engine {
                     self.audit_unprepare_refusal(c, &e, epoch, caller_uid);
                     return Err(e);
                 }
-                self.release_claim(&c.uid, epoch, caller_uid).await
+                let released = self
+                    .release_claim(&c.uid, epoch, caller_uid, only_pre_bind)
+                    .await;
+                if let Err(e) = &released
+                    && e.code == crate::error::Code::FailedPrecondition
+                {
+                    self.audit_unprepare_refusal(c, e, epoch, caller_uid);
+                }
+                released
             }
             .instrument(span)
             .await;
@@ -94,7 +105,13 @@ impl Engine {
         });
     }
 
-    async fn release_claim(&self, uid: &str, epoch: u64, caller: u32) -> Result<(), ClaimError> {
+    async fn release_claim(
+        &self,
+        uid: &str,
+        epoch: u64,
+        caller: u32,
+        only_pre_bind: bool,
+    ) -> Result<(), ClaimError> {
         let _guard = self.locks.lock(uid).await;
         let live: Vec<ShareRecord> = {
             let st = lock(&self.state);
@@ -115,6 +132,12 @@ impl Engine {
         };
         if live.is_empty() {
             return Ok(());
+        }
+        if only_pre_bind && live.iter().any(|r| !r.pre_bind) {
+            return Err(ClaimError::precondition(
+                "only_pre_bind",
+                "kubelet prepared this claim after the binding gate admitted it: only kubelet's Unprepare releases it",
+            ));
         }
         let (accounting, mut enforcing): (Vec<ShareRecord>, Vec<ShareRecord>) = live
             .into_iter()

@@ -322,23 +322,23 @@ impl Gate {
                     Verdict::Keep => None,
                 });
             let Some(why) = why else { continue };
-            // Read again just before: kubelet may have prepared it since the listing,
-            // and then only kubelet's Unprepare may release it.
-            match self.agent.list_shares().await {
-                Ok(now)
-                    if now
-                        .iter()
-                        .any(|s| held(s) && s.claim.as_ref().is_some_and(|c| c.uid == uid)) => {}
-                _ => continue,
-            }
+            // The agent releases it only while it is still the gate's: kubelet may have
+            // prepared it since the listing, and then only kubelet's Unprepare may.
             let c = pb::ClaimRef {
                 uid: uid.clone(),
                 namespace: ns.clone(),
                 name: name.clone(),
             };
-            match self.agent.unprepare(vec![c]).await {
+            match self.agent.unprepare_pre_bind(vec![c]).await {
                 Ok(r) if r.claims.get(&uid).is_none_or(|e| e.code.is_empty()) => {
                     info!(claim = %format!("{ns}/{name}"), claim_uid = %uid, why, "released a share admitted before binding that no kubelet prepared");
+                }
+                Ok(r)
+                    if r.claims
+                        .get(&uid)
+                        .is_some_and(|e| e.code == "FailedPrecondition") =>
+                {
+                    debug!(claim = %format!("{ns}/{name}"), "kubelet prepared the claim meanwhile: kept");
                 }
                 Ok(r) => {
                     warn!(claim = %format!("{ns}/{name}"), error = ?r.claims.get(&uid), "releasing a gate share")

@@ -310,9 +310,11 @@ impl Drop for Claims<'_> {
         // The bench is failing: still ask the agent to remove what it installed (its ifbs
         // outlive it), as far as it answers within a few seconds, and never panic again.
         let claims = self.uids.drain(..).map(|u| claim_ref(&u)).collect();
-        let call = self
-            .client
-            .unprepare(pb::UnprepareRequest { epoch: 0, claims });
+        let call = self.client.unprepare(pb::UnprepareRequest {
+            epoch: 0,
+            claims,
+            only_pre_bind: false,
+        });
         let _ = self
             .rt
             .block_on(tokio::time::timeout(Duration::from_secs(5), call));

@@ -113,6 +113,7 @@ async fn unprepare_releases_and_frees_the_capacity() {
         .unprepare(pb::UnprepareRequest {
             epoch: 0,
             claims: vec![claim_ref("rt-unprep")],
+            only_pre_bind: false,
         })
         .await
         .unwrap()

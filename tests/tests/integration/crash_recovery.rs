@@ -75,6 +75,7 @@ async fn worker(
             let req = pb::UnprepareRequest {
                 epoch: 0,
                 claims: vec![claim_ref(&prev)],
+                only_pre_bind: false,
             };
             let Ok(r) = c.unprepare(req).await else {
                 return;
@@ -205,6 +206,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_operation() {
             .unprepare(pb::UnprepareRequest {
                 epoch: 0,
                 claims: chunk.to_vec(),
+                only_pre_bind: false,
             })
             .await
             .unwrap()

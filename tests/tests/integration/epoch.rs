@@ -54,6 +54,7 @@ async fn unprepare_at(
         .unprepare(pb::UnprepareRequest {
             epoch,
             claims: vec![claim_ref(uid)],
+            only_pre_bind: false,
         })
         .await
         .map(|r| r.into_inner())

@@ -453,6 +453,7 @@ async fn batch_over_the_limit_is_refused_whole() {
         .unprepare(pb::UnprepareRequest {
             epoch: 9,
             claims: refs,
+            only_pre_bind: false,
         })
         .await
         .unwrap_err();
@@ -512,6 +513,7 @@ async fn caller_not_in_allowed_uids_is_refused_and_changes_nothing() {
         .unprepare(pb::UnprepareRequest {
             epoch: 9,
             claims: vec![claim_ref("existing")],
+            only_pre_bind: false,
         })
         .await
         .unwrap_err();
@@ -550,6 +552,7 @@ async fn unprepare_of_a_malformed_uid_is_refused_per_claim() {
         .unprepare(pb::UnprepareRequest {
             epoch: 0,
             claims: vec![claim_ref("bad/uid"), claim_ref("")],
+            only_pre_bind: false,
         })
         .await
         .unwrap()
@@ -626,6 +629,7 @@ async fn claims_without_a_uid_are_refused_one_by_one() {
     c.unprepare(pb::UnprepareRequest {
         epoch: 0,
         claims: vec![claim_ref("named")],
+        only_pre_bind: false,
     })
     .await
     .unwrap();
@@ -634,6 +638,7 @@ async fn claims_without_a_uid_are_refused_one_by_one() {
         .unprepare(pb::UnprepareRequest {
             epoch: 0,
             claims: vec![claim_ref(""), claim_ref("")],
+            only_pre_bind: false,
         })
         .await
         .unwrap()
