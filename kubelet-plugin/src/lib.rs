@@ -26,6 +26,7 @@ pub mod policy;
 mod run;
 pub mod slices;
 pub mod status;
+mod stop;
 
 pub use args::PluginArgs;
 pub use dirs::{DirError, DirsArgs, prepare as prepare_dirs};

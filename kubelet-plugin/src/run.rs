@@ -30,6 +30,7 @@ use crate::{
     kubelet::{HealthV1, HealthV1Alpha1, Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
     status::StatusWriter,
+    stop::{stopped, until_stopped},
 };
 
 /// How long a stop waits for calls in flight, once the registration sockets are gone.
@@ -523,17 +524,6 @@ fn take_devices(driver: &Driver, reading: &Inventory) -> bool {
     );
     driver.set_devices(Devices::new(fresh.clone()));
     true
-}
-
-async fn until_stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {
-    let mut rx = rx.clone();
-    async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
 }
 
 /// Resolves when kubelet refuses any of the registrations.

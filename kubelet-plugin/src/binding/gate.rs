@@ -34,6 +34,7 @@ use crate::{
     cluster::Clients,
     driver::{Driver, GateRefusal},
     error::ClaimError,
+    stop::until_stopped,
 };
 
 /// How long a worker keeps trying one pod: the scheduler's default binding timeout.
@@ -349,9 +350,4 @@ impl Gate {
             }
         }
     }
-}
-
-/// Resolves once `stop` is true (or its sender is gone).
-async fn until_stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }

@@ -21,7 +21,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::build::{self, Target};
-use crate::{agent::Agent, cluster::Clients, events::Events};
+use crate::{agent::Agent, cluster::Clients, events::Events, stop::until_stopped};
 
 /// A claim's status is written at most this often; changes in between are merged.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -96,11 +96,6 @@ fn insert(shares: &mut Shares, s: pb::ShareStatus) {
     if let Some(t) = Target::of(&s) {
         shares.entry(t).or_default().insert(share_key(&s), s);
     }
-}
-
-/// Resolves once `stop` is true (or its sender is gone).
-async fn until_stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 fn share_key(s: &pb::ShareStatus) -> String {
