@@ -386,13 +386,17 @@ pub(crate) fn first_share_id(claim: &Value) -> String {
 
 /// The bandwidth nic-0 of `node` has allocated, in bit/s, from the agent's ledger.
 pub(crate) fn allocated_bandwidth(c: &Cluster, node: &str) -> u64 {
-    let devices = c.agent_cli(node, &["devices"]);
+    nic_allocated(&c.agent_cli(node, &["devices"]))
+}
+
+/// The bandwidth nic-0 has allocated, in bit/s, from `shareguard devices` as JSON.
+pub(crate) fn nic_allocated(devices: &Value) -> u64 {
     let nic = devices["devices"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|d| d["name"] == "nic-0")
-        .unwrap_or_else(|| panic!("{node} has no nic-0: {devices}"));
+        .unwrap_or_else(|| panic!("no nic-0: {devices}"));
     match nic["allocated"]["bandwidth"].as_str() {
         None => 0,
         Some(q) => shareguard_common::Quantity::parse(q)

@@ -17,26 +17,14 @@ fn node_cli(node: &str, args: &[&str]) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("node-cli.sh {all:?}: {e}: {text}"))
 }
 
-/// The share's phase and the node's allocated bandwidth, as the node's agent says.
-fn held(node: &str, share_id: &str) -> (String, String) {
+/// The share's phase and the node's allocated bandwidth (bit/s), as the node's agent
+/// says.
+fn held(node: &str, share_id: &str) -> (String, u64) {
     let phase = node_cli(node, &["share", share_id])["phase"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let devices = node_cli(node, &["devices"]);
-    let allocated = devices["devices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["name"] == "nic-0")
-        .map(|d| {
-            d["allocated"]["bandwidth"]
-                .as_str()
-                .unwrap_or("0")
-                .to_string()
-        })
-        .unwrap_or_default();
-    (phase, allocated)
+    (phase, nic_allocated(&node_cli(node, &["devices"])))
 }
 
 /// Whether `node`'s Ready condition is True.
@@ -153,10 +141,6 @@ fn r_a_lost_nodes_shares_stay_held_until_its_kubelet_returns() {
         !matches!(phase.as_str(), "RELEASED" | "RELEASING" | ""),
         "the lost node keeps its share: {phase}"
     );
-    let allocated: u64 = shareguard_common::Quantity::parse(&allocated)
-        .ok()
-        .and_then(|q| u64::try_from(q.ceil_units()?).ok())
-        .unwrap_or_else(|| panic!("allocated bandwidth {allocated:?}"));
     assert_eq!(
         allocated,
         before + 300_000_000,
