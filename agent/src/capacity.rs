@@ -327,7 +327,7 @@ impl Plan {
             rounding_efficiency: efficiency,
             utilization: self.utilization,
             raw: q(raw, &self.capacity),
-            promised: q(promised, &self.capacity),
+            promised: readable_floor(promised, &self.capacity),
         })
     }
 }
@@ -411,6 +411,28 @@ impl Estimate {
 fn q(nanos: i128, like: &Quantity) -> Quantity {
     // In range: every caller's value lies between 0 and an i128 product that fit.
     Quantity::from_nanos(nanos, like.format()).unwrap_or(Quantity::ZERO)
+}
+
+/// What is promised, rounded down to what a person reads and a quantity holds: whole
+/// units, then four significant figures in the capacity's own suffixes (at most 0.1%
+/// less; an estimate of what can be promised must never overstate it). A rounding
+/// efficiency below 100% makes the exact figure a fraction of a byte, which printed as
+/// `2783020696207360m`.
+fn readable_floor(nanos: i128, like: &Quantity) -> Quantity {
+    const NANOS_PER_UNIT: i128 = 1_000_000_000;
+    let base: i128 = match like.format() {
+        shareguard_common::Format::BinarySI => 1024,
+        _ => 1000,
+    };
+    let whole = nanos.max(0) / NANOS_PER_UNIT;
+    // The largest suffix in which the figure still has four digits before the point.
+    let mut unit: i128 = 1;
+    while let Some(next) = unit.checked_mul(base)
+        && whole / next >= 1000
+    {
+        unit = next;
+    }
+    q(whole / unit * unit * NANOS_PER_UNIT, like)
 }
 
 /// The largest sum of shares of the grid `min + n*step` (any number of shares, at

@@ -83,6 +83,24 @@ fn a_reserve_comes_off_each_device_first() {
     assert!(err.reason.contains("below the smallest share"), "{err}");
 }
 
+/// A mix whose rounding efficiency is not a whole ratio of bytes: the promise is a
+/// quantity a person reads (four figures, rounded down), not nano-units.
+#[test]
+fn a_mix_promises_a_readable_quantity_rounded_down() {
+    let mut p = plan(100, "40Gi", "4Gi", Some("4Gi"), "70%");
+    p.mix = parse_mix("7Gi=50,12Gi=30,33Gi=20").unwrap();
+    let e = p.estimate().unwrap();
+    // 2800Gi x (7x50 + 12x30 + 33x20) / (8x50 + 12x30 + 36x20) = 2591.89...Gi.
+    assert_eq!(e.promised, qty("2591Gi"));
+    assert_eq!(e.to_json()["promised"], "2591Gi");
+    // Decimal capacities keep decimal suffixes.
+    let mut p = plan(3, "10G", "300M", Some("300M"), "0.9");
+    p.mix = parse_mix("250M").unwrap();
+    let e = p.estimate().unwrap();
+    // 3 x 9.9G packable x 0.9 x 0.833333 (250/300 in millionths) = 22.27499G.
+    assert_eq!(e.promised.to_string(), "22274M");
+}
+
 #[test]
 fn a_request_mix_counts_what_is_asked_not_what_rounding_consumes() {
     let mut p = plan(100, "40Gi", "5Gi", Some("5Gi"), "0.7");
