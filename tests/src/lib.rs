@@ -383,7 +383,7 @@ impl Agent {
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(agent_bin())
             // The environment, not --socket: the local subcommands (audit, cleanup,
-            // config, capacity) refuse a --socket they would not use.
+            // config, capacity) note on stderr that they ignore a --socket.
             .env("SHAREGUARD_SOCKET", &self.socket)
             .args(args)
             .output()
@@ -394,7 +394,7 @@ impl Agent {
     pub fn cli_with_stdin(&self, args: &[&str], input: &str) -> Output {
         let mut child = Command::new(agent_bin())
             // The environment, not --socket: the local subcommands (audit, cleanup,
-            // config, capacity) refuse a --socket they would not use.
+            // config, capacity) note on stderr that they ignore a --socket.
             .env("SHAREGUARD_SOCKET", &self.socket)
             .args(args)
             .stdin(Stdio::piped())

@@ -39,20 +39,28 @@ pub enum Output {
 }
 
 impl Cli {
-    /// Parses the command line as [`Parser::parse`] does, and refuses a global flag given
-    /// to a subcommand that would ignore it: a flag that silently does nothing misleads.
+    /// Parses the command line as [`Parser::parse`] does. A global flag a subcommand
+    /// has no use for is accepted, as kubectl-style tools accept their global flags
+    /// everywhere (an alias or wrapper that always passes `--socket` must keep working),
+    /// with a note on stderr that it was ignored, since a flag that silently does nothing
+    /// misleads; a format a subcommand does not offer is refused.
     pub fn parse_checked() -> Cli {
         use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
         let m = Cli::command().get_matches();
         let cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
         let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
-        if let Err(msg) = cli
+        match cli
             .cmd
             .takes(given("socket"), given("output").then_some(cli.output))
         {
-            Cli::command()
-                .error(clap::error::ErrorKind::ArgumentConflict, msg)
-                .exit();
+            Ok(notes) => {
+                for n in notes {
+                    eprintln!("note: {n}");
+                }
+            }
+            Err(msg) => Cli::command()
+                .error(clap::error::ErrorKind::InvalidValue, msg)
+                .exit(),
         }
         cli
     }
@@ -81,8 +89,9 @@ impl Cmd {
         }
     }
 
-    /// Whether this subcommand uses `--socket` (when given) and `-o FORMAT` (when given).
-    fn takes(&self, socket: bool, output: Option<Output>) -> Result<(), String> {
+    /// Whether this subcommand uses `--socket` (when given) and `-o FORMAT` (when given):
+    /// a note for each flag it ignores, or why the format is refused.
+    pub fn takes(&self, socket: bool, output: Option<Output>) -> Result<Vec<String>, String> {
         let name = self.name();
         let local = matches!(
             self,
@@ -90,9 +99,10 @@ impl Cmd {
         );
         #[cfg(feature = "kubelet-plugin")]
         let local = local || matches!(self, Cmd::KubeletPlugin(_) | Cmd::KubeletPluginDirs(_));
+        let mut notes = Vec::new();
         if socket && local {
-            return Err(format!(
-                "--socket is not used by `{name}`, which does not talk to a running agent (the agent and cleanup take the socket from --config)"
+            notes.push(format!(
+                "--socket ignored: `{name}` does not talk to a running agent (the agent and cleanup take the socket from --config)"
             ));
         }
         let formats: &[Output] = match self {
@@ -105,22 +115,21 @@ impl Cmd {
             _ => &[Output::Table, Output::Json],
         };
         match output {
+            Some(_) if formats.is_empty() => {
+                notes.push(format!(
+                    "-o ignored: `{name}` prints no output that -o could format"
+                ));
+                Ok(notes)
+            }
             Some(o) if !formats.contains(&o) => Err(format!(
-                "`{name}` {}",
-                if formats.is_empty() {
-                    "prints no output that -o could format".to_owned()
-                } else {
-                    format!(
-                        "offers -o {}",
-                        formats
-                            .iter()
-                            .filter_map(|f| f.to_possible_value().map(|v| v.get_name().to_owned()))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
+                "`{name}` offers -o {}",
+                formats
+                    .iter()
+                    .filter_map(|f| f.to_possible_value().map(|v| v.get_name().to_owned()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
-            _ => Ok(()),
+            _ => Ok(notes),
         }
     }
 }
