@@ -19,6 +19,16 @@ pub enum Code {
 }
 
 impl Code {
+    pub const ALL: [Code; 7] = [
+        Code::InvalidArgument,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::AlreadyExists,
+        Code::Unavailable,
+        Code::Internal,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidArgument => "InvalidArgument",

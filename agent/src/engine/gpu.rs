@@ -50,6 +50,15 @@ pub(crate) fn bytes(b: u64) -> String {
         .map_or_else(|| b.to_string(), |q| q.to_string())
 }
 
+/// Every `outcome` label of `shareguard_gpu_terminations_total`, put in place at zero.
+pub const TERMINATION_OUTCOMES: [&str; 5] = [
+    "terminated",
+    "mps_client_terminated",
+    "mps_client_killed",
+    "already exited",
+    "not terminated",
+];
+
 impl Engine {
     /// Takes one watchdog poll: keeps the usage, and for every share whose over-limit
     /// state changed writes an audit line and sends a watch event.
@@ -111,6 +120,7 @@ impl Engine {
             }
         }
         for (d, outcome) in &report.terminated {
+            // One of TERMINATION_OUTCOMES.
             let what = match outcome {
                 Ok(Terminated::Signalled) => "terminated",
                 Ok(Terminated::MpsClientTerminated) => "mps_client_terminated",

@@ -371,3 +371,129 @@ async fn scrapes_within_the_max_age_share_one_render() {
     assert_eq!(allocated(&cached), Some(0.0), "the render of an hour ago");
     assert_eq!(allocated(&fresh), Some(5.0 * GIB), "rendered again");
 }
+
+/// Every counter and histogram the alerts (`deploy/prometheus/`) and the dashboard
+/// (`deploy/grafana/`) read is there at zero on a fresh agent, for every device it
+/// knows (GPU families for its GPUs), before anything happened: `increase()` over a
+/// series that appears at its first event misses that event, and a fresh agent's
+/// dashboard would be empty.
+#[tokio::test]
+async fn every_counter_the_alerts_and_dashboard_read_is_at_zero_on_a_fresh_agent() {
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut read = std::collections::BTreeSet::new();
+    for file in [
+        "prometheus/shareguard-alerts.rules.yaml",
+        "prometheus/shareguard-slo.rules.yaml",
+        "grafana/shareguard-dashboard.json",
+    ] {
+        let text = std::fs::read_to_string(deploy.join(file)).unwrap();
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            // Recording rules' names (`instance:shareguard_...:rate5m`) hold a colon, a
+            // prefix in a comment or regex ends in `_`: neither names a metric.
+            if word.starts_with("shareguard_") && !word.ends_with('_') {
+                read.insert(word.to_owned());
+            }
+        }
+    }
+    assert!(read.len() > 20, "{read:?}");
+
+    let devices = format!(
+        "{}{}",
+        generic_device("gen-0", "20Gi", "5Gi", &["team-a"], &[]),
+        shareguard_tests::simulated_gpu_device("{ period = \"1s\" }")
+    );
+    let a = Agent::start(Options::new(devices));
+    let body = a.http("/metrics").1;
+    // family -> type, from `# TYPE family type`.
+    let types: std::collections::BTreeMap<&str, &str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let samples = |name: &str| -> Vec<&str> {
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .collect()
+    };
+    let mut checked = 0;
+    for name in &read {
+        // One series per live share, and none while there is none: no label set of
+        // them is known before a share is.
+        if name.starts_with("shareguard_share_") || name.starts_with("shareguard_gpu_share_") {
+            continue;
+        }
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        // Counters' TYPE lines name the `_total` series, histograms' the family.
+        let Some(kind) = types
+            .get(format!("{family}_total").as_str())
+            .or_else(|| types.get(family))
+        else {
+            // Gauges of a figure that is not defined before a share or a claim of the
+            // class: a percentile or ratio of nothing, what was read back of no share.
+            let undefined = [
+                "shareguard_slo_read_back",
+                "shareguard_slo_read_back_ratio",
+                "shareguard_slo_requested",
+                "shareguard_slo_window_convergence_seconds",
+                "shareguard_slo_window_prepare_seconds",
+                "shareguard_slo_window_refusal_ratio",
+            ];
+            assert!(
+                undefined.contains(&family),
+                "the deploy files read {name}, which a fresh agent does not export:\n{body}"
+            );
+            continue;
+        };
+        let series = match *kind {
+            "counter" => format!("{family}_total"),
+            "histogram" => format!("{family}_bucket"),
+            _ => continue,
+        };
+        let got = samples(&series);
+        assert!(
+            !got.is_empty(),
+            "{name} ({kind}) has no series on a fresh agent:\n{body}"
+        );
+        // Events that cannot have happened yet are there at 0 (periodic work, the
+        // reconciler's and the watchdog's, may have run once already).
+        if ["drift", "repairs", "refusals", "over_limit", "terminations"]
+            .iter()
+            .any(|e| family.contains(e))
+        {
+            assert!(
+                got.iter().all(|l| l.ends_with(" 0")),
+                "{series} counted before anything happened: {got:?}"
+            );
+        }
+        checked += 1;
+        // Per device: every device the agent has.
+        if got.iter().any(|l| l.contains("device=\"")) {
+            let gpu_only = family.starts_with("shareguard_gpu_");
+            for dev in ["gen-0", "gpu-0"] {
+                if gpu_only && dev == "gen-0" {
+                    continue;
+                }
+                assert!(
+                    got.iter().any(|l| l.contains(&format!("device=\"{dev}\""))),
+                    "{series} has no series for {dev}: {got:?}"
+                );
+            }
+        }
+    }
+    for must in [
+        "shareguard_reconcile_drift_total",
+        "shareguard_reconcile_repairs_total",
+        "shareguard_gpu_watchdog_polls_total",
+        "shareguard_refusals_total",
+    ] {
+        assert!(read.contains(must), "{must} is read by the deploy files");
+    }
+    assert!(checked >= 8, "{checked} counters and histograms checked");
+}

@@ -28,6 +28,7 @@ use prometheus_client::{
 use shareguard_common::{Quantity, limiter::TrafficCounters};
 
 use crate::{
+    config::DeviceKind,
     engine::{Engine, observer::Observer},
     error::ClaimError,
     rollout::measure::{Above, Measured},
@@ -57,7 +58,7 @@ struct ShareCapacityLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     device: String,
-    /// "terminated", "already exited" or "not terminated".
+    /// One of [`crate::engine::gpu::TERMINATION_OUTCOMES`].
     outcome: String,
 }
 
@@ -541,6 +542,38 @@ impl Metrics {
         self.render_cached(engine, Duration::ZERO)
     }
 
+    /// Puts every counter and histogram series of a known device in place at zero, so
+    /// that `increase()` and `rate()` over them see their first event, and a fresh
+    /// agent's dashboard is not empty. Unchanged once there.
+    fn zero_counters_of(&self, device: &str, gpu: bool) {
+        let dev = DeviceLabel {
+            device: device.to_owned(),
+        };
+        let _ = self.drift.get_or_create(&dev);
+        let _ = self.repairs.get_or_create(&dev);
+        let _ = self.enforce_seconds.get_or_create(&dev);
+        for phase in crate::record::Phase::ALL {
+            let _ = self.sandbox_transitions.get_or_create(&DevicePhaseLabel {
+                device: device.to_owned(),
+                phase: phase.name().to_owned(),
+            });
+        }
+        if gpu {
+            let _ = self.gpu_over_limit.get_or_create(&dev);
+            for outcome in crate::engine::gpu::TERMINATION_OUTCOMES {
+                let _ = self.gpu_terminations.get_or_create(&OutcomeLabel {
+                    device: device.to_owned(),
+                    outcome: outcome.to_owned(),
+                });
+            }
+            for result in ["ok", "error"] {
+                let _ = self.gpu_polls.get_or_create(&PollLabel {
+                    result: result.to_owned(),
+                });
+            }
+        }
+    }
+
     /// [`Metrics::render`], with the rendering lock held by the caller.
     fn render_locked(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
         self.store_up
@@ -570,6 +603,15 @@ impl Metrics {
                     device: d.config.name.clone(),
                 })
                 .set(i64::from(d.usage.live));
+            self.zero_counters_of(&d.config.name, d.config.kind == DeviceKind::Gpu);
+        }
+        for rpc in ["Prepare", "Unprepare"] {
+            for code in crate::error::Code::ALL {
+                let _ = self.refusals.get_or_create(&RefusalLabel {
+                    rpc: rpc.to_owned(),
+                    reason: code.as_str().to_owned(),
+                });
+            }
         }
         for (phase, n) in engine.phase_counts() {
             self.shares
