@@ -13,12 +13,18 @@
 //! NIC from a claim template. For each pod: created (kubectl apply returned) to Running
 //! as kubectl sees it, polled every 50 ms; for share pods also created to the claim's
 //! `Enforced` condition True, and the agent's ENFORCED (the share's `updatedAt`) to the
-//! moment the condition was seen. Last, kubelet's own DRA operation durations from each
-//! node's metrics.
+//! moment the condition was seen. Then kubelet's own DRA operation durations from each
+//! node's metrics. Last, from the API server's audit log (`SGC_AUDIT_LOG`, which
+//! bench.sh sets): the plugins' API requests about the share pods' claims, per claim,
+//! and then everything they ask for while nothing changes, over `SGC_BENCH_REST_SECS`
+//! (600: long enough for watch renewals and the periodic slice LIST).
 
 use std::time::{Duration, Instant, SystemTime};
 
-use shareguard_tests::cluster::{Cluster, NODES, TOOLS_IMAGE, driver_entry, field, is_enforced};
+use shareguard_tests::{
+    audit::{AuditLog, by_kind},
+    cluster::{Cluster, NODES, TOOLS_IMAGE, driver_entry, field, is_enforced},
+};
 
 const POLL: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -120,7 +126,10 @@ fn main() {
     // difference from here.
     let before: Vec<Vec<(String, f64, f64)>> =
         NODES.iter().map(|n| c.kubelet_dra_operations(n)).collect();
+    let audit = std::env::var_os("SGC_AUDIT_LOG").map(|_| AuditLog::from_env());
+    let mark = audit.as_ref().map(AuditLog::mark);
     let ns = c.namespace("bench-pods");
+    let bench_ns = ns.name.clone();
     let mut baseline = Vec::new();
     let mut share_running = Vec::new();
     let mut share_enforced = Vec::new();
@@ -183,6 +192,62 @@ fn main() {
             };
             println!("| {node} | {op} | {count} | {mean:.1} |");
         }
+    }
+    if let (Some(audit), Some(mark)) = (audit, mark) {
+        api_requests(&audit, mark, &bench_ns, n);
+    }
+}
+
+/// The plugins' API requests about the bench's claims (in namespace `ns`, `claims` of
+/// them) since `mark`, and then at rest.
+fn api_requests(audit: &AuditLog, mark: u64, ns: &str, claims: usize) {
+    let about: Vec<_> = audit
+        .since(mark)
+        .into_iter()
+        .filter(|r| r.namespace == ns)
+        .collect();
+    println!();
+    println!("| API requests about the {claims} claims | total | per claim |");
+    println!("|---|---:|---:|");
+    for (kind, count) in by_kind(&about) {
+        println!(
+            "| {kind} | {count} | {:.2} |",
+            count as f64 / claims.max(1) as f64
+        );
+    }
+    println!(
+        "| all | {} | {:.2} |",
+        about.len(),
+        about.len() as f64 / claims.max(1) as f64
+    );
+    let secs: u64 = std::env::var("SGC_BENCH_REST_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600);
+    let rest = audit.mark();
+    // A window of time is what is measured here: requests per minute at rest.
+    std::thread::sleep(Duration::from_secs(secs));
+    let idle: Vec<_> = audit
+        .since(rest)
+        .into_iter()
+        .filter(|r| r.namespace != ns)
+        .collect();
+    println!();
+    println!("| at rest for {secs} s: node | request | count | per minute |");
+    println!("|---|---|---:|---:|");
+    for node in NODES {
+        let of_node = by_kind(idle.iter().filter(|r| r.node == node));
+        let all: usize = of_node.values().sum();
+        for (kind, count) in of_node {
+            println!(
+                "| {node} | {kind} | {count} | {:.2} |",
+                count as f64 * 60.0 / secs as f64
+            );
+        }
+        println!(
+            "| {node} | all | {all} | {:.2} |",
+            all as f64 * 60.0 / secs as f64
+        );
     }
 }
 

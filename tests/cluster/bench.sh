@@ -4,10 +4,11 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+. "$here/lib.sh"
 out="$("$here/up.sh" | tail -n 2)"
 SGC_KUBECONFIG="$(echo "$out" | sed -n 's/^KUBECONFIG=//p')"
 SGC_KUBECTL="$(echo "$out" | sed -n 's/^KUBECTL=//p')"
-export SGC_KUBECONFIG SGC_KUBECTL
+export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
 status=0
 (cd "$repo" && cargo bench --locked -p shareguard-tests --bench cluster) || status=$?
 "$here/down.sh" || status=1

@@ -54,7 +54,7 @@ out="$("$here/up.sh" | tail -n 2)" || {
 echo "e2e: cluster up in $((SECONDS - started)) s" >&2
 SGC_KUBECONFIG="$(echo "$out" | sed -n 's/^KUBECONFIG=//p')"
 SGC_KUBECTL="$(echo "$out" | sed -n 's/^KUBECTL=//p')"
-export SGC_KUBECONFIG SGC_KUBECTL
+export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
 
 status=0
 # One scenario at a time: they share two nodes' capacity and measure traffic.

@@ -14,6 +14,9 @@
 
 SGC_STATE="${SGC_STATE:-/var/lib/shareguard-cluster}"
 SGC_CACHE="${SGC_CACHE:-/var/cache/shareguard-cluster}"
+SGC_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# The API server's audit log of shareguard's own requests (audit-policy.yaml).
+SGC_AUDIT_LOG="$SGC_STATE/logs/audit.log"
 SGC_BRIDGE=sgc0
 SGC_HOST_IP=198.18.0.1
 SGC_API_PORT=6443
@@ -100,7 +103,9 @@ sgc_start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc \
     --kubelet-preferred-address-types InternalIP \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-    --allow-privileged=true --feature-gates "$1" --profiling=false
+    --allow-privileged=true --feature-gates "$1" --profiling=false \
+    --audit-policy-file "$SGC_REPO/tests/cluster/audit-policy.yaml" \
+    --audit-log-path "$SGC_AUDIT_LOG" --audit-log-format json
   echo "$1" >"$SGC_STATE/run/kube-apiserver.gates"
 }
 

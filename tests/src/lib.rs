@@ -25,6 +25,7 @@ pub use shareguard_proto::v1 as proto;
 pub type Client = NodeAgentClient<Channel>;
 
 pub mod apiserver;
+pub mod audit;
 pub mod cluster;
 pub mod foreign;
 pub mod k8s;

@@ -25,6 +25,7 @@ mod o_rollback;
 mod p_shared_claim;
 mod q_nic_fault;
 mod r_lost_node;
+mod s_api_requests;
 mod z_uninstall;
 mod zz_helm;
 
