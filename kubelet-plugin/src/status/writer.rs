@@ -52,7 +52,11 @@ pub enum ApplyFailure {
     /// `metadata.uid` ("field is immutable"), and 409 Conflict where the uid is an
     /// explicit precondition.
     Replaced,
-    /// Anything else: tried again with backoff.
+    /// Another client error (403, 400, a 422 of an admission policy): this body will
+    /// not be taken as it is. A claim deallocated since is one: the plugin's admission
+    /// policy lets it write only claims allocated on its node.
+    Refused,
+    /// Anything else (the server busy or away): tried again with backoff.
     Retry,
 }
 
@@ -70,6 +74,9 @@ impl ApplyFailure {
             404 => Self::Deleted,
             409 => Self::Replaced,
             422 if uid_cause => Self::Replaced,
+            // Timeout and throttling are the server's state, not the request's.
+            408 | 429 => Self::Retry,
+            400..=499 => Self::Refused,
             _ => Self::Retry,
         }
     }
@@ -271,7 +278,22 @@ impl StatusWriter {
                 // The claim is gone, or was created anew under the name (the uid in the
                 // body no longer matches): no write to this uid can succeed again, so
                 // none is tried, with or without backoff.
-                Err(e) if ApplyFailure::of(&e) != ApplyFailure::Retry => {
+                // Only the removal of released shares was left to write, and it is
+                // refused: the claim was deallocated (a kubelet Unprepare comes before
+                // the pod's reservation and the allocation go), and the API server drops
+                // the status entries of deallocated devices itself. Retrying would only
+                // be refused again until the claim is gone.
+                Err(e) if !live && ApplyFailure::of(&e) == ApplyFailure::Refused => {
+                    info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, "the release is not written: the claim is no longer ours to write");
+                    self.claims.remove(&t);
+                    self.shares.remove(&t);
+                }
+                Err(e)
+                    if matches!(
+                        ApplyFailure::of(&e),
+                        ApplyFailure::Deleted | ApplyFailure::Replaced
+                    ) =>
+                {
                     info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?ApplyFailure::of(&e), error = %e, "claim deleted or replaced; its status is not written any more");
                     if live {
                         state.gone = true;
@@ -320,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn a_uid_refusal_means_replaced_and_other_refusals_are_retried() {
+    fn a_uid_refusal_means_replaced_other_client_errors_refused_and_the_rest_retried() {
         assert_eq!(
             ApplyFailure::of(&api_error(uid_invalid())),
             ApplyFailure::Replaced
@@ -337,7 +359,11 @@ mod tests {
         // replaced claim.
         let mut other = uid_invalid();
         other["details"]["causes"][0]["field"] = "status.devices[0].data".into();
-        assert_eq!(ApplyFailure::of(&api_error(other)), ApplyFailure::Retry);
+        assert_eq!(ApplyFailure::of(&api_error(other)), ApplyFailure::Refused);
+        // The plugin's admission policy, once the claim is deallocated.
+        let policy = serde_json::json!({"status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "resourceclaims.resource.k8s.io \"c1\" is forbidden: ValidatingAdmissionPolicy 'shareguard-kubelet-plugin-claim-status' with binding 'shareguard-kubelet-plugin-claim-status' denied request"});
+        assert_eq!(ApplyFailure::of(&api_error(policy)), ApplyFailure::Refused);
         let busy =
             serde_json::json!({"status": "Failure", "reason": "TooManyRequests", "code": 429});
         assert_eq!(ApplyFailure::of(&api_error(busy)), ApplyFailure::Retry);
