@@ -64,6 +64,22 @@ pub fn body(t: &Target, shares: &[&pb::ShareStatus]) -> Value {
     })
 }
 
+/// Whether share `now`'s status differs from `before`'s only in its conditions'
+/// messages (and so says nothing new that a controller or the scheduler reads: the same
+/// phase, conditions, reasons, data and visibility).
+pub fn differs_in_messages_only(before: &pb::ShareStatus, now: &pb::ShareStatus) -> bool {
+    let without_messages = |s: &pb::ShareStatus| -> Option<Value> {
+        let mut v: Value = serde_json::from_str(&s.device_status_json).ok()?;
+        for c in v.get_mut("conditions")?.as_array_mut()? {
+            c.as_object_mut()?.remove("message");
+        }
+        Some(v)
+    };
+    shown(before) == shown(now)
+        && before.device_status_json != now.device_status_json
+        && without_messages(before).is_some_and(|b| Some(b) == without_messages(now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +124,54 @@ mod tests {
         assert_eq!(ids, ["a", "b"]);
         assert_eq!(v["metadata"]["uid"], "u1");
         assert_eq!(body(&t, &[&gone])["status"]["devices"], json!([]));
+    }
+
+    #[test]
+    fn a_new_message_alone_is_told_apart_from_a_change_that_matters() {
+        let status = |reason: &str, message: &str, phase: &str| {
+            json!({"driver": "d.example.com", "pool": "p", "device": "eth0", "shareID": "a",
+                "conditions": [{"type": "Enforced", "status": "False", "reason": reason,
+                                "message": message, "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+                "data": {"phase": phase}})
+            .to_string()
+        };
+        let waiting = share(
+            "a",
+            pb::Phase::Pending,
+            &status(
+                "WaitingForPodSandbox",
+                "kubelet has not prepared the claim",
+                "PENDING",
+            ),
+        );
+        let no_sandbox = share(
+            "a",
+            pb::Phase::Pending,
+            &status(
+                "WaitingForPodSandbox",
+                "no sandbox of the pod yet",
+                "PENDING",
+            ),
+        );
+        assert!(differs_in_messages_only(&waiting, &no_sandbox));
+        assert!(
+            !differs_in_messages_only(&waiting, &waiting),
+            "no change at all"
+        );
+        let enforced = share(
+            "a",
+            pb::Phase::Enforced,
+            &status("Enforced", "no sandbox of the pod yet", "ENFORCED"),
+        );
+        assert!(!differs_in_messages_only(&no_sandbox, &enforced));
+        let released = share(
+            "a",
+            pb::Phase::Released,
+            &status("WaitingForPodSandbox", "released", "PENDING"),
+        );
+        assert!(
+            !differs_in_messages_only(&no_sandbox, &released),
+            "its entry goes: that matters"
+        );
     }
 }

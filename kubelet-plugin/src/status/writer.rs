@@ -25,6 +25,13 @@ use crate::{agent::Agent, cluster::Clients, events::Events, stop::until_stopped}
 
 /// A claim's status is written at most this often; changes in between are merged.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a change of a share's messages alone (the same conditions, the same data)
+/// waits for a change that matters to go with it. Counted on the test cluster: a
+/// share's waiting message changes when kubelet prepares the claim ("kubelet has not
+/// prepared the claim" becomes "no sandbox yet") about a second before it is ENFORCED;
+/// written at once, that cost one more write per claim and held the ENFORCED write back
+/// by `MIN_INTERVAL`.
+const MESSAGE_ONLY_DELAY: Duration = Duration::from_secs(5);
 /// How often marked claims are looked at.
 const TICK: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -32,6 +39,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct ClaimState {
     dirty: bool,
+    /// What is dirty is only messages, not to be written before this (see
+    /// `MESSAGE_ONLY_DELAY`); None once a change that matters is pending.
+    messages_only_until: Option<Instant>,
     /// When the claim may be written next (rate limit or backoff).
     not_before: Option<Instant>,
     backoff: Duration,
@@ -39,6 +49,20 @@ struct ClaimState {
     /// The API server has no claim of this uid any more (deleted, or deleted and created
     /// anew under the name): nothing is written to it again.
     gone: bool,
+}
+
+impl ClaimState {
+    /// A change of the claim's shares: `messages_only` when the status differs from the
+    /// share's previous one in its messages alone.
+    fn mark(&mut self, messages_only: bool) {
+        if !messages_only {
+            self.messages_only_until = None;
+        } else if !self.dirty {
+            self.messages_only_until = Some(Instant::now() + MESSAGE_ONLY_DELAY);
+        }
+        // Dirty with a change that matters already pending: it stays so.
+        self.dirty = true;
+    }
 }
 
 /// What a failed apply of a claim's status means.
@@ -204,7 +228,7 @@ impl StatusWriter {
                     // entries go.
                     let old = std::mem::replace(&mut self.shares, snap);
                     for t in old.into_keys().chain(self.shares.keys().cloned()) {
-                        self.claims.entry(t).or_default().dirty = true;
+                        self.claims.entry(t).or_default().mark(false);
                     }
                 }
             }
@@ -215,7 +239,9 @@ impl StatusWriter {
                 if let Some(t) = Target::of(&s) {
                     let before = self.shares.get(&t).and_then(|m| m.get(&share_key(&s)));
                     self.events.share_changed(before, &s);
-                    self.claims.entry(t).or_default().dirty = true;
+                    let messages_only =
+                        before.is_some_and(|b| build::differs_in_messages_only(b, &s));
+                    self.claims.entry(t).or_default().mark(messages_only);
                 }
                 insert(&mut self.shares, s);
             }
@@ -228,7 +254,12 @@ impl StatusWriter {
         let due: Vec<Target> = self
             .claims
             .iter()
-            .filter(|(_, c)| c.dirty && (c.gone || c.not_before.is_none_or(|t| t <= now)))
+            .filter(|(_, c)| {
+                c.dirty
+                    && (c.gone
+                        || (c.not_before.is_none_or(|t| t <= now)
+                            && c.messages_only_until.is_none_or(|t| t <= now)))
+            })
             .map(|(t, _)| t.clone())
             .collect();
         for t in due {
@@ -245,6 +276,7 @@ impl StatusWriter {
                 continue;
             };
             state.dirty = false;
+            state.messages_only_until = None;
             if state.gone {
                 // Written no more; forgotten once its shares are released.
                 if !live {
@@ -316,6 +348,26 @@ impl StatusWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_alone_waits_for_a_change_that_matters_and_goes_with_it() {
+        let mut c = ClaimState::default();
+        let before = Instant::now();
+        c.mark(true);
+        assert!(c.dirty);
+        let until = c.messages_only_until.expect("a message alone waits");
+        assert!(until >= before + MESSAGE_ONLY_DELAY);
+        // Another message alone does not push it further out.
+        std::thread::sleep(Duration::from_millis(5));
+        c.mark(true);
+        assert_eq!(c.messages_only_until, Some(until));
+        // A change that matters is written at once, the message with it.
+        c.mark(false);
+        assert!(c.dirty && c.messages_only_until.is_none());
+        // And stays so when a message alone follows before the write.
+        c.mark(true);
+        assert!(c.messages_only_until.is_none());
+    }
 
     fn api_error(json: serde_json::Value) -> kube::Error {
         kube::Error::Api(Box::new(serde_json::from_value(json).unwrap()))
