@@ -14,12 +14,15 @@
 //! as kubectl sees it, polled every 50 ms; for share pods also created to the claim's
 //! `Enforced` condition True, and the agent's ENFORCED (the share's `updatedAt`) to the
 //! moment the condition was seen. Then kubelet's own DRA operation durations from each
-//! node's metrics. Last, from the API server's audit log (`SGC_AUDIT_LOG`, which
-//! bench.sh sets): the plugins' API requests about the share pods' claims, per claim,
-//! and then everything they ask for while nothing changes, over `SGC_BENCH_REST_SECS`
-//! (600: long enough for watch renewals and the periodic slice LIST).
+//! node's metrics. From the API server's audit log (`SGC_AUDIT_LOG`, which bench.sh
+//! sets): everything the plugins ask for while nothing changes and the share pods run,
+//! over `SGC_BENCH_REST_SECS` (600: long enough for watch renewals and the periodic
+//! slice LIST), and the requests about the share pods' claims, per claim.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant, SystemTime},
+};
 
 use shareguard_tests::{
     audit::{AuditLog, by_kind},
@@ -171,6 +174,9 @@ fn main() {
         share_enforced,
     );
     row("agent ENFORCED -> condition seen in the API", convergence);
+    // At rest with the share pods running: what a node's plugin asks while its shares
+    // hold and nothing changes.
+    let idle = audit.as_ref().map(|a| at_rest(a, n));
     // kubelet unprepares a pod's claims once its containers stopped: the namespace's
     // deletion (which waits until the pods are gone) comes first, so that the kubelet
     // figures count UnprepareResources too.
@@ -193,33 +199,14 @@ fn main() {
             println!("| {node} | {op} | {count} | {mean:.1} |");
         }
     }
-    if let (Some(audit), Some(mark)) = (audit, mark) {
-        api_requests(&audit, mark, &bench_ns, n);
+    if let (Some(audit), Some(mark), Some(idle)) = (audit, mark, idle) {
+        per_claim(&audit, mark, &bench_ns, n, &idle);
     }
 }
 
-/// The plugins' API requests about the bench's claims (in namespace `ns`, `claims` of
-/// them) since `mark`, and then at rest.
-fn api_requests(audit: &AuditLog, mark: u64, ns: &str, claims: usize) {
-    let about: Vec<_> = audit
-        .since(mark)
-        .into_iter()
-        .filter(|r| r.namespace == ns)
-        .collect();
-    println!();
-    println!("| API requests about the {claims} claims | total | per claim |");
-    println!("|---|---:|---:|");
-    for (kind, count) in by_kind(&about) {
-        println!(
-            "| {kind} | {count} | {:.2} |",
-            count as f64 / claims.max(1) as f64
-        );
-    }
-    println!(
-        "| all | {} | {:.2} |",
-        about.len(),
-        about.len() as f64 / claims.max(1) as f64
-    );
+/// Every request of the plugins over `SGC_BENCH_REST_SECS` while nothing changes and
+/// the bench's `claims` share pods run, by node; their audit IDs.
+fn at_rest(audit: &AuditLog, claims: usize) -> BTreeSet<String> {
     let secs: u64 = std::env::var("SGC_BENCH_REST_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -227,13 +214,11 @@ fn api_requests(audit: &AuditLog, mark: u64, ns: &str, claims: usize) {
     let rest = audit.mark();
     // A window of time is what is measured here: requests per minute at rest.
     std::thread::sleep(Duration::from_secs(secs));
-    let idle: Vec<_> = audit
-        .since(rest)
-        .into_iter()
-        .filter(|r| r.namespace != ns)
-        .collect();
+    let idle = audit.since(rest);
     println!();
-    println!("| at rest for {secs} s: node | request | count | per minute |");
+    println!(
+        "| at rest for {secs} s, {claims} share pods running: node | request | count | per minute |"
+    );
     println!("|---|---|---:|---:|");
     for node in NODES {
         let of_node = by_kind(idle.iter().filter(|r| r.node == node));
@@ -249,6 +234,34 @@ fn api_requests(audit: &AuditLog, mark: u64, ns: &str, claims: usize) {
             all as f64 * 60.0 / secs as f64
         );
     }
+    idle.into_iter().map(|r| r.audit_id).collect()
+}
+
+/// The plugins' API requests about the bench's claims (in namespace `ns`, `claims` of
+/// them) since `mark`, from their pods' creation to their release, leaving out those
+/// of the window at rest (`idle`).
+fn per_claim(audit: &AuditLog, mark: u64, ns: &str, claims: usize, idle: &BTreeSet<String>) {
+    let about: Vec<_> = audit
+        .since(mark)
+        .into_iter()
+        .filter(|r| r.namespace == ns && !idle.contains(&r.audit_id))
+        .collect();
+    println!();
+    println!("| API requests about the {claims} claims, at rest left out | total | per claim |");
+    println!("|---|---:|---:|");
+    for (kind, count) in by_kind(&about) {
+        println!(
+            "| {kind} | {count} | {:.2} |",
+            count as f64 / claims.max(1) as f64
+        );
+    }
+    let refused = about.iter().filter(|r| r.code >= 400).count();
+    println!(
+        "| all | {} | {:.2} |",
+        about.len(),
+        about.len() as f64 / claims.max(1) as f64
+    );
+    println!("| of which refused (4xx) | {refused} | |");
 }
 
 /// The Enforced entry of the claim made for pod `pod` (its claims are named after it).
