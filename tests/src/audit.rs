@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, fs, io::Read, path::PathBuf};
 use serde_json::Value;
 
 /// One API request, as the audit log records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     pub audit_id: String,
     /// get, list, watch, patch, create, update, delete, ...
@@ -24,6 +24,8 @@ pub struct Request {
     pub code: u64,
     /// When the API server received it (RFC 3339, microseconds).
     pub received: String,
+    /// The request's body, where the policy logs it (claim status writes).
+    pub body: Value,
 }
 
 impl Request {
@@ -104,6 +106,7 @@ fn parse(e: &Value) -> Request {
         node: s(&e["user"]["extra"]["authentication.kubernetes.io/node-name"][0]),
         code: e["responseStatus"]["code"].as_u64().unwrap_or(0),
         received: s(&e["requestReceivedTimestamp"]),
+        body: e["requestObject"].clone(),
     }
 }
 

@@ -87,7 +87,32 @@ fn s_the_api_requests_of_one_claim_are_counted_by_the_api_server() {
         of_node(other)
     );
     for r in &mine {
-        eprintln!("s:   {} {} {} {}", r.received, r.kind(), r.name, r.code);
+        // What a status write said: each condition's type=status/reason.
+        let said: Vec<String> = r.body["status"]["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["conditions"].as_array().cloned().unwrap_or_default())
+            .map(|k| {
+                format!(
+                    "{}={}/{}",
+                    str_of(&k["type"]),
+                    str_of(&k["status"]),
+                    str_of(&k["reason"])
+                )
+            })
+            .collect();
+        eprintln!(
+            "s:   {} {} {} {} {}",
+            r.received,
+            r.kind(),
+            r.name,
+            r.code,
+            said.join(" ")
+        );
+        if let Some(d) = r.body["status"]["devices"].get(0) {
+            eprintln!("s:     data {} pool {}", d["data"], d["pool"]);
+        }
     }
     let elsewhere: Vec<&&Request> = mine.iter().filter(|r| r.node != node).collect();
     assert!(
@@ -113,6 +138,10 @@ fn s_the_api_requests_of_one_claim_are_counted_by_the_api_server() {
         "{other}'s plugin, with nothing to do, made {} requests: {idle:#?}",
         idle.len()
     );
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
 }
 
 /// Whether RFC 3339 UTC time `a` (the API server's, in microseconds) is at or after `b`
