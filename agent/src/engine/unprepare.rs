@@ -60,6 +60,9 @@ impl Engine {
                 let released = self
                     .release_claim(&c.uid, epoch, caller_uid, only_pre_bind)
                     .await;
+                // A FailedPrecondition here is a refusal decided before anything changed
+                // (an epoch gone stale at the claim, a claim kubelet took over under
+                // only_pre_bind): audited as the checks above are.
                 if let Err(e) = &released
                     && e.code == crate::error::Code::FailedPrecondition
                 {
