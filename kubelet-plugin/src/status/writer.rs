@@ -294,7 +294,7 @@ impl StatusWriter {
                 .clients
                 .bounded(api.patch_status(&t.name, &params, &Patch::Apply(&body)))
                 .await;
-            match applied {
+            match applied.map_err(|e| (ApplyFailure::of(&e), e)) {
                 Ok(_) => {
                     debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
                     state.last_written = Some(body);
@@ -307,26 +307,21 @@ impl StatusWriter {
                         self.shares.remove(&t);
                     }
                 }
-                // The claim is gone, or was created anew under the name (the uid in the
-                // body no longer matches): no write to this uid can succeed again, so
-                // none is tried, with or without backoff.
                 // Only the removal of released shares was left to write, and it is
                 // refused: the claim was deallocated (a kubelet Unprepare comes before
                 // the pod's reservation and the allocation go), and the API server drops
                 // the status entries of deallocated devices itself. Retrying would only
                 // be refused again until the claim is gone.
-                Err(e) if !live && ApplyFailure::of(&e) == ApplyFailure::Refused => {
+                Err((ApplyFailure::Refused, e)) if !live => {
                     info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, "the release is not written: the claim is no longer ours to write");
                     self.claims.remove(&t);
                     self.shares.remove(&t);
                 }
-                Err(e)
-                    if matches!(
-                        ApplyFailure::of(&e),
-                        ApplyFailure::Deleted | ApplyFailure::Replaced
-                    ) =>
-                {
-                    info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?ApplyFailure::of(&e), error = %e, "claim deleted or replaced; its status is not written any more");
+                // The claim is gone, or was created anew under the name (the uid in the
+                // body no longer matches): no write to this uid can succeed again, so
+                // none is tried, with or without backoff.
+                Err((why @ (ApplyFailure::Deleted | ApplyFailure::Replaced), e)) => {
+                    info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?why, error = %e, "claim deleted or replaced; its status is not written any more");
                     if live {
                         state.gone = true;
                     } else {
@@ -334,7 +329,7 @@ impl StatusWriter {
                         self.shares.remove(&t);
                     }
                 }
-                Err(e) => {
+                Err((_, e)) => {
                     state.dirty = true;
                     state.backoff = (state.backoff * 2).clamp(MIN_INTERVAL, MAX_BACKOFF);
                     state.not_before = Some(Instant::now() + state.backoff);
