@@ -349,6 +349,15 @@ impl Metrics {
         // 0.25 ms .. ~4 s: a durable Prepare is an fsync or two.
         let prepare_seconds = Histogram::new(exponential_buckets(0.000_25, 2.0, 15));
         let refusals = Family::<RefusalLabel, Counter>::default();
+        // Every label set is known from the start: there at zero (see `zero_counters_of`).
+        for rpc in ["Prepare", "Unprepare"] {
+            for code in crate::error::Code::ALL {
+                let _ = refusals.get_or_create(&RefusalLabel {
+                    rpc: rpc.to_owned(),
+                    reason: code.as_str().to_owned(),
+                });
+            }
+        }
         registry.register(
             "shareguard_device_capacity",
             "Capacity of a device, in the capacity's base unit",
@@ -566,11 +575,6 @@ impl Metrics {
                     outcome: outcome.to_owned(),
                 });
             }
-            for result in ["ok", "error"] {
-                let _ = self.gpu_polls.get_or_create(&PollLabel {
-                    result: result.to_owned(),
-                });
-            }
         }
     }
 
@@ -578,6 +582,7 @@ impl Metrics {
     fn render_locked(&self, engine: &Engine) -> Result<String, std::fmt::Error> {
         self.store_up
             .set(i64::from(engine.store_problem().is_none()));
+        let mut any_gpu = false;
         for d in engine.devices() {
             for (name, cap) in &d.config.capacities {
                 let l = DeviceCapacity {
@@ -603,13 +608,14 @@ impl Metrics {
                     device: d.config.name.clone(),
                 })
                 .set(i64::from(d.usage.live));
-            self.zero_counters_of(&d.config.name, d.config.kind == DeviceKind::Gpu);
+            let gpu = d.config.kind == DeviceKind::Gpu;
+            any_gpu |= gpu;
+            self.zero_counters_of(&d.config.name, gpu);
         }
-        for rpc in ["Prepare", "Unprepare"] {
-            for code in crate::error::Code::ALL {
-                let _ = self.refusals.get_or_create(&RefusalLabel {
-                    rpc: rpc.to_owned(),
-                    reason: code.as_str().to_owned(),
+        if any_gpu {
+            for result in ["ok", "error"] {
+                let _ = self.gpu_polls.get_or_create(&PollLabel {
+                    result: result.to_owned(),
                 });
             }
         }
