@@ -183,7 +183,7 @@ pub fn check_document(doc: &serde_json::Value) -> Result<(), String> {
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
         apps::v1::DaemonSet,
         batch::v1::Job,
-        core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount},
+        core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
         resource::v1::{DeviceClass, ResourceClaimTemplate},
     };
@@ -193,6 +193,7 @@ pub fn check_document(doc: &serde_json::Value) -> Result<(), String> {
         ("v1", "Namespace") => round_trip::<Namespace>(doc),
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(doc),
         ("v1", "ConfigMap") => round_trip::<ConfigMap>(doc),
+        ("v1", "Secret") => round_trip::<Secret>(doc),
         ("v1", "Pod") => round_trip::<Pod>(doc),
         ("v1", "Service") => round_trip::<Service>(doc),
         ("batch/v1", "Job") => round_trip::<Job>(doc),

@@ -53,11 +53,72 @@ true"#,
     on_node(node, &script).lines().map(str::to_owned).collect()
 }
 
+/// The token in the chart's metrics Secret, decoded.
+fn metrics_token(c: &Cluster) -> String {
+    let b64 = c.ok(&[
+        "get",
+        "secret",
+        "-n",
+        "shareguard-system",
+        "shareguard-metrics-token",
+        "-o",
+        "jsonpath={.data.token}",
+    ]);
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("printf %s '{}' | base64 -d", b64.trim())])
+        .output()
+        .unwrap_or_else(|e| panic!("base64: {e}"));
+    assert!(out.status.success(), "the token is not base64: {b64}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `node`'s agent's /metrics on the node's address, with `token` as the bearer token
+/// if any: the HTTP status code and reason, then the body.
+fn scrape(node: &str, token: Option<&str>) -> String {
+    let auth = token.map_or(String::new(), |t| format!("-H 'Authorization: Bearer {t}'"));
+    on_node(
+        node,
+        &format!(
+            "addr=$(ip -4 -o addr show scope global | awk '{{print $4}}' | cut -d/ -f1 | head -1); \
+             curl -s -o /tmp/sg-scrape.$$ -w '%{{http_code}} \n' {auth} http://$addr:9464/metrics; \
+             cat /tmp/sg-scrape.$$; rm -f /tmp/sg-scrape.$$"
+        ),
+    )
+}
+
+/// The uids of shareguard's pods of `component` (agent, kubelet-plugin).
+fn pod_uids(c: &Cluster, component: &str) -> std::collections::BTreeSet<String> {
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-n",
+        "shareguard-system",
+        "-l",
+        &format!("app.kubernetes.io/component={component}"),
+    ]);
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| field(p, "metadata.deletionTimestamp").is_null())
+        .map(|p| {
+            field(p, "metadata.uid")
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
 /// zz (after z, which took the kubectl install away; alone, it takes it away itself).
 /// The chart installed with Helm (the release record in kube-system, the chart making
 /// shareguard-system), its render accepted by the API server's own validation, a pod's
-/// share enforced; `helm upgrade` to a new image tag rolls both DaemonSets and the share
-/// stays enforced under the new agent, a pod started after it is enforced too;
+/// share enforced, the metrics Secret made by the chart and its token the one the
+/// agents' /metrics accepts, no PodMonitor where its API is not served; `helm upgrade`
+/// to a new image tag rolls both DaemonSets and the share stays enforced under the new
+/// agent, a pod started after it is enforced too, the token kept; an upgrade that
+/// changes only agent.toml rolls the agents and not the plugins; `helm rollback` to the
+/// first revision puts the first image back and the shares are enforced again;
 /// `helm uninstall` (pods deleted first, as the docs say) leaves no object and no
 /// slice; then deploy/uninstall/node-cleanup.yaml on each node, with the config saved
 /// before the uninstall, removes what stayed on the node (the store, the audit log,
@@ -74,12 +135,13 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/chart");
     let chart = chart.to_str().unwrap_or_else(|| panic!("{chart:?}"));
     let work = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
-    // What a user's values name: the image (built here, as no registry is reachable)
-    // and no PodMonitor (this cluster has no Prometheus Operator).
+    // What a user's values name: the image (built here, as no registry is reachable).
+    // podMonitor stays on: this cluster serves no PodMonitor API (no Prometheus
+    // Operator), so the chart must leave it out for the install to succeed.
     let values = work.path().join("values.yaml");
     std::fs::write(
         &values,
-        "image:\n  repository: localhost/shareguard\n  tag: dev\npodMonitor:\n  enabled: false\n",
+        "image:\n  repository: localhost/shareguard\n  tag: dev\n",
     )
     .unwrap_or_else(|e| panic!("{values:?}: {e}"));
     let values = values.to_str().unwrap_or_else(|| panic!("{values:?}"));
@@ -118,9 +180,27 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     let mut args = vec!["install", "shareguard", chart];
     args.extend(release);
     args.extend(["-f", values, "--wait", "--timeout", "5m"]);
-    c.helm(&args);
+    let notes = c.helm(&args);
     rollout(&c);
     assert_eq!(release_status(&c), ("deployed".to_owned(), 1));
+    assert!(notes.contains("No PodMonitor was made"), "{notes}");
+    // The chart made the metrics token, and each node's agent serves /metrics to it
+    // alone.
+    let token = metrics_token(&c);
+    assert_eq!(token.len(), 48, "{token:?}");
+    for node in NODES {
+        assert!(
+            scrape(node, Some(&token)).starts_with("200 ")
+                && scrape(node, Some("not-the-token")).starts_with("401")
+                && scrape(node, None).starts_with("401"),
+            "{node}: /metrics with and without the chart's token: {} / {}",
+            scrape(node, Some(&token))
+                .lines()
+                .next()
+                .unwrap_or_default(),
+            scrape(node, None)
+        );
+    }
     for node in NODES {
         wait_for(
             &format!("{node}'s slices"),
@@ -202,6 +282,93 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     wait_enforced_status(&c, &before.name);
     let after = c.namespace("e2e-zz");
     enforced_pod(&c, &after.name, "p", NODES[1], "10M", ClaimKind::Template);
+    assert_eq!(
+        metrics_token(&c),
+        token,
+        "the upgrade changed the metrics token"
+    );
+
+    // A config change alone (a comment in agent.toml) rolls the agents through the
+    // config's checksum, and only them: the plugin's pod template did not change.
+    let plugins = pod_uids(&c, "kubelet-plugin");
+    let agents = pod_uids(&c, "agent");
+    let mut args = vec!["upgrade", "shareguard", chart];
+    args.extend(release);
+    args.extend([
+        "-f",
+        values,
+        "--set",
+        "image.tag=helm-2",
+        "--set-string",
+        "agent.extraToml=# a change of config",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    c.helm(&args);
+    rollout(&c);
+    assert_eq!(release_status(&c), ("deployed".to_owned(), 3));
+    wait_for("new agents on both nodes", POD_TIMEOUT, || {
+        let now = pod_uids(&c, "agent");
+        if now.len() == NODES.len() && now.is_disjoint(&agents) {
+            Ok(())
+        } else {
+            Err(format!("{now:?} (before {agents:?})"))
+        }
+    });
+    assert_eq!(
+        pod_uids(&c, "kubelet-plugin"),
+        plugins,
+        "the plugins rolled too"
+    );
+    let config_now = c.ok(&[
+        "get",
+        "configmap",
+        "-n",
+        "shareguard-system",
+        "shareguard-agent-config",
+        "-o",
+        "jsonpath={.data.agent\\.toml}",
+    ]);
+    assert!(config_now.contains("# a change of config"), "{config_now}");
+    wait_enforced_status(&c, &before.name);
+    wait_enforced_status(&c, &after.name);
+
+    // `helm rollback` to the first release: the first image again on every pod, the
+    // shares enforced by the agents it starts, the token kept.
+    let mut args = vec!["rollback", "shareguard", "1"];
+    args.extend(release);
+    args.extend(["--wait", "--timeout", "5m"]);
+    c.helm(&args);
+    rollout(&c);
+    assert_eq!(release_status(&c), ("deployed".to_owned(), 4));
+    wait_for("every shareguard pod on dev again", POD_TIMEOUT, || {
+        let images = shareguard_images(&c);
+        if images.len() == 2 * NODES.len()
+            && images
+                .iter()
+                .all(|i| i.ends_with(" localhost/shareguard:dev"))
+        {
+            Ok(())
+        } else {
+            Err(format!("{images:?}"))
+        }
+    });
+    wait_for(
+        "the rolled-back agent to enforce the share again",
+        STATUS_TIMEOUT,
+        || match share_phase(&c, NODES[0], &share).as_str() {
+            "ENFORCED" => Ok(()),
+            other => Err(other.to_owned()),
+        },
+    );
+    wait_enforced_status(&c, &before.name);
+    wait_enforced_status(&c, &after.name);
+    assert_eq!(
+        metrics_token(&c),
+        token,
+        "the rollback changed the metrics token"
+    );
 
     // Uninstall as the docs say: the pods with claims first.
     drop(before);

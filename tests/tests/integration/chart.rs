@@ -98,8 +98,26 @@ fn run(helm: &Path, args: &[&str]) -> (bool, String, String) {
 }
 
 /// `helm template` of the chart as the release `shareguard` in shareguard-system, with
-/// `values` files on top of the defaults.
+/// `values` files on top of the defaults, for a cluster without the Prometheus
+/// Operator's API.
 fn render(helm: &Path, values: &[&Path]) -> String {
+    render_with(helm, values, &[])
+}
+
+/// What deploy/ is rendered with beside the defaults: the two things a plain manifest
+/// cannot do as an install does. The chart asks the cluster whether it serves
+/// PodMonitors, a manifest cannot (deploy/podmonitor.yaml is applied or left out by
+/// its user); and the chart makes the metrics token's Secret with a random token,
+/// which in a manifest in the repository would be everyone's.
+const PLAIN_MANIFESTS: [&str; 4] = [
+    "--api-versions",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "--set",
+    "metrics.tokenSecret.create=false",
+];
+
+/// [`render`] with `extra` arguments to `helm template`.
+fn render_with(helm: &Path, values: &[&Path], extra: &[&str]) -> String {
     let chart = chart();
     let mut args = vec![
         "template",
@@ -111,6 +129,7 @@ fn render(helm: &Path, values: &[&Path]) -> String {
     for v in values {
         args.extend(["-f", v.to_str().unwrap()]);
     }
+    args.extend(extra);
     let (ok, out, err) = run(helm, &args);
     assert!(ok, "helm {}:\n{err}", args.join(" "));
     out
@@ -211,11 +230,12 @@ fn the_chart_is_the_workspace_version_and_its_image() {
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
 }
 
-/// deploy/*.yaml are the default render. `SHAREGUARD_WRITE_MANIFESTS=1` writes them.
+/// deploy/*.yaml are the default render ([`PLAIN_MANIFESTS`]).
+/// `SHAREGUARD_WRITE_MANIFESTS=1` writes them.
 #[test]
 fn deploy_manifests_are_the_charts_default_render() {
     let Some(helm) = helm() else { return };
-    let rendered = split_by_template(&render(&helm, &[]));
+    let rendered = split_by_template(&render_with(&helm, &[], &PLAIN_MANIFESTS));
     let deploy = repo().join("deploy");
     if std::env::var_os("SHAREGUARD_WRITE_MANIFESTS").is_some() {
         for (name, text) in &rendered {
@@ -529,30 +549,263 @@ fn other_values_render_valid_manifests_that_use_them() {
     );
 }
 
-/// A bound on a node's slices that the slice names cannot carry (one or two digits) is
-/// refused by `helm template`, naming the value.
+/// Values the chart cannot use are refused by `helm template` (and so by install,
+/// upgrade and lint, which check the same schema) before anything renders, naming the
+/// value and the reason: a bound on a node's slices that the slice names cannot carry
+/// (one or two digits), a misspelt key (which would otherwise be ignored in silence), a
+/// device kind the agent does not know, the metrics Secret's earlier spelling as a
+/// plain name, a net-only key on a GPU, a quantity that is not one.
 #[test]
-fn a_slice_bound_out_of_range_is_refused() {
+fn values_the_chart_cannot_use_are_refused_naming_them() {
     let Some(helm) = helm() else { return };
     let chart = chart();
-    for bad in ["0", "101", "-1"] {
-        let set = format!("kubeletPlugin.maxSlicesPerNode={bad}");
-        let (ok, _, err) = run(
+    let dir = tempfile::tempdir().unwrap();
+    let device = "agent:\n  devices:\n    - name: d\n      ";
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            "kubeletPlugin:\n  maxSlicesPerNode: 0\n".into(),
+            "/kubeletPlugin/maxSlicesPerNode",
+            "minimum",
+        ),
+        (
+            "kubeletPlugin:\n  maxSlicesPerNode: 101\n".into(),
+            "/kubeletPlugin/maxSlicesPerNode",
+            "maximum",
+        ),
+        (
+            "kubeletPlugin:\n  maxSlicesPerNode: -1\n".into(),
+            "/kubeletPlugin/maxSlicesPerNode",
+            "minimum",
+        ),
+        (
+            "podMonitor:\n  enabeld: false\n".into(),
+            "/podMonitor",
+            "'enabeld' not allowed",
+        ),
+        (
+            format!("{device}kind: nic\n"),
+            "/agent/devices/0/kind",
+            "must be one of",
+        ),
+        (
+            "metrics:\n  tokenSecret: mine\n".into(),
+            "/metrics/tokenSecret",
+            "want object",
+        ),
+        (
+            format!("{device}kind: gpu\n      interface: eth0\n"),
+            "/agent/devices/0",
+            "not",
+        ),
+        (
+            format!(
+                "{device}kind: net\n      capacity:\n        bandwidth:\n          value: ten gigabits\n"
+            ),
+            "/agent/devices/0/capacity/bandwidth/value",
+            "does not match pattern",
+        ),
+        (
+            "agent:\n  logLevel: \"info; rm -rf\"\n".into(),
+            "/agent/logLevel",
+            "does not match pattern",
+        ),
+    ];
+    for (i, (values, at, why)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("bad-{i}.yaml"));
+        fs::write(&file, values).unwrap();
+        let (ok, out, err) = run(
             &helm,
             &[
                 "template",
                 "shareguard",
                 chart.to_str().unwrap(),
-                "--set",
-                &set,
+                "-f",
+                file.to_str().unwrap(),
             ],
         );
-        assert!(!ok, "{bad} rendered");
+        assert!(!ok, "rendered with {values}:\n{out}");
         assert!(
-            err.contains("kubeletPlugin.maxSlicesPerNode") && err.contains("from 1 to 100"),
-            "{bad}: {err}"
+            err.contains(&format!("at '{at}'")) && err.contains(why),
+            "{values}: wanted {at} and {why:?} in: {err}"
         );
+        assert!(out.is_empty(), "{values}: something rendered: {out}");
     }
+}
+
+/// The PodMonitor is made where the cluster serves its API (`helm template` is told so
+/// with --api-versions), left out where it does not unless `trustCRDsExist`, and never
+/// with `enabled: false`.
+#[test]
+fn the_podmonitor_is_made_only_where_its_api_is_served() {
+    let Some(helm) = helm() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let api = ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"];
+    let count = |values: &str, extra: &[&str]| {
+        let file = dir.path().join("values.yaml");
+        fs::write(&file, values).unwrap();
+        let docs = documents(&render_with(&helm, &[&file], extra));
+        of_kind(&docs, "PodMonitor").len()
+    };
+    assert_eq!(count("{}", &[]), 0, "no PodMonitor API, yet a PodMonitor");
+    assert_eq!(count("{}", &api), 1, "the API is served, no PodMonitor");
+    assert_eq!(count("podMonitor:\n  trustCRDsExist: true\n", &[]), 1);
+    assert_eq!(count("podMonitor:\n  enabled: false\n", &api), 0);
+    assert_eq!(
+        count(
+            "podMonitor:\n  enabled: false\n  trustCRDsExist: true\n",
+            &api
+        ),
+        0
+    );
+    // The release notes say which it was.
+    let chart = chart();
+    let notes = |extra: &[&str]| {
+        let mut args = vec![
+            "install",
+            "--dry-run=client",
+            "shareguard",
+            chart.to_str().unwrap(),
+            "-n",
+            "kube-system",
+        ];
+        args.extend(extra);
+        let (ok, out, err) = run(&helm, &args);
+        assert!(ok, "{err}");
+        out[out.find("NOTES:").expect("release notes")..].to_owned()
+    };
+    let without = notes(&[]);
+    assert!(without.contains("No PodMonitor was made"), "{without}");
+    assert!(
+        without.contains("- nic-0 (net, interface eth0)"),
+        "{without}"
+    );
+    let with = notes(&["--set", "podMonitor.trustCRDsExist=true"]);
+    assert!(with.contains("A PodMonitor scrapes them"), "{with}");
+}
+
+/// The token Secret: made by default with a random token of 48 letters and digits
+/// (another in each render without a cluster to look in: the one an install finds is
+/// kept, which the test cluster shows), named as the agent mounts it and the PodMonitor
+/// sends it; none with `create: false`, and the name given is used throughout.
+#[test]
+fn the_metrics_token_secret_is_made_with_a_random_token_unless_it_is_the_users() {
+    let Some(helm) = helm() else { return };
+    let token_of = |docs: &[Value]| -> String {
+        let secrets = of_kind(docs, "Secret");
+        assert_eq!(secrets.len(), 1);
+        assert_eq!(secrets[0]["metadata"]["name"], "shareguard-metrics-token");
+        assert_eq!(secrets[0]["metadata"]["namespace"], "shareguard-system");
+        let b64 = secrets[0]["data"]["token"].as_str().unwrap();
+        let out = Command::new("base64")
+            .args(["-d"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (_, first) = render_checked(&helm, "{}");
+    let (_, second) = render_checked(&helm, "{}");
+    let (a, b) = (token_of(&first), token_of(&second));
+    for t in [&a, &b] {
+        assert_eq!(t.len(), 48, "{t:?}");
+        assert!(t.chars().all(|c| c.is_ascii_alphanumeric()), "{t:?}");
+    }
+    assert_ne!(a, b, "two renders made the same token");
+    let agent = of_kind(&first, "DaemonSet")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "shareguard-agent")
+        .unwrap();
+    let vol = agent["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-token")
+        .unwrap();
+    assert_eq!(vol["secret"]["secretName"], "shareguard-metrics-token");
+
+    let (out, docs) = render_checked(
+        &helm,
+        "metrics:\n  tokenSecret:\n    name: scrape-token\n    create: false\npodMonitor:\n  trustCRDsExist: true\n",
+    );
+    assert!(
+        of_kind(&docs, "Secret").is_empty(),
+        "create: false, yet a Secret"
+    );
+    assert!(
+        !out.contains("shareguard-metrics-token"),
+        "the default name is left"
+    );
+    let pm = of_kind(&docs, "PodMonitor");
+    assert_eq!(
+        pm[0]["spec"]["podMetricsEndpoints"][0]["authorization"]["credentials"]["name"],
+        "scrape-token"
+    );
+}
+
+/// The agents' pod template carries the config's checksum: a change of agent.toml
+/// changes the pod template (so an upgrade rolls the agents), a change elsewhere does
+/// not. The log levels reach each process's RUST_LOG.
+#[test]
+fn a_config_change_rolls_the_agents_and_log_levels_reach_both_processes() {
+    let Some(helm) = helm() else { return };
+    let pod_of = |values: &str, name: &str| -> Value {
+        let (_, docs) = render_checked(&helm, values);
+        of_kind(&docs, "DaemonSet")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == name)
+            .unwrap()["spec"]["template"]
+            .clone()
+    };
+    let checksum = |values: &str| -> String {
+        let pod = pod_of(values, "shareguard-agent");
+        pod["metadata"]["annotations"]["checksum/config"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let base = checksum("{}");
+    assert_eq!(base.len(), 64, "{base}");
+    assert_eq!(checksum("{}"), base, "the same config, another checksum");
+    assert_eq!(
+        checksum("image:\n  tag: other\n"),
+        base,
+        "the image is no config"
+    );
+    assert_ne!(
+        checksum("agent:\n  extraToml: |\n    [slo]\n"),
+        base,
+        "agent.toml changed, the checksum did not"
+    );
+    assert_ne!(checksum("driverName: gpu.acme.io\n"), base);
+
+    let rust_log = |pod: &Value| -> String {
+        pod["spec"]["containers"][0]["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "RUST_LOG")
+            .unwrap()["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let values =
+        "agent:\n  logLevel: info,shareguard::engine=debug\nkubeletPlugin:\n  logLevel: warn\n";
+    assert_eq!(
+        rust_log(&pod_of(values, "shareguard-agent")),
+        "info,shareguard::engine=debug"
+    );
+    assert_eq!(
+        rust_log(&pod_of(values, "shareguard-kubelet-plugin")),
+        "warn"
+    );
+    assert_eq!(rust_log(&pod_of("{}", "shareguard-kubelet-plugin")), "info");
 }
 
 /// A net capacity given as a percentage of the link speed reaches the config as
@@ -609,6 +862,7 @@ metrics:
   tls:
     secretName: metrics-tls
 podMonitor:
+  trustCRDsExist: true
   tlsConfig:
     ca: {secret: {name: metrics-tls, key: ca.crt}}
     cert: {secret: {name: prometheus-client, key: tls.crt}}
@@ -670,7 +924,7 @@ fn gpu_values_give_the_agent_what_mps_and_the_driver_root_need() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("values.yaml");
     fs::write(&file, "gpu:\n  mps: true\n").unwrap();
-    let rendered = split_by_template(&render(&helm, &[&file]));
+    let rendered = split_by_template(&render_with(&helm, &[&file], &PLAIN_MANIFESTS));
     let path = repo().join("deploy/gpu-mps/daemonset.yaml");
     if std::env::var_os("SHAREGUARD_WRITE_MANIFESTS").is_some() {
         fs::create_dir_all(path.parent().unwrap()).unwrap();
