@@ -14,11 +14,11 @@ export KUBECONFIG="$SGC_STATE/kubeconfig/admin.kubeconfig"
 overlay="$SGC_STATE/install"
 rm -rf "$overlay"
 mkdir -p "$overlay"
-# The files `kubectl apply -f deploy/` applies (podmonitor.yaml needs the Prometheus
-# Operator's CRDs, which this cluster does not have).
+# The files `kubectl apply -f deploy/` applies (podmonitor.yaml and prometheusrule.yaml
+# need the Prometheus Operator's CRDs, which this cluster does not have).
 resources=()
 for f in "$repo"/deploy/*.yaml; do
-  [ "$(basename "$f")" = podmonitor.yaml ] && continue
+  case "$(basename "$f")" in podmonitor.yaml | prometheusrule.yaml) continue ;; esac
   cp "$f" "$overlay/"
   resources+=("$(basename "$f")")
 done

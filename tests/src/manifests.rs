@@ -121,6 +121,56 @@ pub mod pod_monitor {
     }
 }
 
+/// The Prometheus Operator's PrometheusRule (monitoring.coreos.com/v1), a CRD that
+/// k8s-openapi does not have: the part of its schema the chart's rules use, each field
+/// as the operator's CRD spells it.
+pub mod prometheus_rule {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PrometheusRule {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: ObjectMeta,
+        pub spec: Spec,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {
+        pub groups: Vec<Group>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Group {
+        pub name: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub interval: Option<String>,
+        pub rules: Vec<Rule>,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Rule {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub record: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub alert: Option<String>,
+        pub expr: String,
+        #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
+        pub for_: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub labels: Option<BTreeMap<String, String>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub annotations: Option<BTreeMap<String, String>>,
+    }
+}
+
 /// The first place where `after` (the round trip) differs from `before` (the manifest),
 /// as a JSON path, or None when they are equal.
 pub fn first_difference(
@@ -211,6 +261,9 @@ pub fn check_document(doc: &serde_json::Value) -> Result<(), String> {
         ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(doc),
         ("resource.k8s.io/v1", "ResourceClaimTemplate") => round_trip::<ResourceClaimTemplate>(doc),
         ("monitoring.coreos.com/v1", "PodMonitor") => round_trip::<pod_monitor::PodMonitor>(doc),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => {
+            round_trip::<prometheus_rule::PrometheusRule>(doc)
+        }
         _ => Err(format!(
             "apiVersion {api:?} kind {kind:?}: not a type this test knows"
         )),

@@ -106,12 +106,14 @@ fn render(helm: &Path, values: &[&Path]) -> String {
 
 /// What deploy/ is rendered with beside the defaults: the two things a plain manifest
 /// cannot do as an install does. The chart asks the cluster whether it serves
-/// PodMonitors, a manifest cannot (deploy/podmonitor.yaml is applied or left out by
-/// its user); and the chart makes the metrics token's Secret with a random token,
+/// PodMonitors and PrometheusRules, a manifest cannot (deploy/podmonitor.yaml and
+/// deploy/prometheusrule.yaml are applied or left out by their user); and the chart makes the metrics token's Secret with a random token,
 /// which in a manifest in the repository would be everyone's.
-const PLAIN_MANIFESTS: [&str; 4] = [
+const PLAIN_MANIFESTS: [&str; 6] = [
     "--api-versions",
     "monitoring.coreos.com/v1/PodMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
     "--set",
     "metrics.tokenSecret.create=false",
 ];
@@ -681,6 +683,87 @@ fn the_podmonitor_is_made_only_where_its_api_is_served() {
     );
     let with = notes(&["--set", "podMonitor.trustCRDsExist=true"]);
     assert!(with.contains("A PodMonitor scrapes them"), "{with}");
+}
+
+/// The PrometheusRule is made as the PodMonitor is (where its API is served, or
+/// trusted), carries the rule files' groups with the agent-down alert reading the job
+/// of the release's namespace, and the labels given; the dashboard ConfigMap, when
+/// asked for, holds deploy/grafana/'s file as it is, with the sidecar's label, in the
+/// namespace given.
+#[test]
+fn the_rules_and_the_dashboard_come_from_deploy_s_files() {
+    let Some(helm) = helm() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let docs_of = |values: &str, extra: &[&str]| {
+        let file = dir.path().join("values.yaml");
+        fs::write(&file, values).unwrap();
+        documents(&render_with(&helm, &[&file], extra))
+    };
+    let api = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"];
+    assert!(of_kind(&docs_of("{}", &[]), "PrometheusRule").is_empty());
+    assert!(
+        of_kind(
+            &docs_of("prometheusRule:\n  enabled: false\n", &api),
+            "PrometheusRule"
+        )
+        .is_empty()
+    );
+    let docs = docs_of(
+        "namespace:\n  name: sg\nprometheusRule:\n  labels:\n    release: prometheus\n",
+        &api,
+    );
+    let rules = of_kind(&docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    check_document(&serde_json::to_value(rules[0]).unwrap()).unwrap();
+    assert_eq!(rules[0]["metadata"]["namespace"], "sg");
+    assert_eq!(rules[0]["metadata"]["labels"]["release"], "prometheus");
+    let text = serde_yaml::to_string(&rules[0]["spec"]).unwrap();
+    assert!(
+        text.contains(r#"up{job="sg/shareguard-agent"} == 0"#),
+        "{text}"
+    );
+    assert!(!text.contains("shareguard-system"), "{text}");
+    let groups: Vec<&str> = rules[0]["spec"]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    let mut want = Vec::new();
+    for f in ["shareguard-alerts.rules.yaml", "shareguard-slo.rules.yaml"] {
+        let file: Value = serde_yaml::from_str(
+            &fs::read_to_string(repo().join("deploy/prometheus").join(f)).unwrap(),
+        )
+        .unwrap();
+        for g in file["groups"].as_sequence().unwrap() {
+            want.push(g["name"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(groups, want);
+
+    let dashboards = |docs: &[Value]| -> Vec<Value> {
+        of_kind(docs, "ConfigMap")
+            .into_iter()
+            .filter(|c| c["metadata"]["name"] == "shareguard-grafana-dashboard")
+            .cloned()
+            .collect()
+    };
+    assert!(
+        dashboards(&docs_of("{}", &[])).is_empty(),
+        "a dashboard by default"
+    );
+    let docs = docs_of(
+        "grafanaDashboard:\n  enabled: true\n  namespace: monitoring\n",
+        &[],
+    );
+    let cm = &dashboards(&docs)[0];
+    assert_eq!(cm["metadata"]["namespace"], "monitoring");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = fs::read_to_string(repo().join("deploy/grafana/shareguard-dashboard.json")).unwrap();
+    assert_eq!(
+        cm["data"]["shareguard-dashboard.json"].as_str().unwrap(),
+        file.trim_end_matches('\n')
+    );
 }
 
 /// The token Secret: made by default with a random token of 48 letters and digits

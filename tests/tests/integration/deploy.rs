@@ -974,6 +974,7 @@ fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
             "examples/bandwidth-200m-client.yaml",
             "kubelet-plugin.yaml",
             "podmonitor.yaml",
+            "prometheusrule.yaml",
             "rbac.yaml",
             "uninstall/node-cleanup.yaml",
         ])

@@ -111,35 +111,29 @@ fn the_rules_read_only_metrics_the_agent_exports() {
     }
 }
 
-/// deploy/prometheus/prometheusrule.yaml carries exactly the groups of the two rule
-/// files, in order. `SHAREGUARD_WRITE_PROMETHEUSRULE=1` rewrites its spec from them.
+/// deploy/prometheusrule.yaml (the Helm chart's render, which chart.rs holds it to)
+/// carries exactly the groups of the two rule files, in order: the chart reads them
+/// from its files/, links to this directory.
 #[test]
 fn the_prometheusrule_is_the_rule_files() {
-    let load = |f: &str| -> serde_yaml::Value {
-        serde_yaml::from_str(&std::fs::read_to_string(rules_dir().join(f)).unwrap()).unwrap()
+    let load = |p: PathBuf| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     };
     let mut groups = Vec::new();
     for f in ["shareguard-alerts.rules.yaml", "shareguard-slo.rules.yaml"] {
-        groups.extend(load(f)["groups"].as_sequence().unwrap().iter().cloned());
+        groups.extend(
+            load(rules_dir().join(f))["groups"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .cloned(),
+        );
     }
-    let mut cr = load("prometheusrule.yaml");
+    let cr = load(rules_dir().parent().unwrap().join("prometheusrule.yaml"));
     assert_eq!(cr["kind"].as_str(), Some("PrometheusRule"));
     assert_eq!(cr["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
-    let want = serde_yaml::Value::Sequence(groups);
-    if std::env::var_os("SHAREGUARD_WRITE_PROMETHEUSRULE").is_some() {
-        let path = rules_dir().join("prometheusrule.yaml");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let head: String = text
-            .lines()
-            .take_while(|l| l.starts_with('#'))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        cr["spec"]["groups"] = want;
-        std::fs::write(&path, head + &serde_yaml::to_string(&cr).unwrap()).unwrap();
-        return;
-    }
     assert!(
-        cr["spec"]["groups"] == want,
-        "prometheusrule.yaml differs from the rule files: rerun this test with SHAREGUARD_WRITE_PROMETHEUSRULE=1"
+        cr["spec"]["groups"] == serde_yaml::Value::Sequence(groups),
+        "deploy/prometheusrule.yaml differs from the rule files"
     );
 }
