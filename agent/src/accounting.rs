@@ -22,6 +22,7 @@ impl Limiter for AccountingLimiter {
             mechanism: MECHANISM.to_owned(),
             enforces: false,
             attributes: Default::default(),
+            int_attributes: Default::default(),
             // Nothing to break: counting needs no hardware.
             fault: None,
         }

@@ -46,6 +46,7 @@ impl Limiter for Unavailable {
             mechanism: "unavailable".to_owned(),
             enforces: false,
             attributes: Default::default(),
+            int_attributes: Default::default(),
             fault: Some(DeviceFault::new(
                 "limiter-unavailable",
                 format!("enforcement unavailable: {}", self.why),

@@ -236,6 +236,9 @@ pub struct DeviceFacts {
     pub enforces: bool,
     /// Further facts, e.g. a GPU's `uuid` and `model`.
     pub attributes: std::collections::BTreeMap<String, String>,
+    /// Further facts that are whole numbers, e.g. a NIC's `numaNode`, published as int
+    /// attributes so that selectors compare them as numbers.
+    pub int_attributes: std::collections::BTreeMap<String, i64>,
     /// Why the device cannot hold its shares now (its NIC's link down or gone, its
     /// limiter unavailable, its GPU not answering the driver); None while it can. What
     /// kubelet is told of the device's health, and the taint its slice carries.

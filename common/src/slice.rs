@@ -8,6 +8,15 @@ pub const DEVICE_ATTRIBUTES: [&str; 4] = ["kind", "mechanism", "enforced", "stag
 /// `share` (all of the share's processes together), `process` (each process on its
 /// own: MPS), or `none` (the watchdog only reports or stops after the fact).
 pub const GPU_ATTRIBUTES: [&str; 3] = ["uuid", "model", "binds"];
+/// Attributes a NIC adds where the kernel says (none for a NIC without a PCI device):
+/// its NUMA node (an integer, in the driver's domain) and Kubernetes' standard PCIe
+/// root and PCI address, which other drivers' devices carry too, so that a claim can
+/// ask for a GPU and a NIC on one root (`matchAttribute`).
+pub const NET_ATTRIBUTES: [&str; 3] = [
+    "numaNode",
+    "resource.kubernetes.io/pcieRoot",
+    "resource.kubernetes.io/pciBusID",
+];
 /// `ResourceSliceMaxAttributesAndCapacitiesPerDevice`.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// `ResourceSliceMaxDevices`: the plugin publishes a pool as one slice.
@@ -17,9 +26,15 @@ pub const MAX_STRING_ATTRIBUTE: usize = 64;
 /// `CapacityRequestPolicyDiscreteMaxOptions`.
 pub const MAX_VALID_VALUES: usize = 10;
 
-/// How many attributes the plugin publishes for a device of this kind.
-pub fn attributes_for(kind_is_gpu: bool) -> usize {
-    DEVICE_ATTRIBUTES.len() + if kind_is_gpu { GPU_ATTRIBUTES.len() } else { 0 }
+/// How many attributes the plugin publishes at most for a device of this kind
+/// ("net", "gpu", "generic").
+pub fn attributes_for(kind: &str) -> usize {
+    DEVICE_ATTRIBUTES.len()
+        + match kind {
+            "gpu" => GPU_ATTRIBUTES.len(),
+            "net" => NET_ATTRIBUTES.len(),
+            _ => 0,
+        }
 }
 
 /// RFC 1123 label: what Kubernetes requires of namespaces and device names.

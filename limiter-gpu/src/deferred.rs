@@ -198,6 +198,7 @@ impl Limiter for DeferredGpuLimiter {
                 mechanism: "unavailable".to_owned(),
                 enforces: false,
                 attributes: Default::default(),
+                int_attributes: Default::default(),
                 fault: Some(DeviceFault::new("limiter-unavailable", self.why())),
             },
         }

@@ -610,6 +610,7 @@ impl Limiter for GpuLimiter {
                 && !self.backend.is_simulated()
                 && self.driver_edits(device).is_ok(),
             attributes,
+            int_attributes: Default::default(),
             // The call the watchdog makes every poll: a GPU that does not answer it (lost
             // from the bus, the driver gone or reloading) holds no share's memory to
             // anything the agent can see.

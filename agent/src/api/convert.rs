@@ -250,6 +250,12 @@ pub fn device_to_pb(d: &DeviceView) -> pb::DeviceStatus {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        int_attributes: d
+            .facts
+            .int_attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
     }
 }
 

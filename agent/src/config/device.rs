@@ -1,14 +1,17 @@
 //! `[[device]]`: the node's inventory, each device checked on its own and against the
 //! others (names, pools, the hardware it stands for), its capacities and policies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use shareguard_common::{
     Quantity, slice,
     slice::{is_dns_label, is_driver_name, is_namespace, is_pool_name, is_qualified_name},
 };
 use shareguard_limiter_gpu::limiter::MEMORY;
-use shareguard_limiter_net::{Mechanism, setup::NetConfig};
+use shareguard_limiter_net::{Mechanism, link, setup::NetConfig};
 use toml::Spanned;
 
 use super::{
@@ -116,6 +119,24 @@ pub(super) fn parse(
                 ));
             }
         };
+        let mut d = d;
+        if kind == DeviceKind::Net
+            && let Some(nic) = &d.interface
+            && nic.get_ref() == link::AUTO
+        {
+            // Found once, when the config is read, so that everything after (the link
+            // speed, the hardware check, the limiter) sees a name. A node without a
+            // default route stops the agent here rather than publish a NIC it guessed.
+            let found = link::default_route_interface(Path::new("/proc/net")).map_err(|why| {
+                err(
+                    nic.span(),
+                    format!(
+                        "device {name}: interface \"auto\" is the NIC of the node's default route, and {why}; name the interface (in a [[node]] table for this node)"
+                    ),
+                )
+            })?;
+            d.interface = Some(Spanned::new(nic.span(), found));
+        }
         let mut allowed = Vec::new();
         for ns in d.allowed_namespaces {
             if ns.get_ref() != "*" && !is_namespace(ns.get_ref()) {
@@ -152,7 +173,7 @@ pub(super) fn parse(
         }
         // The plugin publishes the capacities beside its attributes, and the API
         // server takes at most 32 of both together per device.
-        let attributes = slice::attributes_for(kind == DeviceKind::Gpu);
+        let attributes = slice::attributes_for(kind.as_str());
         if d.capacity.len() + attributes > slice::MAX_ATTRIBUTES_AND_CAPACITIES {
             return Err(err(
                 dspan,

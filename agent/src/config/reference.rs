@@ -323,8 +323,10 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "device.interface",
         "string",
         "none",
-        "net: the NIC the device stands for; its speed is the capacity when value is not set, \
-         and its link state the device's health (down or gone: unhealthy).",
+        "net: the NIC the device stands for, or auto: the NIC of the node's default route \
+         (IPv4, else IPv6), found at start; its speed is the capacity when value is not set, \
+         its link state the device's health (down or gone: unhealthy), and its PCIe root, PCI \
+         address and NUMA node are published as attributes.",
     ),
     (
         "device.mechanism",

@@ -516,6 +516,35 @@ mechanism = "bpf-policer"
 value = "10G"
 "#;
 
+/// `interface = "auto"` is the NIC of the node's default route, found when the config
+/// is read, with the link speed and the hardware check as for a named interface; where
+/// the node has none, the config is refused naming the device and the field.
+#[test]
+fn an_auto_interface_is_the_nic_of_the_default_route() {
+    let text = NET.replace("kind = \"net\"", "kind = \"net\"\ninterface = \"auto\"");
+    match shareguard_limiter_net::link::default_route_interface(std::path::Path::new("/proc/net")) {
+        Ok(nic) => {
+            let c = Config::parse(&text, "t.toml").unwrap();
+            let got = c.devices[0].net.as_ref().unwrap().interface.clone();
+            assert_eq!(got.as_deref(), Some(nic.as_str()));
+            assert_ne!(got.as_deref(), Some("auto"));
+            // The same NIC named twice, once as auto: refused as any two devices for one NIC.
+            let twice = format!(
+                "{text}\n[[device]]\nname = \"nic-1\"\ndriver = \"shareguard.example.com\"\npool = \"node-a\"\nkind = \"net\"\ninterface = \"{nic}\"\n[device.capacity.bandwidth]\nvalue = \"1G\"\n"
+            );
+            let e = err_of(&twice);
+            assert!(e.message.contains("names the same interface"), "{e}");
+        }
+        Err(why) => {
+            let e = err_of(&text);
+            assert!(
+                e.message.contains("device nic-0: interface \"auto\"") && e.message.contains(&why),
+                "{e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn two_devices_for_one_gpu_or_one_nic_are_refused() {
     let second = |first: &str, extra: &str| {

@@ -92,6 +92,7 @@ impl Limiter for FakeLimiter {
             mechanism: "fake".into(),
             enforces: false,
             attributes: Default::default(),
+            int_attributes: Default::default(),
             fault: None,
         }
     }

@@ -202,6 +202,15 @@ fn device(driver: &str, d: &pb::DeviceStatus, gated: bool) -> Result<Device, Str
     for (k, v) in &d.attributes {
         attributes.insert(k.clone(), string_attr(v));
     }
+    for (k, v) in &d.int_attributes {
+        attributes.insert(
+            k.clone(),
+            DeviceAttribute {
+                int: Some(*v),
+                ..Default::default()
+            },
+        );
+    }
     Ok(Device {
         name: d.name.clone(),
         // Shares: the scheduler may hand out parts of it to many claims.
@@ -261,6 +270,7 @@ mod tests {
                 mechanism: "nvml-cgroup".into(),
                 enforces: true,
                 attributes: [("model".to_owned(), "x".repeat(100))].into(),
+                int_attributes: [("numaNode".to_owned(), 1)].into(),
                 ..Default::default()
             })
             .collect();
@@ -299,6 +309,9 @@ mod tests {
             "cut to the API's bound"
         );
         assert_eq!(devs[0].allow_multiple_allocations, Some(true));
+        // Whole numbers as int attributes, which selectors compare as numbers.
+        assert_eq!(attrs["numaNode"].int, Some(1));
+        assert_eq!(attrs["numaNode"].string, None);
     }
 
     #[test]

@@ -428,10 +428,29 @@ impl Limiter for NetLimiter {
     }
 
     fn device_facts(&self, _device: &str) -> DeviceFacts {
+        let sys = Path::new(crate::link::SYS_CLASS_NET);
+        let placement = self
+            .interface
+            .as_deref()
+            .map(|i| crate::link::placement(sys, i))
+            .unwrap_or_default();
+        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::NET_ATTRIBUTES;
+        let attributes = [
+            (pcie_root, placement.pcie_root),
+            (pci_bus_id, placement.pci_bus_id),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_owned(), v?)))
+        .collect();
         DeviceFacts {
             mechanism: self.mechanism.name().to_owned(),
             enforces: true,
-            attributes: Default::default(),
+            attributes,
+            int_attributes: placement
+                .numa_node
+                .map(|n| (numa.to_owned(), n))
+                .into_iter()
+                .collect(),
             fault: self
                 .interface
                 .as_deref()

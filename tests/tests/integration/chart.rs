@@ -678,7 +678,7 @@ fn the_podmonitor_is_made_only_where_its_api_is_served() {
     let without = notes(&[]);
     assert!(without.contains("No PodMonitor was made"), "{without}");
     assert!(
-        without.contains("- nic-0 (net, interface eth0)"),
+        without.contains("- nic-0 (net, interface auto: each node's default route's)"),
         "{without}"
     );
     let with = notes(&["--set", "podMonitor.trustCRDsExist=true"]);

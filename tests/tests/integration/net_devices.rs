@@ -165,3 +165,78 @@ async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
         "{stderr}"
     );
 }
+
+/// `interface = "auto"`: the agent takes the NIC of the node's default route (here the
+/// machine's own, read only: its link state and placement) and publishes where it sits
+/// in the machine, as the kernel's sysfs has it independently of the agent: the
+/// standard PCIe root and PCI address, and the NUMA node where the kernel gives one. A
+/// veth has no PCI device, so its device publishes none of them.
+#[tokio::test]
+async fn an_auto_interface_is_the_default_route_nic_and_says_where_it_sits() {
+    if !net::privileged("an_auto_interface_is_the_default_route_nic_and_says_where_it_sits") {
+        return;
+    }
+    // The default route's NIC as `ip route` says it, not as the agent finds it.
+    let out = Command::new("ip")
+        .args(["-o", "-4", "route", "show", "default"])
+        .output()
+        .unwrap();
+    let routes = String::from_utf8_lossy(&out.stdout).into_owned();
+    let Some(nic) = routes
+        .split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .map(str::to_owned)
+    else {
+        assert!(
+            !net::in_ci(),
+            "no IPv4 default route on this machine: {routes:?}"
+        );
+        eprintln!("SKIP: no IPv4 default route here ({routes:?})");
+        return;
+    };
+    let pod = Pod::new();
+    let pins = PinDir::new();
+    let auto = net_device("nic-auto", &format!("interface = \"auto\"\n{CAPACITY}"));
+    let veth = net_device(
+        "nic-veth",
+        &format!("interface = {:?}\n{CAPACITY}", pod.host_if()),
+    );
+    let a = start(format!("{auto}{veth}"), &pins);
+    let mut c = a.client().await;
+    let d = device(&mut c, "nic-auto").await;
+    assert_eq!(d.fault, "", "the default route's NIC is up: {d:?}");
+    let pcie_root = "resource.kubernetes.io/pcieRoot";
+    let bus_id = "resource.kubernetes.io/pciBusID";
+    match fs::canonicalize(format!("/sys/class/net/{nic}/device")) {
+        Ok(dev) => {
+            let path = dev.to_string_lossy().into_owned();
+            let rest = path.strip_prefix("/sys/devices/").unwrap();
+            let root = rest.split('/').next().unwrap();
+            assert_eq!(
+                d.attributes.get(pcie_root).map(String::as_str),
+                Some(root),
+                "{d:?}"
+            );
+            let bus = &d.attributes[bus_id];
+            assert!(
+                path.contains(&format!("/{bus}")) && bus.len() == 12,
+                "{bus} is not a PCI device on {path}"
+            );
+            let numa = fs::read_to_string(format!("/sys/bus/pci/devices/{bus}/numa_node"))
+                .ok()
+                .and_then(|t| t.trim().parse::<i64>().ok())
+                .filter(|n| *n >= 0);
+            assert_eq!(d.int_attributes.get("numaNode").copied(), numa, "{d:?}");
+        }
+        // A NIC without a device (virtual): no placement to publish.
+        Err(_) => assert!(!d.attributes.contains_key(pcie_root), "{d:?}"),
+    }
+    let d = device(&mut c, "nic-veth").await;
+    assert!(
+        !d.attributes.contains_key(pcie_root)
+            && !d.attributes.contains_key(bus_id)
+            && d.int_attributes.is_empty(),
+        "a veth sits on no PCI device: {d:?}"
+    );
+}
