@@ -1,9 +1,11 @@
 {{/*
-The data of the agent's ConfigMap (daemonset.yaml): agent.toml, the config every node's
-agent reads. A template of its own so that the DaemonSet's pod template can carry its
-checksum. It renders at the ConfigMap's indentation, starting on a new line.
+The data of an agent ConfigMap (daemonset.yaml): agent.toml, the config every node's
+agent of one node pool reads. A template of its own so that the DaemonSet's pod
+template can carry its checksum. Called with (dict "root" $ "pool" POOL), POOL as
+daemonset.yaml makes it (name, nodeSelector, devices, extraToml). It renders at the
+ConfigMap's indentation, starting on a new line.
 */}}
-{{- define "shareguard.agentConfig" }}
+{{- define "shareguard.agentConfig" }}{{ with .root }}
   # The format of docs/configuration.md. One ConfigMap serves every node
   # the DaemonSet reaches. No device sets `pool`: each node's agent gives its devices
   # the node's own name as their pool (NODE_NAME in the agent container below), since
@@ -47,7 +49,7 @@ checksum. It renders at the ConfigMap's indentation, starting on a new line.
     # cgroup v2 nodes, /sys/fs/cgroup/unified on hybrid (v1 + v2) ones. A fixed value
     # is right on one kind of node only (on the test cluster's hybrid nodes
     # "/sys/fs/cgroup" kept every pod's sandbox from being found).
-    {{- include "shareguard.devices" . }}
+    {{- include "shareguard.devices" (dict "root" . "devices" $.pool.devices) }}
 
     # Accounting only, no enforcement:
     # [[device]]
@@ -71,4 +73,7 @@ checksum. It renders at the ConfigMap's indentation, starting on a new line.
     {{- with .Values.agent.extraToml }}
     {{- . | trimSuffix "\n" | nindent 4 }}
     {{- end }}
-{{- end }}
+    {{- with $.pool.extraToml }}
+    {{- . | trimSuffix "\n" | nindent 4 }}
+    {{- end }}
+{{- end }}{{ end }}

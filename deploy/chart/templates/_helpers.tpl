@@ -22,10 +22,12 @@ deploy/ with SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p shareguard-tests --test 
 
 {{/*
 The [[device]] tables of agent.toml, each after a blank line and the comment of its
-kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices.
+kind, at the ConfigMap's indentation. Called with (dict "root" $ "devices" LIST). The
+defaults give daemonset.yaml's devices.
 */}}
 {{- define "shareguard.devices" -}}
-{{- range .Values.agent.devices }}
+{{- $root := .root }}
+{{- range .devices }}
 {{- $d := . }}
 {{- printf "\n" }}
 {{- if eq .kind "net" }}
@@ -51,7 +53,7 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
 {{- end }}
     [[device]]
     name = {{ include "shareguard.tomlString" .name }}
-    driver = {{ include "shareguard.tomlString" $.Values.driverName }}
+    driver = {{ include "shareguard.tomlString" $root.Values.driverName }}
     kind = {{ include "shareguard.tomlString" .kind }}
 {{- if eq .kind "net" }}
 {{- with .interface }}
@@ -79,7 +81,7 @@ kind, at the ConfigMap's indentation. The defaults give daemonset.yaml's devices
 {{- if hasKey . "index" }}
     index = {{ .index | int }}
 {{- end }}
-{{- with $.Values.gpu.driverRoot }}
+{{- with $root.Values.gpu.driverRoot }}
     # The host's driver root (gpu.driverRoot), which the agent's container mounts here.
     driver_root = {{ include "shareguard.tomlString" . }}
     container_driver_root = "/driver-root"
