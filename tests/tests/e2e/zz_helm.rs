@@ -117,8 +117,11 @@ fn pod_uids(c: &Cluster, component: &str) -> std::collections::BTreeSet<String> 
 /// agents' /metrics accepts, no PodMonitor where its API is not served; `helm upgrade`
 /// to a new image tag rolls both DaemonSets and the share stays enforced under the new
 /// agent, a pod started after it is enforced too, the token kept; an upgrade that
-/// changes only agent.toml rolls the agents and not the plugins; `helm rollback` to the
-/// first revision puts the first image back and the shares are enforced again;
+/// changes only agent.toml rolls the agents and not the plugins; node pools, one per
+/// node with configs of their own, replace the one agent DaemonSet and each node
+/// publishes its pool's capacity with the shares still enforced; `helm rollback` to the
+/// first revision puts the first image and the one DaemonSet back and the shares are
+/// enforced again;
 /// `helm uninstall` (pods deleted first, as the docs say) leaves no object and no
 /// slice; then deploy/uninstall/node-cleanup.yaml on each node, with the config saved
 /// before the uninstall, removes what stayed on the node (the store, the audit log,
@@ -334,6 +337,93 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     wait_enforced_status(&c, &before.name);
     wait_enforced_status(&c, &after.name);
 
+    // Node pools, one per node by its hostname label, each with a config of its own:
+    // the second node's NIC published at 5G. The one agent DaemonSet gives way to one
+    // per pool; each node's slice says its own pool's capacity, and both shares are
+    // enforced by the pools' agents.
+    let pools = work.path().join("pools.yaml");
+    let nic = |value: &str| {
+        format!(
+            "      - {{name: nic-0, kind: net, interface: auto, allowedNamespaces: [\"*\"], capacity: {{bandwidth: {{value: {value}, default: 10M, validRange: {{min: 10M, step: 10M}}}}}}}}\n"
+        )
+    };
+    std::fs::write(
+        &pools,
+        format!(
+            "nodePools:\n  - name: first\n    nodeSelector: {{kubernetes.io/hostname: {}}}\n    devices:\n{}  - name: second\n    nodeSelector: {{kubernetes.io/hostname: {}}}\n    devices:\n{}",
+            NODES[0],
+            nic("10G"),
+            NODES[1],
+            nic("5G")
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{pools:?}: {e}"));
+    let pools = pools.to_str().unwrap_or_else(|| panic!("{pools:?}"));
+    let mut args = vec!["upgrade", "shareguard", chart];
+    args.extend(release);
+    args.extend([
+        "-f",
+        values,
+        "-f",
+        pools,
+        "--set",
+        "image.tag=helm-2",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    c.helm(&args);
+    assert_eq!(release_status(&c), ("deployed".to_owned(), 4));
+    for ds in ["shareguard-agent-first", "shareguard-agent-second"] {
+        c.ok(&[
+            "rollout",
+            "status",
+            "-n",
+            "shareguard-system",
+            &format!("daemonset/{ds}"),
+            "--timeout=180s",
+        ]);
+    }
+    assert!(
+        c.get(&["daemonset", "-n", "shareguard-system", "shareguard-agent"])
+            .is_none(),
+        "the single pool's DaemonSet is left beside the pools'"
+    );
+    for (node, want) in [(NODES[0], "10G"), (NODES[1], "5G")] {
+        wait_for(
+            &format!("{node}'s slice at its pool's {want}"),
+            POD_TIMEOUT,
+            || {
+                let caps: Vec<String> = node_slices(&c, node)
+                    .iter()
+                    .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+                    .filter(|d| d["name"] == "nic-0")
+                    .map(|d| {
+                        d["capacity"]["bandwidth"]["value"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned()
+                    })
+                    .collect();
+                if caps == [want] {
+                    Ok(())
+                } else {
+                    Err(format!("{caps:?}"))
+                }
+            },
+        );
+    }
+    wait_for(
+        "the first pool's agent to enforce the share again",
+        STATUS_TIMEOUT,
+        || match share_phase(&c, NODES[0], &share).as_str() {
+            "ENFORCED" => Ok(()),
+            other => Err(other.to_owned()),
+        },
+    );
+    wait_enforced_status(&c, &before.name);
+    wait_enforced_status(&c, &after.name);
+
     // `helm rollback` to the first release: the first image again on every pod, the
     // shares enforced by the agents it starts, the token kept.
     let mut args = vec!["rollback", "shareguard", "1"];
@@ -341,7 +431,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     args.extend(["--wait", "--timeout", "5m"]);
     c.helm(&args);
     rollout(&c);
-    assert_eq!(release_status(&c), ("deployed".to_owned(), 4));
+    assert_eq!(release_status(&c), ("deployed".to_owned(), 5));
     wait_for("every shareguard pod on dev again", POD_TIMEOUT, || {
         let images = shareguard_images(&c);
         if images.len() == 2 * NODES.len()

@@ -766,6 +766,144 @@ fn the_rules_and_the_dashboard_come_from_deploy_s_files() {
     );
 }
 
+/// `nodePools`: one ConfigMap and agent DaemonSet per pool, named after it, each on its
+/// pool's nodes (with agent.nodeSelector) and reading its own config, which holds its
+/// own devices and extraToml after agent.extraToml and which the agent's parser takes;
+/// the pools' selectors do not overlap by label; no agent of the default pool is left.
+/// A pool named twice, or without a nodeSelector, is refused naming it.
+#[test]
+fn node_pools_render_an_agent_and_config_each() {
+    let Some(helm) = helm() else { return };
+    let values = r#"
+agent:
+  nodeSelector: {kubernetes.io/os: linux}
+  extraToml: "[slo]\n"
+nodePools:
+  - name: gpu
+    nodeSelector: {nvidia.com/gpu.present: "true"}
+    devices:
+      - {name: gpu-0, kind: gpu, index: 0, allowedNamespaces: ["*"], capacity: {memory: {default: 1Gi, validRange: {min: 1Gi, step: 1Gi}}}}
+    extraToml: |
+      [[node]]
+      name = "gpu-node-3"
+      [node.device.gpu-0]
+      index = 1
+  - name: cpu
+    nodeSelector: {nvidia.com/gpu.present: "false"}
+    devices:
+      - {name: nic-0, kind: net, interface: auto, allowedNamespaces: ["*"], capacity: {bandwidth: {value: 10G, default: 10M, validRange: {min: 10M, step: 10M}}}}
+      - {name: nic-1, kind: net, interface: ens6, allowedNamespaces: [team-a], capacity: {bandwidth: {value: 25G}}}
+"#;
+    let (_, docs) = render_checked(&helm, values);
+    let agents: Vec<&Value> = of_kind(&docs, "DaemonSet")
+        .into_iter()
+        .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "agent")
+        .collect();
+    let names: Vec<&str> = agents
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["shareguard-agent-gpu", "shareguard-agent-cpu"]);
+    let configs: BTreeMap<&str, &str> = of_kind(&docs, "ConfigMap")
+        .into_iter()
+        .map(|c| {
+            (
+                c["metadata"]["name"].as_str().unwrap(),
+                c["data"]["agent.toml"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        configs.keys().copied().collect::<Vec<_>>(),
+        ["shareguard-agent-config-cpu", "shareguard-agent-config-gpu"]
+    );
+    let mut checksums = BTreeSet::new();
+    for (agent, (pool, gpu_present, devices)) in agents.iter().zip([
+        ("gpu", "true", vec!["gpu-0"]),
+        ("cpu", "false", vec!["nic-0", "nic-1"]),
+    ]) {
+        let spec = &agent["spec"];
+        assert_eq!(
+            spec["selector"]["matchLabels"]["shareguard-node-pool"],
+            pool
+        );
+        let pod = &spec["template"];
+        assert_eq!(pod["metadata"]["labels"]["shareguard-node-pool"], pool);
+        checksums.insert(
+            pod["metadata"]["annotations"]["checksum/config"]
+                .as_str()
+                .unwrap(),
+        );
+        let selector = &pod["spec"]["nodeSelector"];
+        assert_eq!(
+            selector["nvidia.com/gpu.present"], gpu_present,
+            "{selector:?}"
+        );
+        assert_eq!(selector["kubernetes.io/os"], "linux", "{selector:?}");
+        let volume = pod["spec"]["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "config")
+            .unwrap();
+        let cm = format!("shareguard-agent-config-{pool}");
+        assert_eq!(volume["configMap"]["name"], cm.as_str());
+        let toml = configs[cm.as_str()];
+        assert!(
+            toml.contains("[slo]"),
+            "agent.extraToml is in every pool's config: {toml}"
+        );
+        let sources = NodeNameSources {
+            given: Some("gpu-node-3".to_owned()),
+            host: None,
+        };
+        let c = Config::parse_for(toml, &cm, &sources)
+            .unwrap_or_else(|e| panic!("the agent refuses {cm}: {e}"));
+        let got: Vec<&str> = c.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(got, devices, "{cm}");
+        if pool == "gpu" {
+            assert!(toml.contains("name = \"gpu-node-3\""), "{toml}");
+        } else {
+            assert!(
+                !toml.contains("gpu-node-3"),
+                "another pool's [[node]] table: {toml}"
+            );
+        }
+    }
+    assert_eq!(checksums.len(), 2, "two configs, one checksum");
+
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, said) in [
+        (
+            "nodePools:\n  - {name: a, nodeSelector: {pool: p1}, devices: []}\n  - {name: a, nodeSelector: {pool: p2}, devices: []}\n",
+            "nodePools: the pool name \"a\" is given twice",
+        ),
+        (
+            "nodePools:\n  - {name: a, devices: []}\n",
+            "at '/nodePools/0'",
+        ),
+        (
+            "nodePools:\n  - {name: a, nodeSelector: {}, devices: []}\n",
+            "at '/nodePools/0/nodeSelector'",
+        ),
+    ] {
+        let file = dir.path().join("bad.yaml");
+        fs::write(&file, bad).unwrap();
+        let chart = chart();
+        let (ok, _, err) = run(
+            &helm,
+            &[
+                "template",
+                "shareguard",
+                chart.to_str().unwrap(),
+                "-f",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(!ok && err.contains(said), "{bad}: {err}");
+    }
+}
+
 /// The token Secret: made by default with a random token of 48 letters and digits
 /// (another in each render without a cluster to look in: the one an install finds is
 /// kept, which the test cluster shows), named as the agent mounts it and the PodMonitor
