@@ -127,6 +127,21 @@ pub fn render(
 
 #[cfg(test)]
 mod tests {
+    /// docs/kubernetes.md's table of reasons has a row for every reason a claim can
+    /// show: one per phase, and the Admitted condition's own.
+    #[test]
+    fn every_reason_has_a_row_in_the_docs_table() {
+        let docs = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/kubernetes.md"),
+        )
+        .unwrap();
+        for phase in Phase::ALL {
+            let row = format!("| `{}` | {} |", reason_of(phase), phase.name());
+            assert!(docs.contains(&row), "docs/kubernetes.md has no row {row}");
+        }
+        assert!(docs.contains("reason `CapacityHeld`"));
+    }
+
     use std::collections::BTreeMap;
 
     use serde_json::Value;
