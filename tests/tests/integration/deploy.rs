@@ -972,6 +972,7 @@ fn every_manifest_is_a_known_kubernetes_type_with_no_unknown_field() {
             "deviceclasses.yaml",
             "examples/bandwidth-200m.yaml",
             "examples/bandwidth-200m-client.yaml",
+            "examples/gpu-memory-4gi.yaml",
             "kubelet-plugin.yaml",
             "podmonitor.yaml",
             "prometheusrule.yaml",
@@ -2101,41 +2102,44 @@ fn example_claim_template_asks_for_an_amount_the_net_device_policy_allows() {
         "the step is enforced"
     );
 
-    // The example pod uses the template, from the container that runs.
+    // Each example pod uses a template, from the container that runs.
     let examples: Vec<(String, Value)> = docs
         .iter()
         .filter(|(f, _)| f.contains("/examples/"))
         .cloned()
         .collect();
-    let pod: Pod = the_typed(&examples, "Pod");
-    let spec = pod.spec.as_ref().unwrap();
-    assert_ne!(
-        spec.host_network,
-        Some(true),
-        "a host-network pod has no veth to limit"
-    );
-    let claims = spec.resource_claims.as_deref().unwrap_or_default();
-    let names: BTreeSet<&str> = templates
-        .iter()
-        .filter_map(|t| t.metadata.name.as_deref())
-        .collect();
-    for c in claims {
-        assert!(
-            c.resource_claim_template_name
-                .as_deref()
-                .is_some_and(|n| names.contains(n)),
-            "{}: not one of the example templates",
-            c.name
+    let pods: Vec<Pod> = typed(&examples, "Pod");
+    assert_eq!(pods.len(), 2, "the bandwidth and the GPU example");
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_ne!(
+            spec.host_network,
+            Some(true),
+            "a host-network pod has no veth to limit"
         );
+        let claims = spec.resource_claims.as_deref().unwrap_or_default();
+        let names: BTreeSet<&str> = templates
+            .iter()
+            .filter_map(|t| t.metadata.name.as_deref())
+            .collect();
+        for c in claims {
+            assert!(
+                c.resource_claim_template_name
+                    .as_deref()
+                    .is_some_and(|n| names.contains(n)),
+                "{}: not one of the example templates",
+                c.name
+            );
+        }
+        let used: BTreeSet<&str> = spec
+            .containers
+            .iter()
+            .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
+            .map(|c| c.name.as_str())
+            .collect();
+        let declared: BTreeSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(used, declared, "claims the containers use");
     }
-    let used: BTreeSet<&str> = spec
-        .containers
-        .iter()
-        .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
-        .map(|c| c.name.as_str())
-        .collect();
-    let declared: BTreeSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(used, declared, "claims the containers use");
 }
 
 /// The LICENSE file is the license Cargo.toml declares for every crate.
