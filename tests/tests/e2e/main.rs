@@ -494,6 +494,15 @@ pub(crate) fn shareguard_images(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// deploy/chart/, the Helm chart, as a path for `helm`.
+pub(crate) fn chart_dir() -> String {
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/chart");
+    chart
+        .to_str()
+        .unwrap_or_else(|| panic!("{chart:?} is not UTF-8"))
+        .to_owned()
+}
+
 /// The ResourceSlices shareguard's plugin published for `node`, as the API server has them.
 pub(crate) fn node_slices(c: &Cluster, node: &str) -> Vec<serde_json::Value> {
     let slices = c.json(&[

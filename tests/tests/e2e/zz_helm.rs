@@ -135,8 +135,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     if c.get(&["namespace", "shareguard-system"]).is_some() {
         run_script("uninstall.sh", &[]);
     }
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/chart");
-    let chart = chart.to_str().unwrap_or_else(|| panic!("{chart:?}"));
+    let chart = &chart_dir();
     let work = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
     // What a user's values name: the image (built here, as no registry is reachable).
     // podMonitor stays on: this cluster serves no PodMonitor API (no Prometheus
@@ -178,6 +177,32 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
                 .to_owned(),
             s["version"].as_u64().unwrap_or_default(),
         )
+    };
+
+    // Every shareguard pod on `tag` (both DaemonSets, both nodes).
+    let all_on = |tag: &str| {
+        let image = format!(" localhost/shareguard:{tag}");
+        wait_for(
+            &format!("every shareguard pod on {tag}"),
+            POD_TIMEOUT,
+            || {
+                let images = shareguard_images(&c);
+                if images.len() == 2 * NODES.len() && images.iter().all(|i| i.ends_with(&image)) {
+                    Ok(())
+                } else {
+                    Err(format!("{images:?}"))
+                }
+            },
+        );
+    };
+    // The share of the first pod enforced again by the agent on its node now.
+    let enforced_again = |share: &str, what: &str| {
+        wait_for(what, STATUS_TIMEOUT, || {
+            match share_phase(&c, NODES[0], share).as_str() {
+                "ENFORCED" => Ok(()),
+                other => Err(other.to_owned()),
+            }
+        });
     };
 
     let mut args = vec!["install", "shareguard", chart];
@@ -262,26 +287,8 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     c.helm(&args);
     rollout(&c);
     assert_eq!(release_status(&c), ("deployed".to_owned(), 2));
-    wait_for("every shareguard pod on helm-2", POD_TIMEOUT, || {
-        let images = shareguard_images(&c);
-        if images.len() == 2 * NODES.len()
-            && images
-                .iter()
-                .all(|i| i.ends_with(" localhost/shareguard:helm-2"))
-        {
-            Ok(())
-        } else {
-            Err(format!("{images:?}"))
-        }
-    });
-    wait_for(
-        "the new agent to enforce the share again",
-        STATUS_TIMEOUT,
-        || match share_phase(&c, NODES[0], &share).as_str() {
-            "ENFORCED" => Ok(()),
-            other => Err(other.to_owned()),
-        },
-    );
+    all_on("helm-2");
+    enforced_again(&share, "the new agent to enforce the share again");
     wait_enforced_status(&c, &before.name);
     let after = c.namespace("e2e-zz");
     enforced_pod(&c, &after.name, "p", NODES[1], "10M", ClaimKind::Template);
@@ -413,14 +420,7 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
             },
         );
     }
-    wait_for(
-        "the first pool's agent to enforce the share again",
-        STATUS_TIMEOUT,
-        || match share_phase(&c, NODES[0], &share).as_str() {
-            "ENFORCED" => Ok(()),
-            other => Err(other.to_owned()),
-        },
-    );
+    enforced_again(&share, "the first pool's agent to enforce the share again");
     wait_enforced_status(&c, &before.name);
     wait_enforced_status(&c, &after.name);
 
@@ -432,26 +432,8 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     c.helm(&args);
     rollout(&c);
     assert_eq!(release_status(&c), ("deployed".to_owned(), 5));
-    wait_for("every shareguard pod on dev again", POD_TIMEOUT, || {
-        let images = shareguard_images(&c);
-        if images.len() == 2 * NODES.len()
-            && images
-                .iter()
-                .all(|i| i.ends_with(" localhost/shareguard:dev"))
-        {
-            Ok(())
-        } else {
-            Err(format!("{images:?}"))
-        }
-    });
-    wait_for(
-        "the rolled-back agent to enforce the share again",
-        STATUS_TIMEOUT,
-        || match share_phase(&c, NODES[0], &share).as_str() {
-            "ENFORCED" => Ok(()),
-            other => Err(other.to_owned()),
-        },
-    );
+    all_on("dev");
+    enforced_again(&share, "the rolled-back agent to enforce the share again");
     wait_enforced_status(&c, &before.name);
     wait_enforced_status(&c, &after.name);
     assert_eq!(

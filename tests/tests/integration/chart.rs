@@ -560,8 +560,6 @@ fn other_values_render_valid_manifests_that_use_them() {
 #[test]
 fn values_the_chart_cannot_use_are_refused_naming_them() {
     let Some(helm) = helm() else { return };
-    let chart = chart();
-    let dir = tempfile::tempdir().unwrap();
     let device = "agent:\n  devices:\n    - name: d\n      ";
     let cases: Vec<(String, &str, &str)> = vec![
         (
@@ -612,26 +610,34 @@ fn values_the_chart_cannot_use_are_refused_naming_them() {
             "does not match pattern",
         ),
     ];
-    for (i, (values, at, why)) in cases.iter().enumerate() {
-        let file = dir.path().join(format!("bad-{i}.yaml"));
-        fs::write(&file, values).unwrap();
-        let (ok, out, err) = run(
-            &helm,
-            &[
-                "template",
-                "shareguard",
-                chart.to_str().unwrap(),
-                "-f",
-                file.to_str().unwrap(),
-            ],
-        );
-        assert!(!ok, "rendered with {values}:\n{out}");
+    for (values, at, why) in &cases {
+        let err = refused(&helm, values);
         assert!(
             err.contains(&format!("at '{at}'")) && err.contains(why),
             "{values}: wanted {at} and {why:?} in: {err}"
         );
-        assert!(out.is_empty(), "{values}: something rendered: {out}");
     }
+}
+
+/// What `helm template` says refusing the chart with `values`; a panic if it renders
+/// anything.
+fn refused(helm: &Path, values: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    fs::write(&file, values).unwrap();
+    let chart = chart();
+    let (ok, out, err) = run(
+        helm,
+        &[
+            "template",
+            "shareguard",
+            chart.to_str().unwrap(),
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok && out.is_empty(), "rendered with {values}:\n{out}");
+    err
 }
 
 /// The PodMonitor is made where the cluster serves its API (`helm template` is told so
@@ -872,7 +878,6 @@ nodePools:
     }
     assert_eq!(checksums.len(), 2, "two configs, one checksum");
 
-    let dir = tempfile::tempdir().unwrap();
     for (bad, said) in [
         (
             "nodePools:\n  - {name: a, nodeSelector: {pool: p1}, devices: []}\n  - {name: a, nodeSelector: {pool: p2}, devices: []}\n",
@@ -887,20 +892,8 @@ nodePools:
             "at '/nodePools/0/nodeSelector'",
         ),
     ] {
-        let file = dir.path().join("bad.yaml");
-        fs::write(&file, bad).unwrap();
-        let chart = chart();
-        let (ok, _, err) = run(
-            &helm,
-            &[
-                "template",
-                "shareguard",
-                chart.to_str().unwrap(),
-                "-f",
-                file.to_str().unwrap(),
-            ],
-        );
-        assert!(!ok && err.contains(said), "{bad}: {err}");
+        let err = refused(&helm, bad);
+        assert!(err.contains(said), "{bad}: {err}");
     }
 }
 
