@@ -308,3 +308,135 @@ fn k_the_admission_policy_keeps_a_plugin_to_its_node_pool_and_driver() {
         "{err}"
     );
 }
+
+/// Deletes the claim-namespace policy and its binding when dropped, so that a failed
+/// assertion leaves no policy refusing the next scenarios' claims.
+struct ClaimNamespacePolicy(Cluster);
+
+impl Drop for ClaimNamespacePolicy {
+    fn drop(&mut self) {
+        for kind in [
+            "validatingadmissionpolicybinding",
+            "validatingadmissionpolicy",
+        ] {
+            let _ = self.0.run(
+                &[
+                    "delete",
+                    kind,
+                    "shareguard-claim-namespaces",
+                    "--ignore-not-found",
+                ],
+                None,
+            );
+        }
+    }
+}
+
+/// k2. The chart's claim-namespace policy (deploy/chart/templates/claim-namespaces.yaml,
+/// made where devices do not allow every namespace) evaluated by the real API server:
+/// with the NICs allowed to one namespace and the GPU to all, a claim, a claim template
+/// and a claim whose first available subrequest names shareguard-net-bandwidth are
+/// refused in another namespace before anything is scheduled, with a message that names
+/// the namespace, the class and the namespaces allowed; the same three are taken in
+/// the allowed namespace, and a GPU claim is taken in both. Server-side dry runs.
+#[test]
+#[ignore = "needs the test cluster: make e2e"]
+fn k2_a_claim_in_a_namespace_no_device_allows_is_refused_before_scheduling() {
+    let c = Cluster::from_env();
+    let allowed = c.namespace("e2e-k2-allowed");
+    let refused = c.namespace("e2e-k2-refused");
+    let chart = &chart_dir();
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
+    let values = work.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "agent:\n  devices:\n    - {{name: nic-0, kind: net, interface: auto, allowedNamespaces: [{}], capacity: {{bandwidth: {{value: 10G}}}}}}\n    - {{name: gpu-0, kind: gpu, index: 0, allowedNamespaces: [\"*\"], capacity: {{memory: {{default: 1Gi}}}}}}\n",
+            allowed.name
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{values:?}: {e}"));
+    let values = values.to_str().unwrap_or_else(|| panic!("{values:?}"));
+    let policy = c.helm(&[
+        "template",
+        "shareguard",
+        chart,
+        "-f",
+        values,
+        "--show-only",
+        "templates/claim-namespaces.yaml",
+    ]);
+    assert!(
+        policy.contains("kind: ValidatingAdmissionPolicyBinding"),
+        "{policy}"
+    );
+    let _guard = ClaimNamespacePolicy(c.clone());
+    c.apply(&policy);
+
+    let request = |class: &str, first_available: bool| {
+        if first_available {
+            format!(
+                "    - name: r\n      firstAvailable:\n        - {{name: a, deviceClassName: shareguard-accounted, capacity: {{requests: {{bandwidth: 10M}}}}}}\n        - {{name: b, deviceClassName: {class}, capacity: {{requests: {{bandwidth: 10M}}}}}}\n"
+            )
+        } else {
+            format!("    - name: r\n      exactly: {{deviceClassName: {class}}}\n")
+        }
+    };
+    let claim = |class: &str, first_available: bool| {
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: k2}}\nspec:\n  devices:\n    requests:\n{}",
+            request(class, first_available)
+        )
+    };
+    let template = |class: &str| {
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {{name: k2}}\nspec:\n  spec:\n    devices:\n      requests:\n{}",
+            request(class, false)
+                .lines()
+                .map(|l| format!("  {l}\n"))
+                .collect::<String>()
+        )
+    };
+    // A poll: the API server takes a new policy into its admission a moment after the
+    // write.
+    let create = |ns: &str, doc: &str| {
+        let out = c.run(
+            &["create", "--dry-run=server", "-n", ns, "-f", "-"],
+            Some(doc),
+        );
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let net = "shareguard-net-bandwidth";
+    wait_for(
+        "the policy to refuse a claim",
+        STATUS_TIMEOUT,
+        || match create(&refused.name, &claim(net, false)) {
+            (false, err) if err.contains("may not use DeviceClass") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    for doc in [claim(net, false), claim(net, true), template(net)] {
+        let (ok, err) = create(&refused.name, &doc);
+        assert!(!ok, "taken in {}: {doc}", refused.name);
+        assert!(
+            err.contains(&format!(
+                "namespace {} may not use DeviceClass {net}: its devices allow {}",
+                refused.name, allowed.name
+            )),
+            "{err}"
+        );
+        let (ok, err) = create(&allowed.name, &doc);
+        assert!(ok, "refused in {}: {err}\n{doc}", allowed.name);
+    }
+    let gpu = claim("shareguard-gpu-memory", false);
+    for ns in [&refused.name, &allowed.name] {
+        let (ok, err) = create(ns, &gpu);
+        assert!(
+            ok,
+            "a GPU claim, open to every namespace, refused in {ns}: {err}"
+        );
+    }
+}

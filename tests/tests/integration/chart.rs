@@ -897,6 +897,77 @@ nodePools:
     }
 }
 
+/// The claim-namespace policy: none while every class has a device open to every
+/// namespace (the defaults), none when turned off; else one validation per closed
+/// class, each with the union of its devices' allowed and admin namespaces across
+/// every pool, sorted, and a class open through any of its devices left out.
+#[test]
+fn the_claim_namespace_policy_names_each_closed_class_and_its_namespaces() {
+    let Some(helm) = helm() else { return };
+    let policies = |values: &str| -> Vec<Value> {
+        let (_, docs) = render_checked(&helm, values);
+        of_kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .filter(|p| p["metadata"]["name"] == "shareguard-claim-namespaces")
+            .cloned()
+            .collect()
+    };
+    assert!(
+        policies("{}").is_empty(),
+        "the defaults allow every namespace"
+    );
+    let pools = r#"
+nodePools:
+  - name: a
+    nodeSelector: {pool: a}
+    devices:
+      - {name: nic-0, kind: net, interface: auto, allowedNamespaces: [team-b], adminNamespaces: [ops], capacity: {bandwidth: {value: 10G}}}
+      - {name: gpu-0, kind: gpu, index: 0, allowedNamespaces: ["*"], capacity: {memory: {default: 1Gi}}}
+  - name: b
+    nodeSelector: {pool: b}
+    devices:
+      - {name: nic-0, kind: net, interface: auto, allowedNamespaces: [team-a, team-b], capacity: {bandwidth: {value: 10G}}}
+      - {name: mem-0, kind: generic, allowedNamespaces: [team-c], capacity: {memory: {value: 8Gi}}}
+"#;
+    let found = policies(pools);
+    assert_eq!(found.len(), 1);
+    let checks: Vec<(String, String)> = found[0]["spec"]["validations"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["expression"].as_str().unwrap().to_owned(),
+                v["messageExpression"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // The two net classes are closed; the GPU classes and the accounted class (which
+    // takes any device, the GPU's too) are open.
+    assert_eq!(checks.len(), 2, "{checks:#?}");
+    for ((expr, message), class) in checks.iter().zip([
+        "shareguard-net-bandwidth",
+        "shareguard-net-bandwidth-limited",
+    ]) {
+        assert!(
+            expr.contains(&format!("deviceClassName == \"{class}\")")),
+            "{expr}"
+        );
+        assert!(
+            expr.contains(r#"request.namespace in ["ops","team-a","team-b"]"#),
+            "{expr}"
+        );
+        assert!(
+            message.contains(&format!(
+                "may not use DeviceClass {class}: its devices allow ops, team-a, team-b"
+            )),
+            "{message}"
+        );
+    }
+    let off = format!("{pools}admission:\n  claimNamespaces: false\n");
+    assert!(policies(&off).is_empty(), "turned off, yet a policy");
+}
+
 /// The token Secret: made by default with a random token of 48 letters and digits
 /// (another in each render without a cluster to look in: the one an install finds is
 /// kept, which the test cluster shows), named as the agent mounts it and the PodMonitor
