@@ -6,10 +6,12 @@
 //!   share is enforced.
 //! - [`slice`]: what a device's ResourceSlice entry holds and resource.k8s.io's limits on
 //!   it, shared by the agent's config checks and the kubelet plugin that publishes it.
+//! - [`pci`]: where a PCI device (a NIC, a GPU) sits in the machine, from sysfs.
 
 #[cfg(feature = "http")]
 pub mod http;
 pub mod limiter;
+pub mod pci;
 pub mod quantity;
 pub mod slice;
 

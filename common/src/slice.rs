@@ -11,8 +11,8 @@ pub const GPU_ATTRIBUTES: [&str; 3] = ["uuid", "model", "binds"];
 /// Attributes a NIC adds where the kernel says (none for a NIC without a PCI device):
 /// its NUMA node (an integer, in the driver's domain) and Kubernetes' standard PCIe
 /// root and PCI address, which other drivers' devices carry too, so that a claim can
-/// ask for a GPU and a NIC on one root (`matchAttribute`).
-pub const NET_ATTRIBUTES: [&str; 3] = [
+/// ask for a GPU and a NIC on one root (`matchAttribute`). See [`crate::pci`].
+pub const PLACEMENT_ATTRIBUTES: [&str; 3] = [
     "numaNode",
     "resource.kubernetes.io/pcieRoot",
     "resource.kubernetes.io/pciBusID",
@@ -32,7 +32,7 @@ pub fn attributes_for(kind: &str) -> usize {
     DEVICE_ATTRIBUTES.len()
         + match kind {
             "gpu" => GPU_ATTRIBUTES.len(),
-            "net" => NET_ATTRIBUTES.len(),
+            "net" => PLACEMENT_ATTRIBUTES.len(),
             _ => 0,
         }
 }

@@ -4,7 +4,7 @@
 
 use std::{fs, io::ErrorKind, path::Path};
 
-use shareguard_common::limiter::DeviceFault;
+use shareguard_common::{limiter::DeviceFault, pci::Placement};
 
 /// Where the kernel lists the interfaces of the reader's network namespace.
 pub const SYS_CLASS_NET: &str = "/sys/class/net";
@@ -96,77 +96,13 @@ pub fn default_route_interface(proc_net: &Path) -> Result<String, String> {
         .ok_or_else(|| "the node has no default route (IPv4 or IPv6) that is up".to_owned())
 }
 
-/// Where a NIC sits in the machine, for allocations that want devices close together
-/// (one PCIe root, one NUMA node). Each None where the NIC has no PCI device (veth,
-/// bridge, bond) or the kernel does not say.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Placement {
-    /// The PCIe root complex, `pci<domain>:<bus>` (`resource.kubernetes.io/pcieRoot`).
-    pub pcie_root: Option<String>,
-    /// The PCI address, `<domain>:<bus>:<device>.<function>`
-    /// (`resource.kubernetes.io/pciBusID`).
-    pub pci_bus_id: Option<String>,
-    /// The NUMA node the kernel gives the PCI device (none where it says -1).
-    pub numa_node: Option<i64>,
-}
-
-/// `interface`'s [`Placement`], from its `device` link in `sys` (/sys/class/net). The
-/// link resolves to /sys/devices/pci<root>/<bridges...>/<address>[/<function of a bus
-/// such as virtio>]: the root is the first component, the address the last PCI
-/// address, the NUMA node that device's `numa_node`.
+/// `interface`'s place in the machine, from its `device` link in `sys`
+/// (/sys/class/net); nothing where it has no PCI device (veth, bridge, bond).
 pub fn placement(sys: &Path, interface: &str) -> Placement {
-    let mut p = Placement::default();
     if interface.is_empty() || interface.contains('/') || interface == "." || interface == ".." {
-        return p;
+        return Placement::default();
     }
-    let Ok(device) = fs::canonicalize(sys.join(interface).join("device")) else {
-        return p;
-    };
-    let parts: Vec<&str> = device
-        .components()
-        .filter_map(|c| c.as_os_str().to_str())
-        .collect();
-    let Some(root_at) = parts.iter().position(|c| is_pcie_root(c)) else {
-        return p;
-    };
-    p.pcie_root = Some(parts[root_at].to_owned());
-    let Some(last_pci) = parts.iter().rposition(|c| is_pci_address(c)) else {
-        return p;
-    };
-    p.pci_bus_id = Some(parts[last_pci].to_owned());
-    let pci_dir: std::path::PathBuf = device
-        .components()
-        .take(device.components().count() - (parts.len() - 1 - last_pci))
-        .collect();
-    p.numa_node = fs::read_to_string(pci_dir.join("numa_node"))
-        .ok()
-        .and_then(|t| t.trim().parse::<i64>().ok())
-        .filter(|n| *n >= 0);
-    p
-}
-
-/// `pci<domain>:<bus>`: four and two hex digits.
-fn is_pcie_root(c: &str) -> bool {
-    c.strip_prefix("pci").is_some_and(|rest| {
-        let b = rest.as_bytes();
-        b.len() == 7
-            && b[4] == b':'
-            && b.iter()
-                .enumerate()
-                .all(|(i, x)| i == 4 || x.is_ascii_hexdigit())
-    })
-}
-
-/// `<domain>:<bus>:<device>.<function>`: `0000:00:03.0`.
-fn is_pci_address(c: &str) -> bool {
-    let b = c.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && b.iter()
-            .enumerate()
-            .all(|(i, x)| matches!(i, 4 | 7 | 10) || x.is_ascii_hexdigit())
+    shareguard_common::pci::placement(&sys.join(interface).join("device"))
 }
 
 #[cfg(test)]

@@ -434,7 +434,7 @@ impl Limiter for NetLimiter {
             .as_deref()
             .map(|i| crate::link::placement(sys, i))
             .unwrap_or_default();
-        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::NET_ATTRIBUTES;
+        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::PLACEMENT_ATTRIBUTES;
         let attributes = [
             (pcie_root, placement.pcie_root),
             (pci_bus_id, placement.pci_bus_id),

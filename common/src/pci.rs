@@ -1,0 +1,94 @@
+//! Where a PCI device sits in the machine, read from sysfs: its PCIe root complex, its
+//! address and its NUMA node, which a device's ResourceSlice entry publishes so that a
+//! claim can ask for devices close together (a GPU and a NIC on one root, with
+//! `matchAttribute` on Kubernetes' standard `resource.kubernetes.io/pcieRoot`).
+
+use std::{fs, path::Path};
+
+/// A device's place in the machine. Each None where the device is no PCI device or
+/// the kernel does not say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The PCIe root complex, `pci<domain>:<bus>` (`resource.kubernetes.io/pcieRoot`).
+    pub pcie_root: Option<String>,
+    /// The PCI address, `<domain>:<bus>:<device>.<function>`
+    /// (`resource.kubernetes.io/pciBusID`).
+    pub pci_bus_id: Option<String>,
+    /// The NUMA node the kernel gives the PCI device (none where it says -1).
+    pub numa_node: Option<i64>,
+}
+
+/// Where the kernel lists PCI devices by address.
+pub const SYS_BUS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// The [`Placement`] of the device at sysfs path `device` (a link such as
+/// /sys/class/net/eth0/device or /sys/bus/pci/devices/0000:3b:00.0). It resolves to
+/// /sys/devices/pci<root>/<bridges...>/<address>[/<function of a bus such as virtio>]:
+/// the root is the first component, the address the last PCI address, the NUMA node
+/// that device's `numa_node`.
+pub fn placement(device: &Path) -> Placement {
+    let mut p = Placement::default();
+    let Ok(device) = fs::canonicalize(device) else {
+        return p;
+    };
+    let parts: Vec<&str> = device
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .collect();
+    let Some(root_at) = parts.iter().position(|c| is_pcie_root(c)) else {
+        return p;
+    };
+    p.pcie_root = Some(parts[root_at].to_owned());
+    let Some(last_pci) = parts.iter().rposition(|c| is_pci_address(c)) else {
+        return p;
+    };
+    p.pci_bus_id = Some(parts[last_pci].to_owned());
+    let pci_dir: std::path::PathBuf = device
+        .components()
+        .take(device.components().count() - (parts.len() - 1 - last_pci))
+        .collect();
+    p.numa_node = fs::read_to_string(pci_dir.join("numa_node"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i64>().ok())
+        .filter(|n| *n >= 0);
+    p
+}
+
+/// `pci<domain>:<bus>`: four and two hex digits.
+fn is_pcie_root(c: &str) -> bool {
+    c.strip_prefix("pci").is_some_and(|rest| {
+        let b = rest.as_bytes();
+        b.len() == 7
+            && b[4] == b':'
+            && b.iter()
+                .enumerate()
+                .all(|(i, x)| i == 4 || x.is_ascii_hexdigit())
+    })
+}
+
+/// `<domain>:<bus>:<device>.<function>`: `0000:00:03.0`.
+pub fn is_pci_address(c: &str) -> bool {
+    let b = c.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, x)| matches!(i, 4 | 7 | 10) || x.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_and_addresses_are_told_from_other_path_parts() {
+        assert!(is_pcie_root("pci0000:3a"));
+        assert!(!is_pcie_root("pci0000:3"));
+        assert!(!is_pcie_root("pci_bus"));
+        assert!(is_pci_address("0000:3b:00.1"));
+        assert!(!is_pci_address("0000:3b:00"));
+        assert!(!is_pci_address("virtio2"));
+    }
+}
