@@ -78,6 +78,21 @@ pub fn is_pci_address(c: &str) -> bool {
             .all(|(i, x)| matches!(i, 4 | 7 | 10) || x.is_ascii_hexdigit())
 }
 
+/// A PCI address as NVML gives it (`00000000:3B:00.0`: an 8-digit domain, upper case)
+/// in sysfs's spelling (`0000:3b:00.0`), or None when it is not one.
+pub fn from_nvml_bus_id(bus_id: &str) -> Option<String> {
+    let (domain, rest) = bus_id.trim().split_once(':')?;
+    if domain.len() < 4 || !domain.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let (high, low) = domain.split_at(domain.len() - 4);
+    if high.bytes().any(|b| b != b'0') {
+        return None;
+    }
+    let address = format!("{low}:{rest}").to_ascii_lowercase();
+    is_pci_address(&address).then_some(address)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +105,24 @@ mod tests {
         assert!(is_pci_address("0000:3b:00.1"));
         assert!(!is_pci_address("0000:3b:00"));
         assert!(!is_pci_address("virtio2"));
+    }
+
+    #[test]
+    fn nvml_s_bus_ids_are_spelled_as_sysfs_does() {
+        assert_eq!(
+            from_nvml_bus_id("00000000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            from_nvml_bus_id("0001:c1:00.0").as_deref(),
+            Some("0001:c1:00.0")
+        );
+        assert_eq!(
+            from_nvml_bus_id("00010000:3B:00.0"),
+            None,
+            "a domain above 16 bits"
+        );
+        assert_eq!(from_nvml_bus_id("GPU-1234"), None);
+        assert_eq!(from_nvml_bus_id(""), None);
     }
 }

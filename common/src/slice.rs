@@ -8,10 +8,10 @@ pub const DEVICE_ATTRIBUTES: [&str; 4] = ["kind", "mechanism", "enforced", "stag
 /// `share` (all of the share's processes together), `process` (each process on its
 /// own: MPS), or `none` (the watchdog only reports or stops after the fact).
 pub const GPU_ATTRIBUTES: [&str; 3] = ["uuid", "model", "binds"];
-/// Attributes a NIC adds where the kernel says (none for a NIC without a PCI device):
-/// its NUMA node (an integer, in the driver's domain) and Kubernetes' standard PCIe
-/// root and PCI address, which other drivers' devices carry too, so that a claim can
-/// ask for a GPU and a NIC on one root (`matchAttribute`). See [`crate::pci`].
+/// Attributes a NIC or a GPU adds where the kernel says (none for a NIC without a PCI
+/// device): its NUMA node (an integer, in the driver's domain) and Kubernetes' standard
+/// PCIe root and PCI address, which other drivers' devices carry too, so that a claim
+/// can ask for a GPU and a NIC on one root (`matchAttribute`). See [`crate::pci`].
 pub const PLACEMENT_ATTRIBUTES: [&str; 3] = [
     "numaNode",
     "resource.kubernetes.io/pcieRoot",
@@ -31,7 +31,7 @@ pub const MAX_VALID_VALUES: usize = 10;
 pub fn attributes_for(kind: &str) -> usize {
     DEVICE_ATTRIBUTES.len()
         + match kind {
-            "gpu" => GPU_ATTRIBUTES.len(),
+            "gpu" => GPU_ATTRIBUTES.len() + PLACEMENT_ATTRIBUTES.len(),
             "net" => PLACEMENT_ATTRIBUTES.len(),
             _ => 0,
         }

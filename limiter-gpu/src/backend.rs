@@ -31,6 +31,9 @@ pub struct GpuInfo {
     /// The minor number of the GPU's device node, `/dev/nvidia<minor>`; None where the
     /// driver cannot say. It is not the index: NVML orders GPUs by PCI bus id.
     pub minor: Option<u32>,
+    /// The GPU's PCI address in sysfs's spelling (`0000:3b:00.0`), where the driver
+    /// gives one: where the GPU sits in the machine ([`shareguard_common::pci`]).
+    pub pci_bus_id: Option<String>,
 }
 
 /// A process that holds a compute context on a GPU.

@@ -602,6 +602,22 @@ impl Limiter for GpuLimiter {
         if !d.gpu.name.is_empty() {
             attributes.insert(model.to_owned(), d.gpu.name.clone());
         }
+        // Where the GPU sits: the PCI address the driver gives, its root and NUMA node
+        // from sysfs (what a claim aligns a NIC with).
+        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::PLACEMENT_ATTRIBUTES;
+        let mut int_attributes = BTreeMap::new();
+        if let Some(bus) = &d.gpu.pci_bus_id {
+            let p = shareguard_common::pci::placement(
+                &std::path::Path::new(shareguard_common::pci::SYS_BUS_PCI_DEVICES).join(bus),
+            );
+            attributes.insert(pci_bus_id.to_owned(), bus.clone());
+            if let Some(root) = p.pcie_root {
+                attributes.insert(pcie_root.to_owned(), root);
+            }
+            if let Some(n) = p.numa_node {
+                int_attributes.insert(numa.to_owned(), n);
+            }
+        }
         DeviceFacts {
             mechanism: self.label(d.mechanism),
             // A simulated GPU limits nothing real, the watchdog acts only after a pod
@@ -610,7 +626,7 @@ impl Limiter for GpuLimiter {
                 && !self.backend.is_simulated()
                 && self.driver_edits(device).is_ok(),
             attributes,
-            int_attributes: Default::default(),
+            int_attributes,
             // The call the watchdog makes every poll: a GPU that does not answer it (lost
             // from the bus, the driver gone or reloading) holds no share's memory to
             // anything the agent can see.

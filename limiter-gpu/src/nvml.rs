@@ -464,6 +464,10 @@ impl GpuBackend for NvmlBackend {
                 mig: Self::mig_mode(&d)?,
                 driver_version: self.driver_version.clone(),
                 minor: d.minor_number().ok(),
+                pci_bus_id: d
+                    .pci_info()
+                    .ok()
+                    .and_then(|p| shareguard_common::pci::from_nvml_bus_id(&p.bus_id)),
             });
         }
         Ok(out)

@@ -43,6 +43,8 @@ pub enum GpuBackendKind {
         /// Whether it offers MPS (which then runs real daemons of the MPS config's
         /// control program).
         mps: bool,
+        /// The PCI address it claims (`[device.simulated] pci_bus_id`), if any.
+        pci_bus_id: Option<String>,
     },
 }
 
@@ -178,11 +180,13 @@ fn simulated_backend(
                     memory_bytes,
                     cgroup_limits,
                     mps,
+                    pci_bus_id,
                 },
             ) => {
                 let mut gpu = SimulatedGpu::new(u.clone(), *memory_bytes);
                 gpu.cgroup_limits = *cgroup_limits;
                 gpu.mps = *mps;
+                gpu.pci_bus_id = pci_bus_id.clone();
                 Some(gpu)
             }
             _ => None,

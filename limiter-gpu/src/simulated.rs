@@ -35,6 +35,9 @@ pub struct SimulatedGpu {
     pub cgroup_limits: bool,
     /// Whether a simulated MPS control daemon runs for this GPU.
     pub mps: bool,
+    /// The PCI address it claims, where the test gives one (a real device's, so that
+    /// its placement is read from sysfs as a real GPU's would be).
+    pub pci_bus_id: Option<String>,
 }
 
 impl SimulatedGpu {
@@ -46,6 +49,7 @@ impl SimulatedGpu {
             mig: MigMode::Disabled,
             cgroup_limits: true,
             mps: true,
+            pci_bus_id: None,
         }
     }
 }
@@ -319,6 +323,7 @@ impl GpuBackend for SimulatedBackend {
                 driver_version: SIMULATED_DRIVER_VERSION.into(),
                 // Its place in the list, as on a node where no GPU was ever removed.
                 minor: Some(index),
+                pci_bus_id: g.pci_bus_id.clone(),
             })
             .collect())
     }

@@ -46,6 +46,7 @@ pub(crate) struct RawSimulated {
     memory: Spanned<String>,
     cgroup_limits: Option<bool>,
     mps: Option<bool>,
+    pci_bus_id: Option<Spanned<String>>,
 }
 
 /// The gpu-only fields of a raw `[[device]]` table.
@@ -167,11 +168,27 @@ impl RawGpu<'_> {
                             format!("device {name}: simulated.memory: {q} is not a positive number of bytes"),
                         )
                     })?;
+                let pci_bus_id = match &s.get_ref().pci_bus_id {
+                    None => None,
+                    Some(id) if shareguard_common::pci::is_pci_address(id.get_ref()) => {
+                        Some(id.get_ref().clone())
+                    }
+                    Some(id) => {
+                        return Err((
+                            id.span(),
+                            format!(
+                                "device {name}: simulated.pci_bus_id {:?} is not a PCI address as sysfs spells it (0000:3b:00.0)",
+                                id.get_ref()
+                            ),
+                        ));
+                    }
+                };
                 (
                     GpuBackendKind::Simulated {
                         memory_bytes: bytes,
                         cgroup_limits: s.get_ref().cgroup_limits.unwrap_or(true),
                         mps: s.get_ref().mps.unwrap_or(true),
+                        pci_bus_id,
                     },
                     Some(q),
                 )

@@ -407,6 +407,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "SIMULATED GPU: offers MPS.",
     ),
     (
+        "device.simulated.pci_bus_id",
+        "string",
+        "none",
+        "SIMULATED GPU: the PCI address it claims (0000:3b:00.0), whose place in the machine is read from sysfs as a real GPU's.",
+    ),
+    (
         "device.stage",
         "string",
         "its class's (rollout.class), else enforce",

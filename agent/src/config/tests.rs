@@ -245,6 +245,7 @@ fn a_simulated_gpu_takes_its_memory_and_names_itself() {
             memory_bytes: 80 << 30,
             cgroup_limits: true,
             mps: true,
+            pci_bus_id: None,
         }
     );
     assert_eq!(g.selector, GpuSelector::Uuid("GPU-simulated-gpu-0".into()));

@@ -170,7 +170,9 @@ async fn link_speed_of_the_interface_is_the_capacity_when_none_is_given() {
 /// machine's own, read only: its link state and placement) and publishes where it sits
 /// in the machine, as the kernel's sysfs has it independently of the agent: the
 /// standard PCIe root and PCI address, and the NUMA node where the kernel gives one. A
-/// veth has no PCI device, so its device publishes none of them.
+/// veth has no PCI device, so its device publishes none of them. A SIMULATED GPU that
+/// claims the NIC's PCI address is placed as a real GPU would be, from sysfs: on the
+/// NIC's root, so a claim could align the two.
 #[tokio::test]
 async fn an_auto_interface_is_the_default_route_nic_and_says_where_it_sits() {
     if !net::privileged("an_auto_interface_is_the_default_route_nic_and_says_where_it_sits") {
@@ -202,7 +204,30 @@ async fn an_auto_interface_is_the_default_route_nic_and_says_where_it_sits() {
         "nic-veth",
         &format!("interface = {:?}\n{CAPACITY}", pod.host_if()),
     );
-    let a = start(format!("{auto}{veth}"), &pins);
+    // The NIC's PCI address as sysfs resolves it, for the simulated GPU to claim.
+    let nic_bus = fs::canonicalize(format!("/sys/class/net/{nic}/device"))
+        .ok()
+        .and_then(|p| {
+            p.components()
+                .filter_map(|c| c.as_os_str().to_str().map(str::to_owned))
+                .rfind(|c| shareguard_common::pci::is_pci_address(c))
+        });
+    let cdi = tempfile::tempdir().unwrap();
+    let gpu = match &nic_bus {
+        Some(bus) => {
+            shareguard_tests::simulated_gpu_device("{ period = \"1s\", action = \"report\" }")
+                .replace(
+                    "[device.simulated]\n",
+                    &format!("[device.simulated]\npci_bus_id = {bus:?}\n"),
+                )
+        }
+        None => String::new(),
+    };
+    let a = net::start_agent(
+        format!("{auto}{veth}{gpu}"),
+        &pins,
+        &format!("cdi_dir = {:?}", cdi.path()),
+    );
     let mut c = a.client().await;
     let d = device(&mut c, "nic-auto").await;
     assert_eq!(d.fault, "", "the default route's NIC is up: {d:?}");
@@ -231,6 +256,16 @@ async fn an_auto_interface_is_the_default_route_nic_and_says_where_it_sits() {
         }
         // A NIC without a device (virtual): no placement to publish.
         Err(_) => assert!(!d.attributes.contains_key(pcie_root), "{d:?}"),
+    }
+    if let Some(bus) = &nic_bus {
+        let g = device(&mut c, "gpu-0").await;
+        assert_eq!(g.attributes.get(bus_id), Some(bus), "{g:?}");
+        assert_eq!(
+            g.attributes.get(pcie_root),
+            d.attributes.get(pcie_root),
+            "the GPU on the NIC's address is on its root: {g:?}"
+        );
+        assert_eq!(g.int_attributes, d.int_attributes, "{g:?}");
     }
     let d = device(&mut c, "nic-veth").await;
     assert!(
