@@ -9,6 +9,12 @@ use shareguard_common::{limiter::DeviceFault, pci::Placement};
 /// Where the kernel lists the interfaces of the reader's network namespace.
 pub const SYS_CLASS_NET: &str = "/sys/class/net";
 
+/// Whether `name` can be an interface's name under [`SYS_CLASS_NET`]: a name with a
+/// slash or a dot-dot would read another file than the interface's.
+pub fn is_interface_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name == "." || name == "..")
+}
+
 /// Why `interface` cannot carry traffic now, or None when its link is up. `sys` is the
 /// sysfs directory of interfaces ([`SYS_CLASS_NET`]; another in tests).
 ///
@@ -16,8 +22,7 @@ pub const SYS_CLASS_NET: &str = "/sys/class/net";
 /// track the state report, such as loopback and tun) carry traffic; `down`,
 /// `lowerlayerdown` (a lower device down), `notpresent`, `dormant` and `testing` do not.
 pub fn fault(sys: &Path, interface: &str) -> Option<DeviceFault> {
-    // A name with a slash or a dot-dot would read another file than the interface's.
-    if interface.is_empty() || interface.contains('/') || interface == "." || interface == ".." {
+    if !is_interface_name(interface) {
         return Some(DeviceFault::new(
             "link-gone",
             format!("interface {interface:?} is not an interface name"),
@@ -99,7 +104,7 @@ pub fn default_route_interface(proc_net: &Path) -> Result<String, String> {
 /// `interface`'s place in the machine, from its `device` link in `sys`
 /// (/sys/class/net); nothing where it has no PCI device (veth, bridge, bond).
 pub fn placement(sys: &Path, interface: &str) -> Placement {
-    if interface.is_empty() || interface.contains('/') || interface == "." || interface == ".." {
+    if !is_interface_name(interface) {
         return Placement::default();
     }
     shareguard_common::pci::placement(&sys.join(interface).join("device"))

@@ -469,7 +469,7 @@ fn link_percent(
 
 /// `percent` % of a NIC's link speed from sysfs, in bit/s.
 fn link_speed(nic: &str, percent: u8) -> Result<Quantity, String> {
-    if nic.is_empty() || nic.contains('/') || nic == "." || nic == ".." {
+    if !link::is_interface_name(nic) {
         return Err(format!("interface {nic:?} is not an interface name"));
     }
     let path = format!("/sys/class/net/{nic}/speed");

@@ -563,7 +563,7 @@ enum PodState {
 /// The index of host link `name` now, from sysfs (the agent runs in the host's network
 /// namespace, whose sysfs view this is).
 fn host_link_index(name: &str) -> Option<u32> {
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+    if !shareguard_limiter_net::link::is_interface_name(name) {
         return None;
     }
     std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
