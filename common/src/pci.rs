@@ -3,7 +3,7 @@
 //! claim can ask for devices close together (a GPU and a NIC on one root, with
 //! `matchAttribute` on Kubernetes' standard `resource.kubernetes.io/pcieRoot`).
 
-use std::{fs, path::Path};
+use std::{collections::BTreeMap, fs, path::Path};
 
 /// A device's place in the machine. Each None where the device is no PCI device or
 /// the kernel does not say.
@@ -16,6 +16,27 @@ pub struct Placement {
     pub pci_bus_id: Option<String>,
     /// The NUMA node the kernel gives the PCI device (none where it says -1).
     pub numa_node: Option<i64>,
+}
+
+impl Placement {
+    /// Adds what is known of the place to a device's attributes
+    /// ([`crate::slice::PLACEMENT_ATTRIBUTES`]): the PCIe root and the address as
+    /// strings, the NUMA node as an int.
+    pub fn add_attributes(
+        self,
+        strings: &mut BTreeMap<String, String>,
+        ints: &mut BTreeMap<String, i64>,
+    ) {
+        let [numa, pcie_root, pci_bus_id] = crate::slice::PLACEMENT_ATTRIBUTES;
+        for (name, value) in [(pcie_root, self.pcie_root), (pci_bus_id, self.pci_bus_id)] {
+            if let Some(v) = value {
+                strings.insert(name.to_owned(), v);
+            }
+        }
+        if let Some(n) = self.numa_node {
+            ints.insert(numa.to_owned(), n);
+        }
+    }
 }
 
 /// Where the kernel lists PCI devices by address.

@@ -604,19 +604,14 @@ impl Limiter for GpuLimiter {
         }
         // Where the GPU sits: the PCI address the driver gives, its root and NUMA node
         // from sysfs (what a claim aligns a NIC with).
-        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::PLACEMENT_ATTRIBUTES;
         let mut int_attributes = BTreeMap::new();
         if let Some(bus) = &d.gpu.pci_bus_id {
-            let p = shareguard_common::pci::placement(
+            let mut p = shareguard_common::pci::placement(
                 &std::path::Path::new(shareguard_common::pci::SYS_BUS_PCI_DEVICES).join(bus),
             );
-            attributes.insert(pci_bus_id.to_owned(), bus.clone());
-            if let Some(root) = p.pcie_root {
-                attributes.insert(pcie_root.to_owned(), root);
-            }
-            if let Some(n) = p.numa_node {
-                int_attributes.insert(numa.to_owned(), n);
-            }
+            // The driver's address, also where sysfs has no such device to resolve.
+            p.pci_bus_id = Some(bus.clone());
+            p.add_attributes(&mut attributes, &mut int_attributes);
         }
         DeviceFacts {
             mechanism: self.label(d.mechanism),

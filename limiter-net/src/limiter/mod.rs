@@ -428,29 +428,16 @@ impl Limiter for NetLimiter {
     }
 
     fn device_facts(&self, _device: &str) -> DeviceFacts {
-        let sys = Path::new(crate::link::SYS_CLASS_NET);
-        let placement = self
-            .interface
-            .as_deref()
-            .map(|i| crate::link::placement(sys, i))
-            .unwrap_or_default();
-        let [numa, pcie_root, pci_bus_id] = shareguard_common::slice::PLACEMENT_ATTRIBUTES;
-        let attributes = [
-            (pcie_root, placement.pcie_root),
-            (pci_bus_id, placement.pci_bus_id),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| Some((k.to_owned(), v?)))
-        .collect();
+        let (mut attributes, mut int_attributes) = Default::default();
+        if let Some(i) = self.interface.as_deref() {
+            crate::link::placement(Path::new(crate::link::SYS_CLASS_NET), i)
+                .add_attributes(&mut attributes, &mut int_attributes);
+        }
         DeviceFacts {
             mechanism: self.mechanism.name().to_owned(),
             enforces: true,
             attributes,
-            int_attributes: placement
-                .numa_node
-                .map(|n| (numa.to_owned(), n))
-                .into_iter()
-                .collect(),
+            int_attributes,
             fault: self
                 .interface
                 .as_deref()
