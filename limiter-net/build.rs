@@ -1,9 +1,10 @@
 //! Builds the BPF programs in `../ebpf` (for `bpfel-unknown-none`, with the nightly
-//! toolchain and bpf-linker) into `OUT_DIR/shareguard-ebpf`, which `src/bpf.rs` embeds.
+//! toolchain pinned in `../ebpf/rust-toolchain.toml` and bpf-linker) into
+//! `OUT_DIR/shareguard-ebpf`, which `src/bpf.rs` embeds.
 //!
 //! `ebpf/` is not part of the host workspace, so this script is the only thing that builds
 //! it: `cargo build` from the repository root is enough once the toolchain is installed.
-//! aya-build runs a nested `cargo +nightly build` from the current directory, which is
+//! aya-build runs a nested `cargo +<that nightly> build` from the current directory, which is
 //! why the script changes into `ebpf/` first (the package is not in this workspace).
 
 use std::{
@@ -42,7 +43,10 @@ fn build() -> Result<(), String> {
     }
     println!("cargo:rerun-if-env-changed=PATH");
 
-    check_toolchain()?;
+    let toolchain_file = ebpf_dir.join("rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", toolchain_file.display());
+    let nightly = pinned_channel(&toolchain_file)?;
+    check_toolchain(&nightly)?;
 
     let ebpf_dir_str = ebpf_dir
         .to_str()
@@ -59,7 +63,7 @@ fn build() -> Result<(), String> {
         root_dir: ebpf_dir_str,
         ..Default::default()
     };
-    aya_build::build_ebpf([package], aya_build::Toolchain::Nightly)
+    aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&nightly))
         .map_err(|e| format!("{e:#}"))?;
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or("OUT_DIR not set")?);
@@ -75,24 +79,37 @@ fn build() -> Result<(), String> {
     Ok(())
 }
 
+/// The `channel = "..."` of a rust-toolchain.toml: the one line of it this script needs,
+/// read without a TOML parser among the build dependencies.
+fn pinned_channel(file: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim_start().strip_prefix('='))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .find(|channel| !channel.is_empty())
+        .ok_or_else(|| format!("{} names no `channel = \"...\"`", file.display()))
+}
+
 /// Fails with a message naming what is missing and how to install it, instead of the
 /// nested cargo's error from deep inside a build-std or linker invocation.
-fn check_toolchain() -> Result<(), String> {
-    let nightly = Command::new("rustup")
-        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+fn check_toolchain(nightly: &str) -> Result<(), String> {
+    let sysroot = Command::new("rustup")
+        .args(["run", nightly, "rustc", "--print", "sysroot"])
         .output()
-        .map_err(|e| format!("cannot run rustup ({e}): the BPF build needs rustup with a nightly toolchain; {INSTALL_HINT}"))?;
-    if !nightly.status.success() {
+        .map_err(|e| format!("cannot run rustup ({e}): the BPF build needs rustup with the {nightly} toolchain; {INSTALL_HINT}"))?;
+    if !sysroot.status.success() {
         return Err(format!(
-            "the nightly Rust toolchain is not installed ({}); {INSTALL_HINT}",
-            String::from_utf8_lossy(&nightly.stderr).trim()
+            "the {nightly} Rust toolchain is not installed ({}); {INSTALL_HINT}",
+            String::from_utf8_lossy(&sysroot.stderr).trim()
         ));
     }
-    let sysroot = String::from_utf8_lossy(&nightly.stdout).trim().to_owned();
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_owned();
     let core_src = Path::new(&sysroot).join("lib/rustlib/src/rust/library/core");
     if !core_src.is_dir() {
         return Err(format!(
-            "the nightly toolchain lacks rust-src (no {}), which -Z build-std=core needs; {INSTALL_HINT}",
+            "the {nightly} toolchain lacks rust-src (no {}), which -Z build-std=core needs; {INSTALL_HINT}",
             core_src.display()
         ));
     }

@@ -12,7 +12,7 @@
 # The kept corpus is only read: libFuzzer writes what it finds into the first corpus
 # directory it is given, which here is a temporary copy, so a run changes no tracked
 # file (fuzz/artifacts is ignored). FUZZ_CORPUS_OUT=DIR keeps those copies (DIR/<target>), to merge the useful
-# ones into fuzz/corpus with `cargo +nightly fuzz cmin` (docs/fuzzing.md).
+# ones into fuzz/corpus with `cargo +"$SG_NIGHTLY" fuzz cmin` (docs/fuzzing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -27,17 +27,17 @@ fi
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 # cargo-fuzz has no --locked; this fails, as --locked would, when fuzz/Cargo.lock is stale.
-cargo +nightly metadata --manifest-path fuzz/Cargo.toml --locked --format-version 1 >/dev/null
+cargo +"$SG_NIGHTLY" metadata --manifest-path fuzz/Cargo.toml --locked --format-version 1 >/dev/null
 
 if (($#)); then
   targets=("$@")
 else
-  mapfile -t targets < <(cargo +nightly fuzz list)
+  mapfile -t targets < <(cargo +"$SG_NIGHTLY" fuzz list)
 fi
 
 echo "==> cargo fuzz build (${targets[*]})"
 start=$SECONDS
-cargo +nightly fuzz build
+cargo +"$SG_NIGHTLY" fuzz build
 echo "    built in $((SECONDS - start)) s"
 
 work=$(mktemp -d /tmp/shareguard-fuzz.XXXXXX)
@@ -61,7 +61,7 @@ for t in "${targets[@]}"; do
   echo "==> fuzz $t (${seconds} s, from fuzz/corpus/$t)"
   log="$work/$t.log"
   status=0
-  cargo +nightly fuzz run "$t" "$corpus" "fuzz/corpus/$t" -- "${args[@]}" 2>&1 | tee "$log" ||
+  cargo +"$SG_NIGHTLY" fuzz run "$t" "$corpus" "fuzz/corpus/$t" -- "${args[@]}" 2>&1 | tee "$log" ||
     status=${PIPESTATUS[0]}
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   if ((status)); then

@@ -15,15 +15,26 @@ ensure_debs() {
   fi
 }
 
+# The toolchains the repository pins: rust-toolchain.toml for everything, and
+# ebpf/rust-toolchain.toml's dated nightly for the eBPF programs and cargo-fuzz.
+_sg_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+pinned_channel() {
+  sed -n 's/^channel *= *"\(.*\)"/\1/p' "$1"
+}
+SG_STABLE="$(pinned_channel "$_sg_repo/rust-toolchain.toml")"
+SG_NIGHTLY="$(pinned_channel "$_sg_repo/ebpf/rust-toolchain.toml")"
+
 ensure_rust() {
-  if ! command -v cargo >/dev/null 2>&1; then
-    echo "cargo not found: this machine kind ships a Rust toolchain via rustup; install it first" >&2
+  if ! command -v rustup >/dev/null 2>&1; then
+    echo "rustup not found: this machine kind ships Rust via rustup; install it first" >&2
     exit 1
   fi
-  # clippy and rustfmt are part of the checks; add them if the toolchain lacks them.
-  if command -v rustup >/dev/null 2>&1; then
-    cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
-    cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+  # The pinned toolchain with clippy and rustfmt, which are part of the checks. rustup
+  # would install it on the first cargo call too; here it happens once, visibly.
+  if ! rustup run "$SG_STABLE" cargo clippy --version >/dev/null 2>&1 ||
+    ! rustup run "$SG_STABLE" cargo fmt --version >/dev/null 2>&1; then
+    echo "==> installing Rust $SG_STABLE (rust-toolchain.toml) with clippy and rustfmt"
+    rustup toolchain install "$SG_STABLE" --profile minimal --component clippy,rustfmt
   fi
 }
 
@@ -38,20 +49,20 @@ ensure_build_deps() {
 }
 
 # The eBPF side of bandwidth enforcement (ebpf/) is built by limiter-net's build script with
-# nightly (build-std needs rust-src) and bpf-linker; its tests need ip/tc and iperf3.
+# the pinned nightly (build-std needs rust-src) and bpf-linker; its tests need ip/tc and iperf3.
 # Fast when everything is there: a file test and one `bpf-linker --version`.
 ensure_bpf_toolchain() {
   ensure_debs iproute2 iperf3 iputils-ping
 
-  if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    echo "==> installing the nightly Rust toolchain (for the eBPF build)"
-    rustup toolchain install nightly --profile minimal --component rust-src
+  if ! rustup run "$SG_NIGHTLY" rustc --version >/dev/null 2>&1; then
+    echo "==> installing Rust $SG_NIGHTLY (ebpf/rust-toolchain.toml, for the eBPF build)"
+    rustup toolchain install "$SG_NIGHTLY" --profile minimal --component rust-src
   fi
   local nightly_sysroot
-  nightly_sysroot="$(rustup run nightly rustc --print sysroot)"
+  nightly_sysroot="$(rustup run "$SG_NIGHTLY" rustc --print sysroot)"
   if [ ! -d "$nightly_sysroot/lib/rustlib/src/rust/library/core" ]; then
-    echo "==> adding rust-src to the nightly toolchain (for -Z build-std=core)"
-    rustup component add rust-src --toolchain nightly
+    echo "==> adding rust-src to $SG_NIGHTLY (for -Z build-std=core)"
+    rustup component add rust-src --toolchain "$SG_NIGHTLY"
   fi
 
   # A bpf-linker linked against a toolchain's libLLVM stops loading when rustup updates
@@ -66,8 +77,8 @@ ensure_bpf_toolchain() {
   # linker script named libLLVM-*.so that lld/ld cannot use for -lLLVM, so a private
   # directory with a plain libLLVM.so symlink serves the link, and an rpath serves the run.
   local sysroot llvm_major llvm_so linkdir
-  sysroot="$(rustup run stable rustc --print sysroot)"
-  llvm_major="$(rustup run stable rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
+  sysroot="$(rustup run "$SG_STABLE" rustc --print sysroot)"
+  llvm_major="$(rustup run "$SG_STABLE" rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
   llvm_so="$(find "$sysroot/lib" -maxdepth 1 -type f -name 'libLLVM.so.*-rust-*' | head -n 1)"
   if [ -z "$llvm_major" ] || [ -z "$llvm_so" ]; then
     echo "cannot find the stable toolchain's libLLVM under $sysroot/lib; bpf-linker needs it" >&2
@@ -77,7 +88,7 @@ ensure_bpf_toolchain() {
   ln -s "$llvm_so" "$linkdir/libLLVM.so"
   echo "==> installing bpf-linker 0.13 against the toolchain's LLVM $llvm_major (a few minutes)"
   if ! RUSTFLAGS="-L $linkdir -C link-arg=-Wl,-rpath,$sysroot/lib" \
-    rustup run stable cargo install bpf-linker --version '~0.13' --locked --force \
+    rustup run "$SG_STABLE" cargo install bpf-linker --version '~0.13' --locked --force \
       --no-default-features --features "llvm-$llvm_major"; then
     rm -rf "$linkdir"
     echo "installing bpf-linker failed" >&2
