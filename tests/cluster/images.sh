@@ -11,7 +11,7 @@
 #                                                holds
 #
 # Each image is one layer of host binaries and the shared libraries they load (read
-# with ldd), written by oci_image.py. Usage: images.sh BIN_DIR
+# with ldd), written by scripts/oci_image.py. Usage: images.sh BIN_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -52,7 +52,7 @@ skeleton() {
 sgc_log "image localhost/shareguard-pause:1"
 skeleton "$work/pause"
 install -m 0755 "$bin/pause" "$work/pause/pause"
-python3 "$here/oci_image.py" --root "$work/pause" --name localhost/shareguard-pause:1 \
+python3 "$repo/scripts/oci_image.py" --root "$work/pause" --name localhost/shareguard-pause:1 \
   --entrypoint /pause --out "$work/pause.tar"
 
 sgc_log "image localhost/shareguard-e2e-tools:latest"
@@ -69,7 +69,7 @@ add "$tools" /usr/bin/iperf3 /usr/bin/ping /usr/bin/ip /usr/bin/unshare
 "$repo/tests/gpu/simulated-driver-root.sh" "$work/driver-root" 0 550.54.15 "$work/cuda-probe"
 install -D -m 0755 "$work/cuda-probe" "$tools/usr/bin/cuda-probe"
 libs "$tools" "$tools/usr/bin/cuda-probe"
-python3 "$here/oci_image.py" --root "$tools" --name localhost/shareguard-e2e-tools:latest \
+python3 "$repo/scripts/oci_image.py" --root "$tools" --name localhost/shareguard-e2e-tools:latest \
   --entrypoint /bin/sh --out "$work/tools.tar"
 
 sgc_log "image localhost/shareguard:$tag (cargo build --release)"
@@ -80,7 +80,7 @@ install -D -m 0755 "$repo/target/release/shareguard" "$sg/usr/local/bin/sharegua
 libs "$sg" "$sg/usr/local/bin/shareguard"
 # tc for the agent's qdisc work; unshare and mount for each MPS daemon's /dev/shm.
 add "$sg" "$(command -v tc)" "$(command -v unshare)" "$(command -v mount)" "$(command -v umount)"
-python3 "$here/oci_image.py" --root "$sg" --name "localhost/shareguard:$tag" \
+python3 "$repo/scripts/oci_image.py" --root "$sg" --name "localhost/shareguard:$tag" \
   --entrypoint /usr/local/bin/shareguard --out "$work/shareguard.tar"
 
 for node in "${SGC_NODES[@]}"; do
