@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmark and fuzzing.
-.PHONY: showcase test bench fuzz cluster-up cluster-down e2e e2e-cilium
+.PHONY: showcase test bench fuzz image image-reproduce cluster-up cluster-down e2e e2e-cilium
 
 showcase:
 	./scripts/showcase.sh
@@ -13,6 +13,15 @@ bench:
 # Each fuzz target for FUZZ_SECONDS (default 60) from fuzz/corpus (docs/fuzzing.md).
 fuzz:
 	./scripts/fuzz.sh
+
+# The image, reproducibly, into target/image/ (docs/image.md); IMAGE_ARCHES="amd64 arm64"
+# for both. image-reproduce builds it twice, the second time in a fresh clone, and
+# compares the digests.
+image:
+	./scripts/image.sh
+
+image-reproduce:
+	./scripts/image-reproduce.sh
 
 # The Kubernetes release of the test cluster: 1.36 (what `make test` runs) or 1.37
 # (`make e2e K8S=1.37`; docs/kubernetes.md lists what ran on each).

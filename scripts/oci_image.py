@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
-"""Writes a one-layer OCI image archive from a root folder, with no Docker daemon and no
-registry: the layer is a tar of the folder (owners root, times zero, so the same folder
-gives the same digest), and the archive is an OCI image layout that
-`ctr images import` reads, named by the `io.containerd.image.name` annotation.
+"""Writes an OCI image layout archive from root folders, with no Docker daemon and no
+registry. Each folder becomes one uncompressed layer: a tar with its entries sorted, owners
+root and times zero, so the same folders give the same digests on any machine (a
+compressed layer's bytes would depend on the zlib that wrote them). `ctr images import`
+reads the archive; the image is named by the `io.containerd.image.name` annotation.
 
-    oci_image.py --root DIR --name REF --out FILE.tar [--entrypoint ARG]... [--env K=V]...
+One platform: index.json points at its manifest. Several (`--image` per architecture):
+index.json points at an image index over their manifests, as a multi-arch tag does.
+
+    oci_image.py --name REF --out FILE.tar --image ARCH=DIR[,DIR...] [--image ...]
+                 [--entrypoint ARG]... [--env K=V]... [--label K=V]... [--digests FILE]
+    oci_image.py --name REF --out FILE.tar --root DIR ...     (one amd64 layer)
+
+--digests writes "<digest> <what>" lines: the image's (what index.json names) and each
+platform's manifest.
 """
 
 import argparse
@@ -13,6 +22,17 @@ import io
 import json
 import os
 import tarfile
+
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+CONFIG = "application/vnd.oci.image.config.v1+json"
+LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+# Docker's and OCI's names for the architectures the project builds.
+PLATFORMS = {
+    "amd64": {"architecture": "amd64", "os": "linux"},
+    "arm64": {"architecture": "arm64", "os": "linux", "variant": "v8"},
+}
 
 
 def layer_tar(root: str) -> bytes:
@@ -34,76 +54,94 @@ def layer_tar(root: str) -> bytes:
     return buf.getvalue()
 
 
-def blob(tar: tarfile.TarFile, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
-    info = tarfile.TarInfo(f"blobs/sha256/{digest}")
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
-    return f"sha256:{digest}"
+class Layout:
+    """The archive being written; each blob once, however many images share it."""
+
+    def __init__(self, tar: tarfile.TarFile):
+        self.tar = tar
+        self.written: set[str] = set()
+
+    def blob(self, data: bytes, media_type: str, **extra) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if digest not in self.written:
+            self.written.add(digest)
+            info = tarfile.TarInfo("blobs/sha256/" + digest.split(":", 1)[1])
+            info.size = len(data)
+            self.tar.addfile(info, io.BytesIO(data))
+        return {"mediaType": media_type, "digest": digest, "size": len(data), **extra}
+
+    def file(self, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        self.tar.addfile(info, io.BytesIO(data))
+
+
+def canonical(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def image(layout: Layout, arch: str, roots: list[str], a) -> dict:
+    platform = PLATFORMS[arch]
+    layers = [layer_tar(root) for root in roots]
+    descriptors = [layout.blob(data, LAYER) for data in layers]
+    config = {
+        **platform,
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + a.env,
+            "Entrypoint": a.entrypoint or None,
+            "Labels": dict(kv.split("=", 1) for kv in a.label) or None,
+        },
+        "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descriptors]},
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": layout.blob(canonical(config), CONFIG),
+        "layers": descriptors,
+    }
+    return layout.blob(canonical(manifest), MANIFEST, platform=platform)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", required=True)
+    ap.add_argument("--root", help="one amd64 layer from this folder")
+    ap.add_argument("--image", action="append", default=[], help="ARCH=DIR[,DIR...]")
     ap.add_argument("--name", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--entrypoint", action="append", default=[])
     ap.add_argument("--env", action="append", default=[])
+    ap.add_argument("--label", action="append", default=[])
+    ap.add_argument("--digests")
     a = ap.parse_args()
 
-    layer = layer_tar(a.root)
-    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + a.env
+    images = [spec.split("=", 1) for spec in a.image]
+    if a.root:
+        images.append(["amd64", a.root])
+    if not images:
+        ap.error("give --image ARCH=DIR[,DIR...] or --root DIR")
+    for arch, _ in images:
+        if arch not in PLATFORMS:
+            ap.error(f"--image {arch}=...: the architecture must be one of {sorted(PLATFORMS)}")
+
     with tarfile.open(a.out, "w") as out:
-        layer_digest = blob(out, layer)
-        config = {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Env": env, "Entrypoint": a.entrypoint or None},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        layout = Layout(out)
+        manifests = [image(layout, arch, dirs.split(","), a) for arch, dirs in images]
+        if len(manifests) == 1:
+            top = dict(manifests[0])
+        else:
+            top = layout.blob(canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}), INDEX)
+        top["annotations"] = {
+            "io.containerd.image.name": a.name,
+            "org.opencontainers.image.ref.name": a.name.rsplit(":", 1)[-1],
         }
-        config_bytes = json.dumps(config, sort_keys=True).encode()
-        config_digest = blob(out, config_bytes)
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": len(config_bytes),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest,
-                    "size": len(layer),
-                }
-            ],
-        }
-        manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
-        manifest_digest = blob(out, manifest_bytes)
-        index = {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [
-                {
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": manifest_digest,
-                    "size": len(manifest_bytes),
-                    "platform": {"architecture": "amd64", "os": "linux"},
-                    "annotations": {
-                        "io.containerd.image.name": a.name,
-                        "org.opencontainers.image.ref.name": a.name.rsplit(":", 1)[-1],
-                    },
-                }
-            ],
-        }
-        for name, data in (
-            ("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode()),
-            ("index.json", json.dumps(index, sort_keys=True).encode()),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            out.addfile(info, io.BytesIO(data))
+        layout.file("oci-layout", canonical({"imageLayoutVersion": "1.0.0"}))
+        layout.file("index.json", canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": [top]}))
+
+    if a.digests:
+        with open(a.digests, "w") as f:
+            f.write(f"{top['digest']} {a.name}\n")
+            for (arch, _), m in zip(images, manifests):
+                f.write(f"{m['digest']} {arch}\n")
 
 
 if __name__ == "__main__":

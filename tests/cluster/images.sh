@@ -6,12 +6,11 @@
 #   localhost/shareguard-e2e-tools:latest        a shell (busybox), iperf3, ping, ip, and
 #                                                cuda-probe, which needs a libcuda.so.1
 #                                                that only a GPU claim's CDI spec mounts
-#   localhost/shareguard:$SGC_SHAREGUARD_TAG     the release binary, tc, unshare and
-#     (default "dev")                            mount: what the repository's Dockerfile
-#                                                holds
+#   localhost/shareguard:$SGC_SHAREGUARD_TAG     the project's image, built by
+#     (default "dev")                            scripts/image.sh (`make image`)
 #
-# Each image is one layer of host binaries and the shared libraries they load (read
-# with ldd), written by scripts/oci_image.py. Usage: images.sh BIN_DIR
+# The two test images are each one layer of host binaries and the shared libraries they
+# load (read with ldd), written by scripts/oci_image.py. Usage: images.sh BIN_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -72,16 +71,12 @@ libs "$tools" "$tools/usr/bin/cuda-probe"
 python3 "$repo/scripts/oci_image.py" --root "$tools" --name localhost/shareguard-e2e-tools:latest \
   --entrypoint /bin/sh --out "$work/tools.tar"
 
-sgc_log "image localhost/shareguard:$tag (cargo build --release)"
-(cd "$repo" && cargo build --release --locked -p shareguard >&2)
-sg="$work/shareguard"
-skeleton "$sg"
-install -D -m 0755 "$repo/target/release/shareguard" "$sg/usr/local/bin/shareguard"
-libs "$sg" "$sg/usr/local/bin/shareguard"
-# tc for the agent's qdisc work; unshare and mount for each MPS daemon's /dev/shm.
-add "$sg" "$(command -v tc)" "$(command -v unshare)" "$(command -v mount)" "$(command -v umount)"
-python3 "$repo/scripts/oci_image.py" --root "$sg" --name "localhost/shareguard:$tag" \
-  --entrypoint /usr/local/bin/shareguard --out "$work/shareguard.tar"
+sgc_log "image localhost/shareguard:$tag (scripts/image.sh, as \`make image\` builds it)"
+# The base from the Debian packages the mirror serves today rather than image/base.lock's:
+# a point release that replaces a locked package must not stop the tests (docs/image.md).
+IMAGE_NAME="localhost/shareguard:$tag" IMAGE_BASE=current IMAGE_OUT="$work/shareguard" \
+  "$repo/scripts/image.sh" >&2
+cp "$work/shareguard/shareguard.oci.tar" "$work/shareguard.tar"
 
 for node in "${SGC_NODES[@]}"; do
   for image in pause tools shareguard; do

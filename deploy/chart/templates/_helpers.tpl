@@ -8,6 +8,7 @@ deploy/ with SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p shareguard-tests --test 
 {{/* The image of both DaemonSets: the tag defaults to the chart's appVersion. */}}
 {{- define "shareguard.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* A TOML string. Go's %q escapes are TOML's for the characters names use. */}}

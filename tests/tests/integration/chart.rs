@@ -227,8 +227,8 @@ fn the_chart_is_the_workspace_version_and_its_image() {
         serde_yaml::from_str(&fs::read_to_string(chart().join("Chart.yaml")).unwrap()).unwrap();
     assert_eq!(chart["apiVersion"], "v2");
     assert_eq!(chart["name"], "shareguard");
-    // The image tag defaults to appVersion: the workspace's version, which the
-    // Dockerfile builds.
+    // The image tag defaults to appVersion: the workspace's version, which `make image`
+    // names its image by.
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
 }
 
@@ -297,6 +297,7 @@ namespace:
 image:
   repository: registry.acme.io/shareguard
   tag: "9.9.9"
+  digest: "sha256:5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e"
   pullPolicy: Always
 imagePullSecrets:
   - name: regcred
@@ -382,7 +383,8 @@ fn other_values_render_valid_manifests_that_use_them() {
     let Some(helm) = helm() else { return };
     let (out, docs) = render_checked(&helm, OTHER_VALUES);
     let driver = "gpu.acme.io";
-    let image = "registry.acme.io/shareguard:9.9.9";
+    // The tag for people, the digest for the nodes (docs/image.md).
+    let image = "registry.acme.io/shareguard:9.9.9@sha256:5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
 
     // The default driver, namespace and image are gone, comments included: a comment
     // that named the old driver would mislead whoever reads the installed objects.
@@ -602,6 +604,11 @@ fn values_the_chart_cannot_use_are_refused_naming_them() {
                 "{device}kind: net\n      capacity:\n        bandwidth:\n          value: ten gigabits\n"
             ),
             "/agent/devices/0/capacity/bandwidth/value",
+            "does not match pattern",
+        ),
+        (
+            "image:\n  digest: latest\n".into(),
+            "/image/digest",
             "does not match pattern",
         ),
         (
