@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod duration;
 pub mod engine;
 pub mod error;
+pub mod gpu_inventory;
 pub mod gpu_watch;
 pub mod ledger;
 pub mod limiters;

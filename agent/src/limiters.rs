@@ -83,12 +83,15 @@ impl Limiter for Unavailable {
     }
 }
 
-/// Builds the limiters for `cfg` and fills in what only they can know: the memory of
-/// GPUs whose capacity the config leaves out.
+/// Builds the limiters for `cfg` and fills in what only they can know: the GPUs of
+/// `gpus = "all"` devices ([`crate::gpu_inventory`]) and the memory of GPUs whose
+/// capacity the config leaves out.
 ///
 /// Fails when a GPU's memory, read from the GPU, is smaller than what the device's
-/// request policy needs (resource.k8s.io would refuse the device's ResourceSlice).
+/// request policy needs (resource.k8s.io would refuse the device's ResourceSlice), or a
+/// found GPU's device name is unusable.
 pub fn for_config(cfg: &mut Config) -> Result<Limiters, String> {
+    crate::gpu_inventory::expand(cfg)?;
     let mut out: HashMap<String, Arc<dyn Limiter>> = HashMap::new();
     for d in cfg.devices.iter().filter(|d| d.kind == DeviceKind::Generic) {
         out.insert(d.name.clone(), Arc::new(AccountingLimiter));

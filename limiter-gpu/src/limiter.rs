@@ -44,6 +44,10 @@ pub const MEMORY: &str = "memory";
 pub enum GpuSelector {
     Uuid(String),
     Index(u32),
+    /// `gpus = "all"`: the device stands for every GPU its back end lists when the agent
+    /// starts. The agent makes one device of each ([`crate::setup::list`]) before any
+    /// limiter is built, so no limiter resolves this.
+    All,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +137,7 @@ impl GpuLimiter {
             let gpu = match &c.gpu {
                 GpuSelector::Uuid(u) => gpus.iter().find(|g| &g.uuid == u),
                 GpuSelector::Index(i) => gpus.iter().find(|g| g.index == *i),
+                GpuSelector::All => None,
             }
             .ok_or_else(|| GpuError::GpuNotFound(format!("device {}: {:?}", c.name, c.gpu)))?
             .clone();

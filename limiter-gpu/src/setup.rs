@@ -45,6 +45,9 @@ pub enum GpuBackendKind {
         mps: bool,
         /// The PCI address it claims (`[device.simulated] pci_bus_id`), if any.
         pci_bus_id: Option<String>,
+        /// How many GPUs the back end lists for `gpus = "all"` (`[device.simulated]
+        /// count`); 1 for a device that names its GPU.
+        count: u32,
     },
 }
 
@@ -166,6 +169,35 @@ pub fn build(devices: &[GpuDevice], setup: &Setup) -> Vec<GpuGroup> {
     groups
 }
 
+/// The GPUs a `gpus = "all"` device of back end `backend` stands for, as the back end
+/// lists them now: NVML's every GPU; for a SIMULATED back end, `count` GPUs named
+/// `GPU-simulated-<device>-<i>`. An error when NVML cannot be opened (no driver on the
+/// node, or not yet).
+pub fn list(
+    device: &str,
+    backend: &GpuBackendKind,
+) -> Result<Vec<crate::backend::GpuInfo>, GpuError> {
+    match backend {
+        GpuBackendKind::Nvml => NvmlBackend::open()?.discover(),
+        GpuBackendKind::Simulated {
+            memory_bytes,
+            count,
+            pci_bus_id,
+            ..
+        } => {
+            let gpus = (0..*count)
+                .map(|i| {
+                    let mut gpu =
+                        SimulatedGpu::new(format!("GPU-simulated-{device}-{i}"), *memory_bytes);
+                    gpu.pci_bus_id = pci_bus_id.clone();
+                    gpu
+                })
+                .collect();
+            SimulatedBackend::new(gpus).discover()
+        }
+    }
+}
+
 fn simulated_backend(
     devices: &[&GpuDevice],
     setup: &Setup,
@@ -181,6 +213,7 @@ fn simulated_backend(
                     cgroup_limits,
                     mps,
                     pci_bus_id,
+                    ..
                 },
             ) => {
                 let mut gpu = SimulatedGpu::new(u.clone(), *memory_bytes);

@@ -190,6 +190,7 @@ pub(super) fn parse(
             backend: &d.backend,
             uuid: &d.uuid,
             index: &d.index,
+            gpus: &d.gpus,
             watchdog: &d.watchdog,
             simulated: &d.simulated,
             driver_root: &d.driver_root,

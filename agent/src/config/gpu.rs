@@ -6,7 +6,9 @@
 //! name = "gpu-0"
 //! kind = "gpu"
 //! backend = "nvml"                 # or "simulated" (named as such everywhere)
-//! uuid = "GPU-..."                 # or index = 0
+//! uuid = "GPU-..."                 # or index = 0, or gpus = "all": one device per
+//!                                  #   GPU the back end lists when the agent starts,
+//!                                  #   named <name>-<the GPU's uuid>
 //! watchdog = { period = "1s", action = "report" }   # or "terminate", grace = "10s"
 //! driver_root = "/"                # where the driver's files are on the host:
 //!                                  #   "/run/nvidia/driver" under the GPU Operator;
@@ -16,6 +18,7 @@
 //! memory = "80Gi"
 //! cgroup_limits = true             # what the simulated driver offers (both default
 //! mps = true                       #   true); MPS also needs [agent] mps_control
+//! count = 2                        # gpus = "all" only: how many GPUs it lists
 //! [device.capacity.memory]         # value optional: the GPU's memory when left out
 //! default = "1Gi"
 //! valid_range = { min = "1Gi", step = "1Gi" }
@@ -47,13 +50,19 @@ pub(crate) struct RawSimulated {
     cgroup_limits: Option<bool>,
     mps: Option<bool>,
     pci_bus_id: Option<Spanned<String>>,
+    count: Option<Spanned<u32>>,
 }
+
+/// The most GPUs a SIMULATED back end lists for `gpus = "all"`: more than any machine
+/// holds, few enough that a typo does not make thousands of devices.
+const MAX_SIMULATED_COUNT: u32 = 64;
 
 /// The gpu-only fields of a raw `[[device]]` table.
 pub(crate) struct RawGpu<'a> {
     pub backend: &'a Option<Spanned<String>>,
     pub uuid: &'a Option<Spanned<String>>,
     pub index: &'a Option<Spanned<u32>>,
+    pub gpus: &'a Option<Spanned<String>>,
     pub watchdog: &'a Option<Spanned<RawWatchdog>>,
     pub simulated: &'a Option<Spanned<RawSimulated>>,
     pub driver_root: &'a Option<Spanned<String>>,
@@ -111,6 +120,7 @@ impl RawGpu<'_> {
             self.backend.as_ref().map(|s| (s.span(), "backend")),
             self.uuid.as_ref().map(|s| (s.span(), "uuid")),
             self.index.as_ref().map(|s| (s.span(), "index")),
+            self.gpus.as_ref().map(|s| (s.span(), "gpus")),
             self.watchdog.as_ref().map(|s| (s.span(), "watchdog")),
             self.simulated.as_ref().map(|s| (s.span(), "simulated")),
             self.driver_root.as_ref().map(|s| (s.span(), "driver_root")),
@@ -183,12 +193,32 @@ impl RawGpu<'_> {
                         ));
                     }
                 };
+                let count = match &s.get_ref().count {
+                    None => 1,
+                    Some(c) if self.gpus.is_none() => {
+                        return Err((
+                            c.span(),
+                            format!("device {name}: simulated.count is only for gpus = \"all\""),
+                        ));
+                    }
+                    Some(c) if (1..=MAX_SIMULATED_COUNT).contains(c.get_ref()) => *c.get_ref(),
+                    Some(c) => {
+                        return Err((
+                            c.span(),
+                            format!(
+                                "device {name}: simulated.count {} is not within 1..={MAX_SIMULATED_COUNT}",
+                                c.get_ref()
+                            ),
+                        ));
+                    }
+                };
                 (
                     GpuBackendKind::Simulated {
                         memory_bytes: bytes,
                         cgroup_limits: s.get_ref().cgroup_limits.unwrap_or(true),
                         mps: s.get_ref().mps.unwrap_or(true),
                         pci_bus_id,
+                        count,
                     },
                     Some(q),
                 )
@@ -201,7 +231,25 @@ impl RawGpu<'_> {
                 ));
             }
         };
+        if let Some(g) = self.gpus {
+            if g.get_ref() != "all" {
+                return Err((
+                    g.span(),
+                    format!(
+                        "device {name}: gpus {:?} is not \"all\" (name one GPU with uuid or index instead)",
+                        g.get_ref()
+                    ),
+                ));
+            }
+            if self.uuid.is_some() || self.index.is_some() {
+                return Err((
+                    g.span(),
+                    format!("device {name}: give gpus = \"all\", uuid or index, only one of them"),
+                ));
+            }
+        }
         let selector = match (self.uuid, self.index) {
+            _ if self.gpus.is_some() => GpuSelector::All,
             (Some(u), Some(_)) => {
                 return Err((
                     u.span(),

@@ -105,6 +105,7 @@ pub(super) struct RawDevice {
     pub(super) backend: Option<Spanned<String>>,
     pub(super) uuid: Option<Spanned<String>>,
     pub(super) index: Option<Spanned<u32>>,
+    pub(super) gpus: Option<Spanned<String>>,
     pub(super) watchdog: Option<Spanned<RawWatchdog>>,
     pub(super) simulated: Option<Spanned<RawSimulated>>,
     pub(super) driver_root: Option<Spanned<String>>,

@@ -359,6 +359,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "gpu: the GPU by NVML index (or uuid).",
     ),
     (
+        "device.gpus",
+        "string",
+        "none",
+        "gpu: \"all\" (instead of uuid or index): one device per GPU the back end lists when the agent starts, named <name>-<its uuid>; none on a node without GPUs.",
+    ),
+    (
         "device.driver_root",
         "path",
         "/ (nvml); none (simulated)",
@@ -405,6 +411,12 @@ pub const DOCS: &[(&str, &str, &str, &str)] = &[
         "boolean",
         "true",
         "SIMULATED GPU: offers MPS.",
+    ),
+    (
+        "device.simulated.count",
+        "integer",
+        "1",
+        "SIMULATED GPU, gpus = \"all\" only: how many GPUs the back end lists (1 to 64).",
     ),
     (
         "device.simulated.pci_bus_id",

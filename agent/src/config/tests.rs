@@ -246,6 +246,7 @@ fn a_simulated_gpu_takes_its_memory_and_names_itself() {
             cgroup_limits: true,
             mps: true,
             pci_bus_id: None,
+            count: 1,
         }
     );
     assert_eq!(g.selector, GpuSelector::Uuid("GPU-simulated-gpu-0".into()));

@@ -68,8 +68,8 @@ ConfigMap's indentation, starting on a new line.
     # name = "gpu-worker-3"
     # [node.device.nic-0]
     # interface = "ens5"
-    # [node.device.gpu-0]
-    # index = 1
+    # [node.device.gpu]
+    # allowed_namespaces = ["team-a"]
     {{- with .Values.agent.extraToml }}
     {{- . | trimSuffix "\n" | nindent 4 }}
     {{- end }}

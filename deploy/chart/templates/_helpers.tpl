@@ -43,7 +43,12 @@ defaults give daemonset.yaml's devices.
     # from /sys/class/net, on each node.
 {{- end }}{{ end }}
 {{- else if eq .kind "gpu" }}
-{{- if eq (.backend | default "nvml") "nvml" }}
+{{- if and (eq (.backend | default "nvml") "nvml") (eq (.gpus | default "") "all") }}
+    # GPU memory through NVML: every GPU NVML lists when the agent starts, each a device
+    # named <name>-<its uuid>. A node without an NVIDIA driver gets none from this
+    # table (the log says why); a driver that comes up later is taken at the agent's
+    # next restart.
+{{- else if eq (.backend | default "nvml") "nvml" }}
     # GPU memory through NVML. On a node without an NVIDIA driver the device is
     # reported unavailable with the reason, and the other devices are served.
 {{- else }}
@@ -75,6 +80,9 @@ defaults give daemonset.yaml's devices.
 {{- if eq .kind "gpu" }}
 {{- with .backend }}
     backend = {{ include "shareguard.tomlString" . }}
+{{- end }}
+{{- with .gpus }}
+    gpus = {{ include "shareguard.tomlString" . }}
 {{- end }}
 {{- with .uuid }}
     uuid = {{ include "shareguard.tomlString" . }}

@@ -424,6 +424,8 @@ fn run(opts: &Opts) -> Result<Outcome, String> {
     let gpu = match &opts.gpu {
         GpuSelector::Index(i) => gpus.iter().find(|g| g.index == *i),
         GpuSelector::Uuid(u) => gpus.iter().find(|g| &g.uuid == u),
+        // Its options name one GPU; this is what the agent's config may say.
+        GpuSelector::All => None,
     }
     .ok_or_else(|| format!("GPU {:?} not found", opts.gpu))?
     .clone();

@@ -1086,3 +1086,76 @@ impl Drop for DaemonsCgroup {
         }
     }
 }
+
+/// `gpus = "all"` through the real agent: the table is no device itself; every GPU the
+/// (SIMULATED) back end lists is one, named by its uuid, with its own capacity, ledger
+/// and attributes.
+#[tokio::test]
+async fn gpus_all_makes_one_device_of_each_gpu_listed() {
+    let table = simulated_gpu_device(r#"{ period = "1s", action = "report" }"#)
+        .replace("name = \"gpu-0\"", "name = \"gpu\"")
+        .replace(
+            "backend = \"simulated\"",
+            "backend = \"simulated\"\ngpus = \"all\"",
+        )
+        .replace("memory = \"80Gi\"", "memory = \"16Gi\"\ncount = 2");
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = Options::new(table);
+    o.agent_extra = format!("cdi_dir = {:?}", dir.path().join("cdi"));
+    let a = Agent::start(o);
+    let mut c = a.client().await;
+
+    let listed = c
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices;
+    let names: Vec<&str> = listed.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-simulated-gpu-0", "gpu-simulated-gpu-1"]);
+    for (i, d) in listed.iter().enumerate() {
+        assert_eq!(d.kind, "gpu");
+        assert_eq!(d.capacity["memory"], "16Gi", "{}", d.name);
+        assert_eq!(
+            d.attributes.get("uuid").map(String::as_str),
+            Some(format!("GPU-simulated-gpu-{i}").as_str()),
+            "{}: {:?}",
+            d.name,
+            d.attributes
+        );
+    }
+
+    // Each GPU holds its own shares: 16Gi on each, so 12Gi fits once on each and not
+    // twice on one; the table's own name is no device.
+    for (n, (dev, want_ok)) in [
+        ("gpu-simulated-gpu-0", true),
+        ("gpu-simulated-gpu-1", true),
+        ("gpu-simulated-gpu-0", false),
+        ("gpu", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // A pod with no sandbox yet: the share waits for it, its capacity held.
+        let mut one = claim(
+            &format!("all-{n}"),
+            "team-a",
+            "a1",
+            vec![alloc(dev, &share_id(), "12Gi")],
+        );
+        one.target = Some(pb::PodTarget {
+            pod_uids: vec![pod_uid()],
+            ..Default::default()
+        });
+        let r = prepare_one(&mut c, 0, one).await;
+        assert_eq!(r.error.is_none(), want_ok, "{dev}: {r:?}");
+    }
+    let free = |d: &pb::DeviceStatus| d.free["memory"].clone();
+    let listed = c
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices;
+    assert_eq!(listed.iter().map(free).collect::<Vec<_>>(), ["4Gi", "4Gi"]);
+}
