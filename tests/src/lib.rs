@@ -701,15 +701,20 @@ pub async fn unprepare_one(c: &mut NodeAgentClient<Channel>, epoch: u64, uid: &s
 
 /// One device as ListDevices reports it.
 pub async fn device(c: &mut NodeAgentClient<Channel>, name: &str) -> pb::DeviceStatus {
-    let r = c
-        .list_devices(pb::ListDevicesRequest {})
+    devices(c)
         .await
-        .unwrap()
-        .into_inner();
-    r.devices
         .into_iter()
         .find(|d| d.name == name)
         .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+/// Every device of the agent's inventory, as `ListDevices` gives them.
+pub async fn devices(c: &mut NodeAgentClient<Channel>) -> Vec<pb::DeviceStatus> {
+    c.list_devices(pb::ListDevicesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices
 }
 
 /// One share by shareID (it must exist).

@@ -15,7 +15,8 @@ use std::{
 
 use shareguard_limiter_gpu::cdi::validate_spec;
 use shareguard_tests::{
-    Agent, DRIVER, Options, POOL, alloc, audit_count, claim, device, get_share, metric_sample, net,
+    Agent, DRIVER, Options, POOL, alloc, audit_count, claim, device, devices, get_share,
+    metric_sample, net,
     pod::{Layout, Sandbox, pod_uid},
     prepare_one, proto as pb, share_id, simulated_gpu_device, unprepare_one, wait_phase,
     wait_share,
@@ -1105,12 +1106,7 @@ async fn gpus_all_makes_one_device_of_each_gpu_listed() {
     let a = Agent::start(o);
     let mut c = a.client().await;
 
-    let listed = c
-        .list_devices(pb::ListDevicesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .devices;
+    let listed = devices(&mut c).await;
     let names: Vec<&str> = listed.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["gpu-simulated-gpu-0", "gpu-simulated-gpu-1"]);
     for (i, d) in listed.iter().enumerate() {
@@ -1151,11 +1147,6 @@ async fn gpus_all_makes_one_device_of_each_gpu_listed() {
         assert_eq!(r.error.is_none(), want_ok, "{dev}: {r:?}");
     }
     let free = |d: &pb::DeviceStatus| d.free["memory"].clone();
-    let listed = c
-        .list_devices(pb::ListDevicesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .devices;
+    let listed = devices(&mut c).await;
     assert_eq!(listed.iter().map(free).collect::<Vec<_>>(), ["4Gi", "4Gi"]);
 }
