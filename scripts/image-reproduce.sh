@@ -21,7 +21,7 @@ IMAGE_OUT="$work/one" scripts/image.sh
 # Another path, of another length, and nothing built there before.
 clone="$work/a/checkout/of/another/length"
 git clone -q "$repo" "$clone"
-git -C "$clone" checkout -q "$(git rev-parse HEAD)"
+git -C "$clone" -c advice.detachedHead=false checkout -q "$(git rev-parse HEAD)"
 echo "==> build 2: $clone (a cold target directory)"
 IMAGE_OUT="$work/two" "$clone/scripts/image.sh"
 
@@ -37,7 +37,7 @@ with tarfile.open(sys.argv[1]) as t:
         d = todo.pop(0)
         body = blob(d["digest"])
         arch = d.get("platform", {}).get("architecture", "")
-        print(d["digest"], arch, d["mediaType"].rsplit(".", 1)[-1].split("+")[0])
+        print(d["digest"], arch, d["mediaType"].split(".")[-2])
         if "manifests" in body:
             todo += body["manifests"]
         else:
