@@ -17,7 +17,8 @@
 # Issue 24 (items 2 and 8): gpu_check also prints one `CHECK <name>: PASS|FAIL|NOT-RUN`
 # line per fixed point (the getter on a cgroup never limited, a cleared limit read back
 # as none and which "no limit" value the driver took, a limit below current usage, NVML
-# reopened after a simulated loss, the limiter built when NVML comes late); they are
+# reopened after a simulated loss, the limiter built when NVML comes late, the agent's
+# gpus = "all" list being every GPU NVML lists); they are
 # repeated together at the end.
 #
 # Usage (as root, from anywhere in the repository):

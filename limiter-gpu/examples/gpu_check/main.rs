@@ -24,8 +24,8 @@
 //! 6. one `CHECK <name>: PASS|FAIL|NOT-RUN` line per point the code relies on but only a
 //!    GPU can prove: the getter on a cgroup never limited, a cleared limit read back as
 //!    none (and which "no limit" value the driver took), a limit set below current
-//!    usage, NVML reopened after a (simulated) loss, the limiter built late
-//!    (`nvml_checks.rs`); the dmem probe against a limit that binds, containers' leaf
+//!    usage, NVML reopened after a (simulated) loss, the limiter built late, the agent's
+//!    `gpus = "all"` list being every GPU NVML lists (`nvml_checks.rs`); the dmem probe against a limit that binds, containers' leaf
 //!    cgroups limited as they appear, MPS limits per client, terminate_client, and a
 //!    non-root client's server (`mps_checks.rs`);
 //! 7. a summary: mechanism | result | enforced limit read back.

@@ -13,6 +13,36 @@ pub(super) fn nvml_checks(opts: &Opts, backend: &Back, gpu: &GpuInfo, cgroup: Op
     cgroup_checks(opts, backend, gpu, cgroup);
     reopen_check(backend, gpu);
     late_build_check(backend, gpu);
+    gpus_all_check(backend);
+}
+
+/// What the agent makes devices of for `gpus = "all"` (`setup::list`, its own NVML
+/// open) is every GPU this run's back end discovered, and there is one at least.
+fn gpus_all_check(backend: &Back) {
+    const NAME: &str = "gpus-all-lists-every-gpu";
+    if matches!(backend, Back::Sim(_)) {
+        return check_line(NAME, "NOT-RUN", "SIMULATED back end; the list is NVML's");
+    }
+    let uuids = |gpus: Vec<GpuInfo>| gpus.into_iter().map(|g| g.uuid).collect::<Vec<_>>();
+    let here = match backend.gpu().discover() {
+        Ok(g) => uuids(g),
+        Err(e) => return check_line(NAME, "NOT-RUN", &format!("discover: {e}")),
+    };
+    match shareguard_limiter_gpu::setup::list(
+        "gpu",
+        &shareguard_limiter_gpu::setup::GpuBackendKind::Nvml,
+    ) {
+        Ok(listed) => {
+            let listed = uuids(listed);
+            let ok = !listed.is_empty() && listed == here;
+            check_line(
+                NAME,
+                if ok { "PASS" } else { "FAIL" },
+                &format!("listed {listed:?}, discovered {here:?}"),
+            );
+        }
+        Err(e) => check_line(NAME, "FAIL", &format!("setup::list: {e}")),
+    }
 }
 
 /// A cgroup beside the test pod's, never limited before; removed (its processes
