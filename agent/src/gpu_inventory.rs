@@ -34,22 +34,21 @@ pub(crate) fn expand_with(
     cfg: &mut Config,
     list: impl Fn(&str, &GpuBackendKind) -> Result<Vec<GpuInfo>, String>,
 ) -> Result<(), String> {
-    let is_all = |d: &DeviceConfig| {
+    // The back end of a `gpus = "all"` device; None for every other device.
+    let all_of = |d: &DeviceConfig| {
         d.gpu
             .as_ref()
-            .is_some_and(|g| g.selector == GpuSelector::All)
+            .filter(|g| g.selector == GpuSelector::All)
+            .map(|g| g.backend.clone())
     };
-    if !cfg.devices.iter().any(is_all) {
+    if !cfg.devices.iter().any(|d| all_of(d).is_some()) {
         return Ok(());
     }
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for d in std::mem::take(&mut cfg.devices) {
-        if !is_all(&d) {
+        let Some(backend) = all_of(&d) else {
             devices.push(d);
             continue;
-        }
-        let Some(backend) = d.gpu.as_ref().map(|g| g.backend.clone()) else {
-            continue; // is_all: a gpu device
         };
         let gpus = match list(&d.name, &backend) {
             Ok(gpus) => gpus,
@@ -71,13 +70,12 @@ pub(crate) fn expand_with(
             devices.push(one);
         }
     }
-    for (i, d) in devices.iter().enumerate() {
-        if devices[..i].iter().any(|o| o.name == d.name) {
-            return Err(format!(
-                "device {}: a GPU found for gpus = \"all\" is named like another device; rename one of them",
-                d.name
-            ));
-        }
+    let mut names = std::collections::BTreeSet::new();
+    if let Some(d) = devices.iter().find(|d| !names.insert(d.name.as_str())) {
+        return Err(format!(
+            "device {}: a GPU found for gpus = \"all\" is named like another device; rename one of them",
+            d.name
+        ));
     }
     cfg.devices = devices;
     Ok(())
