@@ -16,6 +16,7 @@ the version, not in a pod.
 """
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -63,11 +64,12 @@ def version_needs(path: str) -> dict[str, set[str]]:
     return needs
 
 
-def version_defs(path: str) -> set[str]:
+@functools.cache  # the base's libc is asked for by every program that loads it
+def version_defs(path: str) -> frozenset[str]:
     text = readelf("-V", path)
     section = text.split("Version definition section", 1)
     if len(section) < 2:
-        return set()
+        return frozenset()
     defs = set()
     for line in section[1].splitlines()[1:]:
         if line.startswith("Version ") and "section" in line:
@@ -75,7 +77,7 @@ def version_defs(path: str) -> set[str]:
         m = re.search(r"Index: \d+\s+Cnt: \d+\s+Name: (\S+)", line)
         if m:
             defs.add(m.group(1))
-    return defs
+    return frozenset(defs)
 
 
 class Base:
@@ -90,16 +92,19 @@ class Base:
     def inside(self, path: str) -> str:
         return os.path.join(self.staging, path.lstrip("/"))
 
+    @staticmethod
+    def target(path: str, real: str) -> str:
+        """What the symlink at image path `path` (at `real` in the staging folder) names."""
+        link = os.readlink(real)
+        return os.path.normpath(link if link.startswith("/") else os.path.join(os.path.dirname(path), link))
+
     def resolve(self, path: str) -> str:
         """The path inside the image that a path names once its symlinks are followed."""
         for _ in range(40):
             real = self.inside(path)
             if not os.path.islink(real):
                 return path
-            target = os.readlink(real)
-            path = os.path.normpath(
-                target if target.startswith("/") else os.path.join(os.path.dirname(path), target)
-            )
+            path = self.target(path, real)
         raise Error(f"{path}: too many levels of symlinks")
 
     def copy(self, path: str) -> None:
@@ -114,11 +119,8 @@ class Base:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             self.copied.add(path)
             if os.path.islink(real):
-                target = os.readlink(real)
-                os.symlink(target, dest)
-                path = os.path.normpath(
-                    target if target.startswith("/") else os.path.join(os.path.dirname(path), target)
-                )
+                os.symlink(os.readlink(real), dest)
+                path = self.target(path, real)
                 continue
             shutil.copy2(real, dest)
             return
@@ -134,7 +136,7 @@ class Base:
             f"(looked in {', '.join(self.dirs)}): add its package to scripts/image.sh's list"
         )
 
-    def add_elf(self, path: str, real: str, label: str) -> None:
+    def add_elf(self, real: str, label: str) -> None:
         """Adds everything the ELF file at `real` (named `label`) loads, recursively."""
         interp = interpreter(real)
         if interp:
@@ -145,7 +147,7 @@ class Base:
             lib = self.find(soname, label)
             self.copy(lib)
             self.provider[soname] = self.resolve(lib)
-            self.add_elf(lib, self.inside(self.provider[soname]), soname)
+            self.add_elf(self.inside(self.provider[soname]), soname)
         self.check_versions(real, label)
 
     def check_versions(self, real: str, label: str) -> None:
@@ -175,9 +177,9 @@ def main() -> int:
         for program in a.program:
             base.copy(program)
             resolved = base.resolve(program)
-            base.add_elf(resolved, base.inside(resolved), program)
+            base.add_elf(base.inside(resolved), program)
         for path in a.check:
-            base.add_elf(path, path, os.path.basename(path))
+            base.add_elf(path, os.path.basename(path))
     except (Error, subprocess.CalledProcessError) as e:
         print(f"image_base.py: {e}", file=sys.stderr)
         return 1
