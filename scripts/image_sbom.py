@@ -29,7 +29,7 @@ def crates(triple: str) -> set[tuple[str, str, str]]:
     packages = {p["id"]: p for p in meta["packages"]}
     nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
     root = next(p["id"] for p in meta["packages"] if p["name"] == "shareguard")
-    seen, todo = set(), [root]
+    seen, linked, todo = set(), set(), [root]
     while todo:
         pid = todo.pop()
         if pid in seen:
@@ -37,14 +37,13 @@ def crates(triple: str) -> set[tuple[str, str, str]]:
         seen.add(pid)
         if any("proc-macro" in t["kind"] for t in packages[pid]["targets"]):
             continue  # runs inside the compiler; nothing of it or its dependencies is linked in
+        linked.add(pid)
         for dep in nodes[pid]["deps"]:
             if any(k["kind"] is None for k in dep["dep_kinds"]):
                 todo.append(dep["pkg"])
     out = set()
-    for pid in seen:
+    for pid in linked:
         p = packages[pid]
-        if any("proc-macro" in t["kind"] for t in p["targets"]):
-            continue
         origin = "registry" if (p.get("source") or "").startswith("registry+") else "workspace"
         out.add((p["name"], p["version"], origin))
     return out
