@@ -10,6 +10,13 @@ pub struct PluginArgs {
     /// The node agent's socket.
     #[arg(long, default_value = "/run/shareguard/agent.sock")]
     pub agent_socket: PathBuf,
+    /// The drivers this plugin is for (repeatable; the chart gives its driverName). The
+    /// plugin refuses to start, before it takes the agent's epoch or touches kubelet's
+    /// directories, when the agent on `--agent-socket` serves any other driver: that agent
+    /// is another release's, and a node runs one release's agent only. Not given: every
+    /// driver the agent serves.
+    #[arg(long = "driver", value_name = "NAME")]
+    pub drivers: Vec<String>,
     /// This node's name, as in the Node object and the pods' spec.nodeName.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,

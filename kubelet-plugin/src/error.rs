@@ -63,6 +63,15 @@ pub enum PluginError {
     },
     #[error("the agent's inventory names no driver: nothing to register")]
     NoDrivers,
+    /// The agent serves a driver outside `--driver`: it is another release's agent.
+    #[error(
+        "the agent at {socket} serves driver(s) {found:?}, and this plugin is for {expected:?} (--driver): that agent belongs to another release of shareguard, and a node runs one release's agent only, so this release needs nodes of its own (its agent and plugin nodeSelector)"
+    )]
+    ForeignDrivers {
+        socket: String,
+        found: Vec<String>,
+        expected: Vec<String>,
+    },
     /// The agent was restarted with drivers this instance did not register (or without
     /// some it did). A DRA plugin registers its drivers once; a new process does it again.
     #[error(

@@ -108,6 +108,14 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     if inventory.drivers.is_empty() {
         return Err(PluginError::NoDrivers.into());
     }
+    if !args.drivers.is_empty() && inventory.drivers.keys().any(|d| !args.drivers.contains(d)) {
+        return Err(PluginError::ForeignDrivers {
+            socket: args.agent_socket.display().to_string(),
+            found: inventory.drivers.keys().cloned().collect(),
+            expected: args.drivers.clone(),
+        }
+        .into());
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Events on claims and pods, written by a task of their own (events/mod.rs).

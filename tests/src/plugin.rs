@@ -30,6 +30,8 @@ pub struct Plugin {
     /// as the test's own uid from the build directory.
     run_as: Option<(u32, u32)>,
     bin: PathBuf,
+    /// More arguments for the next [`Plugin::launch`].
+    pub extra_args: Vec<String>,
 }
 
 impl Plugin {
@@ -68,6 +70,12 @@ impl Plugin {
         p
     }
 
+    /// The plugin for `agent`, not started yet: set [`Plugin::extra_args`], then
+    /// [`Plugin::launch`].
+    pub fn new(agent: &Agent, api: &ApiServer, node: &str, drivers: &[&str]) -> Plugin {
+        Self::create(&agent.socket, api, node, drivers)
+    }
+
     fn create(
         agent_socket: &std::path::Path,
         api: &ApiServer,
@@ -94,6 +102,7 @@ impl Plugin {
             instance_id: None,
             run_as: None,
             bin: agent_bin(),
+            extra_args: Vec::new(),
         }
     }
 
@@ -217,6 +226,7 @@ impl Plugin {
                     .iter()
                     .flat_map(|id| ["--instance-id", id, "--health-addr", "127.0.0.1:0"]),
             )
+            .args(&self.extra_args)
             .env(
                 "RUST_LOG",
                 std::env::var("SG_PLUGIN_LOG").unwrap_or("info".into()),

@@ -423,6 +423,49 @@ async fn a_fenced_instance_with_no_successor_exits_with_the_reason() {
     assert_eq!(r.error, "", "a repeated Prepare after the restart: {r:?}");
 }
 
+/// Two releases on one node: a plugin started for another driver (`--driver`, the
+/// chart's driverName) finds this release's agent on the socket and exits naming both,
+/// before it takes the epoch or makes a socket; the plugin of the agent's own release
+/// (started with `--driver` too) keeps serving, unfenced.
+#[tokio::test]
+async fn a_plugin_for_another_driver_refuses_the_agent_and_fences_nobody() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (c2, _) = share_claim(&api, "c2", &pod_uid, "1Gi");
+    let mut own = Plugin::new(&agent, &api, NODE, &[DRIVER]);
+    own.extra_args = vec!["--driver".into(), DRIVER.into()];
+    own.launch();
+    own.wait_ready();
+
+    let mut other = Plugin::new(&agent, &api, NODE, &[OTHER_DRIVER]);
+    other.extra_args = vec!["--driver".into(), OTHER_DRIVER.into()];
+    other.launch();
+    let status = other.wait_exit();
+    let log = other.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!("serves driver(s) [\"{DRIVER}\"]"))
+            && log.contains(&format!("this plugin is for [\"{OTHER_DRIVER}\"]"))
+            && log.contains("another release"),
+        "{log}"
+    );
+    for d in [DRIVER, OTHER_DRIVER] {
+        assert!(!other.kubelet.registration_socket(d).exists(), "{d}");
+        assert!(!std::path::Path::new(&other.endpoint(d)).exists(), "{d}");
+    }
+    // The own release's plugin still holds the epoch: kubelet's Prepare through it works.
+    let mut kubelet = own.kubelet.v1(&own.endpoint(DRIVER)).await;
+    let r = prepare_v1(&mut kubelet, NS, "c2", &c2).await;
+    assert_eq!(r.error, "", "{r:?}\n{}", own.log_text());
+    assert!(
+        !own.log_text()
+            .lines()
+            .any(|l| l.contains("fenced") && !l.contains("took a new epoch")),
+        "{}",
+        own.log_text()
+    );
+}
+
 /// A rolling update: the new instance serves beside the old one on sockets of its own,
 /// and once it has taken the epoch the old one passes kubelet's calls on to it instead
 /// of refusing them (kubelet keeps calling the old one until it has registered the new
