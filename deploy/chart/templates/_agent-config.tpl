@@ -19,7 +19,7 @@ ConfigMap's indentation, starting on a new line.
     # Pod-reachable, so Prometheus gets /metrics. With hostNetwork this is every address
     # of the node, and the metrics name tenants' namespaces and claims, which
     # NetworkPolicy cannot protect on a hostNetwork pod: only a scraper that sends the
-    # token in the Secret {{ .Values.metrics.tokenSecret.name }} (key `token`) reads them. Without
+    # token in the Secret {{ include "shareguard.metricsSecret" . }} (key `token`) reads them. Without
     # that Secret, /metrics answers nobody (docs/operations.md, "Scraping").
     metrics_addr = "0.0.0.0:9464"
     metrics_token_file = "/etc/shareguard-metrics/token"

@@ -5,6 +5,25 @@ a reader of deploy/ or of the installed objects has. After a change, regenerate
 deploy/ with SHAREGUARD_WRITE_MANIFESTS=1 cargo test -p shareguard-tests --test chart.
 */}}
 
+{{/*
+What every object's name starts with (values.yaml, fullnameOverride): the release's
+name where it says shareguard already, else <release>-shareguard. At most 40
+characters, so that the longest name made from it stays short; a longer one is refused
+rather than cut, since two releases cut to one prefix would share their objects.
+*/}}
+{{- define "shareguard.fullname" -}}
+{{- $name := .Values.fullnameOverride | default (ternary .Release.Name (printf "%s-shareguard" .Release.Name) (contains "shareguard" .Release.Name)) }}
+{{- if gt (len $name) 40 }}
+{{- fail (printf "the objects' name prefix %q (from the release name) is %d characters, over 40: set fullnameOverride" $name (len $name)) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/* The metrics token's Secret: metrics.tokenSecret.name, or <fullname>-metrics-token. */}}
+{{- define "shareguard.metricsSecret" -}}
+{{ .Values.metrics.tokenSecret.name | default (printf "%s-metrics-token" (include "shareguard.fullname" .)) }}
+{{- end }}
+
 {{/* The image of both DaemonSets: the tag defaults to the chart's appVersion. */}}
 {{- define "shareguard.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}

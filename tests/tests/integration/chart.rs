@@ -1316,3 +1316,220 @@ fn gpu_values_give_the_agent_what_mps_and_the_driver_root_need() {
         );
     }
 }
+
+/// `helm template` as `release` into `namespace` with `values` and every optional
+/// object on (PodMonitor, PrometheusRule, dashboard, metrics Secret), each document
+/// checked as its Kubernetes type.
+fn render_release(helm: &Path, release: &str, namespace: &str, values: &str) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    fs::write(&file, values).unwrap();
+    let chart = chart();
+    let args = [
+        "template",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        namespace,
+        "--api-versions",
+        "monitoring.coreos.com/v1/PodMonitor",
+        "--api-versions",
+        "monitoring.coreos.com/v1/PrometheusRule",
+        "--set",
+        "grafanaDashboard.enabled=true",
+        "-f",
+        file.to_str().unwrap(),
+    ];
+    let (ok, out, err) = run(helm, &args);
+    assert!(ok, "helm {}:\n{err}", args.join(" "));
+    let docs = documents(&out);
+    for d in &docs {
+        if let Err(e) = check_document(&serde_json::to_value(d).unwrap()) {
+            panic!(
+                "{release}: {:?} {:?}: {e}",
+                d["kind"], d["metadata"]["name"]
+            );
+        }
+    }
+    docs
+}
+
+/// Every object of a render as (kind, namespace, name); cluster-scoped ones with "".
+fn object_keys(docs: &[Value]) -> BTreeSet<(String, String, String)> {
+    docs.iter()
+        .map(|d| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                s(&d["kind"]),
+                s(&d["metadata"]["namespace"]),
+                s(&d["metadata"]["name"]),
+            )
+        })
+        .collect()
+}
+
+/// A second release beside the first, even in the same namespace, shares no object
+/// with it, cluster-scoped ones included (ClusterRole, admission policies, DeviceClasses):
+/// each is named after its release and labelled with it, its DaemonSets and PodMonitor
+/// select only its own pods, and every name one object gives another (ConfigMap,
+/// Secret, ServiceAccount, ClusterRole, policy) is one of its own release. Its plugin
+/// is for its own driver only (`--driver`), which keeps it off the other release's
+/// agent on a shared node. The prefix: the release's name where it says shareguard,
+/// else `<release>-shareguard`, or fullnameOverride; a long one is refused, not cut.
+#[test]
+fn a_second_release_shares_no_object_with_the_first() {
+    let Some(helm) = helm() else { return };
+    let closed = r#"
+agent:
+  devices:
+    - {name: mem-0, kind: generic, allowedNamespaces: [team-a],
+       capacity: {memory: {value: 8Gi, default: 1Gi}}}
+"#;
+    let first = render_release(&helm, "shareguard", "kube-system", closed);
+    let second = render_release(
+        &helm,
+        "canary",
+        "kube-system",
+        &format!(
+            "{closed}\ndriverName: canary.example.com\nnamespace: {{name: shareguard-system, create: false}}\n"
+        ),
+    );
+    let (a, b) = (object_keys(&first), object_keys(&second));
+    assert_eq!(a.len(), first.len(), "two objects of one name in the first");
+    assert_eq!(
+        b.len(),
+        second.len(),
+        "two objects of one name in the second"
+    );
+    let both: Vec<_> = a.intersection(&b).collect();
+    assert!(both.is_empty(), "objects of both releases: {both:?}");
+    // Everything the optional values make is there, so nothing was left unchecked.
+    let kinds: BTreeSet<&str> = second.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    for k in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "DeviceClass",
+        "PodMonitor",
+        "PrometheusRule",
+        "Secret",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(kinds.contains(k), "no {k} in the render");
+    }
+
+    for (release, prefix, driver, docs) in [
+        ("shareguard", "shareguard", "shareguard.example.com", &first),
+        ("canary", "canary-shareguard", "canary.example.com", &second),
+    ] {
+        let names: BTreeSet<(String, String)> = object_keys(docs)
+            .into_iter()
+            .map(|(k, _, n)| (k, n))
+            .collect();
+        let has = |kind: &str, name: &str| names.contains(&(kind.to_owned(), name.to_owned()));
+        for d in docs {
+            let name = d["metadata"]["name"].as_str().unwrap();
+            if d["kind"] != "Namespace" {
+                assert!(name.starts_with(prefix), "{release}: {name}");
+            }
+            assert_eq!(
+                d["metadata"]["labels"]["app.kubernetes.io/instance"], release,
+                "{release}: {name}"
+            );
+        }
+        for d in of_kind(docs, "DaemonSet")
+            .into_iter()
+            .chain(of_kind(docs, "PodMonitor"))
+        {
+            assert_eq!(
+                d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"], release,
+                "{release}: {:?} selects other releases' pods",
+                d["metadata"]["name"]
+            );
+        }
+        let sa = format!("{prefix}-kubelet-plugin");
+        assert!(has("ServiceAccount", &sa), "{release}");
+        for ds in of_kind(docs, "DaemonSet") {
+            let pod = &ds["spec"]["template"]["spec"];
+            if let Some(s) = pod["serviceAccountName"].as_str() {
+                assert!(has("ServiceAccount", s), "{release}: {s}");
+            }
+            for v in pod["volumes"].as_sequence().unwrap() {
+                if let Some(cm) = v["configMap"]["name"].as_str() {
+                    assert!(has("ConfigMap", cm), "{release}: {cm}");
+                }
+                if let Some(s) = v["secret"]["secretName"].as_str() {
+                    assert!(has("Secret", s), "{release}: {s}");
+                }
+            }
+            for c in pod["containers"].as_sequence().unwrap() {
+                let cmd = strs(&c["command"]);
+                if cmd.get(1) == Some(&"kubelet-plugin") {
+                    let i = cmd.iter().position(|a| *a == "--driver").unwrap();
+                    assert_eq!(cmd[i + 1], driver, "{release}: the plugin's --driver");
+                }
+            }
+        }
+        let pm = of_kind(docs, "PodMonitor")[0];
+        let cred = &pm["spec"]["podMetricsEndpoints"][0]["authorization"]["credentials"]["name"];
+        assert!(has("Secret", cred.as_str().unwrap()), "{release}: {cred:?}");
+        for b in of_kind(docs, "ClusterRoleBinding") {
+            assert!(has("ClusterRole", b["roleRef"]["name"].as_str().unwrap()));
+            assert_eq!(b["subjects"][0]["name"], sa.as_str(), "{release}");
+        }
+        for b in of_kind(docs, "ValidatingAdmissionPolicyBinding") {
+            let p = b["spec"]["policyName"].as_str().unwrap();
+            assert!(has("ValidatingAdmissionPolicy", p), "{release}: {p}");
+        }
+        // The plugin's policies admit this release's plugin alone.
+        let user = format!("system:serviceaccount:shareguard-system:{sa}\"");
+        let plugin_policies: Vec<_> = of_kind(docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .contains("kubelet-plugin")
+            })
+            .collect();
+        assert_eq!(plugin_policies.len(), 3, "{release}");
+        for p in plugin_policies {
+            let text = serde_yaml::to_string(p).unwrap();
+            assert!(text.contains(&user), "{release}: {text}");
+        }
+        // The claim-namespaces policy names this release's classes.
+        let classes: BTreeSet<&str> = of_kind(docs, "DeviceClass")
+            .into_iter()
+            .map(|c| c["metadata"]["name"].as_str().unwrap())
+            .collect();
+        let policy = of_kind(docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == format!("{prefix}-claim-namespaces").as_str())
+            .unwrap_or_else(|| panic!("{release}: no claim-namespaces policy"));
+        let text = serde_yaml::to_string(policy).unwrap();
+        assert!(
+            classes
+                .iter()
+                .any(|c| text.contains(&format!("'{c}'")) || text.contains(&format!("\"{c}\""))),
+            "{release}: the policy names none of {classes:?}:\n{text}"
+        );
+    }
+
+    // fullnameOverride, and a release name that gives too long a prefix.
+    let over = render_release(&helm, "x", "kube-system", "fullnameOverride: sg-b\n");
+    assert!(
+        object_keys(&over)
+            .iter()
+            .all(|(k, _, n)| k == "Namespace" || n.starts_with("sg-b"))
+    );
+    let long = "a".repeat(30);
+    let chart = chart();
+    let (ok, _, err) = run(&helm, &["template", &long, chart.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("over 40") && err.contains("fullnameOverride"),
+        "{err}"
+    );
+}

@@ -1212,6 +1212,7 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         BTreeSet::from([
             "--agent-socket",
             "--binding-conditions",
+            "--driver",
             "--health-addr",
             "--instance-id",
             "--max-slices-per-node",
@@ -1227,6 +1228,12 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
         "the ConfigMap's socket"
     );
     assert_eq!(f["--node-name"], "$(NODE_NAME)");
+    // The plugin serves its release's driver only: another release's agent is refused.
+    assert_eq!(
+        BTreeSet::from([f["--driver"].as_str()]),
+        cfg.devices.iter().map(|d| d.driver.as_str()).collect(),
+        "--driver is the devices' driver"
+    );
     // The binding gate, on by default: no pod bound to a node that refused its share.
     assert_eq!(f["--binding-conditions"], "true");
     let node_env = c
