@@ -126,6 +126,14 @@ pub fn find(cfg: &Config, kubelet_dir: &Path, keep_audit: bool) -> anyhow::Resul
     for sub in ["store", "net"] {
         items.extend(tree("state", &a.state_dir.join(sub)));
     }
+    let lock = a.state_dir.join(crate::agent_lock::FILE_NAME);
+    if lock.is_file() {
+        items.push(Item {
+            kind: "state",
+            what: lock.display().to_string(),
+            action: Action::File(lock),
+        });
+    }
     if !keep_audit {
         for f in crate::audit::query::log_files(&a.audit_log).unwrap_or_default() {
             items.push(Item {

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod agent_lock;
 pub mod api;
 pub mod audit;
 pub mod capacity;

@@ -175,6 +175,12 @@ pub async fn run(config_path: &Path, node_name: Option<String>) -> anyhow::Resul
         .with_context(|| format!("creating state_dir {}", cfg.agent.state_dir.display()))?;
     std::fs::set_permissions(&cfg.agent.state_dir, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("chmod 0700 {}", cfg.agent.state_dir.display()))?;
+    // Before anything of the node is touched: a second agent stops here.
+    let state_dir = cfg.agent.state_dir.clone();
+    let _node_lock = tokio::task::spawn_blocking(move || {
+        crate::agent_lock::AgentLock::acquire(&state_dir, crate::agent_lock::PATIENCE)
+    })
+    .await??;
     let boot = boot_id()?;
     let metrics = Arc::new(Metrics::new());
     let observer: Arc<dyn crate::engine::Observer> = metrics.clone();

@@ -79,7 +79,9 @@ fn socket_is_private_and_a_second_agent_is_refused() {
     let mode = std::fs::metadata(&a.socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
 
-    // A second agent on the same config would share the store and the socket.
+    // A second agent on the same config would share the store and the socket. It
+    // stops at the state directory's lock, before the limiters or the store, naming the
+    // agent that holds it.
     let out = Command::new(agent_bin())
         .args(["agent", "--config"])
         .arg(&a.config)
@@ -88,7 +90,8 @@ fn socket_is_private_and_a_second_agent_is_refused() {
     assert!(!out.status.success(), "a second agent must not start");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("another agent") || stderr.contains("store"),
+        stderr.contains(&format!("another shareguard agent (pid {})", a.pid()))
+            && stderr.contains("agent.lock"),
         "the refusal should say why: {stderr}"
     );
     // The first agent still answers.
