@@ -77,6 +77,24 @@ pub(crate) fn expand_with(
             d.name
         ));
     }
+    // The config's own check of pool sizes ran on the tables; the GPUs found may have
+    // taken a pool past what one ResourceSlice holds.
+    let mut sizes = std::collections::BTreeMap::new();
+    for d in &devices {
+        let n = sizes
+            .entry((d.driver.as_str(), d.pool.as_str()))
+            .or_insert(0usize);
+        *n += 1;
+        if *n > shareguard_common::slice::MAX_DEVICES_PER_SLICE {
+            return Err(format!(
+                "device {}: with the GPUs found for gpus = \"all\", pool {:?} of driver {:?} has more than {} devices, which resource.k8s.io takes in one ResourceSlice: give some devices a pool of their own",
+                d.name,
+                d.pool,
+                d.driver,
+                shareguard_common::slice::MAX_DEVICES_PER_SLICE
+            ));
+        }
+    }
     cfg.devices = devices;
     Ok(())
 }

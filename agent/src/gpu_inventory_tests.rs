@@ -143,6 +143,31 @@ fn a_found_name_that_is_too_long_or_taken_is_refused_naming_the_device() {
     assert!(e.contains("device gpu-1") && e.contains("rename"), "{e}");
 }
 
+/// A pool is one ResourceSlice of at most 128 devices: the GPUs found count too.
+#[test]
+fn gpus_found_past_a_pools_slice_are_refused_naming_the_pool() {
+    let max = shareguard_common::slice::MAX_DEVICES_PER_SLICE;
+    let list = |n: usize| {
+        move |_: &str, _: &GpuBackendKind| {
+            Ok((0..n)
+                .map(|i| gpu(&format!("GPU-{i}"), u32::try_from(i).unwrap()))
+                .collect())
+        }
+    };
+    // The NIC and max - 1 GPUs fill the pool exactly.
+    let mut c = Config::parse(ALL, "t.toml").unwrap();
+    expand_with(&mut c, list(max - 1)).unwrap();
+    assert_eq!(c.devices.len(), max);
+    let mut c = Config::parse(ALL, "t.toml").unwrap();
+    let e = expand_with(&mut c, list(max)).unwrap_err();
+    assert!(
+        e.contains(&format!("device gpu-{}", max - 1))
+            && e.contains("pool \"node-a\"")
+            && e.contains(&format!("more than {max} devices")),
+        "{e}"
+    );
+}
+
 #[test]
 fn gpus_all_is_checked_when_the_config_is_read() {
     let cases = [
