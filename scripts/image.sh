@@ -13,6 +13,7 @@
 #              serves today (the test cluster's build), with its differences from the
 #              lock printed
 # IMAGE_LOCK=1 rewrite image/base.lock from the packages this build used
+# IMAGE_LOCK_FILE  the lock read and written (default image/base.lock)
 #
 # It writes, in IMAGE_OUT:
 #   shareguard.oci.tar        an OCI image layout (`ctr images import`, `skopeo copy oci-archive:`)
@@ -30,7 +31,8 @@ name="${IMAGE_NAME:-shareguard:$version}"
 arches="${IMAGE_ARCHES:-amd64}"
 out="${IMAGE_OUT:-$repo/target/image}"
 base_mode="${IMAGE_BASE:-locked}"
-lock="$repo/image/base.lock"
+lock="${IMAGE_LOCK_FILE:-$repo/image/base.lock}"
+lock_name="${lock#"$repo"/}"
 debs="${IMAGE_DEB_CACHE:-/var/cache/shareguard-image/debs}"
 case "$base_mode" in locked | current) ;; *)
   echo "IMAGE_BASE=$base_mode: must be locked or current" >&2
@@ -123,7 +125,7 @@ deb() {
   if [ "$base_mode" = locked ]; then
     read -r version want < <(awk -v a="$arch" -v p="$pkg" '$1 == a && $2 == p { print $3, $4 }' "$lock" 2>/dev/null) || true
     if [ -z "${version:-}" ]; then
-      echo "image/base.lock has no $arch $pkg: build with IMAGE_BASE=current IMAGE_LOCK=1 to add it" >&2
+      echo "$lock_name has no $arch $pkg: build with IMAGE_BASE=current IMAGE_LOCK=1 to add it" >&2
       return 1
     fi
   else
@@ -139,7 +141,7 @@ deb() {
   if [ -z "$file" ]; then
     (cd "$debs" && { apt-get download -qq "$pkg:$arch=$version" 2>/dev/null ||
       { apt-get update -qq && apt-get download -qq "$pkg:$arch=$version"; }; }) || {
-      echo "the Debian mirror does not serve $pkg:$arch $version (image/base.lock's); a newer" \
+      echo "the Debian mirror does not serve $pkg:$arch $version ($lock_name's); a newer" \
         "point release replaced it: build with IMAGE_BASE=current IMAGE_LOCK=1 and commit the lock" >&2
       return 1
     }
@@ -147,16 +149,17 @@ deb() {
   fi
   sum=$(sha256sum "$file" | cut -d' ' -f1)
   if [ -n "$want" ] && [ "$sum" != "$want" ]; then
-    echo "$file: sha256 $sum, but image/base.lock pins $want" >&2
+    echo "$file: sha256 $sum, but $lock_name pins $want" >&2
     return 1
   fi
   echo "$pkg $version $sum $file"
 }
 
-# base ARCH: the base layer's root from the Debian packages, into $work/base-ARCH.
-base() {
-  local arch="$1" staging="$work/staging-$arch" root="$work/base-$arch" list="$out/base-$arch.packages"
-  mkdir -p "$staging" "$root"
+# fetch_packages ARCH: the base's Debian packages, fetched and checked against the lock, and
+# unpacked into $work/staging-ARCH.
+fetch_packages() {
+  local arch="$1" staging="$work/staging-$arch" list="$out/base-$arch.packages"
+  mkdir -p "$staging"
   : >"$list"
   local pkg line
   for pkg in "${packages[@]}"; do
@@ -165,9 +168,15 @@ base() {
     echo "$arch ${line% *}" >>"$list"
   done
   if [ "$base_mode" = current ] && [ -f "$lock" ] && ! diff -q <(grep "^$arch " "$lock") "$list" >/dev/null; then
-    echo "note: the $arch base differs from image/base.lock (IMAGE_BASE=current):"
+    echo "note: the $arch base differs from $lock_name (IMAGE_BASE=current):"
     { diff <(grep "^$arch " "$lock") "$list" || true; } | sed -n 's/^[<>]/ &/p'
   fi
+}
+
+# base ARCH: the base layer's root, into $work/base-ARCH: the programs and exactly the
+# libraries they and the binary (built by then) load, from the unpacked packages.
+base() {
+  local arch="$1" staging="$work/staging-$arch" root="$work/base-$arch"
   mkdir -p "$root"/{etc,tmp,proc,sys,dev,run,var/run,root}
   chmod 1777 "$root/tmp"
   echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
@@ -181,6 +190,11 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/shareguard-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 umask 022
 images=()
+# Every base's packages first: a lock the mirror no longer serves fails here, before
+# minutes of compiling.
+for arch in $arches; do
+  fetch_packages "$arch"
+done
 for arch in $arches; do
   build "$arch"
   base "$arch"
@@ -244,7 +258,7 @@ if [ "${IMAGE_LOCK:-}" = 1 ]; then
   } >"$work/lock"
   mkdir -p "$(dirname "$lock")"
   mv "$work/lock" "$lock"
-  echo "==> wrote image/base.lock"
+  echo "==> wrote $lock_name"
 fi
 
 echo "==> $out/shareguard.oci.tar"

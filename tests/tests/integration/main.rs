@@ -29,6 +29,7 @@ mod gpu;
 mod gpu_cgroupns;
 mod health;
 mod idempotency;
+mod image_lock;
 mod inventory_change;
 mod kubelet_plugin;
 mod kubelet_plugin_api;
