@@ -208,7 +208,11 @@ impl Cluster {
             "-n",
             "shareguard-system",
             "-l",
-            &format!("app.kubernetes.io/component={component}"),
+            // The release `shareguard`'s: scenario zz puts a second release's pods
+            // beside them for a while.
+            &format!(
+                "app.kubernetes.io/instance=shareguard,app.kubernetes.io/component={component}"
+            ),
             "--field-selector",
             &format!("spec.nodeName={node},status.phase=Running"),
             "--sort-by",

@@ -110,6 +110,245 @@ fn pod_uids(c: &Cluster, component: &str) -> std::collections::BTreeSet<String> 
         .collect()
 }
 
+/// The pods of release `release` of `component` in shareguard-system: (name, uid,
+/// restarts of its main container).
+fn release_pods(c: &Cluster, release: &str, component: &str) -> Vec<(String, String, u64)> {
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-n",
+        "shareguard-system",
+        "-l",
+        &format!("app.kubernetes.io/instance={release},app.kubernetes.io/component={component}"),
+    ]);
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = |path: &str| field(p, path).as_str().unwrap_or_default().to_owned();
+            let restarts = field(p, "status.containerStatuses")
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| c["restartCount"].as_u64().unwrap_or_default())
+                .sum();
+            (s("metadata.name"), s("metadata.uid"), restarts)
+        })
+        .collect()
+}
+
+/// A second release, `canary` (driver canary.example.com), installed into the first
+/// release's namespace and, by mistake, onto a node the first release's agent serves:
+/// Helm installs it beside the first, cluster-scoped objects included; on that node its
+/// plugin refuses the first release's agent (`--driver`), saying so, and the scheduler
+/// does not place its agent (the first agent holds the node's host ports); no slice of
+/// its driver; the first release's plugin there is
+/// not restarted, its shares stay enforced and its metrics token is kept; `helm
+/// uninstall canary` takes only canary's objects.
+fn second_release_beside_the_first(
+    c: &Cluster,
+    chart: &str,
+    work: &tempfile::TempDir,
+    token: &str,
+) {
+    let node = NODES[1];
+    let values = work.path().join("canary.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "image: {{repository: localhost/shareguard, tag: helm-2}}\n\
+             driverName: canary.example.com\n\
+             namespace: {{name: shareguard-system, create: false}}\n\
+             agent:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n  devices:\n\
+             \x20   - {{name: canary-mem, kind: generic, allowedNamespaces: [\"*\"], capacity: {{memory: {{value: 8Gi, default: 1Gi}}}}}}\n\
+             kubeletPlugin:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{values:?}: {e}"));
+    let values = values.to_str().unwrap_or_else(|| panic!("{values:?}"));
+    let first_plugins = release_pods(c, "shareguard", "kubelet-plugin");
+    assert_eq!(first_plugins.len(), NODES.len(), "{first_plugins:?}");
+
+    c.helm(&[
+        "install",
+        "canary",
+        chart,
+        "-n",
+        "kube-system",
+        "-f",
+        values,
+    ]);
+    for (kind, name) in [
+        ("daemonset", "canary-shareguard-agent"),
+        ("daemonset", "canary-shareguard-kubelet-plugin"),
+        ("secret", "canary-shareguard-metrics-token"),
+    ] {
+        assert!(
+            c.get(&[kind, "-n", "shareguard-system", name]).is_some(),
+            "{kind} {name}"
+        );
+    }
+    for (kind, name) in [
+        ("clusterrole", "canary-shareguard-kubelet-plugin"),
+        (
+            "validatingadmissionpolicy",
+            "canary-shareguard-kubelet-plugin-resourceslices",
+        ),
+        ("deviceclass", "canary-shareguard-net-bandwidth"),
+    ] {
+        assert!(c.get(&[kind, name]).is_some(), "{kind} {name}");
+    }
+
+    // Each of canary's two processes on the node says why it does not serve there.
+    let log_of = |component: &str, container: &str| -> String {
+        let mut all = String::new();
+        for (pod, _, _) in release_pods(c, "canary", component) {
+            for previous in ["--previous=false", "--previous=true"] {
+                let out = c.run(
+                    &[
+                        "logs",
+                        "-n",
+                        "shareguard-system",
+                        &pod,
+                        "-c",
+                        container,
+                        previous,
+                    ],
+                    None,
+                );
+                all.push_str(&String::from_utf8_lossy(&out.stdout));
+            }
+        }
+        all
+    };
+    wait_for(
+        "canary's plugin to refuse the first release's agent",
+        POD_TIMEOUT,
+        || {
+            let log = log_of("kubelet-plugin", "kubelet-plugin");
+            if log.contains("belongs to another release") && log.contains("shareguard.example.com")
+            {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    );
+    // Its agent is not even placed: the first agent holds the node's host ports.
+    wait_for(
+        "the scheduler to keep canary's agent off the node",
+        POD_TIMEOUT,
+        || {
+            let pods = c.json(&[
+                "get",
+                "pods",
+                "-n",
+                "shareguard-system",
+                "-l",
+                "app.kubernetes.io/instance=canary,app.kubernetes.io/component=agent",
+            ]);
+            let refused = pods["items"].as_array().is_some_and(|items| {
+                !items.is_empty()
+                    && items.iter().all(|p| {
+                        field(p, "status.phase") == "Pending"
+                            && field(p, "status.conditions").as_array().is_some_and(|cs| {
+                                cs.iter().any(|c| {
+                                    c["type"] == "PodScheduled"
+                                        && c["status"] == "False"
+                                        && c["message"]
+                                            .as_str()
+                                            .is_some_and(|m| m.contains("free ports"))
+                                })
+                            })
+                    })
+            });
+            if refused {
+                Ok(())
+            } else {
+                Err(format!("{pods}"))
+            }
+        },
+    );
+    let canary_slices = c.json(&[
+        "get",
+        "resourceslices",
+        "--field-selector",
+        "spec.driver=canary.example.com",
+    ]);
+    assert_eq!(
+        canary_slices["items"].as_array().map_or(0, Vec::len),
+        0,
+        "{canary_slices}"
+    );
+    // The first release on that node: its plugin not restarted, its share enforced.
+    assert_eq!(
+        release_pods(c, "shareguard", "kubelet-plugin"),
+        first_plugins,
+        "the first release's plugins were restarted"
+    );
+    let claims = c.json(&["get", "resourceclaims", "-A"]);
+    let on_node: Vec<String> = claims["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|cl| {
+            field(cl, "status.allocation.nodeSelector")
+                .to_string()
+                .contains(node)
+        })
+        .map(first_share_id)
+        .collect();
+    assert!(!on_node.is_empty(), "no share on {node}: {claims}");
+    for share in on_node {
+        assert_eq!(share_phase(c, node, &share), "ENFORCED", "{share}");
+    }
+    assert!(!node_slices(c, node).is_empty(), "{node} lost its slice");
+
+    c.helm(&[
+        "uninstall",
+        "canary",
+        "-n",
+        "kube-system",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    wait_for("canary's pods to be gone", POD_TIMEOUT, || {
+        let left: Vec<_> = ["agent", "kubelet-plugin"]
+            .iter()
+            .flat_map(|comp| release_pods(c, "canary", comp))
+            .collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    assert!(
+        c.get(&["deviceclass", "canary-shareguard-net-bandwidth"])
+            .is_none()
+    );
+    assert!(
+        c.get(&["deviceclass", "shareguard-net-bandwidth"])
+            .is_some()
+    );
+    assert!(
+        c.get(&["clusterrole", "shareguard-kubelet-plugin"])
+            .is_some()
+    );
+    assert_eq!(
+        metrics_token(c),
+        token,
+        "the second release changed the first's token"
+    );
+    assert_eq!(
+        release_pods(c, "shareguard", "kubelet-plugin"),
+        first_plugins,
+        "the first release's plugins were restarted"
+    );
+}
+
 /// zz (after z, which took the kubectl install away; alone, it takes it away itself).
 /// The chart installed with Helm (the release record in kube-system, the chart making
 /// shareguard-system), its render accepted by the API server's own validation, a pod's
@@ -423,6 +662,8 @@ fn zz_helm_installs_upgrades_and_uninstalls_and_cleanup_leaves_nothing_on_the_no
     enforced_again(&share, "the first pool's agent to enforce the share again");
     wait_enforced_status(&c, &before.name);
     wait_enforced_status(&c, &after.name);
+
+    second_release_beside_the_first(&c, chart, &work, &token);
 
     // `helm rollback` to the first release: the first image again on every pod, the
     // shares enforced by the agents it starts, the token kept.
