@@ -42,6 +42,13 @@ pub struct PluginArgs {
     /// A kubeconfig; without it, the in-cluster config, then `$KUBECONFIG`.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Requests a second to the API server at most, on average (a token bucket shared by
+    /// every request of the process; kubelet's own default).
+    #[arg(long, default_value_t = crate::throttle::DEFAULT_QPS, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub kube_api_qps: u32,
+    /// Requests the API server may get at once, above `--kube-api-qps`.
+    #[arg(long, default_value_t = crate::throttle::DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub kube_api_burst: u32,
     /// How often, in seconds, at most the agent's inventory is read for changes to
     /// publish (every 5 s where this is longer); the ResourceSlices are checked against
     /// the API server every ten of these periods regardless, and on every change it

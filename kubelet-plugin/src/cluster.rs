@@ -4,17 +4,20 @@
 //! minutes with nothing to read while nothing changes, so a client-wide read timeout
 //! cuts it (and kube's watcher then relists and watches again, over and over); every
 //! other call is short, and is bounded end to end so that none can hold up
-//! NodePrepareResources or the status writer.
+//! NodePrepareResources or the status writer. Both pass one gate ([`crate::throttle`]):
+//! a rate limit, and a hold while the API server says it is overloaded.
 
 use std::{path::Path, time::Duration};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{
     Api, Client, Config,
+    client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
 };
 
 use crate::error::{ClaimError, PluginError};
+use crate::throttle::{ApiLimits, Gate, ThrottleLayer};
 
 /// How long a connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,6 +57,8 @@ pub struct Clients {
 /// (calls, watches).
 pub fn configs(base: Config, t: Timeouts) -> (Config, Config) {
     let mut calls = base.clone();
+    // Overloaded answers are retried by the gate, for every request at once.
+    calls.default_retry = false;
     calls.connect_timeout = Some(t.connect);
     calls.read_timeout = Some(t.call);
     calls.write_timeout = Some(t.call);
@@ -62,6 +67,7 @@ pub fn configs(base: Config, t: Timeouts) -> (Config, Config) {
     // next call on it at once.
     calls.reset_reader_on_write = true;
     let mut watches = base;
+    watches.default_retry = false;
     watches.connect_timeout = Some(t.connect);
     watches.read_timeout = None;
     watches.write_timeout = Some(t.call);
@@ -69,10 +75,14 @@ pub fn configs(base: Config, t: Timeouts) -> (Config, Config) {
 }
 
 impl Clients {
-    pub fn new(base: Config, t: Timeouts) -> Result<Self, PluginError> {
+    pub fn new(base: Config, t: Timeouts, limits: ApiLimits) -> Result<Self, PluginError> {
         let (calls, watches) = configs(base, t);
-        let client =
-            |c: Config| Client::try_from(c).map_err(|e| PluginError::KubeConfig(e.to_string()));
+        let gate = ThrottleLayer::new(Gate::new(limits));
+        let client = |c: Config| {
+            ClientBuilder::try_from(c)
+                .map(|b| b.with_layer(&gate).build())
+                .map_err(|e| PluginError::KubeConfig(e.to_string()))
+        };
         Ok(Self {
             calls: client(calls)?,
             watches: client(watches)?,
@@ -246,7 +256,7 @@ mod tests {
             "0\r\n\r\n".to_owned(),
         ];
         let url = server(Some(parts), Duration::from_millis(1000)).await;
-        let clients = Clients::new(base(&url), short()).unwrap();
+        let clients = Clients::new(base(&url), short(), ApiLimits::default()).unwrap();
         let api = Api::<ResourceSlice>::all(clients.watches);
         let stream = api.watch(&WatchParams::default(), "0").await.unwrap();
         use futures::TryStreamExt;
@@ -265,7 +275,7 @@ mod tests {
     #[tokio::test]
     async fn a_call_to_a_silent_server_fails_within_its_bound() {
         let url = server(None, Duration::ZERO).await;
-        let clients = Clients::new(base(&url), short()).unwrap();
+        let clients = Clients::new(base(&url), short(), ApiLimits::default()).unwrap();
         let start = Instant::now();
         let api = Api::<ResourceSlice>::all(clients.calls.clone());
         let r = clients.bounded(api.get("x")).await;
@@ -287,7 +297,7 @@ mod tests {
         let mut parts = vec![headers.to_owned()];
         parts.extend((0..20).map(|_| " ".to_owned()));
         let url = server(Some(parts), Duration::from_millis(100)).await;
-        let clients = Clients::new(base(&url), short()).unwrap();
+        let clients = Clients::new(base(&url), short(), ApiLimits::default()).unwrap();
         let start = Instant::now();
         let api = Api::<ResourceSlice>::all(clients.calls.clone());
         let r = clients.bounded(api.get("x")).await;

@@ -27,6 +27,7 @@ mod run;
 pub mod slices;
 pub mod status;
 mod stop;
+pub mod throttle;
 
 pub use args::PluginArgs;
 pub use dirs::{DirError, DirsArgs, prepare as prepare_dirs};

@@ -90,7 +90,14 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         ));
     }
     let config = cluster::config(args.kubeconfig.as_deref()).await?;
-    let clients = cluster::Clients::new(config, cluster::Timeouts::default())?;
+    let clients = cluster::Clients::new(
+        config,
+        cluster::Timeouts::default(),
+        crate::throttle::ApiLimits {
+            qps: args.kube_api_qps,
+            burst: args.kube_api_burst,
+        },
+    )?;
     let cluster = Cluster::new(clients, args.node_name.clone());
     tokio::pin!(shutdown);
     let refused = |e: tonic::Status| PluginError::AgentRefused {

@@ -56,6 +56,11 @@ struct Objects {
     /// Drop the consumable-capacity fields of ResourceSlices as they are written, as a
     /// real API server does with the `DRAConsumableCapacity` feature gate off.
     without_consumable_capacity: bool,
+    /// While set, every request is answered with this status (and Retry-After, in
+    /// seconds, when given) and changes nothing: an API server in an incident.
+    overloaded: Option<(StatusCode, Option<u64>)>,
+    /// When each request arrived, beside `requests`.
+    arrived: Vec<std::time::Instant>,
 }
 
 /// One PATCH the stand-in received.
@@ -212,6 +217,33 @@ impl ApiServer {
     /// "METHOD path" of every request so far.
     pub fn requests(&self) -> Vec<String> {
         self.objects.lock().unwrap().requests.clone()
+    }
+
+    /// Every request so far with when it arrived.
+    pub fn requests_timed(&self) -> Vec<(std::time::Instant, String)> {
+        let o = self.objects.lock().unwrap();
+        o.arrived
+            .iter()
+            .copied()
+            .zip(o.requests.iter().cloned())
+            .collect()
+    }
+
+    /// From now on every request (watches too) is answered `code`, with a Retry-After
+    /// of `retry_after` seconds when given, and changes nothing: as kube-apiserver's
+    /// priority and fairness (429) or a server in trouble (503) answer. Open watches
+    /// end.
+    pub fn overload(&self, code: u16, retry_after: Option<u64>) {
+        let mut o = self.objects.lock().unwrap();
+        o.overloaded = Some((StatusCode::from_u16(code).unwrap(), retry_after));
+        if let Some(changed) = &o.changed {
+            changed.send_modify(|_| {});
+        }
+    }
+
+    /// Answers as usual again.
+    pub fn recover(&self) {
+        self.objects.lock().unwrap().overloaded = None;
     }
 
     /// From now on, ResourceSlices are stored without `allowMultipleAllocations` and
@@ -695,6 +727,10 @@ fn watch(objects: Arc<Mutex<Objects>>, key: Key, uri: &Uri) -> Response {
                 loop {
                     let lines: String = {
                         let o = objects.lock().unwrap();
+                        if o.overloaded.is_some() {
+                            // An overloaded server ends its watches.
+                            return None;
+                        }
                         let lines = o
                             .events
                             .iter()
@@ -741,6 +777,19 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
+    {
+        let mut o = objects.lock().unwrap();
+        if let Some((code, retry_after)) = o.overloaded {
+            o.requests.push(format!("{method} {path}"));
+            o.arrived.push(std::time::Instant::now());
+            let mut r = status(code, "TooManyRequests", "overloaded (test)".into());
+            if let Some(s) = retry_after {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, s.to_string().parse().unwrap());
+            }
+            return r;
+        }
+    }
     if method == Method::GET && matches!(query_param(&uri, "watch").as_deref(), Some("true" | "1"))
     {
         return match parse(&path) {
@@ -750,6 +799,11 @@ async fn handle(
                     .unwrap()
                     .requests
                     .push(format!("WATCH {path}"));
+                objects
+                    .lock()
+                    .unwrap()
+                    .arrived
+                    .push(std::time::Instant::now());
                 watch(objects.clone(), key, &uri)
             }
             _ => status(
@@ -761,6 +815,7 @@ async fn handle(
     }
     let mut o = objects.lock().unwrap();
     o.requests.push(format!("{method} {path}"));
+    o.arrived.push(std::time::Instant::now());
     let Some((key, sub)) = parse(&path) else {
         return status(
             StatusCode::NOT_FOUND,

@@ -625,3 +625,152 @@ async fn fields_the_api_server_drops_are_reported_loudly() {
             .contains("the API server now stores every field of the ResourceSlice")
     });
 }
+
+/// An API server incident: for a minute every request is refused, first 30 s of 503
+/// without Retry-After, then 30 s of 429 with Retry-After: 2, while kubelet prepares
+/// and unprepares. The plugin's requests come in waves that every request of the process
+/// waits out together: under the 503s a bounded number, under the 429s never sooner than
+/// the server asked. Once the server answers again, kubelet's next Prepare works and the
+/// claims' status catches up.
+#[tokio::test]
+async fn an_overloaded_api_server_gets_no_retry_storm_and_the_plugin_recovers() {
+    const PHASE: Duration = Duration::from_secs(30);
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = share_id();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let put_claim = |name: &str| {
+        let (uid, share) = (share_id(), share_id());
+        api.put(&claim(
+            NS,
+            name,
+            &uid,
+            Some(vec![result(
+                "mem",
+                DRIVER,
+                POOL,
+                "mem-0",
+                Some(&share),
+                &[("memory", "1Gi")],
+            )]),
+            &[("p1", &pod_uid)],
+        ));
+        (uid, share)
+    };
+    let (uid1, share1) = put_claim("c1");
+    let (uid2, share2) = put_claim("c2");
+    let (uid3, share3) = put_claim("c3");
+    // It measures time (the gaps between requests): not beside another measurement.
+    let _lock = TrafficLock::acquire();
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    wait_for("the slice", WAIT, || !ours(&api).is_empty());
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let r = prepare_v1(&mut kubelet, NS, "c1", &uid1).await;
+    assert_eq!(r.error, "", "{r:?}");
+    wait_for("c1's status", WAIT, || {
+        entries(&api, "c1")
+            .iter()
+            .any(|e| e.share_id.as_deref() == Some(share1.as_str()))
+    });
+
+    // 503s without Retry-After, while kubelet prepares c2 (its claim cannot be read)
+    // and unprepares c1 (its status cannot be written).
+    let start_503 = std::time::Instant::now();
+    api.overload(503, None);
+    let r = prepare_v1(&mut kubelet, NS, "c2", &uid2).await;
+    assert_ne!(r.error, "", "c2 prepared without its claim: {r:?}");
+    let u = unprepare_v1(&mut kubelet, NS, "c1", &uid1).await;
+    assert_eq!(u.error, "", "Unprepare needs no API call: {u:?}");
+    tokio::time::sleep(PHASE.saturating_sub(start_503.elapsed())).await;
+
+    let start_429 = std::time::Instant::now();
+    api.overload(429, Some(2));
+    let r = prepare_v1(&mut kubelet, NS, "c3", &uid3).await;
+    assert_ne!(r.error, "", "c3 prepared without its claim: {r:?}");
+    tokio::time::sleep(PHASE.saturating_sub(start_429.elapsed())).await;
+    let end = std::time::Instant::now();
+    api.recover();
+
+    let timed = api.requests_timed();
+    let during = |from: std::time::Instant, to: std::time::Instant| -> Vec<std::time::Instant> {
+        timed
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t >= from && *t < to)
+            .collect()
+    };
+    let listing = || {
+        timed
+            .iter()
+            .filter(|(t, _)| *t >= start_503)
+            .map(|(t, r)| format!("{:>6} ms {r}", t.duration_since(start_503).as_millis()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // Under the 503s: the holds double from 200 ms to 30 s; 9 requests in 30 s in one
+    // run, where kube's retry of each request alone (from 5 ms, up to 15 times) sent 107.
+    let under_503 = during(start_503, start_429);
+    assert!(
+        !under_503.is_empty() && under_503.len() <= 40,
+        "{} requests in 30 s of 503s:\n{}",
+        under_503.len(),
+        listing()
+    );
+    // Under the 429s: after the first wave, waves at least the 2 s the server asked
+    // apart; within a wave, the requests the gate let go together.
+    let under_429 = during(start_429, end);
+    let gaps: Vec<Duration> = under_429.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter()
+            .all(|g| *g < Duration::from_millis(300) || *g >= Duration::from_millis(1950)),
+        "a request came sooner than the Retry-After: gaps {gaps:?}\n{}",
+        listing()
+    );
+    let waves = 1 + gaps
+        .iter()
+        .filter(|g| **g >= Duration::from_millis(1950))
+        .count();
+    eprintln!(
+        "requests: {} under 30 s of 503s, {} in {waves} waves under 30 s of 429s",
+        under_503.len(),
+        under_429.len()
+    );
+    assert!(
+        (2..=16).contains(&waves) && under_429.len() <= 8 * waves,
+        "{} requests in {waves} waves in 30 s of 429s:\n{}",
+        under_429.len(),
+        listing()
+    );
+
+    // The server back: kubelet's next try of c2 works at once, and the claims' status
+    // catches up (c1's entry gone, c2's there).
+    let recovered = std::time::Instant::now();
+    let r = prepare_v1(&mut kubelet, NS, "c2", &uid2).await;
+    assert_eq!(r.error, "", "{r:?}");
+    assert!(
+        recovered.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        recovered.elapsed()
+    );
+    let r = prepare_v1(&mut kubelet, NS, "c3", &uid3).await;
+    assert_eq!(r.error, "", "{r:?}");
+    wait_for(
+        "the claims' status after the incident",
+        Duration::from_secs(70),
+        || {
+            entries(&api, "c1").iter().all(|e| e.driver != DRIVER)
+                && [("c2", &share2), ("c3", &share3)].iter().all(|(c, s)| {
+                    entries(&api, c)
+                        .iter()
+                        .any(|e| e.share_id.as_deref() == Some(s.as_str()))
+                })
+        },
+    );
+}
