@@ -13,7 +13,9 @@
 //! NIC from a claim template. For each pod: created (kubectl apply returned) to Running
 //! as kubectl sees it, polled every 50 ms; for share pods also created to the claim's
 //! `Enforced` condition True, and the agent's ENFORCED (the share's `updatedAt`) to the
-//! moment the condition was seen. Then kubelet's own DRA operation durations from each
+//! moment the condition was seen, and to the moment the API server received the status
+//! apply that carried it (its audit log's `requestReceivedTimestamp`: no polling in
+//! it). Then kubelet's own DRA operation durations from each
 //! node's metrics. From the API server's audit log (`SGC_AUDIT_LOG`, which bench.sh
 //! sets): everything the plugins ask for while nothing changes and the share pods run,
 //! over `SGC_BENCH_REST_SECS` (600: long enough for watch renewals and the periodic
@@ -137,6 +139,7 @@ fn main() {
     let mut share_running = Vec::new();
     let mut share_enforced = Vec::new();
     let mut convergence = Vec::new();
+    let mut applied_lag = Vec::new();
     for i in 0..n {
         for claim in [false, true] {
             let node = NODES[i % NODES.len()];
@@ -157,6 +160,11 @@ fn main() {
                 let at = c.agent_cli(node, &["share", &share]);
                 if let Some(agent_at) = at["updatedAt"].as_str().and_then(parse_time) {
                     convergence.push(seen.duration_since(agent_at).unwrap_or_default());
+                    if let (Some(audit), Some(mark)) = (&audit, mark)
+                        && let Some(received) = enforced_apply(audit, mark, &ns.name, &share)
+                    {
+                        applied_lag.push(received.duration_since(agent_at).unwrap_or_default());
+                    }
                 }
             } else {
                 c.apply(&pod_yaml(&ns.name, &name, node, false));
@@ -174,6 +182,12 @@ fn main() {
         share_enforced,
     );
     row("agent ENFORCED -> condition seen in the API", convergence);
+    if !applied_lag.is_empty() {
+        row(
+            "agent ENFORCED -> its status apply received by the API server",
+            applied_lag,
+        );
+    }
     // At rest with the share pods running: what a node's plugin asks while its shares
     // hold and nothing changes.
     let idle = audit.as_ref().map(|a| at_rest(a, n));
@@ -265,6 +279,24 @@ fn per_claim(audit: &AuditLog, mark: u64, ns: &str, claims: usize, idle: &BTreeS
 }
 
 /// The Enforced entry of the claim made for pod `pod` (its claims are named after it).
+/// When the API server received the first status apply in namespace `ns` that set
+/// `share`'s Enforced condition True (the audit log logs claim status bodies).
+fn enforced_apply(audit: &AuditLog, mark: u64, ns: &str, share: &str) -> Option<SystemTime> {
+    audit
+        .since(mark)
+        .into_iter()
+        .find(|r| {
+            r.kind() == "patch resourceclaims/status"
+                && r.namespace == ns
+                && field(&r.body, "status.devices")
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|d| d["shareID"] == share && is_enforced(d))
+        })
+        .and_then(|r| parse_time(&r.received))
+}
+
 fn enforced_of(c: &Cluster, ns: &str, pod: &str) -> Option<(String, SystemTime)> {
     let p = c.get(&["pod", "-n", ns, pod])?;
     let claim = field(&p, "status.resourceClaimStatuses")

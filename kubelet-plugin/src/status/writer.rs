@@ -1,7 +1,9 @@
 //! Keeps `status.devices` of every claim with shares of our drivers equal to what the
 //! agent reports, from its WatchShares stream: a change marks the claim, and marked
 //! claims are written at most once per `MIN_INTERVAL` each (changes in between are
-//! merged), retried with backoff, and skipped when the body is what was last written.
+//! merged), except that a share turning ENFORCED is written at once (within
+//! `WRITE_BURST`); retried with backoff, and skipped when the body is what was last
+//! written.
 //! After a reconnect (a plugin or agent restart) the snapshot marks every claim again.
 
 use std::{
@@ -23,8 +25,17 @@ use tracing::{debug, info, warn};
 use super::build::{self, Target};
 use crate::{agent::Agent, cluster::Clients, events::Events, stop::until_stopped};
 
-/// A claim's status is written at most this often; changes in between are merged.
+/// A claim's status is written at most this often on average; changes in between are
+/// merged.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How many writes of one claim a share turning ENFORCED may make sooner than
+/// `MIN_INTERVAL` after the one before, in a row: the time from the agent's ENFORCED to
+/// the claim's condition is a target (250 ms at p99), and a write of the same claim a
+/// moment before (its PENDING, another share) must not hold it back. Every other change
+/// waits out the interval, merged with what follows: a release's steps (the sandbox
+/// gone, RELEASING, RELEASED) are one write, not three. A claim whose shares flap is
+/// still written about once a second.
+const WRITE_BURST: u32 = 3;
 /// How long a change of a share's messages alone (the same conditions, the same data)
 /// waits for a change that matters to go with it. Counted on the test cluster: a
 /// share's waiting message changes when kubelet prepares the claim ("kubelet has not
@@ -44,6 +55,15 @@ struct ClaimState {
     messages_only_until: Option<Instant>,
     /// When the claim may be written next (rate limit or backoff).
     not_before: Option<Instant>,
+    /// A share of the claim turned ENFORCED since the last write: written without
+    /// waiting for `not_before`'s interval (not a backoff), as `paced_until` allows.
+    enforced: bool,
+    /// The rate of those writes (a generic cell rate algorithm: one instant for the
+    /// whole bucket): allowed while this is at most `WRITE_BURST - 1` intervals ahead of
+    /// now; each write moves it one `MIN_INTERVAL` on.
+    paced_until: Option<Instant>,
+    /// `not_before` is a backoff after a failure, which nothing skips.
+    backing_off: bool,
     backoff: Duration,
     last_written: Option<Value>,
     /// The API server has no claim of this uid any more (deleted, or deleted and created
@@ -52,9 +72,28 @@ struct ClaimState {
 }
 
 impl ClaimState {
+    /// Whether the write rate allows a write at `now`.
+    fn may_write(&self, now: Instant) -> bool {
+        self.paced_until
+            .is_none_or(|t| t <= now + MIN_INTERVAL * (WRITE_BURST - 1))
+    }
+
+    /// Counts a write made at `now`.
+    fn wrote(&mut self, now: Instant) {
+        self.paced_until = Some(self.paced_until.map_or(now, |t| t.max(now)) + MIN_INTERVAL);
+    }
+
+    /// Whether the claim is to be written at `now`.
+    fn due(&self, now: Instant) -> bool {
+        let paced = self.not_before.is_none_or(|t| t <= now)
+            || (self.enforced && !self.backing_off && self.may_write(now));
+        self.dirty && (self.gone || (paced && self.messages_only_until.is_none_or(|t| t <= now)))
+    }
+
     /// A change of the claim's shares: `messages_only` when the status differs from the
     /// share's previous one in its messages alone.
-    fn mark(&mut self, messages_only: bool) {
+    fn mark(&mut self, messages_only: bool, enforced: bool) {
+        self.enforced |= enforced;
         if !messages_only {
             self.messages_only_until = None;
         } else if !self.dirty {
@@ -184,7 +223,13 @@ impl StatusWriter {
                     msg = stream.message() => match msg {
                         Ok(Some(m)) => {
                             reconnect_delay = Duration::from_millis(100);
-                            self.on_message(m, &mut snapshot);
+                            // A change due now is written now, not at the next tick.
+                            if let Some(t) = self.on_message(m, &mut snapshot)
+                                && !self.agent.is_fenced()
+                                && self.claims.get(&t).is_some_and(|c| c.due(Instant::now()))
+                            {
+                                self.write(t).await;
+                            }
                         }
                         Ok(None) | Err(_) => {
                             warn!("the agent's share stream ended; reconnecting");
@@ -202,7 +247,12 @@ impl StatusWriter {
         }
     }
 
-    fn on_message(&mut self, m: pb::WatchSharesResponse, snapshot: &mut Option<Shares>) {
+    /// Takes in one message of the stream; the claim a change marked, if any.
+    fn on_message(
+        &mut self,
+        m: pb::WatchSharesResponse,
+        snapshot: &mut Option<Shares>,
+    ) -> Option<Target> {
         let kind = pb::watch_shares_response::Kind::try_from(m.kind);
         match (kind, m.share) {
             (Ok(pb::watch_shares_response::Kind::Snapshot), Some(s)) => {
@@ -228,25 +278,33 @@ impl StatusWriter {
                     // entries go.
                     let old = std::mem::replace(&mut self.shares, snap);
                     for t in old.into_keys().chain(self.shares.keys().cloned()) {
-                        self.claims.entry(t).or_default().mark(false);
+                        self.claims.entry(t).or_default().mark(false, false);
                     }
                 }
             }
             (Ok(pb::watch_shares_response::Kind::Changed), Some(s)) => {
                 if !self.drivers.contains(&s.driver) {
-                    return;
+                    return None;
                 }
-                if let Some(t) = Target::of(&s) {
-                    let before = self.shares.get(&t).and_then(|m| m.get(&share_key(&s)));
+                let marked = Target::of(&s);
+                if let Some(t) = &marked {
+                    let before = self.shares.get(t).and_then(|m| m.get(&share_key(&s)));
                     self.events.share_changed(before, &s);
                     let messages_only =
                         before.is_some_and(|b| build::differs_in_messages_only(b, &s));
-                    self.claims.entry(t).or_default().mark(messages_only);
+                    let enforced = |x: &pb::ShareStatus| x.phase == pb::Phase::Enforced as i32;
+                    let now_enforced = enforced(&s) && !before.is_some_and(enforced);
+                    self.claims
+                        .entry(t.clone())
+                        .or_default()
+                        .mark(messages_only, now_enforced);
                 }
                 insert(&mut self.shares, s);
+                return marked;
             }
             _ => {}
         }
+        None
     }
 
     async fn flush(&mut self) {
@@ -254,87 +312,93 @@ impl StatusWriter {
         let due: Vec<Target> = self
             .claims
             .iter()
-            .filter(|(_, c)| {
-                c.dirty
-                    && (c.gone
-                        || (c.not_before.is_none_or(|t| t <= now)
-                            && c.messages_only_until.is_none_or(|t| t <= now)))
-            })
+            .filter(|(_, c)| c.due(now))
             .map(|(t, _)| t.clone())
             .collect();
         for t in due {
-            // In key order (a BTreeMap), so that an unchanged claim gets the same body.
-            let shares: Vec<&pb::ShareStatus> = self
-                .shares
-                .get(&t)
-                .into_iter()
-                .flat_map(|m| m.values())
-                .collect();
-            let body = build::body(&t, &shares);
-            let live = shares.iter().any(|s| build::shown(s));
-            let Some(state) = self.claims.get_mut(&t) else {
-                continue;
-            };
-            state.dirty = false;
-            state.messages_only_until = None;
-            if state.gone {
-                // Written no more; forgotten once its shares are released.
+            self.write(t).await;
+        }
+    }
+
+    /// Writes claim `t`'s status (it is due).
+    async fn write(&mut self, t: Target) {
+        // In key order (a BTreeMap), so that an unchanged claim gets the same body.
+        let shares: Vec<&pb::ShareStatus> = self
+            .shares
+            .get(&t)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .collect();
+        let body = build::body(&t, &shares);
+        let live = shares.iter().any(|s| build::shown(s));
+        let Some(state) = self.claims.get_mut(&t) else {
+            return;
+        };
+        state.dirty = false;
+        state.messages_only_until = None;
+        let enforced = std::mem::take(&mut state.enforced);
+        if state.gone {
+            // Written no more; forgotten once its shares are released.
+            if !live {
+                self.claims.remove(&t);
+                self.shares.remove(&t);
+            }
+            return;
+        }
+        if state.last_written.as_ref() == Some(&body) {
+            return;
+        }
+        let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &t.namespace);
+        let params = PatchParams::apply(&t.driver).force();
+        let applied = self
+            .clients
+            .bounded(api.patch_status(&t.name, &params, &Patch::Apply(&body)))
+            .await;
+        match applied.map_err(|e| (ApplyFailure::of(&e), e)) {
+            Ok(_) => {
+                debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
+                state.last_written = Some(body);
+                state.backoff = Duration::ZERO;
+                let now = Instant::now();
+                state.not_before = Some(now + MIN_INTERVAL);
+                state.backing_off = false;
+                state.wrote(now);
                 if !live {
+                    // Nothing of ours is left in it; forget the claim and its
+                    // released shares.
                     self.claims.remove(&t);
                     self.shares.remove(&t);
                 }
-                continue;
             }
-            if state.last_written.as_ref() == Some(&body) {
-                continue;
+            // Only the removal of released shares was left to write, and it is
+            // refused: the claim was deallocated (a kubelet Unprepare comes before
+            // the pod's reservation and the allocation go), and the API server drops
+            // the status entries of deallocated devices itself. Retrying would only
+            // be refused again until the claim is gone.
+            Err((ApplyFailure::Refused, e)) if !live => {
+                info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, "the release is not written: the claim is no longer ours to write");
+                self.claims.remove(&t);
+                self.shares.remove(&t);
             }
-            let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &t.namespace);
-            let params = PatchParams::apply(&t.driver).force();
-            let applied = self
-                .clients
-                .bounded(api.patch_status(&t.name, &params, &Patch::Apply(&body)))
-                .await;
-            match applied.map_err(|e| (ApplyFailure::of(&e), e)) {
-                Ok(_) => {
-                    debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
-                    state.last_written = Some(body);
-                    state.backoff = Duration::ZERO;
-                    state.not_before = Some(Instant::now() + MIN_INTERVAL);
-                    if !live {
-                        // Nothing of ours is left in it; forget the claim and its
-                        // released shares.
-                        self.claims.remove(&t);
-                        self.shares.remove(&t);
-                    }
-                }
-                // Only the removal of released shares was left to write, and it is
-                // refused: the claim was deallocated (a kubelet Unprepare comes before
-                // the pod's reservation and the allocation go), and the API server drops
-                // the status entries of deallocated devices itself. Retrying would only
-                // be refused again until the claim is gone.
-                Err((ApplyFailure::Refused, e)) if !live => {
-                    info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, "the release is not written: the claim is no longer ours to write");
+            // The claim is gone, or was created anew under the name (the uid in the
+            // body no longer matches): no write to this uid can succeed again, so
+            // none is tried, with or without backoff.
+            Err((why @ (ApplyFailure::Deleted | ApplyFailure::Replaced), e)) => {
+                info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?why, error = %e, "claim deleted or replaced; its status is not written any more");
+                if live {
+                    state.gone = true;
+                } else {
                     self.claims.remove(&t);
                     self.shares.remove(&t);
                 }
-                // The claim is gone, or was created anew under the name (the uid in the
-                // body no longer matches): no write to this uid can succeed again, so
-                // none is tried, with or without backoff.
-                Err((why @ (ApplyFailure::Deleted | ApplyFailure::Replaced), e)) => {
-                    info!(claim = %t.name, namespace = %t.namespace, claim_uid = %t.uid, driver = %t.driver, why = ?why, error = %e, "claim deleted or replaced; its status is not written any more");
-                    if live {
-                        state.gone = true;
-                    } else {
-                        self.claims.remove(&t);
-                        self.shares.remove(&t);
-                    }
-                }
-                Err((_, e)) => {
-                    state.dirty = true;
-                    state.backoff = (state.backoff * 2).clamp(MIN_INTERVAL, MAX_BACKOFF);
-                    state.not_before = Some(Instant::now() + state.backoff);
-                    warn!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, retry_in = ?state.backoff, "writing claim status failed");
-                }
+            }
+            Err((_, e)) => {
+                state.dirty = true;
+                state.enforced |= enforced;
+                state.backoff = (state.backoff * 2).clamp(MIN_INTERVAL, MAX_BACKOFF);
+                state.not_before = Some(Instant::now() + state.backoff);
+                state.backing_off = true;
+                warn!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, retry_in = ?state.backoff, "writing claim status failed");
             }
         }
     }
@@ -348,20 +412,71 @@ mod tests {
     fn a_message_alone_waits_for_a_change_that_matters_and_goes_with_it() {
         let mut c = ClaimState::default();
         let before = Instant::now();
-        c.mark(true);
+        c.mark(true, false);
         assert!(c.dirty);
         let until = c.messages_only_until.expect("a message alone waits");
         assert!(until >= before + MESSAGE_ONLY_DELAY);
         // Another message alone does not push it further out.
         std::thread::sleep(Duration::from_millis(5));
-        c.mark(true);
+        c.mark(true, false);
         assert_eq!(c.messages_only_until, Some(until));
         // A change that matters is written at once, the message with it.
-        c.mark(false);
+        c.mark(false, false);
         assert!(c.dirty && c.messages_only_until.is_none());
         // And stays so when a message alone follows before the write.
-        c.mark(true);
+        c.mark(true, false);
         assert!(c.messages_only_until.is_none());
+    }
+
+    #[test]
+    fn a_claim_writes_a_burst_at_once_then_once_per_interval() {
+        let mut c = ClaimState::default();
+        let t0 = Instant::now();
+        for i in 0..WRITE_BURST {
+            assert!(c.may_write(t0), "write {i} of the burst");
+            c.wrote(t0);
+        }
+        assert!(!c.may_write(t0));
+        assert!(!c.may_write(t0 + MIN_INTERVAL - Duration::from_millis(1)));
+        assert!(c.may_write(t0 + MIN_INTERVAL));
+        c.wrote(t0 + MIN_INTERVAL);
+        assert!(!c.may_write(t0 + MIN_INTERVAL));
+        // Quiet for long enough, the whole burst again.
+        let later = t0 + MIN_INTERVAL * 10;
+        for _ in 0..WRITE_BURST {
+            assert!(c.may_write(later));
+            c.wrote(later);
+        }
+        assert!(!c.may_write(later));
+    }
+
+    #[test]
+    fn only_a_share_turning_enforced_skips_the_interval_and_never_a_backoff() {
+        let now = Instant::now();
+        let just_written = || {
+            let mut c = ClaimState::default();
+            c.wrote(now);
+            c.not_before = Some(now + MIN_INTERVAL);
+            c
+        };
+        // Any other change waits out the interval.
+        let mut c = just_written();
+        c.mark(false, false);
+        assert!(!c.due(now) && c.due(now + MIN_INTERVAL));
+        // A share turning ENFORCED goes at once.
+        let mut c = just_written();
+        c.mark(false, true);
+        assert!(c.due(now));
+        // Not during a backoff after a failure.
+        c.backing_off = true;
+        assert!(!c.due(now));
+        // Nor beyond the burst: the bucket is empty after WRITE_BURST writes at once.
+        let mut c = just_written();
+        for _ in 1..WRITE_BURST {
+            c.wrote(now);
+        }
+        c.mark(false, true);
+        assert!(!c.due(now));
     }
 
     fn api_error(json: serde_json::Value) -> kube::Error {
