@@ -29,7 +29,7 @@ use crate::{
     inventory::{DriverDevices, Inventory},
     kubelet::{HealthV1, HealthV1Alpha1, Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
-    status::StatusWriter,
+    status::{StatusWriter, Written},
     stop::{stopped, until_stopped},
 };
 
@@ -193,12 +193,23 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
         )
         .instrument(info_span!("inventory")),
     );
+    // Read after the epoch is ours: an instance this one replaced leaves the record
+    // alone once it finds this epoch in it (status/written.rs).
+    let written = Written::load(
+        inventory
+            .drivers
+            .keys()
+            .map(|d| (d.clone(), args.plugins_dir.join(d)))
+            .collect(),
+        epoch,
+    );
     background.spawn(
         StatusWriter::new(
             cluster.clients().clone(),
             agent.clone(),
             inventory.drivers.keys().cloned().collect(),
             events.clone(),
+            written,
         )
         .run(stop_rx.clone()),
     );

@@ -3,5 +3,7 @@
 
 pub mod build;
 mod writer;
+mod written;
 
 pub use writer::StatusWriter;
+pub use written::Written;

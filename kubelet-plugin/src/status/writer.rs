@@ -4,7 +4,9 @@
 //! merged), except that a share turning ENFORCED is written at once (within
 //! `WRITE_BURST`); retried with backoff, and skipped when the body is what was last
 //! written.
-//! After a reconnect (a plugin or agent restart) the snapshot marks every claim again.
+//! After a reconnect (a plugin or agent restart) the snapshot marks every claim again;
+//! after a start of the plugin, a claim whose body is what the instance before wrote
+//! (`super::written`, a record on the node) is not written again.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -17,12 +19,14 @@ use kube::{
     Api,
     api::{Patch, PatchParams},
 };
-use serde_json::Value;
 use shareguard_proto::v1 as pb;
 use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
-use super::build::{self, Target};
+use super::{
+    build::{self, Target},
+    written::{self, Written},
+};
 use crate::{agent::Agent, cluster::Clients, events::Events, stop::until_stopped};
 
 /// A claim's status is written at most this often on average; changes in between are
@@ -46,6 +50,9 @@ const MESSAGE_ONLY_DELAY: Duration = Duration::from_secs(5);
 /// How often marked claims are looked at.
 const TICK: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How often at most the record of written claims goes to disk: a crash loses at most
+/// this much of it, which costs a restart one apply per claim written in it.
+const RECORD_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct ClaimState {
@@ -65,7 +72,9 @@ struct ClaimState {
     /// `not_before` is a backoff after a failure, which nothing skips.
     backing_off: bool,
     backoff: Duration,
-    last_written: Option<Value>,
+    /// The digest of the body last written (`written::digest`); after a start, the
+    /// one the instance before recorded.
+    last_written: Option<String>,
     /// The API server has no claim of this uid any more (deleted, or deleted and created
     /// anew under the name): nothing is written to it again.
     gone: bool,
@@ -155,6 +164,9 @@ pub struct StatusWriter {
     claims: BTreeMap<Target, ClaimState>,
     /// Where a share's move worth telling its owner goes.
     events: Events,
+    /// What was written, kept on the node for the next start.
+    written: Written,
+    recorded_at: Instant,
 }
 
 /// Claim -> share key -> latest status. A share's claim never changes (allocation
@@ -184,6 +196,7 @@ impl StatusWriter {
         agent: Arc<Agent>,
         drivers: BTreeSet<String>,
         events: Events,
+        written: Written,
     ) -> Self {
         Self {
             clients,
@@ -192,6 +205,32 @@ impl StatusWriter {
             shares: HashMap::new(),
             claims: BTreeMap::new(),
             events,
+            written,
+            recorded_at: Instant::now(),
+        }
+    }
+
+    /// The claim's state, made on first sight with what the record says was written.
+    fn claim(&mut self, t: &Target) -> &mut ClaimState {
+        let written = &self.written;
+        self.claims.entry(t.clone()).or_insert_with(|| ClaimState {
+            last_written: written.get(t).map(str::to_owned),
+            ..ClaimState::default()
+        })
+    }
+
+    /// Forgets a claim nothing of ours is left in (or that is gone).
+    fn forget(&mut self, t: &Target) {
+        self.claims.remove(t);
+        self.shares.remove(t);
+        self.written.remove(t);
+    }
+
+    /// The record to disk, if it changed and `RECORD_EVERY` passed (or `now`).
+    fn record(&mut self, now: bool) {
+        if now || self.recorded_at.elapsed() >= RECORD_EVERY {
+            self.written.flush();
+            self.recorded_at = Instant::now();
         }
     }
 
@@ -201,7 +240,7 @@ impl StatusWriter {
         loop {
             let stream = tokio::select! {
                 r = self.agent.watch() => r,
-                () = until_stopped(&mut stop) => return,
+                () = until_stopped(&mut stop) => return self.record(true),
             };
             let mut stream = match stream {
                 Ok(s) => s,
@@ -209,7 +248,7 @@ impl StatusWriter {
                     debug!(error = %e, "watching shares; retrying");
                     tokio::select! {
                         () = tokio::time::sleep(reconnect_delay) => {}
-                        () = until_stopped(&mut stop) => return,
+                        () = until_stopped(&mut stop) => return self.record(true),
                     }
                     reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(5));
                     continue;
@@ -240,8 +279,9 @@ impl StatusWriter {
                         if !self.agent.is_fenced() {
                             self.flush().await;
                         }
+                        self.record(false);
                     }
-                    () = until_stopped(&mut stop) => return,
+                    () = until_stopped(&mut stop) => return self.record(true),
                 }
             }
         }
@@ -277,9 +317,17 @@ impl StatusWriter {
                     // Claims known before and not in the snapshot are marked too: their
                     // entries go.
                     let old = std::mem::replace(&mut self.shares, snap);
-                    for t in old.into_keys().chain(self.shares.keys().cloned()) {
-                        self.claims.entry(t).or_default().mark(false, false);
+                    let now: Vec<Target> = self.shares.keys().cloned().collect();
+                    for t in old.into_keys().chain(now) {
+                        self.claim(&t).mark(false, false);
                     }
+                    // Claims released while the plugin was away are not kept on record.
+                    let live: BTreeSet<(String, String)> = self
+                        .shares
+                        .keys()
+                        .map(|t| (t.driver.clone(), t.uid.clone()))
+                        .collect();
+                    self.written.retain(&live);
                 }
             }
             (Ok(pb::watch_shares_response::Kind::Changed), Some(s)) => {
@@ -294,10 +342,7 @@ impl StatusWriter {
                         before.is_some_and(|b| build::differs_in_messages_only(b, &s));
                     let enforced = |x: &pb::ShareStatus| x.phase == pb::Phase::Enforced as i32;
                     let now_enforced = enforced(&s) && !before.is_some_and(enforced);
-                    self.claims
-                        .entry(t.clone())
-                        .or_default()
-                        .mark(messages_only, now_enforced);
+                    self.claim(t).mark(messages_only, now_enforced);
                 }
                 insert(&mut self.shares, s);
                 return marked;
@@ -340,12 +385,12 @@ impl StatusWriter {
         if state.gone {
             // Written no more; forgotten once its shares are released.
             if !live {
-                self.claims.remove(&t);
-                self.shares.remove(&t);
+                self.forget(&t);
             }
             return;
         }
-        if state.last_written.as_ref() == Some(&body) {
+        let digest = written::digest(&body);
+        if state.last_written.as_ref() == Some(&digest) {
             return;
         }
         let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &t.namespace);
@@ -357,7 +402,8 @@ impl StatusWriter {
         match applied.map_err(|e| (ApplyFailure::of(&e), e)) {
             Ok(_) => {
                 debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
-                state.last_written = Some(body);
+                self.written.set(&t, &digest);
+                state.last_written = Some(digest);
                 state.backoff = Duration::ZERO;
                 let now = Instant::now();
                 state.not_before = Some(now + MIN_INTERVAL);
@@ -366,8 +412,7 @@ impl StatusWriter {
                 if !live {
                     // Nothing of ours is left in it; forget the claim and its
                     // released shares.
-                    self.claims.remove(&t);
-                    self.shares.remove(&t);
+                    self.forget(&t);
                 }
             }
             // Only the removal of released shares was left to write, and it is
@@ -377,8 +422,7 @@ impl StatusWriter {
             // be refused again until the claim is gone.
             Err((ApplyFailure::Refused, e)) if !live => {
                 info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, "the release is not written: the claim is no longer ours to write");
-                self.claims.remove(&t);
-                self.shares.remove(&t);
+                self.forget(&t);
             }
             // The claim is gone, or was created anew under the name (the uid in the
             // body no longer matches): no write to this uid can succeed again, so
@@ -388,8 +432,7 @@ impl StatusWriter {
                 if live {
                     state.gone = true;
                 } else {
-                    self.claims.remove(&t);
-                    self.shares.remove(&t);
+                    self.forget(&t);
                 }
             }
             Err((_, e)) => {

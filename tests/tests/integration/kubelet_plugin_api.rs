@@ -267,6 +267,107 @@ async fn a_claims_status_shows_its_share_until_unprepare() {
     );
 }
 
+/// A restart of the plugin (a rolling update, a crash) writes no claim status the
+/// instance before it already wrote: it reads what that one recorded beside its socket
+/// (`<plugins-dir>/<driver>/claim-status.json`). Without the record, every live claim is
+/// applied again.
+#[tokio::test]
+async fn a_restarted_plugin_writes_no_claim_status_it_wrote_before() {
+    let agent = Agent::start(Options::new(generic_device(
+        "mem-0",
+        "8Gi",
+        "1Gi",
+        &[NS],
+        &[],
+    )));
+    let api = ApiServer::start();
+    api.put_cluster(&k8s::node(NODE));
+    let pod_uid = share_id();
+    api.put(&pod(NS, "p1", &pod_uid, NODE));
+    let mut uids = Vec::new();
+    for name in ["c1", "c2"] {
+        let uid = share_id();
+        api.put(&claim(
+            NS,
+            name,
+            &uid,
+            Some(vec![result(
+                "mem",
+                DRIVER,
+                POOL,
+                "mem-0",
+                Some(&share_id()),
+                &[("memory", "1Gi")],
+            )]),
+            &[("p1", &pod_uid)],
+        ));
+        uids.push(uid);
+    }
+    let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    for (name, uid) in ["c1", "c2"].iter().zip(&uids) {
+        let r = prepare_v1(&mut kubelet, NS, name, uid).await;
+        assert_eq!(r.error, "", "{r:?}");
+    }
+    let record = p.kubelet.plugins_dir.join(DRIVER).join("claim-status.json");
+    let recorded = |uid: &str| {
+        std::fs::read(&record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v["claims"].get(uid).is_some())
+    };
+    wait_for("both claims' status written and recorded", WAIT, || {
+        ["c1", "c2"].iter().all(|n| !entries(&api, n).is_empty())
+            && uids.iter().all(|u| recorded(u))
+    });
+    let status_applies = |name: &str| {
+        let path = format!("/namespaces/{NS}/resourceclaims/{name}/status");
+        api.applies()
+            .iter()
+            .filter(|a| a.path.ends_with(&path))
+            .count()
+    };
+    let (c1_before, c2_before) = (status_applies("c1"), status_applies("c2"));
+
+    // A crash and a start: the new instance sees both claims in the agent's snapshot.
+    p.restart();
+    // c2 released after the start: its write (the entry removed) is the only one. The
+    // writer writes due claims in one pass and records after it, so once c2 is off the
+    // record, a write of c1 at the start would have come before.
+    let u = unprepare_v1(
+        &mut p.kubelet.v1(&p.endpoint(DRIVER)).await,
+        NS,
+        "c2",
+        &uids[1],
+    )
+    .await;
+    assert_eq!(u.error, "", "{u:?}");
+    wait_for("c2's release written and recorded", WAIT, || {
+        entries(&api, "c2").is_empty() && !recorded(&uids[1])
+    });
+    assert_eq!(
+        status_applies("c2"),
+        c2_before + 1,
+        "c2: only its release: {}",
+        p.log_text()
+    );
+    assert_eq!(
+        status_applies("c1"),
+        c1_before,
+        "c1's status is what the instance before wrote: not applied again: {}",
+        p.log_text()
+    );
+    assert!(recorded(&uids[0]), "c1 stays on the record");
+
+    // Without the record, a start applies every live claim again.
+    p.kill9();
+    std::fs::remove_file(&record).unwrap();
+    p.restart();
+    wait_for("c1 applied again by a start with no record", WAIT, || {
+        status_applies("c1") == c1_before + 1
+    });
+}
+
 /// The whole path on a real pod network (root; skips without it unless `CI=true`):
 /// kubelet prepares before the sandbox exists, the sandbox appears, the share is
 /// ENFORCED and the claim says so with the amount read back, traffic stays in the band,
