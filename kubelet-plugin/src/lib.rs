@@ -10,6 +10,7 @@
 mod agent;
 mod answer;
 mod args;
+mod backoff;
 pub mod binding;
 pub mod claims;
 mod cluster;

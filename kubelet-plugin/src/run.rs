@@ -20,6 +20,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     PluginArgs,
     agent::Agent,
+    backoff::Backoff,
     cluster::{self, Cluster},
     driver::{Devices, Driver},
     error::PluginError,
@@ -351,6 +352,8 @@ async fn fenced_for_good(agent: &Agent, successors: Vec<Successors>) -> PluginEr
 /// reaches its slice (a taint) within seconds. What it changes on the API server is only
 /// what changed in a slice.
 const INVENTORY_PERIOD: Duration = Duration::from_secs(5);
+/// The longest wait before the slice publisher tries again after failures in a row.
+const RETRY_AT_MOST: Duration = Duration::from_secs(120);
 
 /// Reads the agent's inventory every `period` and hands each reading to the watchers
 /// (a restarted agent may have a new config). A failed reading is skipped: the agent
@@ -409,7 +412,9 @@ async fn keep_published(
         slots,
         gated,
     } = how;
-    let retry = period.min(Duration::from_secs(5));
+    // A failure that reaches the publisher (the gate already held off an overloaded
+    // API server): retried from 1 s, doubling to 2 minutes, with jitter.
+    let mut backoff = Backoff::new(Duration::from_secs(1), RETRY_AT_MOST);
     let publisher = loop {
         match Publisher::new(
             cluster.clients().clone(),
@@ -422,14 +427,16 @@ async fn keep_published(
         {
             Ok(p) => break p,
             Err(e) => {
-                warn!(node = %cluster.node(), error = %e, "reading the Node for the ResourceSlices' owner; retrying")
+                let retry = backoff.failed();
+                warn!(node = %cluster.node(), error = %e, retry_in = ?retry, "reading the Node for the ResourceSlices' owner");
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = until_stopped(&mut stop) => return,
+                }
             }
         }
-        tokio::select! {
-            () = tokio::time::sleep(retry) => {}
-            () = until_stopped(&mut stop) => return,
-        }
     };
+    backoff.succeeded();
     let mut changes = publisher.watch().default_backoff().boxed();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -475,7 +482,11 @@ async fn keep_published(
                 if agent.is_fenced() {
                     continue;
                 }
-                match publisher.publish(&driver.devices_now().devices).await {
+                let published = publisher.publish(&driver.devices_now().devices).await;
+                if !matches!(published, Err(PublishError::Api(_))) {
+                    backoff.succeeded();
+                }
+                match published {
                     Ok(pass) if first => {
                         first = false;
                         info!(applied = pass.applied.len(), deleted = pass.deleted.len(), "ResourceSlices up to date");
@@ -496,6 +507,7 @@ async fn keep_published(
                         due = Some(tokio::time::Instant::now() + period);
                     }
                     Err(e) => {
+                        let retry = backoff.failed();
                         warn!(error = %e, retry_in = ?retry, "publishing ResourceSlices failed");
                         due = Some(tokio::time::Instant::now() + retry);
                     }
