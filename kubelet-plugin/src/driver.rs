@@ -347,18 +347,20 @@ impl Driver {
     ) -> Result<Prepared, ClaimError> {
         // The pods are taken from the claim as they are, with no read of the Pods
         // (claims::pods says why that is enough).
-        let pods = claims::reserved_pods(claim)
-            .into_iter()
-            .map(|p| p.uid)
-            .collect();
-        claims::build(
+        let reserved = claims::reserved_pods(claim);
+        let pods = reserved.iter().map(|p| p.uid.clone()).collect();
+        let prepared = claims::build(
             claim,
             c,
             &self.name,
             &devices.devices,
             &devices.policy,
             pods,
-        )
+        )?;
+        // The claim read is the one asked for (`claims::build` checked its uid): the
+        // Events of its shares name these pods without reading it again.
+        self.events.know_pods(&c.uid, reserved);
+        Ok(prepared)
     }
 
     pub async fn unprepare(&self, claims: &[pb::ClaimRef], caller: Caller) -> Answers<()> {
@@ -417,6 +419,7 @@ impl Driver {
                         None => Err("the node agent gave no answer for the claim".to_owned()),
                         Some(e) if e.code.is_empty() => {
                             info!(claim = %format!("{}/{}", c.namespace, c.name), claim_uid = %c.uid, "unprepared");
+                            self.events.forget_pods(&c.uid);
                             Ok(())
                         }
                         Some(e) => Err(self.agent.claim_error(&e).to_string()),

@@ -51,12 +51,14 @@ pub trait EventApi: Send + Sync {
         series: EventSeries,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// The pods in `status.reservedFor` of claim `namespace/name`, if it is still the
-    /// claim of `uid`.
+    /// claim of `uid`; with `recent`, as the plugin last read the claim where it did
+    /// (for news that is not trouble: a pod reserved since goes without it).
     fn claim_pods(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
+        recent: bool,
     ) -> impl Future<Output = Result<Vec<ReservedPod>, kube::Error>> + Send;
 }
 
@@ -151,13 +153,16 @@ impl<A: EventApi> Recorder<A> {
         }
     }
 
-    /// `notice` on the claim and on each pod it is reserved for (read from the API
-    /// server now: the pods are what a user looks at).
+    /// `notice` on the claim and on each pod it is reserved for (the pods are what a
+    /// user looks at): for a warning, the pods read from the API server now, so that a
+    /// pod reserved since hears of the trouble too; otherwise as the plugin last read
+    /// them, which spares every claim's first enforcement a GET.
     pub async fn record(&mut self, claim: &ClaimObject, notice: &Notice) {
         let mut objects = vec![claim.reference()];
+        let recent = notice.kind == super::notice::Kind::Normal;
         match self
             .api
-            .claim_pods(&claim.namespace, &claim.name, &claim.uid)
+            .claim_pods(&claim.namespace, &claim.name, &claim.uid, recent)
             .await
         {
             Ok(pods) => objects.extend(pods.iter().map(|p| claim.pod(p))),
@@ -318,6 +323,7 @@ mod tests {
             _: &str,
             _: &str,
             _: &str,
+            _: bool,
         ) -> Result<Vec<ReservedPod>, kube::Error> {
             Ok(self.pods.clone())
         }

@@ -224,6 +224,7 @@ impl StatusWriter {
         self.claims.remove(t);
         self.shares.remove(t);
         self.written.remove(t);
+        self.events.forget_pods(&t.uid);
     }
 
     /// The record to disk, if it changed and `RECORD_EVERY` passed (or `now`).

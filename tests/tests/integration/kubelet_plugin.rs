@@ -908,4 +908,13 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
     let mut kinds: Vec<&str> = e.iter().map(|e| e.0.as_str()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["Pod", "ResourceClaim"]);
+    // The Event's pod is the one kubelet's Prepare read in the claim: one GET of the
+    // claim in all, not a second one to find its pods.
+    let claim_path = format!("GET /apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/gpu");
+    let reads: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| *r == claim_path)
+        .collect();
+    assert_eq!(reads.len(), 1, "{:#?}", api.requests());
 }
