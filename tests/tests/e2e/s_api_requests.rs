@@ -6,8 +6,10 @@ use super::*;
 
 /// Most API requests one claim may cost its node's plugin, from its pod's creation to
 /// its share released: the binding gate's GET, kubelet's Prepare's GET, the status
-/// applies (PENDING, ENFORCED, the release) and the ShareEnforced Event (a GET and two
-/// POSTs), with room for one retry. docs/kubernetes.md lists them.
+/// applies (Admitted, ENFORCED, PENDING as the sandbox goes, the release) and the
+/// ShareEnforced Event (two POSTs: the claim, its pod), with room for two more (an
+/// apply of a status that changed twice within the writer's spacing, a retry).
+/// docs/kubernetes.md lists them.
 const PER_CLAIM_MAX: usize = 10;
 /// Most requests a node's plugin may make while nothing of its changes: a watch renewed
 /// or a slice LIST, each a few minutes apart.
