@@ -19,7 +19,8 @@ const NODE: &str = "node-a";
 const NS: &str = "team-a";
 const OTHER_DRIVER: &str = "other.example.com";
 
-fn agent() -> Agent {
+/// An agent with one generic device, `mem-0` (8Gi in steps of 1Gi), for `NS`.
+pub(super) fn agent() -> Agent {
     Agent::start(Options::new(generic_device(
         "mem-0",
         "8Gi",
@@ -30,7 +31,7 @@ fn agent() -> Agent {
 }
 
 /// The stand-in with this node, and a pod of it reserved by the claims.
-fn api_with_pod() -> (ApiServer, String) {
+pub(super) fn api_with_pod() -> (ApiServer, String) {
     let api = ApiServer::start();
     api.put_cluster(&k8s::node(NODE));
     let uid = share_id();
@@ -39,7 +40,12 @@ fn api_with_pod() -> (ApiServer, String) {
 }
 
 /// An allocated claim of one share of mem-0, reserved for pod p1.
-fn share_claim(api: &ApiServer, name: &str, pod_uid: &str, amount: &str) -> (String, String) {
+pub(super) fn share_claim(
+    api: &ApiServer,
+    name: &str,
+    pod_uid: &str,
+    amount: &str,
+) -> (String, String) {
     let uid = share_id();
     let share = share_id();
     api.put(&claim(

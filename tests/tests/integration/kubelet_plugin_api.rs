@@ -273,36 +273,12 @@ async fn a_claims_status_shows_its_share_until_unprepare() {
 /// applied again.
 #[tokio::test]
 async fn a_restarted_plugin_writes_no_claim_status_it_wrote_before() {
-    let agent = Agent::start(Options::new(generic_device(
-        "mem-0",
-        "8Gi",
-        "1Gi",
-        &[NS],
-        &[],
-    )));
-    let api = ApiServer::start();
-    api.put_cluster(&k8s::node(NODE));
-    let pod_uid = share_id();
-    api.put(&pod(NS, "p1", &pod_uid, NODE));
-    let mut uids = Vec::new();
-    for name in ["c1", "c2"] {
-        let uid = share_id();
-        api.put(&claim(
-            NS,
-            name,
-            &uid,
-            Some(vec![result(
-                "mem",
-                DRIVER,
-                POOL,
-                "mem-0",
-                Some(&share_id()),
-                &[("memory", "1Gi")],
-            )]),
-            &[("p1", &pod_uid)],
-        ));
-        uids.push(uid);
-    }
+    let agent = super::kubelet_plugin::agent();
+    let (api, pod_uid) = super::kubelet_plugin::api_with_pod();
+    let uids: Vec<String> = ["c1", "c2"]
+        .iter()
+        .map(|name| super::kubelet_plugin::share_claim(&api, name, &pod_uid, "1Gi").0)
+        .collect();
     let mut p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
     let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
     for (name, uid) in ["c1", "c2"].iter().zip(&uids) {
@@ -736,35 +712,9 @@ async fn fields_the_api_server_drops_are_reported_loudly() {
 #[tokio::test]
 async fn an_overloaded_api_server_gets_no_retry_storm_and_the_plugin_recovers() {
     const PHASE: Duration = Duration::from_secs(30);
-    let agent = Agent::start(Options::new(generic_device(
-        "mem-0",
-        "8Gi",
-        "1Gi",
-        &[NS],
-        &[],
-    )));
-    let api = ApiServer::start();
-    api.put_cluster(&k8s::node(NODE));
-    let pod_uid = share_id();
-    api.put(&pod(NS, "p1", &pod_uid, NODE));
-    let put_claim = |name: &str| {
-        let (uid, share) = (share_id(), share_id());
-        api.put(&claim(
-            NS,
-            name,
-            &uid,
-            Some(vec![result(
-                "mem",
-                DRIVER,
-                POOL,
-                "mem-0",
-                Some(&share),
-                &[("memory", "1Gi")],
-            )]),
-            &[("p1", &pod_uid)],
-        ));
-        (uid, share)
-    };
+    let agent = super::kubelet_plugin::agent();
+    let (api, pod_uid) = super::kubelet_plugin::api_with_pod();
+    let put_claim = |name: &str| super::kubelet_plugin::share_claim(&api, name, &pod_uid, "1Gi");
     let (uid1, share1) = put_claim("c1");
     let (uid2, share2) = put_claim("c2");
     let (uid3, share3) = put_claim("c3");
