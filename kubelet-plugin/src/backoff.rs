@@ -3,29 +3,52 @@
 //! a row, from `first` up to `max`, and each is drawn between half of it and all of
 //! it, so that the nodes of a cluster that failed together do not come back together.
 //! An overloaded API server is the gate's to handle (`crate::throttle`); this is what
-//! a failure that reaches the caller costs.
+//! a failure that reaches the caller costs. The gate draws its own holds with the same
+//! pieces ([`doubled`], [`seed`], [`unit`]).
 
 use std::time::Duration;
+
+/// splitmix64's increment: each draw's state is the one before plus this.
+pub const STEP: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// A jitter seed that differs by node and start: nodes start at different instants and
+/// with different pids. Jitter needs no strong source, only one that is not shared.
+pub fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// splitmix64's output for the draw whose state is `state`: a number in [0, 1).
+pub fn unit(state: u64) -> f64 {
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `first` doubled `n` times, at most `max`, then drawn between half of that and all
+/// of it by `jitter` in [0, 1).
+pub fn doubled(first: Duration, max: Duration, n: u32, jitter: f64) -> Duration {
+    first
+        .saturating_mul(1u32 << n.min(16))
+        .min(max)
+        .mul_f64(0.5 + 0.5 * jitter)
+}
 
 pub struct Backoff {
     first: Duration,
     max: Duration,
     failures: u32,
-    /// splitmix64 state: jitter needs no strong source, only one that differs by node.
+    /// splitmix64 state.
     seed: u64,
 }
 
 impl Backoff {
     pub fn new(first: Duration, max: Duration) -> Self {
-        // Nodes start at different instants and with different pids.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Self::seeded(
-            first,
-            max,
-            now.as_nanos() as u64 ^ u64::from(std::process::id()) << 32,
-        )
+        Self::seeded(first, max, seed())
     }
 
     fn seeded(first: Duration, max: Duration, seed: u64) -> Self {
@@ -39,27 +62,15 @@ impl Backoff {
 
     /// The wait before the next try, after one more failure.
     pub fn failed(&mut self) -> Duration {
-        let full = self
-            .first
-            .saturating_mul(1u32 << self.failures.min(16))
-            .min(self.max);
+        self.seed = self.seed.wrapping_add(STEP);
+        let wait = doubled(self.first, self.max, self.failures, unit(self.seed));
         self.failures = self.failures.saturating_add(1);
-        full.mul_f64(0.5 + 0.5 * self.jitter())
+        wait
     }
 
     /// A success: the next failure starts from `first` again.
     pub fn succeeded(&mut self) {
         self.failures = 0;
-    }
-
-    /// In [0, 1).
-    fn jitter(&mut self) -> f64 {
-        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

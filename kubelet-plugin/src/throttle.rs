@@ -28,6 +28,8 @@ use tokio::time::Instant;
 use tower::{BoxError, Layer, Service, ServiceExt as _};
 use tracing::{debug, warn};
 
+use crate::backoff;
+
 /// kubelet's own defaults for its API client: the plugin works on kubelet's behalf.
 pub const DEFAULT_QPS: u32 = 50;
 pub const DEFAULT_BURST: u32 = 100;
@@ -75,10 +77,7 @@ pub struct Gate {
 impl Gate {
     pub fn new(limits: ApiLimits) -> Arc<Self> {
         let now = Instant::now();
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id()).rotate_left(32);
+        let seed = backoff::seed();
         Arc::new(Self {
             qps: f64::from(limits.qps.max(1)),
             burst: f64::from(limits.burst.max(1)),
@@ -99,16 +98,13 @@ impl Gate {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A number in [0, 1) for jitter (splitmix64: no need for a strong source).
+    /// A number in [0, 1) for jitter.
     fn jitter(&self) -> f64 {
-        let mut z = self
+        let state = self
             .seed
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-            .wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+            .fetch_add(backoff::STEP, Ordering::Relaxed)
+            .wrapping_add(backoff::STEP);
+        backoff::unit(state)
     }
 
     /// Waits until a request may be sent: the hold over, and a token taken.
@@ -180,10 +176,7 @@ impl Gate {
 fn hold_for(in_a_row: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
     match retry_after {
         Some(d) => d.min(MAX_RETRY_AFTER).mul_f64(1.0 + 0.2 * jitter),
-        None => {
-            let doubled = FIRST_HOLD.saturating_mul(1u32 << in_a_row.saturating_sub(1).min(16));
-            doubled.min(MAX_HOLD).mul_f64(0.5 + 0.5 * jitter)
-        }
+        None => backoff::doubled(FIRST_HOLD, MAX_HOLD, in_a_row.saturating_sub(1), jitter),
     }
 }
 
