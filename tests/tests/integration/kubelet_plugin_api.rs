@@ -48,6 +48,13 @@ fn entries(api: &ApiServer, name: &str) -> Vec<AllocatedDeviceStatus> {
         .unwrap_or_default()
 }
 
+/// Whether claim `name`'s status.devices has an entry for `share`.
+fn shows(api: &ApiServer, name: &str, share: &str) -> bool {
+    entries(api, name)
+        .iter()
+        .any(|e| e.share_id.as_deref() == Some(share))
+}
+
 fn data(e: &AllocatedDeviceStatus) -> Value {
     e.data.as_ref().map(|d| d.0.clone()).unwrap_or(Value::Null)
 }
@@ -228,9 +235,7 @@ async fn a_claims_status_shows_its_share_until_unprepare() {
     assert_eq!(r.error, "", "{r:?}");
 
     wait_for("the share's status in the claim", WAIT, || {
-        entries(&api, "c1")
-            .iter()
-            .any(|e| e.share_id.as_deref() == Some(share.as_str()))
+        shows(&api, "c1", &share)
     });
     let all = entries(&api, "c1");
     assert!(all.contains(&other), "{all:?}");
@@ -520,9 +525,7 @@ async fn a_restarted_plugin_writes_the_status_again_from_the_snapshot() {
     api.put(&c);
     p.restart();
     wait_for("the status written again", WAIT, || {
-        entries(&api, "c1")
-            .iter()
-            .any(|e| e.share_id.as_deref() == Some(share.as_str()))
+        shows(&api, "c1", &share)
     });
 }
 
@@ -725,11 +728,7 @@ async fn an_overloaded_api_server_gets_no_retry_storm_and_the_plugin_recovers() 
     let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
     let r = prepare_v1(&mut kubelet, NS, "c1", &uid1).await;
     assert_eq!(r.error, "", "{r:?}");
-    wait_for("c1's status", WAIT, || {
-        entries(&api, "c1")
-            .iter()
-            .any(|e| e.share_id.as_deref() == Some(share1.as_str()))
-    });
+    wait_for("c1's status", WAIT, || shows(&api, "c1", &share1));
 
     // 503s without Retry-After, while kubelet prepares c2 (its claim cannot be read)
     // and unprepares c1 (its status cannot be written).
@@ -839,11 +838,9 @@ async fn an_overloaded_api_server_gets_no_retry_storm_and_the_plugin_recovers() 
         Duration::from_secs(70),
         || {
             entries(&api, "c1").iter().all(|e| e.driver != DRIVER)
-                && [("c2", &share2), ("c3", &share3)].iter().all(|(c, s)| {
-                    entries(&api, c)
-                        .iter()
-                        .any(|e| e.share_id.as_deref() == Some(s.as_str()))
-                })
+                && [("c2", &share2), ("c3", &share3)]
+                    .iter()
+                    .all(|(c, s)| shows(&api, c, s))
         },
     );
 }
