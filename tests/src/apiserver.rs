@@ -46,8 +46,8 @@ struct Objects {
     items: BTreeMap<Key, Value>,
     /// Claim -> status.devices entry (driver/pool/device/shareID) -> its field manager.
     status_owners: BTreeMap<Key, BTreeMap<String, String>>,
-    /// "METHOD path" of every request, in order.
-    requests: Vec<String>,
+    /// When each request arrived and its "METHOD path", in order.
+    requests: Vec<(std::time::Instant, String)>,
     applies: Vec<Apply>,
     /// Every change, for watches: (resourceVersion, ADDED|MODIFIED|DELETED, key, object).
     events: Vec<(u64, &'static str, Key, Value)>,
@@ -59,8 +59,6 @@ struct Objects {
     /// While set, every request is answered with this status (and Retry-After, in
     /// seconds, when given) and changes nothing: an API server in an incident.
     overloaded: Option<(StatusCode, Option<u64>)>,
-    /// When each request arrived, beside `requests`.
-    arrived: Vec<std::time::Instant>,
 }
 
 /// One PATCH the stand-in received.
@@ -216,17 +214,13 @@ impl ApiServer {
 
     /// "METHOD path" of every request so far.
     pub fn requests(&self) -> Vec<String> {
-        self.objects.lock().unwrap().requests.clone()
+        let o = self.objects.lock().unwrap();
+        o.requests.iter().map(|(_, r)| r.clone()).collect()
     }
 
     /// Every request so far with when it arrived.
     pub fn requests_timed(&self) -> Vec<(std::time::Instant, String)> {
-        let o = self.objects.lock().unwrap();
-        o.arrived
-            .iter()
-            .copied()
-            .zip(o.requests.iter().cloned())
-            .collect()
+        self.objects.lock().unwrap().requests.clone()
     }
 
     /// From now on every request (watches too) is answered `code`, with a Retry-After
@@ -780,8 +774,8 @@ async fn handle(
     {
         let mut o = objects.lock().unwrap();
         if let Some((code, retry_after)) = o.overloaded {
-            o.requests.push(format!("{method} {path}"));
-            o.arrived.push(std::time::Instant::now());
+            o.requests
+                .push((std::time::Instant::now(), format!("{method} {path}")));
             let mut r = status(code, "TooManyRequests", "overloaded (test)".into());
             if let Some(s) = retry_after {
                 r.headers_mut()
@@ -798,12 +792,7 @@ async fn handle(
                     .lock()
                     .unwrap()
                     .requests
-                    .push(format!("WATCH {path}"));
-                objects
-                    .lock()
-                    .unwrap()
-                    .arrived
-                    .push(std::time::Instant::now());
+                    .push((std::time::Instant::now(), format!("WATCH {path}")));
                 watch(objects.clone(), key, &uri)
             }
             _ => status(
@@ -814,8 +803,8 @@ async fn handle(
         };
     }
     let mut o = objects.lock().unwrap();
-    o.requests.push(format!("{method} {path}"));
-    o.arrived.push(std::time::Instant::now());
+    o.requests
+        .push((std::time::Instant::now(), format!("{method} {path}")));
     let Some((key, sub)) = parse(&path) else {
         return status(
             StatusCode::NOT_FOUND,
