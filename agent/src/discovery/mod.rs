@@ -22,6 +22,9 @@ pub mod kubelet;
 pub mod process;
 pub mod watch;
 
+#[cfg(test)]
+mod tests;
+
 use std::{
     collections::BTreeSet,
     os::unix::fs::MetadataExt,
@@ -352,7 +355,9 @@ impl Discovery {
         }
         let scan = process::pids_in(&dir);
         let mut spaces = process::netns_of(&self.proc_root, &scan.pids);
-        spaces.remove(&self.host_netns);
+        // A process that is exiting (a zombie) has no namespace left to read: it is in
+        // no namespace, not in the host's.
+        let in_host = spaces.remove(&self.host_netns).is_some();
         // A scan that did not read every process cannot tell that the sandbox is gone:
         // the one the share was enforced on is kept while its host veth is there.
         if !scan.complete
@@ -375,6 +380,14 @@ impl Discovery {
         if scan.pids.is_empty() {
             return PodState::Waiting(format!(
                 "pod {uid}'s cgroup {cgroup} has no processes yet: waiting for its sandbox"
+            ));
+        }
+        if spaces.is_empty() && !in_host {
+            // Every process is exiting: the pod is being torn down (or the pids went
+            // away between the two reads). Judged as hostNetwork, that made a share
+            // DEGRADED, with a warning, on every pod's deletion.
+            return PodState::Waiting(format!(
+                "pod {uid}'s processes are exiting: none has a network namespace left to read"
             ));
         }
         if spaces.is_empty() && !scan.complete {
