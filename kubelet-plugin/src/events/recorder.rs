@@ -153,22 +153,28 @@ impl<A: EventApi> Recorder<A> {
         }
     }
 
-    /// `notice` on the claim and on each pod it is reserved for (the pods are what a
-    /// user looks at): for a warning, the pods read from the API server now, so that a
-    /// pod reserved since hears of the trouble too; otherwise as the plugin last read
-    /// them, which spares every claim's first enforcement a GET.
+    /// A warning on the claim and on each pod it is reserved for (the pods are what a
+    /// user looks at), the pods read from the API server now, so that a pod reserved
+    /// since hears of the trouble too. A normal notice (a share enforced) on the pods
+    /// alone, as the plugin last read them: the claim's own status already says so
+    /// (its `Enforced` condition, with the time it turned), and every claim gets one,
+    /// so the claim's copy and a GET were two of the API requests each claim cost. On
+    /// the claim only when no pod can be named.
     pub async fn record(&mut self, claim: &ClaimObject, notice: &Notice) {
-        let mut objects = vec![claim.reference()];
-        let recent = notice.kind == super::notice::Kind::Normal;
-        match self
+        let normal = notice.kind == super::notice::Kind::Normal;
+        let mut objects = match self
             .api
-            .claim_pods(&claim.namespace, &claim.name, &claim.uid, recent)
+            .claim_pods(&claim.namespace, &claim.name, &claim.uid, normal)
             .await
         {
-            Ok(pods) => objects.extend(pods.iter().map(|p| claim.pod(p))),
+            Ok(pods) => pods.iter().map(|p| claim.pod(p)).collect(),
             Err(e) => {
                 debug!(claim = %claim.name, namespace = %claim.namespace, error = %e, "reading the claim's pods for an event; the event goes on the claim only");
+                Vec::new()
             }
+        };
+        if !normal || objects.is_empty() {
+            objects.insert(0, claim.reference());
         }
         for o in objects {
             self.publish(&o, notice, Instant::now()).await;
@@ -381,6 +387,45 @@ mod tests {
         assert_eq!(e.reporting_controller.as_deref(), Some(CONTROLLER));
         assert_eq!(e.reporting_instance.as_deref(), Some("kubelet-plugin-w1"));
         assert!(e.metadata.name.as_deref().unwrap().starts_with("bw."));
+    }
+
+    #[tokio::test]
+    async fn a_share_enforced_is_told_on_the_pods_alone_and_on_the_claim_without_pods() {
+        let enforced = Notice {
+            kind: Kind::Normal,
+            reason: "ShareEnforced",
+            action: notice::ENFORCE,
+            note: "enforced".into(),
+        };
+        let on = |fake: &Fake| -> Vec<String> {
+            fake.created
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|e| e.regarding.as_ref().unwrap().kind.clone().unwrap())
+                .collect()
+        };
+        let fake = Fake {
+            pods: vec![
+                ReservedPod {
+                    name: "p1".into(),
+                    uid: "p1-uid".into(),
+                },
+                ReservedPod {
+                    name: "p2".into(),
+                    uid: "p2-uid".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        let mut r = Recorder::new(fake.clone(), "w1");
+        r.record(&claim(), &enforced).await;
+        assert_eq!(on(&fake), ["Pod", "Pod"]);
+
+        let fake = Fake::default();
+        let mut r = Recorder::new(fake.clone(), "w1");
+        r.record(&claim(), &enforced).await;
+        assert_eq!(on(&fake), ["ResourceClaim"], "not lost without a pod");
     }
 
     #[tokio::test]

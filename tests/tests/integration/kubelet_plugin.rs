@@ -837,8 +837,9 @@ async fn a_refused_claim_gets_an_event_on_itself_and_its_pod() {
     );
 }
 
-/// A share that waited for its pod's sandbox gets a Normal Event on the claim and the
-/// pod once it is enforced, saying what was read back. Root only (the pod's cgroup).
+/// A share that waited for its pod's sandbox gets a Normal Event on its pod (not on the
+/// claim, whose status says it) once it is enforced, saying what was read back. Root
+/// only (the pod's cgroup).
 #[tokio::test]
 async fn a_share_enforced_after_waiting_gets_an_event() {
     if !shareguard_tests::net::privileged("a_share_enforced_after_waiting_gets_an_event") {
@@ -896,9 +897,7 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
         shareguard_tests::pod::Layout::Cgroupfs,
         None,
     );
-    let e = wait_events(&api, "ShareEnforced on the claim and the pod", |e| {
-        e.len() == 2
-    });
+    let e = wait_events(&api, "ShareEnforced on the pod", |e| !e.is_empty());
     for e in &e {
         assert_eq!(
             (e.2.as_str(), e.3.as_str()),
@@ -911,9 +910,9 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
             "{e:?}"
         );
     }
-    let mut kinds: Vec<&str> = e.iter().map(|e| e.0.as_str()).collect();
-    kinds.sort_unstable();
-    assert_eq!(kinds, ["Pod", "ResourceClaim"]);
+    // On the pod alone: the claim's own status says it, with the time it turned.
+    let kinds: Vec<&str> = e.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(kinds, ["Pod"]);
     // The Event's pod is the one kubelet's Prepare read in the claim: one GET of the
     // claim in all, not a second one to find its pods.
     let claim_path = format!("GET /apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/gpu");
