@@ -2,7 +2,8 @@
 //! agent reports, from its WatchShares stream: a change marks the claim, and marked
 //! claims are written at most once per `MIN_INTERVAL` each (changes in between are
 //! merged), except that a share turning ENFORCED is written at once (within
-//! `WRITE_BURST`); retried with backoff, and skipped when the body is what was last
+//! `WRITE_BURST`), and a change that another nearly always follows at once waits for
+//! it (`SETTLE_DELAY`); retried with backoff, and skipped when the body is what was last
 //! written.
 //! After a reconnect (a plugin or agent restart) the snapshot marks every claim again;
 //! after a start of the plugin, a claim whose body is what the instance before wrote
@@ -40,13 +41,21 @@ const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// gone, RELEASING, RELEASED) are one write, not three. A claim whose shares flap is
 /// still written about once a second.
 const WRITE_BURST: u32 = 3;
-/// How long a change of a share's messages alone (the same conditions, the same data)
-/// waits for a change that matters to go with it. Counted on the test cluster: a
-/// share's waiting message changes when kubelet prepares the claim ("kubelet has not
-/// prepared the claim" becomes "no sandbox yet") about a second before it is ENFORCED;
-/// written at once, that cost one more write per claim and held the ENFORCED write back
-/// by `MIN_INTERVAL`.
-const MESSAGE_ONLY_DELAY: Duration = Duration::from_secs(5);
+/// How long a change that another one nearly always follows at once waits for it, to
+/// go in one write with it (a change that matters ends the wait). Counted on the test
+/// cluster, each of these cost one apply per claim when written alone:
+/// - a share's messages alone (the same conditions, the same data): its waiting message
+///   changes when kubelet prepares the claim ("kubelet has not prepared the claim"
+///   becomes "no sandbox yet") about a second before it is ENFORCED, and the write held
+///   the ENFORCED one back by `MIN_INTERVAL`;
+/// - a share PREPARING: the agent admitted it and applies its limit within the same
+///   Prepare, and its PENDING or ENFORCED follows within milliseconds;
+/// - a share that left ENFORCED for PENDING: its sandbox went away, nearly always
+///   because its pod is being deleted, and kubelet's Unprepare (the release, which
+///   removes the entry) follows within a second or two. Meanwhile the claim still says
+///   Enforced for a pod with no sandbox, whose traffic no longer exists; a sandbox
+///   made anew and not enforced within this delay is written PENDING then.
+const SETTLE_DELAY: Duration = Duration::from_secs(5);
 /// How often marked claims are looked at.
 const TICK: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -57,9 +66,9 @@ const RECORD_EVERY: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct ClaimState {
     dirty: bool,
-    /// What is dirty is only messages, not to be written before this (see
-    /// `MESSAGE_ONLY_DELAY`); None once a change that matters is pending.
-    messages_only_until: Option<Instant>,
+    /// What is dirty is only changes that wait for another (see `SETTLE_DELAY`), not to
+    /// be written before this; None once a change that matters is pending.
+    settles_until: Option<Instant>,
     /// When the claim may be written next (rate limit or backoff).
     not_before: Option<Instant>,
     /// A share of the claim turned ENFORCED since the last write: written without
@@ -96,17 +105,17 @@ impl ClaimState {
     fn due(&self, now: Instant) -> bool {
         let paced = self.not_before.is_none_or(|t| t <= now)
             || (self.enforced && !self.backing_off && self.may_write(now));
-        self.dirty && (self.gone || (paced && self.messages_only_until.is_none_or(|t| t <= now)))
+        self.dirty && (self.gone || (paced && self.settles_until.is_none_or(|t| t <= now)))
     }
 
-    /// A change of the claim's shares: `messages_only` when the status differs from the
-    /// share's previous one in its messages alone.
-    fn mark(&mut self, messages_only: bool, enforced: bool) {
+    /// A change of the claim's shares: `settles` when it is one that waits for the
+    /// next (see `SETTLE_DELAY`).
+    fn mark(&mut self, settles: bool, enforced: bool) {
         self.enforced |= enforced;
-        if !messages_only {
-            self.messages_only_until = None;
+        if !settles {
+            self.settles_until = None;
         } else if !self.dirty {
-            self.messages_only_until = Some(Instant::now() + MESSAGE_ONLY_DELAY);
+            self.settles_until = Some(Instant::now() + SETTLE_DELAY);
         }
         // Dirty with a change that matters already pending: it stays so.
         self.dirty = true;
@@ -178,6 +187,17 @@ fn insert(shares: &mut Shares, s: pb::ShareStatus) {
     if let Some(t) = Target::of(&s) {
         shares.entry(t).or_default().insert(share_key(&s), s);
     }
+}
+
+/// Whether a share's move from `before` (None: first seen) to `now` is one that waits
+/// for the next (see `SETTLE_DELAY`).
+fn settles(before: Option<&pb::ShareStatus>, now: &pb::ShareStatus) -> bool {
+    let is = |s: &pb::ShareStatus, p: pb::Phase| s.phase == p as i32;
+    is(now, pb::Phase::Preparing)
+        || before.is_some_and(|b| {
+            build::differs_in_messages_only(b, now)
+                || (is(b, pb::Phase::Enforced) && is(now, pb::Phase::Pending))
+        })
 }
 
 fn share_key(s: &pb::ShareStatus) -> String {
@@ -338,12 +358,18 @@ impl StatusWriter {
                 let marked = Target::of(&s);
                 if let Some(t) = &marked {
                     let before = self.shares.get(t).and_then(|m| m.get(&share_key(&s)));
+                    if before.is_none() && !build::shown(&s) {
+                        // Released, and not known here: its claim's entry was removed
+                        // already (the claim forgotten after that write), or never
+                        // written by this instance. Taken in, it would be written away
+                        // a second time.
+                        return None;
+                    }
                     self.events.share_changed(before, &s);
-                    let messages_only =
-                        before.is_some_and(|b| build::differs_in_messages_only(b, &s));
+                    let settles = settles(before, &s);
                     let enforced = |x: &pb::ShareStatus| x.phase == pb::Phase::Enforced as i32;
                     let now_enforced = enforced(&s) && !before.is_some_and(enforced);
-                    self.claim(t).mark(messages_only, now_enforced);
+                    self.claim(t).mark(settles, now_enforced);
                 }
                 insert(&mut self.shares, s);
                 return marked;
@@ -381,7 +407,7 @@ impl StatusWriter {
             return;
         };
         state.dirty = false;
-        state.messages_only_until = None;
+        state.settles_until = None;
         let enforced = std::mem::take(&mut state.enforced);
         if state.gone {
             // Written no more; forgotten once its shares are released.
@@ -458,18 +484,58 @@ mod tests {
         let before = Instant::now();
         c.mark(true, false);
         assert!(c.dirty);
-        let until = c.messages_only_until.expect("a message alone waits");
-        assert!(until >= before + MESSAGE_ONLY_DELAY);
+        let until = c.settles_until.expect("a message alone waits");
+        assert!(until >= before + SETTLE_DELAY);
         // Another message alone does not push it further out.
         std::thread::sleep(Duration::from_millis(5));
         c.mark(true, false);
-        assert_eq!(c.messages_only_until, Some(until));
+        assert_eq!(c.settles_until, Some(until));
         // A change that matters is written at once, the message with it.
         c.mark(false, false);
-        assert!(c.dirty && c.messages_only_until.is_none());
+        assert!(c.dirty && c.settles_until.is_none());
         // And stays so when a message alone follows before the write.
         c.mark(true, false);
-        assert!(c.messages_only_until.is_none());
+        assert!(c.settles_until.is_none());
+    }
+
+    #[test]
+    fn preparing_a_sandbox_gone_and_messages_alone_wait_for_what_follows() {
+        let share = |phase: pb::Phase, message: &str| {
+            pb::ShareStatus {
+            share_id: "s1".into(),
+            phase: phase as i32,
+            device_status_json: serde_json::json!({"conditions": [
+                {"type": "Enforced", "status": if phase == pb::Phase::Enforced { "True" } else { "False" },
+                 "reason": format!("{phase:?}"), "message": message},
+            ]})
+            .to_string(),
+            ..Default::default()
+        }
+        };
+        let preparing = share(pb::Phase::Preparing, "admitted");
+        let pending = share(pb::Phase::Pending, "no sandbox yet");
+        let pending_later = share(pb::Phase::Pending, "kubelet prepared it; no sandbox yet");
+        let enforced = share(pb::Phase::Enforced, "read back");
+        let failed = share(pb::Phase::Failed, "no");
+        let degraded = share(pb::Phase::Degraded, "drift");
+        let releasing = share(pb::Phase::Releasing, "");
+        // Waits: what the agent moves on from within the same call, a message alone,
+        // the sandbox of an enforced share gone.
+        assert!(settles(None, &preparing));
+        assert!(settles(Some(&pending), &pending_later));
+        assert!(settles(Some(&enforced), &pending));
+        // Written at once (as the pacing allows): everything else.
+        for (before, now) in [
+            (None, &pending),
+            (Some(&preparing), &pending),
+            (Some(&pending), &enforced),
+            (Some(&enforced), &degraded),
+            (Some(&enforced), &failed),
+            (Some(&pending), &releasing),
+            (Some(&enforced), &releasing),
+        ] {
+            assert!(!settles(before, now), "{before:?} -> {now:?}");
+        }
     }
 
     #[test]

@@ -6,11 +6,11 @@ use super::*;
 
 /// Most API requests one claim may cost its node's plugin, from its pod's creation to
 /// its share released: the binding gate's GET, kubelet's Prepare's GET, the status
-/// applies (Admitted, ENFORCED, PENDING as the sandbox goes, the release) and the
-/// ShareEnforced Event (two POSTs: the claim, its pod), with room for two more (an
-/// apply of a status that changed twice within the writer's spacing, a retry).
+/// applies (Admitted, ENFORCED, the release: PREPARING and the sandbox's going wait for
+/// the write after them) and the ShareEnforced Event on the pod, with room for two more
+/// (an apply of a status that changed twice within the writer's spacing, a retry).
 /// docs/kubernetes.md lists them.
-const PER_CLAIM_MAX: usize = 10;
+const PER_CLAIM_MAX: usize = 8;
 /// Most requests a node's plugin may make while nothing of its changes: a watch renewed
 /// or a slice LIST, each a few minutes apart.
 const AT_REST_MAX: usize = 3;

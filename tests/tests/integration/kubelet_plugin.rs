@@ -18,6 +18,7 @@ use shareguard_tests::{
 const NODE: &str = "node-a";
 const NS: &str = "team-a";
 const OTHER_DRIVER: &str = "other.example.com";
+const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// An agent with one generic device, `mem-0` (8Gi in steps of 1Gi), for `NS`.
 pub(super) fn agent() -> Agent {
@@ -838,8 +839,11 @@ async fn a_refused_claim_gets_an_event_on_itself_and_its_pod() {
 }
 
 /// A share that waited for its pod's sandbox gets a Normal Event on its pod (not on the
-/// claim, whose status says it) once it is enforced, saying what was read back. Root
-/// only (the pod's cgroup).
+/// claim, whose status says it) once it is enforced, saying what was read back. And the
+/// claim's whole life here (Prepare, the sandbox, ENFORCED, the sandbox gone, Unprepare)
+/// costs the API server one GET of the claim, three status applies (waiting, enforced,
+/// released) and that Event: the moves between (PREPARING, a message alone, PENDING as
+/// the sandbox goes) go with the write that follows them. Root only (the pod's cgroup).
 #[tokio::test]
 async fn a_share_enforced_after_waiting_gets_an_event() {
     if !shareguard_tests::net::privileged("a_share_enforced_after_waiting_gets_an_event") {
@@ -892,7 +896,28 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
     assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
     assert!(events(&api).is_empty(), "{:#?}", events(&api));
 
-    let _sandbox = shareguard_tests::pod::Sandbox::start(
+    let status_path = format!("/namespaces/{NS}/resourceclaims/gpu/status");
+    let applies = || {
+        api.applies()
+            .iter()
+            .filter(|a| a.path.ends_with(&status_path))
+            .count()
+    };
+    let entry = |enforced: &str| {
+        api.get::<k8s_openapi::api::resource::v1::ResourceClaim>(NS, "gpu")
+            .and_then(|c| c.status?.devices)
+            .unwrap_or_default()
+            .iter()
+            .any(|d| {
+                d.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Enforced" && c.status == enforced)
+            })
+    };
+    shareguard_tests::net::wait_for("the claim says the share waits", WAIT, || entry("False"));
+
+    let sandbox = shareguard_tests::pod::Sandbox::start(
         &pod_uid,
         shareguard_tests::pod::Layout::Cgroupfs,
         None,
@@ -922,4 +947,46 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
         .filter(|r| *r == claim_path)
         .collect();
     assert_eq!(reads.len(), 1, "{:#?}", api.requests());
+
+    // The pod goes: its sandbox first, then kubelet's Unprepare. It ran for longer than
+    // the writer's spacing of writes to one claim (1 s), as pods do, so that spacing
+    // alone does not merge the sandbox's going with the release.
+    shareguard_tests::net::wait_for("the claim says the share is enforced", WAIT, || {
+        entry("True")
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(sandbox);
+    let share = uid_share(&agent).await;
+    shareguard_tests::wait_phase(&mut agent.client().await, &share, pb::Phase::Pending).await;
+    let u = unprepare_v1(&mut kubelet, NS, "gpu", &uid).await;
+    assert_eq!(u.error, "", "{u:?}");
+    shareguard_tests::net::wait_for("the release written", WAIT, || {
+        !entry("True") && !entry("False")
+    });
+    let about_claim: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/resourceclaims/gpu") || r.contains("/events"))
+        .collect();
+    assert_eq!(
+        applies(),
+        3,
+        "waiting, enforced, released: {about_claim:#?}\n{}",
+        p.log_text()
+    );
+    assert_eq!(about_claim.len(), 5, "{about_claim:#?}");
+}
+
+/// The shareID of the agent's only share.
+async fn uid_share(agent: &Agent) -> String {
+    agent
+        .client()
+        .await
+        .list_shares(pb::ListSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shares
+        .remove(0)
+        .share_id
 }
