@@ -6,7 +6,8 @@
 //! more while the scheduler has not written the allocation yet, at most one per 250 ms
 //! to 2 s), and
 //! for a refusal one status apply; per node: one watch of pods, and one GET per gate
-//! share still unprepared by kubelet each sweep.
+//! share still unprepared by kubelet each sweep, from the second sweep that finds it
+//! (a share kubelet prepares within a sweep period costs none).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -57,6 +58,8 @@ pub struct Gate {
     agent: Arc<Agent>,
     drivers: Vec<Arc<Driver>>,
     sweep_every: Duration,
+    /// The claims whose gate shares the last sweep found unprepared by kubelet.
+    unprepared: Unprepared,
 }
 
 /// What became of one claim in one look.
@@ -80,6 +83,7 @@ impl Gate {
             agent,
             drivers,
             sweep_every: period.min(MAX_SWEEP_PERIOD),
+            unprepared: Unprepared::default(),
         }
     }
 
@@ -315,7 +319,13 @@ impl Gate {
                     .push(s);
             }
         }
+        let due = self
+            .unprepared
+            .due(by_claim.keys().map(|(_, _, uid)| uid.clone()).collect());
         for ((ns, name, uid), shares) in by_claim {
+            if !due.contains(&uid) {
+                continue;
+            }
             let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &ns);
             let claim = match self.clients.bounded(api.get_opt(&name)).await {
                 Ok(c) => c,
@@ -357,5 +367,51 @@ impl Gate {
                 }
             }
         }
+    }
+}
+
+/// The claims whose gate shares a sweep found unprepared by kubelet. A claim's shares
+/// are read only from the second sweep that finds them, once they have waited a whole
+/// sweep period for kubelet: a pod bound as usual is prepared by its kubelet seconds
+/// after the gate admitted it (the scheduler checks the binding conditions every 5 s),
+/// and a look in that window cost one more GET of the claim, 0.3 per claim on the test
+/// cluster. A share whose pod never comes holds its capacity up to one sweep period
+/// longer, against the scheduler's binding timeout of 10 minutes.
+#[derive(Default)]
+struct Unprepared(std::sync::Mutex<BTreeSet<String>>);
+
+impl Unprepared {
+    /// Of the claims `now` holds unprepared, those the sweep before found too; `now`
+    /// is kept for the next.
+    fn due(&self, now: BTreeSet<String>) -> BTreeSet<String> {
+        let mut before = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let due = now.intersection(&before).cloned().collect();
+        *before = now;
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(uids: &[&str]) -> BTreeSet<String> {
+        uids.iter().map(|u| (*u).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_claim_is_read_from_the_second_sweep_that_finds_it_unprepared() {
+        let u = Unprepared::default();
+        assert!(u.due(set(&["a"])).is_empty(), "first seen: not read");
+        assert_eq!(u.due(set(&["a", "b"])), set(&["a"]));
+        // b prepared by kubelet meanwhile, a still waiting, c new.
+        assert_eq!(u.due(set(&["a", "c"])), set(&["a"]));
+        assert_eq!(u.due(set(&["c"])), set(&["c"]));
+        // Gone and back (released, admitted anew): first seen again.
+        assert!(u.due(set(&[])).is_empty());
+        assert!(u.due(set(&["c"])).is_empty());
     }
 }
