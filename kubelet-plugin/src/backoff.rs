@@ -3,8 +3,8 @@
 //! a row, from `first` up to `max`, and each is drawn between half of it and all of
 //! it, so that the nodes of a cluster that failed together do not come back together.
 //! An overloaded API server is the gate's to handle (`crate::throttle`); this is what
-//! a failure that reaches the caller costs. The gate draws its own holds with the same
-//! pieces ([`doubled`], [`seed`], [`unit`]).
+//! a failure that reaches the caller costs. The gate's holds and the status writer's
+//! per-claim retries are drawn with the same pieces ([`doubled`], [`seed`], [`unit`]).
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! claims are written at most once per `MIN_INTERVAL` each (changes in between are
 //! merged), except that a share turning ENFORCED is written at once (within
 //! `WRITE_BURST`), and a change that another nearly always follows at once waits for
-//! it (`SETTLE_DELAY`); retried with backoff, and skipped when the body is what was last
-//! written.
+//! it (`SETTLE_DELAY`); retried with jittered backoff, and skipped when the body is
+//! what was last written.
 //! After a reconnect (a plugin or agent restart) the snapshot marks every claim again;
 //! after a start of the plugin, a claim whose body is what the instance before wrote
 //! (`super::written`, a record on the node) is not written again.
@@ -28,7 +28,7 @@ use super::{
     build::{self, Target},
     written::{self, Written},
 };
-use crate::{agent::Agent, cluster::Clients, events::Events, stop::until_stopped};
+use crate::{agent::Agent, backoff, cluster::Clients, events::Events, stop::until_stopped};
 
 /// A claim's status is written at most this often on average; changes in between are
 /// merged.
@@ -80,7 +80,8 @@ struct ClaimState {
     paced_until: Option<Instant>,
     /// `not_before` is a backoff after a failure, which nothing skips.
     backing_off: bool,
-    backoff: Duration,
+    /// Failed writes in a row.
+    failures: u32,
     /// The digest of the body last written (`written::digest`); after a start, the
     /// one the instance before recorded.
     last_written: Option<String>,
@@ -176,6 +177,17 @@ pub struct StatusWriter {
     /// What was written, kept on the node for the next start.
     written: Written,
     recorded_at: Instant,
+    /// The state of the retry waits' jitter (`crate::backoff`).
+    jitter: u64,
+}
+
+/// The wait before writing a claim again after `failures` failed writes in a row before
+/// this one: `MIN_INTERVAL` doubled each time up to `MAX_BACKOFF`, drawn between half of
+/// that and all of it, so that the claims (and the nodes) that failed together in an API
+/// server incident do not all come back at the same instant.
+fn retry_wait(jitter: &mut u64, failures: u32) -> Duration {
+    *jitter = jitter.wrapping_add(backoff::STEP);
+    backoff::doubled(MIN_INTERVAL, MAX_BACKOFF, failures, backoff::unit(*jitter))
 }
 
 /// Claim -> share key -> latest status. A share's claim never changes (allocation
@@ -227,6 +239,7 @@ impl StatusWriter {
             events,
             written,
             recorded_at: Instant::now(),
+            jitter: backoff::seed(),
         }
     }
 
@@ -431,7 +444,7 @@ impl StatusWriter {
                 debug!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "claim status written");
                 self.written.set(&t, &digest);
                 state.last_written = Some(digest);
-                state.backoff = Duration::ZERO;
+                state.failures = 0;
                 let now = Instant::now();
                 state.not_before = Some(now + MIN_INTERVAL);
                 state.backing_off = false;
@@ -465,10 +478,11 @@ impl StatusWriter {
             Err((_, e)) => {
                 state.dirty = true;
                 state.enforced |= enforced;
-                state.backoff = (state.backoff * 2).clamp(MIN_INTERVAL, MAX_BACKOFF);
-                state.not_before = Some(Instant::now() + state.backoff);
+                let wait = retry_wait(&mut self.jitter, state.failures);
+                state.failures = state.failures.saturating_add(1);
+                state.not_before = Some(Instant::now() + wait);
                 state.backing_off = true;
-                warn!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, retry_in = ?state.backoff, "writing claim status failed");
+                warn!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, error = %e, retry_in = ?wait, "writing claim status failed");
             }
         }
     }
@@ -587,6 +601,23 @@ mod tests {
         }
         c.mark(false, true);
         assert!(!c.due(now));
+    }
+
+    #[test]
+    fn a_failed_write_waits_doubling_to_the_cap_each_wait_drawn_apart() {
+        let mut jitter = 1;
+        for failures in 0..12 {
+            let full = (MIN_INTERVAL * 2u32.pow(failures)).min(MAX_BACKOFF);
+            let w = retry_wait(&mut jitter, failures);
+            assert!(w >= full / 2 && w <= full, "{failures}: {w:?} of {full:?}");
+        }
+        // Claims that failed together: their waits after the same number of failures
+        // spread over the range rather than all ending at one instant.
+        let waits: std::collections::BTreeSet<Duration> =
+            (0..100).map(|_| retry_wait(&mut jitter, 3)).collect();
+        assert!(waits.len() > 90, "{waits:?}");
+        assert!(waits.first() < Some(&(MIN_INTERVAL * 5)), "{waits:?}");
+        assert!(waits.last() > Some(&(MIN_INTERVAL * 7)), "{waits:?}");
     }
 
     fn api_error(json: serde_json::Value) -> kube::Error {
