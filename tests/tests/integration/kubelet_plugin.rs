@@ -956,7 +956,16 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
     });
     std::thread::sleep(std::time::Duration::from_millis(1500));
     drop(sandbox);
-    let share = uid_share(&agent).await;
+    let share = agent
+        .client()
+        .await
+        .list_shares(pb::ListSharesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shares
+        .remove(0)
+        .share_id;
     shareguard_tests::wait_phase(&mut agent.client().await, &share, pb::Phase::Pending).await;
     let u = unprepare_v1(&mut kubelet, NS, "gpu", &uid).await;
     assert_eq!(u.error, "", "{u:?}");
@@ -975,18 +984,4 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
         p.log_text()
     );
     assert_eq!(about_claim.len(), 5, "{about_claim:#?}");
-}
-
-/// The shareID of the agent's only share.
-async fn uid_share(agent: &Agent) -> String {
-    agent
-        .client()
-        .await
-        .list_shares(pb::ListSharesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .shares
-        .remove(0)
-        .share_id
 }
