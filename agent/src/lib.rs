@@ -5,6 +5,7 @@
 
 pub mod accounting;
 pub mod agent_lock;
+pub mod amounts;
 pub mod api;
 pub mod audit;
 pub mod capacity;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use shareguard_common::Quantity;
 
-use crate::error::ClaimError;
+use crate::{amounts::Amounts, error::ClaimError};
 
 /// Current value format. Bump it, and teach `decode` the old one, when a field changes
 /// meaning; adding an optional field with a serde default needs no bump.
@@ -183,16 +183,14 @@ pub struct ShareRecord {
     pub driver: String,
     pub pool: String,
     pub device: String,
-    #[serde(with = "quantity_map")]
-    pub consumed: BTreeMap<String, Quantity>,
+    pub consumed: Amounts,
     pub policy_version: String,
     pub admin_access: bool,
     pub target: TargetRecord,
     pub phase: Phase,
     pub mechanism: String,
     /// Limits read back from the kernel or driver; empty when nothing enforces the share.
-    #[serde(with = "quantity_map")]
-    pub enforced: BTreeMap<String, Quantity>,
+    pub enforced: Amounts,
     pub reason: String,
     pub error: Option<ClaimError>,
     pub epoch: u64,
@@ -376,36 +374,5 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeErr
             found: v,
             max: FORMAT_V1,
         }),
-    }
-}
-
-/// Quantities persist in canonical string form, exactly as the API shows them.
-mod quantity_map {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serializer, de::Error as _, ser::SerializeMap};
-    use shareguard_common::Quantity;
-
-    pub fn serialize<S: Serializer>(
-        map: &BTreeMap<String, Quantity>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(map.len()))?;
-        for (k, v) in map {
-            m.serialize_entry(k, &v.to_string())?;
-        }
-        m.end()
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<String, Quantity>, D::Error> {
-        let raw = BTreeMap::<String, String>::deserialize(d)?;
-        raw.into_iter()
-            .map(|(k, v)| {
-                let q = Quantity::parse(&v).map_err(|e| D::Error::custom(format!("{k}: {e}")))?;
-                Ok((k, q))
-            })
-            .collect()
     }
 }

@@ -24,13 +24,13 @@ fn share(key: &str, reason: String) -> ShareRecord {
         driver: "d".into(),
         pool: "p".into(),
         device: "gen-0".into(),
-        consumed: BTreeMap::new(),
+        consumed: Default::default(),
         policy_version: String::new(),
         admin_access: false,
         target: TargetRecord::default(),
         phase: Phase::Preparing,
         mechanism: String::new(),
-        enforced: BTreeMap::new(),
+        enforced: Default::default(),
         reason,
         error: None,
         epoch: 1,
@@ -158,8 +158,8 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
     r.pool = long(253);
     r.device = long(63);
     r.policy_version = long(MAX_ID_LEN);
-    r.consumed = caps.clone();
-    r.enforced = caps;
+    r.consumed = caps.clone().into();
+    r.enforced = caps.into();
     r.mechanism = long(64);
     r.target = TargetRecord {
         pod_uids: (0..MAX_PODS).map(|_| long(36)).collect(),

@@ -115,7 +115,7 @@ pub fn share_to_pb_with(
         limits: r
             .consumed
             .keys()
-            .chain(r.enforced.keys().filter(|k| !r.consumed.contains_key(*k)))
+            .chain(r.enforced.keys().filter(|k| !r.consumed.contains_key(k)))
             .map(|name| pb::CapacityLimit {
                 name: name.clone(),
                 requested: r

@@ -40,7 +40,7 @@ pub fn render(
     observed: &[(String, String)],
     traffic: Option<&crate::rollout::measure::Measured>,
 ) -> String {
-    let quantities = |m: &std::collections::BTreeMap<String, shareguard_common::Quantity>| {
+    let quantities = |m: &crate::amounts::Amounts| {
         m.iter()
             .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
             .collect::<Map<String, Value>>()
@@ -161,16 +161,16 @@ mod tests {
             driver: "shareguard.example.com".into(),
             pool: "node-a".into(),
             device: "gpu-0".into(),
-            consumed: BTreeMap::from([("memory".to_owned(), q("10Gi"))]),
+            consumed: BTreeMap::from([("memory".to_owned(), q("10Gi"))]).into(),
             policy_version: "1".into(),
             admin_access: false,
             target: TargetRecord::default(),
             phase,
             mechanism: "nvml-cgroup".into(),
             enforced: if phase == Phase::Enforced {
-                BTreeMap::from([("memory".to_owned(), q("10Gi"))])
+                BTreeMap::from([("memory".to_owned(), q("10Gi"))]).into()
             } else {
-                BTreeMap::new()
+                Default::default()
             },
             reason: reason.into(),
             error: None,

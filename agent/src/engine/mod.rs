@@ -469,7 +469,7 @@ impl Engine {
                 })
                 .unwrap_or_default()
         } else {
-            r.consumed.clone()
+            (&r.consumed).into()
         };
         let sandboxes = r.sandboxes();
         LimitSpec {

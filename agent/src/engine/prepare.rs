@@ -342,7 +342,7 @@ impl Engine {
             driver: a.driver.clone(),
             pool: a.pool.clone(),
             device: a.device.clone(),
-            consumed: a.consumed.clone(),
+            consumed: a.consumed.clone().into(),
             policy_version: a.policy_version.clone(),
             admin_access: a.admin_access,
             target: v.target.clone(),

@@ -219,7 +219,7 @@ impl Engine {
             reason
         };
         n.mechanism = e.mechanism.clone();
-        n.enforced = e.enforced.clone();
+        n.enforced = e.enforced.clone().into();
         n.error = None;
         n.updated_at_ms = now_ms();
         if self.persist_one(&n).await {
@@ -250,7 +250,7 @@ impl Engine {
         n.phase = Phase::Degraded;
         n.reason = why.to_owned();
         n.mechanism = e.mechanism.clone();
-        n.enforced = e.enforced.clone();
+        n.enforced = e.enforced.clone().into();
         n.updated_at_ms = now_ms();
         warn!(reason = %why, "the share's processes are more than its limit holds whole");
         if self.persist_one(&n).await {
@@ -270,7 +270,7 @@ impl Engine {
         let mut n = r.clone();
         n.phase = Phase::Degraded;
         if let Some(e) = read_back {
-            n.enforced = e.enforced.clone();
+            n.enforced = e.enforced.clone().into();
         }
         // Capacity stays held: the pod may be gone, but only Unprepare says so.
         n.reason =

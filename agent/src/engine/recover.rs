@@ -166,7 +166,7 @@ fn quarantine(
             driver: String::new(),
             pool: String::new(),
             device,
-            consumed,
+            consumed: consumed.into(),
             policy_version: String::new(),
             admin_access: s.admin_access,
             target: Default::default(),

@@ -210,7 +210,7 @@ impl Engine {
             Ok(e) => {
                 let (phase, reason) = self.judge(&n, &e);
                 n.mechanism = e.mechanism;
-                n.enforced = e.enforced;
+                n.enforced = e.enforced.into();
                 n.phase = phase;
                 n.reason = reason;
                 n.error = None;

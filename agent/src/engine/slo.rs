@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::{
+    amounts::Amounts,
     error::{ClaimError, RequestError},
     record::{Phase, ShareRecord},
     request,
@@ -220,7 +221,7 @@ impl Engine {
                 .all(|d| self.limiters.get(*d).is_none_or(|l| l.accounting_only()));
             let mut sum = ReadBackSum::default();
             for r in live.iter().filter(|r| devices.contains(&r.device.as_str())) {
-                let none = BTreeMap::new();
+                let none = Amounts::new();
                 let consumed = if r.counts() { &r.consumed } else { &none };
                 let spec;
                 let enforceable = if self.should_be_enforced(r) {

@@ -257,7 +257,7 @@ fn enforced_only_after_matching_read_back() {
         .unwrap();
     assert_eq!(out[0].error, None);
     assert_eq!(out[0].shares[0].phase, Phase::Enforced);
-    assert_eq!(out[0].shares[0].enforced["memory"], q("2Gi"));
+    assert_eq!(out[0].shares[0].enforced.get("memory"), Some(&q("2Gi")));
 
     *lock(&k.shortfall) = Some(q("1Mi"));
     let out = rt

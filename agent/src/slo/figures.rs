@@ -88,8 +88,7 @@ impl ReadBack {
     }
 }
 
-/// Amounts by capacity name.
-pub type Amounts = BTreeMap<String, Quantity>;
+pub use crate::amounts::Amounts;
 
 /// Sums [`ReadBack`] over a class's live shares.
 #[derive(Debug, Default)]
@@ -108,7 +107,11 @@ impl ReadBackSum {
     /// share to its amount, and must not make up for another share's shortfall. Sums
     /// that overflow stop where they reached; a figure off by that much says so on its
     /// own.
-    pub fn add(&mut self, consumed: &Amounts, enforceable: Option<(&Amounts, &Amounts)>) {
+    pub fn add(
+        &mut self,
+        consumed: &Amounts,
+        enforceable: Option<(&BTreeMap<String, Quantity>, &Amounts)>,
+    ) {
         let add = |a: &mut Quantity, b: &Quantity| {
             if let Some(s) = a.checked_add(b) {
                 *a = s;
@@ -218,16 +221,23 @@ mod tests {
     #[test]
     fn read_back_sums_only_what_should_be_enforced() {
         let mut s = ReadBackSum::default();
+        let a = |pairs: &[(&str, &str)]| Amounts::from(map(pairs));
         let held = map(&[("bandwidth", "100M")]);
-        s.add(&held, Some((&held, &map(&[("bandwidth", "100M")]))));
+        s.add(
+            &held.clone().into(),
+            Some((&held, &a(&[("bandwidth", "100M")]))),
+        );
         // Drifted: nothing read back.
         let other = map(&[("bandwidth", "50M")]);
-        s.add(&other, Some((&other, &BTreeMap::new())));
+        s.add(&a(&[("bandwidth", "50M")]), Some((&other, &Amounts::new())));
         // Pending or observed: allocated, not expected to be enforced.
-        s.add(&map(&[("bandwidth", "30M")]), None);
+        s.add(&a(&[("bandwidth", "30M")]), None);
         // Held looser than asked: counts as what was asked, never more.
         let loose = map(&[("bandwidth", "50M")]);
-        s.add(&loose, Some((&loose, &map(&[("bandwidth", "80M")]))));
+        s.add(
+            &a(&[("bandwidth", "50M")]),
+            Some((&loose, &a(&[("bandwidth", "80M")]))),
+        );
         let r = s.finish();
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].allocated, q("230M"));
