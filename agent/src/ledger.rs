@@ -32,8 +32,9 @@ pub struct State {
     pub epoch_durable: u64,
     /// Device name -> what its records hold.
     sums: HashMap<String, DeviceSums>,
-    /// Pod uid -> namespace -> live records naming the pod, kept like `sums`.
-    pods: HashMap<String, HashMap<String, u32>>,
+    /// Pod uid -> (namespace, live records naming the pod in it), kept like `sums`. A
+    /// pod has one namespace, so a vector (one small allocation), not a map (a table).
+    pods: HashMap<String, Vec<(String, u32)>>,
 }
 
 /// What one device's records hold, by contribution of each record.
@@ -90,20 +91,28 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
 }
 
 /// Adds or removes one record's pods in the pod -> namespace index.
-fn index_pods(pods: &mut HashMap<String, HashMap<String, u32>>, r: &ShareRecord, add: bool) {
+fn index_pods(pods: &mut HashMap<String, Vec<(String, u32)>>, r: &ShareRecord, add: bool) {
     if !r.phase.holds_capacity() {
         return;
     }
+    let ns = &r.claim.namespace;
     for pod in &r.target.pod_uids {
         let by_ns = pods.entry(pod.clone()).or_default();
-        let n = by_ns.entry(r.claim.namespace.clone()).or_default();
+        let i = match by_ns.iter().position(|(n, _)| n == ns) {
+            Some(i) => i,
+            None => {
+                by_ns.push((ns.clone(), 0));
+                by_ns.len() - 1
+            }
+        };
+        let n = &mut by_ns[i].1;
         *n = if add {
             n.saturating_add(1)
         } else {
             n.saturating_sub(1)
         };
         if *n == 0 {
-            by_ns.remove(&r.claim.namespace);
+            by_ns.swap_remove(i);
         }
         if by_ns.is_empty() {
             pods.remove(pod);
@@ -134,7 +143,7 @@ impl State {
         self.pods
             .get(uid)
             .into_iter()
-            .flat_map(|m| m.keys().map(String::as_str))
+            .flat_map(|v| v.iter().map(|(ns, _)| ns.as_str()))
     }
 
     pub fn sums(&self, device: &str) -> DeviceSums {
