@@ -245,7 +245,8 @@ fn record_seeds(dir: &Path) {
         consumed: BTreeMap::from([
             ("memory".into(), q("10Gi")),
             ("example.com/slots".into(), q("2")),
-        ]),
+        ])
+        .into(),
         policy_version: "v1".into(),
         admin_access: false,
         target: TargetRecord {
@@ -254,7 +255,7 @@ fn record_seeds(dir: &Path) {
         },
         phase: Phase::Accounted,
         mechanism: "accounting".into(),
-        enforced: BTreeMap::new(),
+        enforced: Default::default(),
         reason: "accounted (not enforced): the device has no enforcement mechanism".into(),
         error: None,
         epoch: 3,
@@ -276,7 +277,8 @@ fn record_seeds(dir: &Path) {
         consumed: BTreeMap::from([
             ("egressBandwidth".into(), q("100M")),
             ("ingressBandwidth".into(), q("1.5G")),
-        ]),
+        ])
+        .into(),
         target: TargetRecord {
             pod_uids: vec![POD.into()],
             cgroup_paths: vec!["/kubepods.slice/pod.slice".into()],
@@ -288,7 +290,8 @@ fn record_seeds(dir: &Path) {
         enforced: BTreeMap::from([
             ("egressBandwidth".into(), q("100M")),
             ("ingressBandwidth".into(), q("1500M")),
-        ]),
+        ])
+        .into(),
         reason: "enforced".into(),
         sandbox: Some(SandboxRecord {
             pod_uid: POD.into(),
@@ -306,7 +309,7 @@ fn record_seeds(dir: &Path) {
         key: "dedicated/claim-1/gpu-0".into(),
         share_id: None,
         device: "gpu-0".into(),
-        consumed: BTreeMap::new(),
+        consumed: Default::default(),
         admin_access: true,
         phase: Phase::Failed,
         mechanism: String::new(),
