@@ -894,6 +894,7 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
         .into_inner()
         .shares[0];
     assert_eq!(s.phase, pb::Phase::Pending as i32, "{s:?}");
+    let share = s.share_id.clone();
     assert!(events(&api).is_empty(), "{:#?}", events(&api));
 
     let status_path = format!("/namespaces/{NS}/resourceclaims/gpu/status");
@@ -956,16 +957,6 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
     });
     std::thread::sleep(std::time::Duration::from_millis(1500));
     drop(sandbox);
-    let share = agent
-        .client()
-        .await
-        .list_shares(pb::ListSharesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .shares
-        .remove(0)
-        .share_id;
     shareguard_tests::wait_phase(&mut agent.client().await, &share, pb::Phase::Pending).await;
     let u = unprepare_v1(&mut kubelet, NS, "gpu", &uid).await;
     assert_eq!(u.error, "", "{u:?}");
