@@ -4,7 +4,8 @@
 //! it, so that the nodes of a cluster that failed together do not come back together.
 //! An overloaded API server is the gate's to handle (`crate::throttle`); this is what
 //! a failure that reaches the caller costs. The gate's holds and the status writer's
-//! per-claim retries are drawn with the same pieces ([`doubled`], [`seed`], [`unit`]).
+//! per-claim retries are drawn with the same pieces ([`doubled`], [`seed`], [`next`],
+//! [`unit`]).
 
 use std::time::Duration;
 
@@ -27,6 +28,12 @@ pub fn unit(state: u64) -> f64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The next draw in [0, 1) of the splitmix64 stream whose state is `state`.
+pub fn next(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(STEP);
+    unit(*state)
 }
 
 /// `first` doubled `n` times, at most `max`, then drawn between half of that and all
@@ -62,8 +69,7 @@ impl Backoff {
 
     /// The wait before the next try, after one more failure.
     pub fn failed(&mut self) -> Duration {
-        self.seed = self.seed.wrapping_add(STEP);
-        let wait = doubled(self.first, self.max, self.failures, unit(self.seed));
+        let wait = doubled(self.first, self.max, self.failures, next(&mut self.seed));
         self.failures = self.failures.saturating_add(1);
         wait
     }

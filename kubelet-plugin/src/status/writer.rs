@@ -186,8 +186,7 @@ pub struct StatusWriter {
 /// that and all of it, so that the claims (and the nodes) that failed together in an API
 /// server incident do not all come back at the same instant.
 fn retry_wait(jitter: &mut u64, failures: u32) -> Duration {
-    *jitter = jitter.wrapping_add(backoff::STEP);
-    backoff::doubled(MIN_INTERVAL, MAX_BACKOFF, failures, backoff::unit(*jitter))
+    backoff::doubled(MIN_INTERVAL, MAX_BACKOFF, failures, backoff::next(jitter))
 }
 
 /// Claim -> share key -> latest status. A share's claim never changes (allocation
@@ -515,16 +514,19 @@ mod tests {
     #[test]
     fn preparing_a_sandbox_gone_and_messages_alone_wait_for_what_follows() {
         let share = |phase: pb::Phase, message: &str| {
+            let status = if phase == pb::Phase::Enforced {
+                "True"
+            } else {
+                "False"
+            };
+            let condition = serde_json::json!({"type": "Enforced", "status": status,
+                "reason": format!("{phase:?}"), "message": message});
             pb::ShareStatus {
-            share_id: "s1".into(),
-            phase: phase as i32,
-            device_status_json: serde_json::json!({"conditions": [
-                {"type": "Enforced", "status": if phase == pb::Phase::Enforced { "True" } else { "False" },
-                 "reason": format!("{phase:?}"), "message": message},
-            ]})
-            .to_string(),
-            ..Default::default()
-        }
+                share_id: "s1".into(),
+                phase: phase as i32,
+                device_status_json: serde_json::json!({ "conditions": [condition] }).to_string(),
+                ..Default::default()
+            }
         };
         let preparing = share(pb::Phase::Preparing, "admitted");
         let pending = share(pb::Phase::Pending, "no sandbox yet");
