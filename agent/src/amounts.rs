@@ -132,8 +132,7 @@ impl<'de> Deserialize<'de> for Amounts {
                 let q = Quantity::parse(&v).map_err(|e| D::Error::custom(format!("{k}: {e}")))?;
                 Ok((k, q))
             })
-            .collect::<Result<BTreeMap<String, Quantity>, D::Error>>()
-            .map(Amounts::from)
+            .collect()
     }
 }
 
