@@ -455,10 +455,13 @@ fn open_discovery(cfg: &Config) -> Result<Discovery, OpenError> {
 }
 
 impl Engine {
-    /// What the limiter is asked to enforce for `r`: its amounts (a dedicated allocation:
-    /// the device's whole capacity) on the sandboxes it was found in, together.
-    fn spec_of(&self, r: &ShareRecord) -> LimitSpec {
-        let limits = if r.is_dedicated() {
+    /// The amounts `r` is limited to: what it consumes, or for a dedicated allocation the
+    /// device's whole capacity.
+    fn limits_of(
+        &self,
+        r: &ShareRecord,
+    ) -> std::collections::BTreeMap<String, shareguard_common::Quantity> {
+        if r.is_dedicated() {
             self.cfg
                 .device(&r.device)
                 .map(|d| {
@@ -470,7 +473,13 @@ impl Engine {
                 .unwrap_or_default()
         } else {
             (&r.consumed).into()
-        };
+        }
+    }
+
+    /// What the limiter is asked to enforce for `r`: its amounts (a dedicated allocation:
+    /// the device's whole capacity) on the sandboxes it was found in, together.
+    fn spec_of(&self, r: &ShareRecord) -> LimitSpec {
+        let limits = self.limits_of(r);
         let sandboxes = r.sandboxes();
         LimitSpec {
             share_key: r.key.clone(),
@@ -508,7 +517,7 @@ impl Engine {
         r: &ShareRecord,
         e: &shareguard_common::limiter::Enforcement,
     ) -> (Phase, String) {
-        judge(&self.spec_of(r).limits, e)
+        judge(&self.limits_of(r), e)
     }
 }
 

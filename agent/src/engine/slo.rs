@@ -225,7 +225,7 @@ impl Engine {
                 let consumed = if r.counts() { &r.consumed } else { &none };
                 let spec;
                 let enforceable = if self.should_be_enforced(r) {
-                    spec = self.spec_of(r).limits;
+                    spec = self.limits_of(r);
                     // Not verified as held: what its record last read back is stale
                     // (drift found) or does not match; it holds nothing for the figure.
                     let held = !matches!(r.phase, Phase::Degraded | Phase::Unknown);
