@@ -16,6 +16,7 @@ use shareguard_common::Quantity;
 use crate::{
     config::{Config, DeviceConfig},
     error::ClaimError,
+    keyed::KeyedSet,
     record::{ClaimRecord, ShareRecord},
     validate::ValidClaim,
 };
@@ -24,8 +25,8 @@ use crate::{
 /// accepted the same change.
 #[derive(Default, Debug)]
 pub struct State {
-    pub records: HashMap<String, ShareRecord>,
-    pub claims: HashMap<String, ClaimRecord>,
+    pub records: KeyedSet<ShareRecord>,
+    pub claims: KeyedSet<ClaimRecord>,
     /// Highest epoch accepted (I4), and the highest one known to be durable: a call at
     /// the accepted epoch is answered only once that is durable too.
     pub epoch: u64,
@@ -128,7 +129,7 @@ impl State {
         }
         contribute(&mut self.sums, &r, 1);
         index_pods(&mut self.pods, &r, true);
-        self.records.insert(r.key.clone(), r);
+        self.records.insert(r);
     }
 
     pub fn remove(&mut self, key: &str) -> Option<ShareRecord> {

@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod gpu_inventory;
 pub mod gpu_watch;
+pub mod keyed;
 pub mod ledger;
 pub mod limiters;
 pub mod policy;

@@ -234,6 +234,12 @@ pub struct ShareRecord {
     pub pre_bind: bool,
 }
 
+impl crate::keyed::Keyed for ShareRecord {
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 impl ShareRecord {
     /// Every sandbox the share is enforced on, the first one first.
     pub fn sandboxes(&self) -> Vec<SandboxRecord> {
@@ -302,6 +308,12 @@ impl ShareRecord {
             && self.request == other.request
             && self.consumed == other.consumed
             && self.admin_access == other.admin_access
+    }
+}
+
+impl crate::keyed::Keyed for ClaimRecord {
+    fn key(&self) -> &str {
+        &self.claim.uid
     }
 }
 

@@ -304,7 +304,7 @@ impl Engine {
             st.claims.remove(k);
         }
         for c in &batch.put_claims {
-            st.claims.insert(c.claim.uid.clone(), c.clone());
+            st.claims.insert(c.clone());
         }
         for r in &batch.put_shares {
             self.slo_changed(r);
@@ -376,7 +376,7 @@ impl Engine {
                 let left: Vec<String> = c
                     .share_keys
                     .iter()
-                    .filter(|k| !expired_set.contains(k.as_str()) && st.records.contains_key(*k))
+                    .filter(|k| !expired_set.contains(k.as_str()) && st.records.contains_key(k))
                     .cloned()
                     .collect();
                 if left.is_empty() {

@@ -32,8 +32,10 @@ pub(super) fn recover(
     };
     let now = now_ms();
     let stand_ins = quarantine(engine, &mut loaded, &mut batch, now);
+    state.claims.reserve(loaded.claims.len());
+    state.records.reserve(loaded.shares.len() + stand_ins.len());
     for c in loaded.claims {
-        state.claims.insert(c.claim.uid.clone(), c);
+        state.claims.insert(c);
     }
     for r in stand_ins {
         state.put(r);

@@ -127,7 +127,7 @@ impl Engine {
         let due: Vec<ShareRecord> = {
             let st = lock(&self.state);
             due.iter()
-                .filter_map(|k| st.records.get(*k).cloned())
+                .filter_map(|k| st.records.get(k).cloned())
                 .collect()
         };
         self.publish(&due);
