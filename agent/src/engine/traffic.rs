@@ -60,11 +60,20 @@ impl Engine {
     pub async fn refresh_counters(self: &std::sync::Arc<Self>) {
         let e = self.clone();
         let fresh = tokio::task::spawn_blocking(move || {
+            // The few devices whose limiter counts, found once: asking each record's
+            // device (a stage lookup under its own lock) cost more than the rest of
+            // this walk under the state lock.
+            let counting: Vec<&str> = e
+                .limiters
+                .keys()
+                .map(String::as_str)
+                .filter(|d| !e.accounting_only(d))
+                .collect();
             let counted: Vec<Counted> = {
                 let st = lock(&e.state);
                 st.records
                     .values()
-                    .filter(|r| r.phase.holds_capacity() && !e.accounting_only(&r.device))
+                    .filter(|r| r.phase.holds_capacity() && counting.contains(&r.device.as_str()))
                     .map(|r| Counted {
                         key: r.key.clone(),
                         device: r.device.clone(),
