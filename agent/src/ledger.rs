@@ -57,7 +57,15 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
     if !r.phase.holds_capacity() {
         return;
     }
-    let d = sums.entry(r.device.clone()).or_default();
+    // Looked up before inserting: `entry` would allocate a copy of the name on every
+    // call, and this runs for every record a start loads and every change after.
+    if !sums.contains_key(&r.device) {
+        sums.insert(r.device.clone(), DeviceSums::default());
+    }
+    // Present: inserted just above if it was not.
+    let d = sums
+        .get_mut(&r.device)
+        .expect("the device's sums were just inserted");
     let step = |n: &mut u32| {
         *n = if sign > 0 {
             n.saturating_add(1)
@@ -85,6 +93,8 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
             .unwrap_or(cur);
         if next.is_zero() {
             d.shared.remove(name);
+        } else if let Some(sum) = d.shared.get_mut(name) {
+            *sum = next;
         } else {
             d.shared.insert(name.clone(), next);
         }
