@@ -120,6 +120,38 @@ fn slo_windows_are_kept_by_class_and_dropped_by_none() {
     assert!(!store.has_failed(), "refused before it reached the writer");
 }
 
+/// A start reads many records on one thread and decodes them on another, in chunks:
+/// every record comes back once, in key order, and one that does not decode is set
+/// apart wherever it falls among them.
+#[test]
+fn many_records_load_in_key_order_with_an_unreadable_one_set_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 1_000;
+    let store = Store::open(dir.path()).unwrap();
+    let batch = Batch {
+        put_shares: (0..n)
+            .map(|i| share(&format!("s{i:05}"), String::new()))
+            .collect(),
+        ..Default::default()
+    };
+    store.submit(batch).wait_blocking().unwrap();
+    store
+        .trees
+        .shares
+        .insert("s00300", &b"\x01{not json"[..])
+        .unwrap();
+    let loaded = store.load().unwrap();
+    let keys: Vec<String> = loaded.shares.iter().map(|r| r.key.clone()).collect();
+    let want: Vec<String> = (0..n)
+        .filter(|i| *i != 300)
+        .map(|i| format!("s{i:05}"))
+        .collect();
+    assert_eq!(keys, want);
+    assert_eq!(loaded.quarantined.len(), 1);
+    assert_eq!(loaded.quarantined[0].key, "s00300");
+    assert_eq!(loaded.quarantined[0].tree, "shares");
+}
+
 /// sled 0.34 writes a value to an unsynced blob file once it is over a quarter of a
 /// segment minus headers; the bound must stay well below that (checked at compile
 /// time, with sled's default segment size, which the store does not change).
