@@ -607,14 +607,11 @@ fn load_tree<T: for<'de> serde::Deserialize<'de> + Send>(
             chunk.push(item?);
             if chunk.len() == CHUNK {
                 let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
-                match &decoder {
+                if decoder.is_ok() {
                     // Refused only by a decoder that panicked, which the join raises.
-                    Ok(_) => {
-                        if let Err(mpsc::SendError(back)) = tx.send(full) {
-                            inline.push(back);
-                        }
-                    }
-                    Err(_) => inline.push(full),
+                    let _ = tx.send(full);
+                } else {
+                    inline.push(full);
                 }
             }
         }

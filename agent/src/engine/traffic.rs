@@ -46,7 +46,8 @@ fn rates(engine: &Engine, r: &ShareRecord) -> (Option<u64>, Option<u64>) {
 /// 1 KiB a share of freed heap behind in the agent's resident memory.
 struct Counted {
     key: String,
-    device: String,
+    /// Its device's limiter, by index into the pass's counting limiters.
+    limiter: usize,
     phase: Phase,
     rates: (Option<u64>, Option<u64>),
 }
@@ -60,32 +61,36 @@ impl Engine {
     pub async fn refresh_counters(self: &std::sync::Arc<Self>) {
         let e = self.clone();
         let fresh = tokio::task::spawn_blocking(move || {
-            // The few devices whose limiter counts, found once: asking each record's
-            // device (a stage lookup under its own lock) cost more than the rest of
-            // this walk under the state lock.
-            let counting: Vec<&str> = e
+            // The few devices whose limiter counts, and their limiters, found once per
+            // pass: asking for each record's (a stage lookup under its own lock) cost
+            // more than the rest of this walk under the state lock.
+            let counting: Vec<(&str, _)> = e
                 .limiters
                 .keys()
-                .map(String::as_str)
-                .filter(|d| !e.accounting_only(d))
+                .filter_map(|d| {
+                    let l = e.limiter(d)?;
+                    (!l.accounting_only()).then_some((d.as_str(), l))
+                })
                 .collect();
             let counted: Vec<Counted> = {
                 let st = lock(&e.state);
                 st.records
                     .values()
-                    .filter(|r| r.phase.holds_capacity() && counting.contains(&r.device.as_str()))
-                    .map(|r| Counted {
-                        key: r.key.clone(),
-                        device: r.device.clone(),
-                        phase: r.phase,
-                        rates: rates(&e, r),
+                    .filter(|r| r.phase.holds_capacity())
+                    .filter_map(|r| {
+                        Some(Counted {
+                            key: r.key.clone(),
+                            limiter: counting.iter().position(|(d, _)| *d == r.device)?,
+                            phase: r.phase,
+                            rates: rates(&e, r),
+                        })
                     })
                     .collect()
             };
             counted
                 .into_iter()
                 .filter_map(|s| {
-                    let c = e.limiter(&s.device)?.counters(&s.key)?;
+                    let c = counting[s.limiter].1.counters(&s.key)?;
                     // Stamped as read: the interval judged is the one the kernel
                     // counted over, not one stretched or shrunk by however long this
                     // thread or the task that waits for it were kept off a CPU.
