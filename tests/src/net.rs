@@ -1343,6 +1343,30 @@ pub fn ping_rtt_from_pod(pod: &Pod, count: u32, interval: Duration) -> Vec<f64> 
     ))
 }
 
+/// As [`ping_rtt`] (from inside the pod to the host end's address when `from_pod`), with
+/// `payload` bytes of ICMP data in each request (`-s`): a sparse flow of a chosen rate.
+pub fn ping_rtt_sized(
+    pod: &Pod,
+    from_pod: bool,
+    count: u32,
+    interval: Duration,
+    payload: u32,
+) -> Vec<f64> {
+    let size = payload.to_string();
+    let out = if from_pod {
+        ping_output(
+            &["ip", "netns", "exec", pod.netns_name()],
+            pod.host_addr(),
+            count,
+            interval,
+            &["-s", &size],
+        )
+    } else {
+        ping_output(&[], pod.pod_addr(), count, interval, &["-s", &size])
+    };
+    parse_ping(&out)
+}
+
 /// What a [`ping_for`] sent and got back.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pings {
