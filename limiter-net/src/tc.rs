@@ -60,6 +60,10 @@ pub const IDLE_BURST: u64 = 16 * 1024;
 /// a DNS reply) goes out at once even while bulk flows keep the share's class empty.
 const SPARSE_CREDIT: u64 = shareguard_ebpf_common::flows::SPARSE_BURST as u64;
 
+/// The rate at which a sparse flow's credit refills, bit/s: what one flow may send for
+/// good and stay sparse.
+const SPARSE_CREDIT_BPS: u64 = shareguard_ebpf_common::flows::SPARSE_BYTES_PER_SEC * 8;
+
 /// Whether the classes' own bursts, `own_sum` together, stay within what the share's
 /// class may send at once (`share_burst`; below about 40 Mbit/s, within the floor of
 /// [`MIN_BURST`] each) plus one sparse flow's credit, give or take `slack` bytes of
@@ -111,10 +115,19 @@ impl HtbParams {
         }
     }
 
-    /// The assured rate of the priority class: a sixteenth of the share's. Sparse flows
-    /// within it are sent at once, before anything else of the share's.
+    /// The assured rate of the priority class: a sixteenth of the share's, and at least
+    /// what one sparse flow may send and stay sparse (its credit's refill, about
+    /// 1 Mbit/s) up to a quarter of the share's. Sparse flows within it are sent at once,
+    /// before anything else of the share's; beyond it the class borrows from the share's
+    /// class, which the bulk flows keep empty and in debt for whole GSO packets. A
+    /// sixteenth alone is below the credit's refill in a share under about 16 Mbit/s, where
+    /// a ping or an RPC that keeps within its credit would wait behind the bulk flows
+    /// (docs/benchmarks.md, "A sparse flow beside a bulk flow in a small share").
     pub fn sparse_rate_bps(&self) -> u64 {
-        (self.rate_bps / u64::from(FLOW_CLASSES)).max(8)
+        let credit_rate = SPARSE_CREDIT_BPS.min(self.rate_bps / 4);
+        (self.rate_bps / u64::from(FLOW_CLASSES))
+            .max(credit_rate)
+            .max(8)
     }
 
     /// The priority class's own burst: one sparse flow's credit, so that a message that
@@ -436,6 +449,8 @@ mod tests {
         for rate in [
             8,
             1_000,
+            2_000_000,
+            5_000_000,
             50_000_000,
             2_000_000_000,
             99_999_999_999,
@@ -445,6 +460,24 @@ mod tests {
             let sum = p.sparse_rate_bps() + u64::from(FLOW_CLASSES) * p.flow_rate_bps();
             assert!(sum <= rate.max(17 * 8), "{rate}: {sum}");
         }
+    }
+
+    #[test]
+    fn a_sparse_flow_within_its_credit_is_assured_in_small_shares() {
+        // From about 4.2 Mbit/s up, the priority class assures a whole sparse flow's
+        // refill; below, a quarter of the share; from 16.8 Mbit/s, a sixteenth.
+        for rate in [4_200_000, 5_000_000, 10_000_000, 16_000_000] {
+            let p = HtbParams::for_rate(rate);
+            assert_eq!(p.sparse_rate_bps(), SPARSE_CREDIT_BPS, "{rate}");
+        }
+        assert_eq!(HtbParams::for_rate(2_000_000).sparse_rate_bps(), 500_000);
+        for rate in [20_000_000, 50_000_000, 2_000_000_000] {
+            let p = HtbParams::for_rate(rate);
+            assert_eq!(p.sparse_rate_bps(), rate / 16, "{rate}");
+        }
+        // The flow classes share what is left.
+        let p = HtbParams::for_rate(5_000_000);
+        assert_eq!(p.flow_rate_bps(), (5_000_000 - SPARSE_CREDIT_BPS) / 16);
     }
 
     #[test]
