@@ -17,9 +17,9 @@
 //! not bind and the figure is what the shaping path costs a byte that it passes through.
 //! The "of limits" column says which points those are.
 //!
-//! Rounds (`SHAPING_CPU_ROUNDS`, default 3) run every variant of a point one after the
-//! other, rounds interleaved; the tables give medians over rounds. Prints markdown for
-//! docs/benchmarks.md; asserts nothing about speed.
+//! Rounds (`SHAPING_CPU_ROUNDS`, default 3; one takes about 20 minutes here) run every
+//! variant of a point one after the other, rounds interleaved; the tables give medians
+//! over rounds. Prints markdown for docs/benchmarks.md; asserts nothing about speed.
 //!
 //! Run as root: `cargo build --release -p shareguard && cargo bench -p shareguard-tests
 //! --bench shaping_cpu` (the agent binary is the one next to the bench: target/release).
