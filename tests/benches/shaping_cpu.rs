@@ -35,7 +35,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Client, net,
+    Client, env_list, net,
     net::{Direction, FromPodShaper, Htb, Iperf, IperfServer, PinDir, Pod, Qdisc, TrafficLock},
     prepare_one, share_id, unprepare_one, wait_phase,
 };
@@ -183,22 +183,6 @@ impl Drop for Shaping<'_> {
     }
 }
 
-/// (busy, softirq) jiffies of all CPUs, from the `cpu` line of /proc/stat.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = fs::read_to_string("/proc/stat").unwrap();
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
-    let all: u64 = v.iter().take(8).sum();
-    (all - v[3] - v[4], v[6])
-}
-
 fn read_counter(path: &str) -> u64 {
     fs::read_to_string(path)
         .ok()
@@ -294,13 +278,13 @@ fn measure(
         }
         let ramp = spawned.elapsed();
         std::thread::sleep(WARM);
-        let (busy0, soft0) = cpu_jiffies();
+        let c0 = net::CpuJiffies::now();
         let b0: u64 = counters.iter().map(|c| read_counter(c)).sum();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs(u64::from(seconds)));
         let b1: u64 = counters.iter().map(|c| read_counter(c)).sum();
         let elapsed = t0.elapsed().as_secs_f64();
-        let (busy1, soft1) = cpu_jiffies();
+        let c1 = net::CpuJiffies::now();
         for f in flows {
             f.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
         }
@@ -308,20 +292,11 @@ fn measure(
         Point {
             bytes: b1 - b0,
             seconds: elapsed,
-            busy_s: (busy1 - busy0) as f64 / ticks,
-            softirq_s: (soft1 - soft0) as f64 / ticks,
+            busy_s: (c1.busy - c0.busy) as f64 / ticks,
+            softirq_s: (c1.softirq - c0.softirq) as f64 / ticks,
             idle_s: idle_per_s * elapsed,
         }
     })
-}
-
-fn env_list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect()
 }
 
 fn env_num(name: &str, default: u32) -> u32 {
@@ -398,11 +373,11 @@ fn main() {
     for round in 0..rounds {
         // What the machine spends with nothing sending (the agent, the bench, the rest),
         // to read the slow points against: at 50M one pod moves 25 MB a second.
-        let (busy0, _) = cpu_jiffies();
+        let c0 = net::CpuJiffies::now();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs(u64::from(seconds)));
-        let (busy1, _) = cpu_jiffies();
-        let idle_per_s = (busy1 - busy0) as f64 / ticks / t0.elapsed().as_secs_f64();
+        let c1 = net::CpuJiffies::now();
+        let idle_per_s = (c1.busy - c0.busy) as f64 / ticks / t0.elapsed().as_secs_f64();
         eprintln!("round {round}: nothing sending, {idle_per_s:.3} CPU s a second");
         idle.push(idle_per_s);
         for (ri, rate) in rates.iter().enumerate() {

@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use shareguard_tests::{
-    net,
+    env_list, net,
     net::{Direction, Iperf, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -33,15 +33,6 @@ const PAYLOAD: u32 = 1000;
 const EVERY: Duration = Duration::from_millis(20);
 /// Pings over 4 s of the bulk flow's 5 measured.
 const PINGS: u32 = 200;
-
-fn env_list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
 
 /// Bits per second of `rate` (`<n>M`).
 fn bps(rate: &str) -> u64 {

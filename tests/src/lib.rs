@@ -66,6 +66,17 @@ valid_range = {{ min = "1Gi", step = "1Gi" }}
     )
 }
 
+/// The comma-separated list in environment variable `name`, or `default`'s: how the
+/// benchmarks take their sizes.
+pub fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 /// The path of the `shareguard` binary built alongside the running test.
 pub fn agent_bin() -> PathBuf {
     if let Ok(p) = std::env::var("SHAREGUARD_BIN") {

@@ -279,6 +279,37 @@ impl fmt::Display for LoadAvg {
     }
 }
 
+/// Jiffies of all CPUs together, from the `cpu` line of /proc/stat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuJiffies {
+    /// All but idle and iowait.
+    pub busy: u64,
+    pub all: u64,
+    pub softirq: u64,
+}
+
+impl CpuJiffies {
+    pub fn now() -> CpuJiffies {
+        let stat = fs::read_to_string("/proc/stat").unwrap_or_else(|e| panic!("/proc/stat: {e}"));
+        let v: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        assert!(v.len() >= 8, "/proc/stat's cpu line: {v:?}");
+        // user nice system idle iowait irq softirq steal
+        let all: u64 = v.iter().take(8).sum();
+        CpuJiffies {
+            busy: all - v[3] - v[4],
+            all,
+            softirq: v[6],
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Namespaces and links
 

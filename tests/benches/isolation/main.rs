@@ -243,22 +243,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     })
 }
 
-/// Jiffies (busy, all) from the `cpu` line of /proc/stat.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = fs::read_to_string("/proc/stat").unwrap();
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
-    let all: u64 = v.iter().take(8).sum();
-    (all - v[3] - v[4], all)
-}
-
 /// Claims on one agent, released by [`Claims::release`] or at drop (also on panic), so
 /// that capacity held by one run never leaks into the next.
 struct Claims<'a> {
@@ -356,7 +340,7 @@ fn run(
         PING_DELAY
     };
     let drops = nic.drops(dir);
-    let cpu = cpu_jiffies();
+    let cpu = net::CpuJiffies::now();
     let t0 = Instant::now();
     let (flows, quiet_rtts, quiet_local, samples) = std::thread::scope(|s| {
         let bulk: Vec<_> = active
@@ -402,7 +386,7 @@ fn run(
             .collect();
         (flows, q.join().unwrap(), local.join().unwrap(), samples)
     });
-    let (busy1, all1) = cpu_jiffies();
+    let cpu1 = net::CpuJiffies::now();
     let r = Run {
         dir,
         label: label.to_owned(),
@@ -414,7 +398,7 @@ fn run(
         quiet_local,
         nic_backlog: samples.backlog,
         nic_drops: nic.drops(dir) - drops,
-        cpu_busy: (busy1 - cpu.0) as f64 / (all1 - cpu.1).max(1) as f64,
+        cpu_busy: (cpu1.busy - cpu.busy) as f64 / (cpu1.all - cpu.all).max(1) as f64,
         load: LoadAvg::now(),
     };
     eprintln!(
