@@ -30,7 +30,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
     time::{Duration, Instant},
 };
 
@@ -143,25 +142,12 @@ impl<'a> Shaping<'a> {
 
     /// The counter of what pod `i`'s traffic in `dir` carried past its shaper.
     fn counter(&self, dir: Direction, i: usize, pod: &Pod) -> String {
-        let host = pod.host_if();
-        let (dev, which) = match dir {
-            Direction::ToPod => (host.to_owned(), "tx_bytes"),
-            Direction::FromPod => {
-                if let Some((_, id)) = self.shares.get(i) {
-                    (shareguard_limiter_net::state::queue_name(id), "tx_bytes")
-                } else if let Some(s) = self.from_pod.get(i) {
-                    (s.ifb().name().to_owned(), "tx_bytes")
-                } else {
-                    (host.to_owned(), "rx_bytes")
-                }
-            }
-        };
-        let path = format!("/sys/class/net/{dev}/statistics/{which}");
-        assert!(
-            fs::metadata(&path).is_ok(),
-            "{path}: no such counter (pod {i}, {dir})"
-        );
-        path
+        net::shaped_bytes_counter(
+            dir,
+            pod.host_if(),
+            self.shares.get(i).map(|(_, id)| id.as_str()),
+            self.from_pod.get(i).map(|s| s.ifb().name()),
+        )
     }
 
     fn release(&mut self) {
@@ -178,16 +164,11 @@ impl Drop for Shaping<'_> {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             self.release();
+            return;
         }
-        // On a panic the agent is killed with its store; its pins go with the PinDir.
+        let uids = self.shares.drain(..).map(|(uid, _)| uid).collect();
+        shareguard_tests::release_quietly(self.rt, self.client, uids);
     }
-}
-
-fn read_counter(path: &str) -> u64 {
-    fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{path}: no counter"))
 }
 
 fn clock_ticks() -> f64 {
@@ -245,7 +226,7 @@ fn measure(
     let ramp_limit = ramp_limit(servers.len());
     let total = seconds + (ramp_limit + WARM).as_secs() as u32 + 1;
     std::thread::scope(|s| {
-        let start: Vec<u64> = counters.iter().map(|c| read_counter(c)).collect();
+        let start: Vec<u64> = counters.iter().map(|c| net::read_counter(c)).collect();
         let flows: Vec<_> = servers
             .iter()
             .enumerate()
@@ -264,7 +245,7 @@ fn measure(
             let still = counters
                 .iter()
                 .zip(&start)
-                .filter(|(c, s0)| read_counter(c) < *s0 + MOVING_BYTES)
+                .filter(|(c, s0)| net::read_counter(c) < *s0 + MOVING_BYTES)
                 .count();
             if still == 0 {
                 break;
@@ -279,10 +260,10 @@ fn measure(
         let ramp = spawned.elapsed();
         std::thread::sleep(WARM);
         let c0 = net::CpuJiffies::now();
-        let b0: u64 = counters.iter().map(|c| read_counter(c)).sum();
+        let b0: u64 = counters.iter().map(|c| net::read_counter(c)).sum();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs(u64::from(seconds)));
-        let b1: u64 = counters.iter().map(|c| read_counter(c)).sum();
+        let b1: u64 = counters.iter().map(|c| net::read_counter(c)).sum();
         let elapsed = t0.elapsed().as_secs_f64();
         let c1 = net::CpuJiffies::now();
         for f in flows {

@@ -279,6 +279,42 @@ impl fmt::Display for LoadAvg {
     }
 }
 
+/// The sysfs byte counter of what a pod's traffic in `dir` carried past its shaper: to
+/// the pod, what the host end `host_if` sent it (after a shaper on that end); from the
+/// pod, what left share `share_id`'s queue device, or else what left `ifb` (a shaper of
+/// the test's own on one), or else what the host end took in.
+pub fn shaped_bytes_counter(
+    dir: Direction,
+    host_if: &str,
+    share_id: Option<&str>,
+    ifb: Option<&str>,
+) -> String {
+    let (dev, which) = match (dir, share_id, ifb) {
+        (Direction::ToPod, _, _) => (host_if.to_owned(), "tx_bytes"),
+        (Direction::FromPod, Some(id), _) => {
+            let queue = shareguard_limiter_net::state::queue_name(id);
+            assert!(
+                fs::metadata(format!("/sys/class/net/{queue}")).is_ok(),
+                "share {id} has no queue device {queue}: what leaves the share's shaper is read there"
+            );
+            (queue, "tx_bytes")
+        }
+        (Direction::FromPod, None, Some(ifb)) => (ifb.to_owned(), "tx_bytes"),
+        (Direction::FromPod, None, None) => (host_if.to_owned(), "rx_bytes"),
+    };
+    let path = format!("/sys/class/net/{dev}/statistics/{which}");
+    assert!(fs::metadata(&path).is_ok(), "{path}: no such counter");
+    path
+}
+
+/// The value of a sysfs counter such as [`shaped_bytes_counter`]'s.
+pub fn read_counter(path: &str) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{path}: no counter"))
+}
+
 /// Jiffies of all CPUs together, from the `cpu` line of /proc/stat.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuJiffies {

@@ -59,7 +59,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, Client, claim_ref, net,
+    Agent, Client, net,
     net::{Direction, Iperf, IperfServer, LoadAvg, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -291,17 +291,7 @@ impl Drop for Claims<'_> {
             self.release();
             return;
         }
-        // The bench is failing: still ask the agent to remove what it installed (its ifbs
-        // outlive it), as far as it answers within a few seconds, and never panic again.
-        let claims = self.uids.drain(..).map(|u| claim_ref(&u)).collect();
-        let call = self.client.unprepare(pb::UnprepareRequest {
-            epoch: 0,
-            claims,
-            only_pre_bind: false,
-        });
-        let _ = self
-            .rt
-            .block_on(tokio::time::timeout(Duration::from_secs(5), call));
+        shareguard_tests::release_quietly(self.rt, self.client, std::mem::take(&mut self.uids));
     }
 }
 
@@ -322,7 +312,9 @@ fn run(
     let window = Duration::from_secs(u64::from(seconds - 1));
     let counters: Vec<String> = active
         .iter()
-        .map(|a| sample::counter(dir, tenants[a.i].pod.host_if(), a.share_id.as_deref()))
+        .map(|a| {
+            net::shaped_bytes_counter(dir, tenants[a.i].pod.host_if(), a.share_id.as_deref(), None)
+        })
         .collect();
     // Samples over the measured seconds, less the last 0.3 s in which the clients end.
     let (from, until) = if active.is_empty() {

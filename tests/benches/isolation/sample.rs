@@ -7,44 +7,14 @@
 //! this bench, one interval at 1.35 x the limit of a flow whose 6-second mean was under
 //! 0.956 of it).
 
-use std::{
-    fs,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use shareguard_tests::net::Direction;
+use shareguard_tests::{net, net::Direction};
 
 use crate::nic::Nic;
 
 /// How often the counters are read.
 const EVERY: Duration = Duration::from_millis(100);
-
-/// The sysfs byte counter that counts tenant traffic in `dir` behind its shaper:
-/// to the pod, what the host end sent it (after the share's HTB on that end); from the
-/// pod, what the share's ifb sent on (after its HTB), or without a share what the host end
-/// took in.
-pub fn counter(dir: Direction, host_if: &str, share_id: Option<&str>) -> String {
-    let (dev, which) = match (dir, share_id) {
-        (Direction::ToPod, _) => (host_if.to_owned(), "tx_bytes"),
-        (Direction::FromPod, Some(id)) => {
-            let ifb = shareguard_limiter_net::state::queue_name(id);
-            assert!(
-                fs::metadata(format!("/sys/class/net/{ifb}")).is_ok(),
-                "share {id} has no ifb {ifb}: the bench reads what leaves the share's shaper there"
-            );
-            (ifb, "tx_bytes")
-        }
-        (Direction::FromPod, None) => (host_if.to_owned(), "rx_bytes"),
-    };
-    format!("/sys/class/net/{dev}/statistics/{which}")
-}
-
-fn read(path: &str) -> u64 {
-    fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{path}: no counter"))
-}
 
 /// Samples of one run: per counter (seconds since the first sample, bytes), and the NIC
 /// queue's backlog in bytes.
@@ -74,7 +44,7 @@ pub fn sample(
     while t0.elapsed() < end {
         let at = first.elapsed().as_secs_f64();
         for (c, v) in counters.iter().zip(&mut s.bytes) {
-            v.push((at, read(c)));
+            v.push((at, net::read_counter(c)));
         }
         s.backlog.push(nic.backlog(dir));
         std::thread::sleep(EVERY);
