@@ -3,15 +3,18 @@
 //! in a vector sorted by name rather than a `BTreeMap`, whose first entry allocates a
 //! whole node (640 bytes for these keys and values): with 100,000 live shares the maps
 //! were a tenth of the agent's memory. Iteration is in name order, as a `BTreeMap`'s, so
-//! the stored JSON is the same.
+//! the stored JSON is the same. Names are [`Name`]s: a capacity name is short, so it
+//! sits inline instead of in an allocation of its own.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _, ser::SerializeMap};
 use shareguard_common::Quantity;
 
+use crate::record::Name;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Amounts(Vec<(String, Quantity)>);
+pub struct Amounts(Vec<(Name, Quantity)>);
 
 impl Amounts {
     pub fn new() -> Self {
@@ -31,7 +34,8 @@ impl Amounts {
     }
 
     /// Sets `name`'s amount; the one it replaced, if any.
-    pub fn insert(&mut self, name: String, q: Quantity) -> Option<Quantity> {
+    pub fn insert(&mut self, name: impl Into<Name>, q: Quantity) -> Option<Quantity> {
+        let name = name.into();
         match self.find(&name) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, q)),
             Err(i) => {
@@ -59,24 +63,24 @@ impl Amounts {
     }
 
     /// In name order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &Quantity)> {
-        self.0.iter().map(|(k, v)| (k, v))
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Quantity)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &String> {
-        self.0.iter().map(|(k, _)| k)
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.0.iter().map(|(k, _)| k.as_str())
     }
 }
 
 impl<'a> IntoIterator for &'a Amounts {
-    type Item = (&'a String, &'a Quantity);
+    type Item = (&'a str, &'a Quantity);
     type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, Quantity)>,
-        fn(&'a (String, Quantity)) -> (&'a String, &'a Quantity),
+        std::slice::Iter<'a, (Name, Quantity)>,
+        fn(&'a (Name, Quantity)) -> (&'a str, &'a Quantity),
     >;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|(k, v)| (k, v))
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
 }
 
@@ -95,7 +99,7 @@ impl FromIterator<(String, Quantity)> for Amounts {
 impl From<BTreeMap<String, Quantity>> for Amounts {
     fn from(m: BTreeMap<String, Quantity>) -> Self {
         // Already in name order: no search needed.
-        let mut v: Vec<(String, Quantity)> = m.into_iter().collect();
+        let mut v: Vec<(Name, Quantity)> = m.into_iter().map(|(k, q)| (k.into(), q)).collect();
         v.shrink_to_fit();
         Amounts(v)
     }
@@ -103,13 +107,17 @@ impl From<BTreeMap<String, Quantity>> for Amounts {
 
 impl From<&Amounts> for BTreeMap<String, Quantity> {
     fn from(a: &Amounts) -> Self {
-        a.0.iter().cloned().collect()
+        a.0.iter().map(|(k, q)| (k.to_string(), *q)).collect()
     }
 }
 
 impl PartialEq<BTreeMap<String, Quantity>> for Amounts {
     fn eq(&self, other: &BTreeMap<String, Quantity>) -> bool {
-        self.len() == other.len() && self.iter().zip(other).all(|(a, b)| a == b)
+        self.len() == other.len()
+            && self
+                .iter()
+                .zip(other)
+                .all(|((ka, qa), (kb, qb))| ka == kb && qa == qb)
     }
 }
 
@@ -147,9 +155,9 @@ mod tests {
     #[test]
     fn kept_in_name_order_and_read_like_a_map() {
         let mut a = Amounts::new();
-        assert_eq!(a.insert("tx".into(), q("2G")), None);
-        assert_eq!(a.insert("rx".into(), q("1G")), None);
-        assert_eq!(a.insert("tx".into(), q("3G")), Some(q("2G")));
+        assert_eq!(a.insert("tx", q("2G")), None);
+        assert_eq!(a.insert("rx", q("1G")), None);
+        assert_eq!(a.insert("tx", q("3G")), Some(q("2G")));
         assert_eq!(a.keys().collect::<Vec<_>>(), ["rx", "tx"]);
         assert_eq!(a.get("tx"), Some(&q("3G")));
         assert!(a.contains_key("rx") && !a.contains_key("memory"));

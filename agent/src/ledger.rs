@@ -59,12 +59,12 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
     }
     // Looked up before inserting: `entry` would allocate a copy of the name on every
     // call, and this runs for every record a start loads and every change after.
-    if !sums.contains_key(&r.device) {
-        sums.insert(r.device.clone(), DeviceSums::default());
+    if !sums.contains_key(r.device.as_str()) {
+        sums.insert(r.device.to_string(), DeviceSums::default());
     }
     // Present: inserted just above if it was not.
     let d = sums
-        .get_mut(&r.device)
+        .get_mut(r.device.as_str())
         .expect("the device's sums were just inserted");
     let step = |n: &mut u32| {
         *n = if sign > 0 {
@@ -96,7 +96,7 @@ fn contribute(sums: &mut HashMap<String, DeviceSums>, r: &ShareRecord, sign: i12
         } else if let Some(sum) = d.shared.get_mut(name) {
             *sum = next;
         } else {
-            d.shared.insert(name.clone(), next);
+            d.shared.insert(name.to_owned(), next);
         }
     }
 }
@@ -112,7 +112,7 @@ fn index_pods(pods: &mut HashMap<String, Vec<(String, u32)>>, r: &ShareRecord, a
         let i = match by_ns.iter().position(|(n, _)| n == ns) {
             Some(i) => i,
             None => {
-                by_ns.push((ns.clone(), 0));
+                by_ns.push((ns.to_string(), 0));
                 by_ns.len() - 1
             }
         };

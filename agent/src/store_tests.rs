@@ -25,11 +25,11 @@ fn share(key: &str, reason: String) -> ShareRecord {
         pool: "p".into(),
         device: "gen-0".into(),
         consumed: Default::default(),
-        policy_version: String::new(),
+        policy_version: Default::default(),
         admin_access: false,
         target: TargetRecord::default(),
         phase: Phase::Preparing,
-        mechanism: String::new(),
+        mechanism: Default::default(),
         enforced: Default::default(),
         reason,
         error: None,
@@ -181,18 +181,18 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
     let mut r = share(&long(MAX_ID_LEN * 2), "é".repeat(10_000));
     r.claim = ClaimId {
         uid: long(MAX_ID_LEN),
-        namespace: long(63),
-        name: long(253),
+        namespace: long(63).into(),
+        name: long(253).into(),
     };
-    r.allocation_id = long(MAX_ID_LEN);
-    r.request = long(127);
-    r.driver = long(253);
-    r.pool = long(253);
-    r.device = long(63);
-    r.policy_version = long(MAX_ID_LEN);
+    r.allocation_id = long(MAX_ID_LEN).into();
+    r.request = long(127).into();
+    r.driver = long(253).into();
+    r.pool = long(253).into();
+    r.device = long(63).into();
+    r.policy_version = long(MAX_ID_LEN).into();
     r.consumed = caps.clone().into();
     r.enforced = caps.into();
-    r.mechanism = long(64);
+    r.mechanism = long(64).into();
     r.target = TargetRecord {
         pod_uids: (0..MAX_PODS).map(|_| long(36)).collect(),
         cgroup_paths: paths.clone(),
@@ -206,7 +206,7 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
         cgroups: paths,
         netns_inode: Some(u64::MAX),
         host_ifindex: Some(u32::MAX),
-        host_ifname: Some(long(15)),
+        host_ifname: Some(long(15).into()),
     });
     r.error = Some(crate::error::ClaimError::internal("é".repeat(10_000)));
     r.bound();

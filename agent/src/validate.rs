@@ -151,8 +151,8 @@ pub fn validate_claim_ref(
     }
     Ok(ClaimId {
         uid: c.uid.clone(),
-        namespace: c.namespace.clone(),
-        name: c.name.clone(),
+        namespace: c.namespace.as_str().into(),
+        name: c.name.as_str().into(),
     })
 }
 

@@ -312,7 +312,7 @@ fn record_seeds(dir: &Path) {
         consumed: Default::default(),
         admin_access: true,
         phase: Phase::Failed,
-        mechanism: String::new(),
+        mechanism: Default::default(),
         reason: "refused".into(),
         error: Some(ClaimError::invalid(
             "claims[0].allocations[0]",

@@ -101,15 +101,15 @@ pub fn share_to_pb_with(
         share_id: r.share_id.clone().unwrap_or_default(),
         claim: Some(pb::ClaimRef {
             uid: r.claim.uid.clone(),
-            namespace: r.claim.namespace.clone(),
-            name: r.claim.name.clone(),
+            namespace: r.claim.namespace.to_string(),
+            name: r.claim.name.to_string(),
         }),
-        driver: r.driver.clone(),
-        pool: r.pool.clone(),
-        device: r.device.clone(),
-        request: r.request.clone(),
+        driver: r.driver.to_string(),
+        pool: r.pool.to_string(),
+        device: r.device.to_string(),
+        request: r.request.to_string(),
         phase: phase_to_pb(r.phase) as i32,
-        mechanism: r.mechanism.clone(),
+        mechanism: r.mechanism.to_string(),
         // What was asked for, and what is enforced; a dedicated allocation asks for no
         // amount but is enforced at the device's capacity, which shows here too.
         limits: r
@@ -117,7 +117,7 @@ pub fn share_to_pb_with(
             .keys()
             .chain(r.enforced.keys().filter(|k| !r.consumed.contains_key(k)))
             .map(|name| pb::CapacityLimit {
-                name: name.clone(),
+                name: name.to_owned(),
                 requested: r
                     .consumed
                     .get(name)
@@ -138,8 +138,8 @@ pub fn share_to_pb_with(
             })
             .collect(),
         error: r.error.as_ref().map(error_to_pb),
-        policy_version: r.policy_version.clone(),
-        allocation_id: r.allocation_id.clone(),
+        policy_version: r.policy_version.to_string(),
+        allocation_id: r.allocation_id.to_string(),
         device_status_json: device_status::render(r, observed, traffic),
         updated_at: Some(timestamp(r.updated_at_ms)),
         admin_access: r.admin_access,
@@ -159,7 +159,7 @@ fn sandbox_to_pb(s: &crate::record::SandboxRecord) -> pb::Sandbox {
         pod_uid: s.pod_uid.clone(),
         cgroup: s.cgroup.clone(),
         netns_inode: s.netns_inode.unwrap_or(0),
-        host_interface: s.host_ifname.clone().unwrap_or_default(),
+        host_interface: s.host_ifname.as_deref().unwrap_or_default().to_owned(),
         host_ifindex: s.host_ifindex.unwrap_or(0),
     }
 }

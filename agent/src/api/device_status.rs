@@ -42,7 +42,7 @@ pub fn render(
 ) -> String {
     let quantities = |m: &crate::amounts::Amounts| {
         m.iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .map(|(k, v)| (k.to_owned(), Value::String(v.to_string())))
             .collect::<Map<String, Value>>()
     };
     let mut message = r.reason.clone();

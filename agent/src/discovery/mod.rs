@@ -72,7 +72,7 @@ impl Sandbox {
         partial_scan: bool,
     ) -> Sandbox {
         record.host_ifindex = Some(index);
-        record.host_ifname = Some(name.to_owned());
+        record.host_ifname = Some(name.into());
         Sandbox {
             record,
             cgroups,
@@ -461,7 +461,7 @@ impl Discovery {
         match rtnl::pod_host_veth(&ns, ifname) {
             Ok(h) => {
                 record.host_ifindex = Some(h.index);
-                record.host_ifname = Some(h.name.clone());
+                record.host_ifname = Some(h.name.as_str().into());
                 PodState::Ready(Sandbox {
                     record,
                     cgroups: limit_cgroups,

@@ -118,7 +118,7 @@ impl Engine {
             amounts: r
                 .consumed
                 .iter()
-                .map(|(k, v)| (k.clone(), v.to_string()))
+                .map(|(k, v)| (k.to_owned(), v.to_string()))
                 .collect(),
             policy_version: &r.policy_version,
             allocation_id: &r.allocation_id,

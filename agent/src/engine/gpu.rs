@@ -224,7 +224,7 @@ impl Engine {
                 .share_id
                 .clone()
                 .unwrap_or_else(|| r.key.replace('/', "-")),
-            device: r.device.clone(),
+            device: r.device.to_string(),
             gpu_uuid: d.gpu_uuid,
             mps: d.mps,
             device_nodes: d.device_nodes,

@@ -483,7 +483,7 @@ impl Engine {
         let sandboxes = r.sandboxes();
         LimitSpec {
             share_key: r.key.clone(),
-            device: r.device.clone(),
+            device: r.device.to_string(),
             limits,
             target: Target {
                 // Where kubelet's list cannot be had as it is, no pod: the watchdog acts
@@ -502,7 +502,7 @@ impl Engine {
                     .filter_map(|s| {
                         Some(HostIface {
                             index: s.host_ifindex?,
-                            name: s.host_ifname.clone()?,
+                            name: s.host_ifname.as_deref()?.to_owned(),
                         })
                     })
                     .collect(),

@@ -13,7 +13,7 @@ use crate::{
     discovery::kubelet::Snapshot,
     error::{ClaimError, RequestError},
     ledger::{self, State},
-    record::{ClaimRecord, Phase, ShareRecord},
+    record::{ClaimRecord, Name, Phase, ShareRecord},
     request,
     store::{Batch, Durable},
     sync::lock,
@@ -308,7 +308,7 @@ impl Engine {
 
         let claim_rec = ClaimRecord {
             claim: v.claim.clone(),
-            allocation_id: v.allocation_id.clone(),
+            allocation_id: v.allocation_id.as_str().into(),
             share_keys: wanted.iter().map(|r| r.key.clone()).collect(),
             cdi_device_ids: Vec::new(),
             updated_at_ms: now,
@@ -337,13 +337,13 @@ impl Engine {
             key: a.key.clone(),
             share_id: a.share_id.clone(),
             claim: v.claim.clone(),
-            allocation_id: v.allocation_id.clone(),
-            request: a.request.clone(),
-            driver: a.driver.clone(),
-            pool: a.pool.clone(),
-            device: a.device.clone(),
+            allocation_id: v.allocation_id.as_str().into(),
+            request: a.request.as_str().into(),
+            driver: a.driver.as_str().into(),
+            pool: a.pool.as_str().into(),
+            device: a.device.as_str().into(),
             consumed: a.consumed.clone().into(),
-            policy_version: a.policy_version.clone(),
+            policy_version: a.policy_version.as_str().into(),
             admin_access: a.admin_access,
             target: v.target.clone(),
             sandbox: None,
@@ -351,7 +351,7 @@ impl Engine {
             device_kind: self
                 .cfg
                 .device(&a.device)
-                .map(|d| d.kind.as_str().to_owned())
+                .map(|d| d.kind.as_str().into())
                 .unwrap_or_default(),
             // Accounting has no side effects, so its final phase is written at once; an
             // enforcing limiter first records PREPARING so a crash mid-way is explained.
@@ -361,9 +361,9 @@ impl Engine {
                 Phase::Preparing
             },
             mechanism: if accounting {
-                crate::accounting::MECHANISM.to_owned()
+                crate::accounting::MECHANISM.into()
             } else {
-                String::new()
+                Name::default()
             },
             enforced: Default::default(),
             reason: if accounting {

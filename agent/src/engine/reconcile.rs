@@ -218,7 +218,7 @@ impl Engine {
         } else {
             reason
         };
-        n.mechanism = e.mechanism.clone();
+        n.mechanism = e.mechanism.as_str().into();
         n.enforced = e.enforced.clone().into();
         n.error = None;
         n.updated_at_ms = now_ms();
@@ -249,7 +249,7 @@ impl Engine {
         let mut n = r.clone();
         n.phase = Phase::Degraded;
         n.reason = why.to_owned();
-        n.mechanism = e.mechanism.clone();
+        n.mechanism = e.mechanism.as_str().into();
         n.enforced = e.enforced.clone().into();
         n.updated_at_ms = now_ms();
         warn!(reason = %why, "the share's processes are more than its limit holds whole");

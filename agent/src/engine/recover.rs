@@ -8,7 +8,7 @@ use crate::{
     audit::{AuditLine, Decision, now_rfc3339},
     config::DeviceKind,
     ledger::State,
-    record::{self, ClaimId, ClaimRecord, Phase, ShareRecord},
+    record::{self, ClaimId, ClaimRecord, Name, Phase, ShareRecord},
     store::{Batch, Loaded},
 };
 
@@ -151,7 +151,7 @@ fn quarantine(
             Some(_) => {}
             None => loaded.claims.push(ClaimRecord {
                 claim: claim.clone(),
-                allocation_id: String::new(),
+                allocation_id: Name::default(),
                 share_keys: vec![q.key.clone()],
                 cdi_device_ids: Vec::new(),
                 updated_at_ms: now,
@@ -163,17 +163,17 @@ fn quarantine(
                 .share_id
                 .or_else(|| (!q.key.starts_with("dedicated/")).then(|| q.key.clone())),
             claim,
-            allocation_id: String::new(),
-            request: String::new(),
-            driver: String::new(),
-            pool: String::new(),
-            device,
+            allocation_id: Name::default(),
+            request: Name::default(),
+            driver: Name::default(),
+            pool: Name::default(),
+            device: device.into(),
             consumed: consumed.into(),
-            policy_version: String::new(),
+            policy_version: Name::default(),
             admin_access: s.admin_access,
             target: Default::default(),
             phase: Phase::Unknown,
-            mechanism: String::new(),
+            mechanism: Name::default(),
             enforced: Default::default(),
             reason,
             error: None,

@@ -209,7 +209,7 @@ impl Engine {
         match self.apply_blocking(&n).await {
             Ok(e) => {
                 let (phase, reason) = self.judge(&n, &e);
-                n.mechanism = e.mechanism;
+                n.mechanism = e.mechanism.into();
                 n.enforced = e.enforced.into();
                 n.phase = phase;
                 n.reason = reason;

@@ -631,9 +631,9 @@ impl Metrics {
         let live = engine.live_records();
         let share_labels = |r: &crate::record::ShareRecord| ShareLabels {
             share: r.key.clone(),
-            namespace: r.claim.namespace.clone(),
-            claim: r.claim.name.clone(),
-            device: r.device.clone(),
+            namespace: r.claim.namespace.to_string(),
+            claim: r.claim.name.to_string(),
+            device: r.device.to_string(),
         };
         *crate::sync::lock(&self.traffic.samples) = engine
             .share_counters(&live)
@@ -646,10 +646,10 @@ impl Metrics {
             for (capacity, q) in &r.consumed {
                 let l = ShareCapacityLabels {
                     share: r.key.clone(),
-                    namespace: r.claim.namespace.clone(),
-                    claim: r.claim.name.clone(),
-                    device: r.device.clone(),
-                    capacity: capacity.clone(),
+                    namespace: r.claim.namespace.to_string(),
+                    claim: r.claim.name.to_string(),
+                    device: r.device.to_string(),
+                    capacity: capacity.to_owned(),
                 };
                 self.requested.get_or_create(&l).set(as_f64(q));
                 if let Some(e) = r.enforced.get(capacity) {
