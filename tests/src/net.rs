@@ -42,7 +42,7 @@ pub use crate::{
 };
 use crate::{
     shell::quiet,
-    stale::{next_id, remove_netns},
+    stale::{self, next_id, remove_netns},
 };
 
 /// Measured seconds of a default [`Iperf`] run (after [`DEFAULT_OMIT`]).
@@ -78,7 +78,9 @@ pub struct PinDir(pub PathBuf);
 impl PinDir {
     pub fn new() -> PinDir {
         PinDir(PathBuf::from(format!(
-            "/sys/fs/bpf/sg-it-{}-{}",
+            "{}/{}{}-{}",
+            stale::BPFFS,
+            stale::PIN_PREFIX,
             std::process::id(),
             next_id()
         )))

@@ -1,7 +1,7 @@
 //! Unique names, and what test processes killed before their guards ran (SIGKILL, a
-//! timeout) left behind: namespaces, links and cgroup tops whose name carries the pid of
-//! a process that no longer exists, removed before the first object of a process is
-//! made.
+//! timeout) left behind: namespaces, links, cgroup tops and agents' pin directories
+//! whose name carries the pid of a process that no longer exists, removed before the
+//! first object of a process is made.
 
 use std::{
     fs,
@@ -24,9 +24,10 @@ pub(crate) fn next_id() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Removes namespaces and links an earlier test process left behind when it was killed
-/// before its guards ran (SIGKILL, a timeout): those whose name carries the pid of a
-/// process that no longer exists. Runs once per process, before the first object is made.
+/// Removes namespaces, links, cgroups and pins an earlier test process left behind when
+/// it was killed before its guards ran (SIGKILL, a timeout): those whose name carries
+/// the pid of a process that no longer exists. Runs once per process, before the first
+/// object is made.
 pub fn sweep_stale() {
     static SWEEP: Once = Once::new();
     SWEEP.call_once(sweep_stale_now);
@@ -61,8 +62,24 @@ pub fn sweep_stale_now() {
             quiet(&["ip", "link", "del", &name]);
         }
     }
-    sweep_stale_cgroups(dead);
+    sweep_stale_cgroups(&dead);
+    // Pin directories (`net::PinDir`): removing one unpins the links a killed agent left
+    // there, which detaches their programs from links that may still exist.
+    for entry in fs::read_dir(BPFFS).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some((pid, _)) = name
+            .strip_prefix(PIN_PREFIX)
+            .and_then(|r| r.split_once('-'))
+            && dead(pid)
+        {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
+
+/// Where test agents' pin directories are made: `<BPFFS>/<PIN_PREFIX><pid>-<n>`.
+pub(crate) const BPFFS: &str = "/sys/fs/bpf";
+pub(crate) const PIN_PREFIX: &str = "sg-it-";
 
 /// Kills whatever still runs in the namespace, then deletes it.
 pub(crate) fn remove_netns(name: &str) {
@@ -98,7 +115,7 @@ pub(crate) fn remove_tree(dirs: &[PathBuf]) {
 
 /// Removes cgroup tops (`sgt-<pid>-<n>[.slice]`) of test processes that no longer exist,
 /// killing what still runs in them first. Called once per process by [`sweep_stale`].
-fn sweep_stale_cgroups(dead: impl Fn(&str) -> bool) {
+fn sweep_stale_cgroups(dead: &impl Fn(&str) -> bool) {
     let Some(mount) = shareguard::discovery::cgroups::host_cgroup2_mount() else {
         return;
     };

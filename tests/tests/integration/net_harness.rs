@@ -186,16 +186,27 @@ fn leftovers_of_a_killed_test_process_are_swept() {
         "ip", "link", "add", &link, "type", "veth", "peer", "name", &peer,
     ]);
     net::sh(&["ip", "link", "add", &ifb, "type", "ifb"]);
+    // An agent's pin directory, with a directory in it as the agent makes them.
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/sg-it-{pid}-3"));
+    std::fs::create_dir_all(pins.join("links")).unwrap();
     // This process's own objects are not touched.
     let pod = Pod::new();
+    let own_pins = net::PinDir::new();
+    std::fs::create_dir(&own_pins.0).unwrap();
     net::sweep_stale_now();
     gone(&Made {
         netns: ns,
         links: vec![link, ifb, peer],
         pids: vec![],
     });
+    assert!(!pins.exists(), "{} left behind", pins.display());
     assert!(net::netns_list().contains(&pod.netns_name().to_owned()));
     assert!(net::link_exists(pod.host_if()));
+    assert!(
+        own_pins.0.exists(),
+        "this process's {} swept",
+        own_pins.0.display()
+    );
 }
 
 fn report(what: &str, m: &Measurement, limit: Option<u64>) {
