@@ -288,17 +288,6 @@ fn env_num(name: &str, default: u32) -> u32 {
 }
 
 /// Bits per second of a rate written as the claims carry it (`50M`, `2G`).
-fn bps(rate: &str) -> u64 {
-    let (num, mult) = match rate.as_bytes().last() {
-        Some(b'M') => (&rate[..rate.len() - 1], 1_000_000),
-        Some(b'G') => (&rate[..rate.len() - 1], 1_000_000_000),
-        _ => panic!("rate {rate:?}: write it as <n>M or <n>G"),
-    };
-    num.parse::<u64>()
-        .unwrap_or_else(|_| panic!("rate {rate:?}: not a number"))
-        * mult
-}
-
 /// (rate, pod count, direction) by index in their lists, and the variant.
 type Key = (usize, usize, usize, Variant);
 
@@ -366,7 +355,7 @@ fn main() {
                 for variant in Variant::ALL {
                     let mut shaping = Shaping::new(&rt, &mut client);
                     let t = Instant::now();
-                    shaping.install(variant, &pods[..n], rate, bps(rate));
+                    shaping.install(variant, &pods[..n], rate, net::rate_bps(rate));
                     eprintln!("  {n} pods shaped in {:.1?}", t.elapsed());
                     for (di, &dir) in dirs.iter().enumerate() {
                         let counters: Vec<String> = pods[..n]
@@ -424,7 +413,10 @@ fn main() {
                     );
                     let of_limits = match variant {
                         Variant::None => "-".to_owned(),
-                        _ => format!("{:.2}", gbps * 1e9 / (bps(rate) as f64 * n as f64)),
+                        _ => format!(
+                            "{:.2}",
+                            gbps * 1e9 / (net::rate_bps(rate) as f64 * n as f64)
+                        ),
                     };
                     println!(
                         "| {rate} | {n} | {dir} | {} | {gbps:.2} | {of_limits} | {cpu:.3} | {above:.3} | {soft:.3} | {:.2} | {:.2} | {:.2} |",

@@ -35,13 +35,6 @@ const EVERY: Duration = Duration::from_millis(20);
 const PINGS: u32 = 200;
 
 /// Bits per second of `rate` (`<n>M`).
-fn bps(rate: &str) -> u64 {
-    rate.strip_suffix('M')
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("SMALL_RATES: {rate:?} is not <n>M"))
-        * 1_000_000
-}
-
 /// The priority class's rate on `dev` as tc prints it (`rate 1048Kbit`).
 fn priority_rate(dev: &str) -> String {
     let classes = net::tc_classes(dev);
@@ -119,7 +112,7 @@ fn main() {
                     rate: rate.clone(),
                     dir,
                     class_rate: class_rate.clone(),
-                    goodput: m.bits_per_second / bps(rate) as f64,
+                    goodput: m.bits_per_second / net::rate_bps(rate) as f64,
                     p50: net::percentile(&rtts, 50.0),
                     p99: net::percentile(&rtts, 99.0),
                     lost: PINGS - rtts.len() as u32,

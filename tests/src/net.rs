@@ -71,6 +71,18 @@ const BLOCKS: u32 = 1 << 15;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lock file that serialises address allocation between processes.
 const ADDR_LOCK: &str = "/tmp/shareguard-tests-net-addr.lock";
+/// A rate from a benchmark's list ("50M", "2G"), in bits per second, read as the agent
+/// reads a quantity. Panics, naming it, on a rate that is not a whole, positive number
+/// of bits per second.
+pub fn rate_bps(rate: &str) -> u64 {
+    shareguard_common::Quantity::parse_non_negative(rate)
+        .ok()
+        .filter(|q| !q.is_zero() && q.nanos() % 1_000_000_000 == 0)
+        .and_then(|q| q.ceil_units())
+        .and_then(|u| u64::try_from(u).ok())
+        .unwrap_or_else(|| panic!("rate {rate:?}: not a whole, positive number of bit/s"))
+}
+
 /// A private bpffs directory for one agent's pins, removed (and with it every link the
 /// agent pinned, so no program stays attached) when dropped, also on panic.
 pub struct PinDir(pub PathBuf);
@@ -1616,6 +1628,18 @@ mod tests {
             ),
             500
         );
+    }
+
+    #[test]
+    fn rates_read_as_quantities_and_a_bad_one_is_named() {
+        assert_eq!(rate_bps("50M"), 50_000_000);
+        assert_eq!(rate_bps("2G"), 2_000_000_000);
+        assert_eq!(rate_bps("1500k"), 1_500_000);
+        for bad in ["", "0", "1.5", "fast", "-5M"] {
+            let e = std::panic::catch_unwind(|| rate_bps(bad)).unwrap_err();
+            let msg = e.downcast_ref::<String>().unwrap();
+            assert!(msg.contains(&format!("{bad:?}")), "{msg}");
+        }
     }
 
     #[test]
