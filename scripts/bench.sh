@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 ensure_build_deps
 cargo build --release --locked -p shareguard
 cargo bench --locked -p shareguard-tests --bench agent
+# The store's part of a Prepare: a durable write in sled, beside a bare fsync.
+cargo bench --locked -p shareguard-tests --bench store_sync
 # Traffic through network namespaces: needs root.
 cargo bench --locked -p shareguard-tests --bench bandwidth
 # Many tenants on one NIC; draws docs/isolation-*.png with a DejaVu font.
