@@ -287,7 +287,6 @@ fn env_num(name: &str, default: u32) -> u32 {
     })
 }
 
-/// Bits per second of a rate written as the claims carry it (`50M`, `2G`).
 /// (rate, pod count, direction) by index in their lists, and the variant.
 type Key = (usize, usize, usize, Variant);
 

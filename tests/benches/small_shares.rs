@@ -34,7 +34,6 @@ const EVERY: Duration = Duration::from_millis(20);
 /// Pings over 4 s of the bulk flow's 5 measured.
 const PINGS: u32 = 200;
 
-/// Bits per second of `rate` (`<n>M`).
 /// The priority class's rate on `dev` as tc prints it (`rate 1048Kbit`).
 fn priority_rate(dev: &str) -> String {
     let classes = net::tc_classes(dev);
