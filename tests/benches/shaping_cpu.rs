@@ -34,7 +34,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Client, env_list, net,
+    Client, env_list, env_or, net,
     net::{Direction, FromPodShaper, Htb, Iperf, IperfServer, PinDir, Pod, Qdisc, TrafficLock},
     prepare_one, share_id, unprepare_one, wait_phase,
 };
@@ -280,13 +280,6 @@ fn measure(
     })
 }
 
-fn env_num(name: &str, default: u32) -> u32 {
-    std::env::var(name).ok().map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a count"))
-    })
-}
-
 /// (rate, pod count, direction) by index in their lists, and the variant.
 type Key = (usize, usize, usize, Variant);
 
@@ -307,8 +300,8 @@ fn main() {
             _ => panic!("SHAPING_CPU_DIRECTIONS: to-pod or from-pod, not {d:?}"),
         })
         .collect();
-    let seconds = env_num("SHAPING_CPU_SECONDS", 4);
-    let rounds = env_num("SHAPING_CPU_ROUNDS", 3);
+    let seconds = env_or::<u32>("SHAPING_CPU_SECONDS", 4);
+    let rounds = env_or::<u32>("SHAPING_CPU_ROUNDS", 3);
     let ticks = clock_ticks();
 
     let rt = tokio::runtime::Runtime::new().unwrap();

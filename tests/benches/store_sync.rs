@@ -24,22 +24,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shareguard_tests::{env_list, net::TrafficLock};
+use shareguard_tests::{env_or, net, net::TrafficLock};
 use sled::transaction::{ConflictableTransactionError, Transactional};
 
 /// About a live share's and its claim's stored JSON (docs/benchmarks.md, memory).
 const SHARE_BYTES: usize = 740;
 const CLAIM_BYTES: usize = 300;
-
-fn env_count(name: &str, default: usize) -> usize {
-    env_list(name, &default.to_string())
-        .first()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}={v:?}: not a count"))
-        })
-        .unwrap_or(default)
-}
 
 fn row(what: &str, v: &[Duration], yardstick: (f64, f64)) {
     let (p50, p99) = p50_p99(v);
@@ -52,16 +42,13 @@ fn row(what: &str, v: &[Duration], yardstick: (f64, f64)) {
 }
 
 fn p50_p99(v: &[Duration]) -> (f64, f64) {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    let n = v.len();
-    let rank = |p: usize| v[(n * p).div_ceil(100).clamp(1, n) - 1].as_secs_f64() * 1e3;
-    (rank(50), rank(99))
+    let ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    (net::percentile(&ms, 50.0), net::percentile(&ms, 99.0))
 }
 
 fn main() {
-    let live = env_count("STORE_SYNC_LIVE", 10_000);
-    let samples = env_count("STORE_SYNC_SAMPLES", 2_000);
+    let live = env_or::<usize>("STORE_SYNC_LIVE", 10_000);
+    let samples = env_or::<usize>("STORE_SYNC_SAMPLES", 2_000);
     assert!(samples > 0, "STORE_SYNC_SAMPLES is 0");
     let dir = tempfile::Builder::new()
         .prefix("sg-store-sync-")

@@ -77,6 +77,15 @@ pub fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// Environment variable `name` parsed as a `T`, or `default` when it is unset; a value
+/// that does not parse fails the benchmark, naming it.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} does not parse"))
+    })
+}
+
 /// Releases claims `uids` for a benchmark that is failing: one Unprepare, as far as the
 /// agent answers within 5 s, its answer ignored and nothing that could panic again. The
 /// agent is killed after, but what it installed for a share (its queue devices) outlives

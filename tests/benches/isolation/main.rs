@@ -59,7 +59,7 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, Client, net,
+    Agent, Client, env_or, net,
     net::{Direction, Iperf, IperfServer, LoadAvg, PinDir, Pod, TrafficLock},
     prepare_one, proto as pb, share_id, unprepare_one, wait_phase,
 };
@@ -234,13 +234,6 @@ fn config() -> String {
              default = \"{min}\"\nvalid_range = {{ min = \"{min}\", max = \"{line}\", step = \"{min}\" }}\n"
         ),
     )
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} does not parse"))
-    })
 }
 
 /// Claims on one agent, released by [`Claims::release`] or at drop (also on panic), so
