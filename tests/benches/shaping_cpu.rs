@@ -24,7 +24,9 @@
 //! Run as root: `cargo build --release -p shareguard && cargo bench -p shareguard-tests
 //! --bench shaping_cpu` (the agent binary is the one next to the bench: target/release).
 //! `SHAPING_CPU_RATES` (default `50M,200M,2G`), `SHAPING_CPU_PODS` (default `1,10,100`),
-//! `SHAPING_CPU_DIRECTIONS` (default `to-pod,from-pod`) make a smaller run.
+//! `SHAPING_CPU_DIRECTIONS` (default `to-pod,from-pod`) and `SHAPING_CPU_VARIANTS` (default
+//! `none,tbf,htb,shareguard`; the "vs tbf" columns need `tbf`) make a smaller run, such as
+//! one shaper alone under `perf record -a`.
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up has nothing to report.
 
@@ -63,12 +65,15 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
-        Variant::None,
-        Variant::Tbf,
-        Variant::Htb,
-        Variant::Shareguard,
-    ];
+    fn parse(name: &str) -> Variant {
+        match name {
+            "none" => Variant::None,
+            "tbf" => Variant::Tbf,
+            "htb" => Variant::Htb,
+            "shareguard" => Variant::Shareguard,
+            _ => panic!("SHAPING_CPU_VARIANTS: none, tbf, htb or shareguard, not {name:?}"),
+        }
+    }
 
     fn label(self, mechanism: &str) -> String {
         match self {
@@ -187,6 +192,8 @@ struct Point {
     seconds: f64,
     busy_s: f64,
     softirq_s: f64,
+    /// The agent's own CPU time (user and system) over the window.
+    agent_s: f64,
     /// What the machine is busy with nothing sending, over as long: measured at the start
     /// of the window's round.
     idle_s: f64,
@@ -207,6 +214,10 @@ impl Point {
     fn softirq_per_gb(&self) -> f64 {
         self.softirq_s / self.gb()
     }
+    /// The agent's CPU time a GB: for tbf and HTB, what the idle agent spends anyway.
+    fn agent_per_gb(&self) -> f64 {
+        self.agent_s / self.gb()
+    }
     fn gbps(&self) -> f64 {
         self.bytes as f64 * 8.0 / self.seconds / 1e9
     }
@@ -220,6 +231,7 @@ fn measure(
     seconds: u32,
     ticks: f64,
     idle_per_s: f64,
+    agent_pid: u32,
 ) -> Point {
     // Long enough that every flow outlives the window: the ramp, the warm-up, the window,
     // and a second to spare.
@@ -260,12 +272,14 @@ fn measure(
         let ramp = spawned.elapsed();
         std::thread::sleep(WARM);
         let c0 = net::CpuJiffies::now();
+        let a0 = net::process_cpu_ticks(agent_pid).expect("the agent is running");
         let b0: u64 = counters.iter().map(|c| net::read_counter(c)).sum();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs(u64::from(seconds)));
         let b1: u64 = counters.iter().map(|c| net::read_counter(c)).sum();
         let elapsed = t0.elapsed().as_secs_f64();
         let c1 = net::CpuJiffies::now();
+        let a1 = net::process_cpu_ticks(agent_pid).expect("the agent is running");
         for f in flows {
             f.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
         }
@@ -275,6 +289,7 @@ fn measure(
             seconds: elapsed,
             busy_s: (c1.busy - c0.busy) as f64 / ticks,
             softirq_s: (c1.softirq - c0.softirq) as f64 / ticks,
+            agent_s: (a1 - a0) as f64 / ticks,
             idle_s: idle_per_s * elapsed,
         }
     })
@@ -300,6 +315,12 @@ fn main() {
             _ => panic!("SHAPING_CPU_DIRECTIONS: to-pod or from-pod, not {d:?}"),
         })
         .collect();
+    let mut variants: Vec<Variant> = env_list("SHAPING_CPU_VARIANTS", "none,tbf,htb,shareguard")
+        .iter()
+        .map(|v| Variant::parse(v))
+        .collect();
+    variants.sort();
+    variants.dedup();
     let seconds = env_or::<u32>("SHAPING_CPU_SECONDS", 4);
     let rounds = env_or::<u32>("SHAPING_CPU_ROUNDS", 3);
     let ticks = clock_ticks();
@@ -344,7 +365,7 @@ fn main() {
         idle.push(idle_per_s);
         for (ri, rate) in rates.iter().enumerate() {
             for (ni, &n) in counts.iter().enumerate() {
-                for variant in Variant::ALL {
+                for &variant in &variants {
                     let mut shaping = Shaping::new(&rt, &mut client);
                     let t = Instant::now();
                     shaping.install(variant, &pods[..n], rate, net::rate_bps(rate));
@@ -355,14 +376,23 @@ fn main() {
                             .enumerate()
                             .map(|(i, p)| shaping.counter(dir, i, p))
                             .collect();
-                        let p = measure(&servers[..n], &counters, dir, seconds, ticks, idle_per_s);
+                        let p = measure(
+                            &servers[..n],
+                            &counters,
+                            dir,
+                            seconds,
+                            ticks,
+                            idle_per_s,
+                            agent.pid(),
+                        );
                         eprintln!(
-                            "round {round} {rate} x{n} {dir} {}: {:.2} Gbit/s, {:.3} CPU s/GB ({:.3} above idle), {:.3} softirq s/GB",
+                            "round {round} {rate} x{n} {dir} {}: {:.2} Gbit/s, {:.3} CPU s/GB ({:.3} above idle), {:.3} softirq s/GB, agent {:.3} s/GB",
                             variant.label(&mechanism),
                             p.gbps(),
                             p.cpu_per_gb(),
                             p.above_idle_per_gb(),
-                            p.softirq_per_gb()
+                            p.softirq_per_gb(),
+                            p.agent_per_gb()
                         );
                         points.entry((ri, ni, di, variant)).or_default().push(p);
                     }
@@ -382,26 +412,30 @@ fn main() {
         net::median(&idle)
     );
     println!(
-        "| rate a pod | pods | direction | shaping | delivered Gbit/s | of limits | CPU s/GB | above idle | softirq s/GB | CPU vs tbf | above idle vs tbf | softirq vs tbf |"
+        "| rate a pod | pods | direction | shaping | delivered Gbit/s | of limits | CPU s/GB | above idle | softirq s/GB | agent s/GB | CPU vs tbf | above idle vs tbf | softirq vs tbf |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let med = |v: &[Point], f: fn(&Point) -> f64| net::median(&v.iter().map(f).collect::<Vec<_>>());
     for (ri, rate) in rates.iter().enumerate() {
         for (ni, &n) in counts.iter().enumerate() {
             for (di, &dir) in dirs.iter().enumerate() {
-                let tbf = &points[&(ri, ni, di, Variant::Tbf)];
+                // Without tbf in the run, the ratios to it are NaN and print as such.
+                let tbf = points
+                    .get(&(ri, ni, di, Variant::Tbf))
+                    .map_or(&[][..], Vec::as_slice);
                 let (tbf_cpu, tbf_above, tbf_soft) = (
                     med(tbf, Point::cpu_per_gb),
                     med(tbf, Point::above_idle_per_gb),
                     med(tbf, Point::softirq_per_gb),
                 );
-                for variant in Variant::ALL {
+                for &variant in &variants {
                     let v = &points[&(ri, ni, di, variant)];
                     let gbps = med(v, Point::gbps);
-                    let (cpu, above, soft) = (
+                    let (cpu, above, soft, own) = (
                         med(v, Point::cpu_per_gb),
                         med(v, Point::above_idle_per_gb),
                         med(v, Point::softirq_per_gb),
+                        med(v, Point::agent_per_gb),
                     );
                     let of_limits = match variant {
                         Variant::None => "-".to_owned(),
@@ -411,7 +445,7 @@ fn main() {
                         ),
                     };
                     println!(
-                        "| {rate} | {n} | {dir} | {} | {gbps:.2} | {of_limits} | {cpu:.3} | {above:.3} | {soft:.3} | {:.2} | {:.2} | {:.2} |",
+                        "| {rate} | {n} | {dir} | {} | {gbps:.2} | {of_limits} | {cpu:.3} | {above:.3} | {soft:.3} | {own:.3} | {:.2} | {:.2} | {:.2} |",
                         variant.label(&mechanism),
                         cpu / tbf_cpu,
                         above / tbf_above,

@@ -329,6 +329,19 @@ pub fn read_counter(path: &str) -> u64 {
         .unwrap_or_else(|| panic!("{path}: no counter"))
 }
 
+/// User plus system CPU time (all threads, also those that ended) process `pid` has used
+/// so far, in clock ticks, from `/proc/PID/stat`; None once the process is gone.
+pub fn process_cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from its closing parenthesis,
+    // after which field 3 comes first, so utime and stime (14 and 15) are the 12th and
+    // 13th.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let utime: u64 = rest.next()?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Jiffies of all CPUs together, from the `cpu` line of /proc/stat.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuJiffies {
