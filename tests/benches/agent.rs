@@ -365,9 +365,9 @@ struct Hang {
 
 impl Hang {
     fn new(a: &Agent, phase: &'static str, done: usize) -> Hang {
-        let before = cpu_ticks(a.pid());
+        let before = shareguard_tests::net::process_cpu_ticks(a.pid());
         std::thread::sleep(Duration::from_secs(1));
-        let cpu = match (before, cpu_ticks(a.pid())) {
+        let cpu = match (before, shareguard_tests::net::process_cpu_ticks(a.pid())) {
             (Some(b), Some(e)) => format!("{} CPU ticks in 1 s", e.saturating_sub(b)),
             _ => "CPU time unknown".to_owned(),
         };
@@ -382,17 +382,6 @@ impl Hang {
             cpu,
         }
     }
-}
-
-/// User plus system CPU time of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces; the fields after it do not. utime and stime
-    // are fields 14 and 15, the 12th and 13th after the name.
-    let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
-    let utime: u64 = rest.next()?.parse().ok()?;
-    let stime: u64 = rest.next()?.parse().ok()?;
-    Some(utime + stime)
 }
 
 /// Claims client `k` of a throughput run prepares: `ops` spread evenly over `clients`.

@@ -124,29 +124,10 @@ async fn sandbox_latency(a: &Agent, pods: usize) -> (Vec<Duration>, Vec<Pod>) {
 }
 
 /// The CPU time (user and system, of all its threads, also those that ended) process
-/// `pid` has used so far, from `/proc/PID/stat`.
+/// `pid` has used so far.
 fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The command name (field 2) may hold spaces: count from its closing parenthesis,
-    // after which field 3 comes first, so utime and stime (14 and 15) are the 12th and
-    // 13th.
-    let after = &stat[stat.rfind(')').unwrap() + 1..];
-    let ticks: u64 = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|f| f.parse::<u64>().unwrap())
-        .sum();
-    let hz = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    let hz: u64 = String::from_utf8(hz.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    Duration::from_secs_f64(ticks as f64 / hz as f64)
+    let ticks = net::process_cpu_ticks(pid).unwrap();
+    Duration::from_secs_f64(ticks as f64 / net::clock_ticks())
 }
 
 /// The agent's CPU use, as a fraction of one core, over a span.

@@ -176,14 +176,6 @@ impl Drop for Shaping<'_> {
     }
 }
 
-fn clock_ticks() -> f64 {
-    let out = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
 /// One window's figures.
 #[derive(Clone, Copy, Debug)]
 struct Point {
@@ -323,7 +315,7 @@ fn main() {
     variants.dedup();
     let seconds = env_or::<u32>("SHAPING_CPU_SECONDS", 4);
     let rounds = env_or::<u32>("SHAPING_CPU_ROUNDS", 3);
-    let ticks = clock_ticks();
+    let ticks = net::clock_ticks();
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let pins = PinDir::new();

@@ -342,6 +342,18 @@ pub fn process_cpu_ticks(pid: u32) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Clock ticks a second (`getconf CLK_TCK`): the unit of /proc's CPU times.
+pub fn clock_ticks() -> f64 {
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .unwrap_or_else(|e| panic!("getconf CLK_TCK: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("getconf CLK_TCK: {e}"))
+}
+
 /// Jiffies of all CPUs together, from the `cpu` line of /proc/stat.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuJiffies {
