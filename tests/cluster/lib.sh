@@ -87,6 +87,16 @@ sgc_start() {
   echo $! >"$SGC_STATE/run/$name.pid"
 }
 
+# etcd on loopback, for kube-apiserver alone (up.sh, control-plane.sh).
+sgc_start_etcd() {
+  sgc_start etcd etcd --name sgc --data-dir "$SGC_STATE/etcd" \
+    --listen-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
+    --initial-cluster sgc=http://127.0.0.1:12380 --listen-metrics-urls http://127.0.0.1:12381 \
+    --unsafe-no-fsync
+}
+
 # sgc_start_apiserver GATES: kube-apiserver with the feature gates GATES (up.sh gives
 # $SGC_FEATURE_GATES; restart-apiserver.sh others).
 sgc_start_apiserver() {

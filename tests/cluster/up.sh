@@ -37,12 +37,7 @@ ip link set "$SGC_BRIDGE" up
 
 # ---- control plane --------------------------------------------------------------
 sgc_log "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
-sgc_start etcd etcd --name sgc --data-dir "$SGC_STATE/etcd" \
-  --listen-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
-  --advertise-client-urls "http://127.0.0.1:$SGC_ETCD_PORT" \
-  --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
-  --initial-cluster sgc=http://127.0.0.1:12380 --listen-metrics-urls http://127.0.0.1:12381 \
-  --unsafe-no-fsync
+sgc_start_etcd
 sgc_start_apiserver "$SGC_FEATURE_GATES"
 export KUBECONFIG="$kc/admin.kubeconfig"
 SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
