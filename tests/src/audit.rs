@@ -24,6 +24,12 @@ pub struct Request {
     pub code: u64,
     /// When the API server received it (RFC 3339, microseconds).
     pub received: String,
+    /// When the latest stage logged was reached: for a request that completed, when its
+    /// answer was sent.
+    pub completed: String,
+    /// The first of its stages logged after the mark: `ResponseComplete` for a watch
+    /// that began before it and ended after.
+    pub first_stage: String,
     /// The request's body, where the policy logs it (claim status writes).
     pub body: Value,
 }
@@ -33,6 +39,35 @@ impl Request {
     pub fn kind(&self) -> String {
         format!("{} {}", self.verb, self.resource)
     }
+
+    /// How long the API server took to answer it, from the two timestamps; None for a
+    /// watch (it lasts as long as the caller keeps it) and where a timestamp does not
+    /// read.
+    pub fn latency(&self) -> Option<std::time::Duration> {
+        if self.verb == "watch" {
+            return None;
+        }
+        let (a, b) = (
+            micros_of_day(&self.received)?,
+            micros_of_day(&self.completed)?,
+        );
+        // A request that spans midnight.
+        let us = (b - a).rem_euclid(86_400_000_000);
+        Some(std::time::Duration::from_micros(u64::try_from(us).ok()?))
+    }
+}
+
+/// Microseconds since midnight of an RFC 3339 time in UTC as the audit log writes it
+/// (`2026-12-07T05:37:01.123456Z`).
+fn micros_of_day(ts: &str) -> Option<i64> {
+    let time = ts.split_once('T')?.1.strip_suffix('Z')?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut parts = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, m, s) = (parts.next()??, parts.next()??, parts.next()??);
+    // The fraction to microseconds: "5" is 500000, "123456789" is 123456.
+    let digits: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
+    let us: i64 = digits.parse().ok()?;
+    Some(((h * 60 + m) * 60 + s) * 1_000_000 + us)
 }
 
 /// The audit log of the cluster e2e.sh or bench.sh started (`SGC_AUDIT_LOG`).
@@ -77,8 +112,11 @@ impl AuditLog {
                 .unwrap_or_else(|err| panic!("audit line {line:?}: {err}"));
             let r = parse(&e);
             match seen.get(&r.audit_id) {
-                // The later stage has the final code.
-                Some(&i) => out[i].code = r.code,
+                // The later stage has the final code and time.
+                Some(&i) => {
+                    out[i].code = r.code;
+                    out[i].completed = r.completed;
+                }
                 None => {
                     seen.insert(r.audit_id.clone(), out.len());
                     out.push(r);
@@ -106,6 +144,8 @@ fn parse(e: &Value) -> Request {
         node: s(&e["user"]["extra"]["authentication.kubernetes.io/node-name"][0]),
         code: e["responseStatus"]["code"].as_u64().unwrap_or(0),
         received: s(&e["requestReceivedTimestamp"]),
+        completed: s(&e["stageTimestamp"]),
+        first_stage: s(&e["stage"]),
         body: e["requestObject"].clone(),
     }
 }
@@ -138,6 +178,44 @@ mod tests {
     }
 
     #[test]
+    fn latency_is_from_received_to_the_last_stage_and_none_for_a_watch() {
+        let r = |verb: &str, received: &str, completed: &str| Request {
+            audit_id: "a".into(),
+            verb: verb.into(),
+            resource: "resourceslices".into(),
+            namespace: String::new(),
+            name: String::new(),
+            user: String::new(),
+            node: String::new(),
+            code: 200,
+            received: received.into(),
+            completed: completed.into(),
+            first_stage: "ResponseComplete".into(),
+            body: Value::Null,
+        };
+        let ms = |v: u64| Some(std::time::Duration::from_micros(v));
+        assert_eq!(
+            r(
+                "get",
+                "2026-12-07T05:37:01.123456Z",
+                "2026-12-07T05:37:01.125956Z"
+            )
+            .latency(),
+            ms(2_500)
+        );
+        assert_eq!(
+            r("list", "2026-12-07T23:59:59.9Z", "2026-12-08T00:00:00.1Z").latency(),
+            ms(200_000),
+            "across midnight"
+        );
+        assert_eq!(
+            r("watch", "2026-12-07T05:37:01Z", "2026-12-07T05:42:01Z").latency(),
+            None
+        );
+        assert_eq!(r("get", "", "2026-12-07T05:37:01Z").latency(), None);
+    }
+
+    #[test]
     fn a_watch_is_one_request_and_a_half_written_line_waits() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
@@ -167,6 +245,7 @@ mod tests {
         let got = log.since(mark);
         let ids: Vec<&str> = got.iter().map(|r| r.audit_id.as_str()).collect();
         assert_eq!(ids, ["w", "p"], "{got:?}");
+        assert_eq!(got[0].first_stage, "ResponseStarted");
         assert_eq!(got[1].kind(), "patch resourceclaims/status");
         assert_eq!(got[1].node, "sgc-node-1");
         assert_eq!(got[1].code, 201);

@@ -36,6 +36,7 @@ pub mod net;
 pub mod plugin;
 pub mod pod;
 pub mod shell;
+pub mod sim_agent;
 pub mod stale;
 
 /// How long an agent may take to become ready before the test fails.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The fleet simulation (docs/benchmarks.md, "A fleet of simulated nodes"): the test
+# cluster's control plane alone (control-plane.sh), tests/benches/fleet.rs against it
+# (many nodes' kubelet plugins in one process, each with a simulated agent), then the
+# control plane removed. As root. FLEET_* variables size the run (fleet.rs says which).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+. "$here/lib.sh"
+out="$("$here/control-plane.sh" | tail -n 2)"
+SGC_KUBECONFIG="$(echo "$out" | sed -n 's/^KUBECONFIG=//p')"
+SGC_KUBECTL="$(echo "$out" | sed -n 's/^KUBECTL=//p')"
+export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
+status=0
+(cd "$repo" && cargo bench --locked -p shareguard-tests --bench fleet) || status=$?
+"$here/down.sh" || status=1
+exit "$status"
