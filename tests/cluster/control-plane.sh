@@ -26,18 +26,7 @@ mkdir -p "$SGC_STATE"/{logs,run}
 "$here/pki.sh"
 kc="$SGC_STATE/kubeconfig"
 
-sgc_log "network: bridge $SGC_BRIDGE $SGC_HOST_IP/24"
-ip link add "$SGC_BRIDGE" type bridge
-ip addr add "$SGC_HOST_IP/24" dev "$SGC_BRIDGE"
-ip link set "$SGC_BRIDGE" up
-
-sgc_log "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
-sgc_start_etcd
-sgc_start_apiserver "$SGC_FEATURE_GATES"
-export KUBECONFIG="$kc/admin.kubeconfig"
-SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
-sgc_start_controller_manager
-sgc_start_scheduler
+sgc_start_control_plane
 
 sgc_log "the kubelet plugin's namespace, ServiceAccount, RBAC, admission policies, DeviceClasses"
 kubectl create namespace shareguard-system >&2

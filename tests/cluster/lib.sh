@@ -119,6 +119,25 @@ sgc_start_apiserver() {
   echo "$1" >"$SGC_STATE/run/kube-apiserver.gates"
 }
 
+# The control plane on the host (up.sh, control-plane.sh): the bridge the nodes hang on,
+# etcd, kube-apiserver (waited for), kube-controller-manager and kube-scheduler, with the
+# usual feature gates. Needs the programs on PATH and pki.sh's certificates; exports
+# KUBECONFIG as the admin's.
+sgc_start_control_plane() {
+  sgc_log "network: bridge $SGC_BRIDGE $SGC_HOST_IP/24"
+  ip link add "$SGC_BRIDGE" type bridge
+  ip addr add "$SGC_HOST_IP/24" dev "$SGC_BRIDGE"
+  ip link set "$SGC_BRIDGE" up
+
+  sgc_log "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
+  sgc_start_etcd
+  sgc_start_apiserver "$SGC_FEATURE_GATES"
+  export KUBECONFIG="$SGC_STATE/kubeconfig/admin.kubeconfig"
+  SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
+  sgc_start_controller_manager
+  sgc_start_scheduler
+}
+
 # kube-controller-manager and kube-scheduler, with the usual feature gates (up.sh, and
 # restart-apiserver.sh after each restart of kube-apiserver).
 sgc_start_controller_manager() {

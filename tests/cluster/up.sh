@@ -29,20 +29,8 @@ mkdir -p "$SGC_STATE"/{logs,run}
 pki="$SGC_STATE/pki"
 kc="$SGC_STATE/kubeconfig"
 
-# ---- the host's side: the bridge the nodes hang on -------------------------------
-sgc_log "network: bridge $SGC_BRIDGE $SGC_HOST_IP/24"
-ip link add "$SGC_BRIDGE" type bridge
-ip addr add "$SGC_HOST_IP/24" dev "$SGC_BRIDGE"
-ip link set "$SGC_BRIDGE" up
-
-# ---- control plane --------------------------------------------------------------
-sgc_log "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
-sgc_start_etcd
-sgc_start_apiserver "$SGC_FEATURE_GATES"
-export KUBECONFIG="$kc/admin.kubeconfig"
-SGC_WAIT=180 sgc_wait "kube-apiserver /readyz" kubectl get --raw /readyz
-sgc_start_controller_manager
-sgc_start_scheduler
+# ---- the host's side: the bridge the nodes hang on, and the control plane ----------
+sgc_start_control_plane
 
 # ---- nodes -----------------------------------------------------------------------
 "$here/node.sh" "$bin"
