@@ -5,8 +5,8 @@
 //! kube-apiserver, controller-manager, scheduler, and from deploy/ the plugin's
 //! ServiceAccount, RBAC, admission policies and DeviceClasses) and runs this. It then
 //! plays `FLEET_NODES` nodes (default 1,000) in one process: for each, a Node object, a
-//! token of the plugin's ServiceAccount bound to that Node (as a pod of the DaemonSet on
-//! it would have), a SIMULATED agent ([`shareguard_tests::sim_agent`]) that serves the
+//! token of the plugin's ServiceAccount bound to that Node (it names the node, as the
+//! pod-bound token of the DaemonSet's pod there does), a SIMULATED agent ([`shareguard_tests::sim_agent`]) that serves the
 //! inventory a real agent reported (its pool renamed for the node), and the real kubelet
 //! plugin (`shareguard_kubelet_plugin::run`) with its default settings. No kubelet calls
 //! the plugins and no share exists: this measures the fleet at rest and while it
