@@ -38,7 +38,7 @@
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -239,25 +239,6 @@ fn raise_nofile() -> u64 {
     lim.rlim_cur
 }
 
-/// A kubeconfig at `path` for the API server of `admin` (its server and CA), with
-/// `token` as the only credential.
-fn write_kubeconfig(admin: &Kubeconfig, token: &str, path: &Path) {
-    let cluster = admin.clusters[0].cluster.as_ref().unwrap();
-    let config = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {
-            "server": cluster.server,
-            "certificate-authority": cluster.certificate_authority,
-            "certificate-authority-data": cluster.certificate_authority_data,
-        }}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    });
-    std::fs::write(path, config.to_string()).unwrap();
-}
-
 /// Creates node `name` and a token of the plugin's ServiceAccount bound to it.
 async fn node_and_token(admin: &Client, name: &str) -> String {
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -415,6 +396,9 @@ fn main() {
     };
     let dir = tempfile::tempdir().unwrap();
     let admin_kc = Kubeconfig::read_from(&kubeconfig_path).unwrap();
+    // The admin's `cluster` entry as it stands (server and CA), for every node's
+    // kubeconfig; fields it does not have are left out.
+    let api_server = serde_json::to_value(admin_kc.clusters[0].cluster.as_ref().unwrap()).unwrap();
 
     let phases = rt.block_on(async {
         let config =
@@ -440,7 +424,11 @@ fn main() {
                 let d = dir.path().join(&name);
                 std::fs::create_dir_all(d.join("registry")).unwrap();
                 std::fs::create_dir_all(d.join("plugins")).unwrap();
-                write_kubeconfig(&admin_kc, &token, &d.join("kubeconfig"));
+                shareguard_tests::cluster::write_token_kubeconfig(
+                    &d.join("kubeconfig"),
+                    &api_server,
+                    &token,
+                );
                 let agent = SimAgent::serve(&d.join("agent.sock"), &name, &inventory);
                 SimNode {
                     name,

@@ -59,20 +59,15 @@ impl Cluster {
     pub fn with_token(&self, token: &str, dir: &Path) -> Cluster {
         let raw = self.json(&["config", "view", "--raw", "--minify"]);
         let cluster = &raw["clusters"][0]["cluster"];
-        let config = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {
+        let kubeconfig = dir.join("kubeconfig");
+        write_token_kubeconfig(
+            &kubeconfig,
+            &serde_json::json!({
                 "server": cluster["server"],
                 "certificate-authority": cluster["certificate-authority"],
-            }}],
-            "users": [{"name": "u", "user": {"token": token}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c",
-        });
-        let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, config.to_string())
-            .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+            }),
+            token,
+        );
         Cluster {
             kubectl: self.kubectl.clone(),
             kubeconfig,
@@ -365,6 +360,20 @@ impl Drop for Namespace {
             None,
         );
     }
+}
+
+/// A kubeconfig at `path` for the API server a kubeconfig `cluster` entry names (its
+/// `server` and CA), authenticated by `token` alone.
+pub fn write_token_kubeconfig(path: &Path, cluster: &Value, token: &str) {
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    });
+    std::fs::write(path, config.to_string()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// One of tests/cluster/'s scripts with its arguments, stdin closed, to run or spawn.
