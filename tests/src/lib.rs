@@ -341,11 +341,15 @@ impl Agent {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("agent exited during start ({status}):\n{}", self.log_text());
             }
+            // Both addresses from one read of the log: reading it twice let the "ready"
+            // line appear between the reads, so the health port was probed and ready
+            // while the metrics address was still unknown.
+            let log = self.log_text();
             if self.metrics.is_none() {
-                self.metrics = self.ready_addr("metrics");
+                self.metrics = ready_addr_in(&log, "metrics");
             }
             // The health port where there is one: the metrics port may speak TLS only.
-            let probe = self.health_addr().or(self.metrics);
+            let probe = ready_addr_in(&log, "health").or(self.metrics);
             if let Some(addr) = probe
                 && http_get(addr, "/readyz").is_some_and(|(code, _)| code == 200)
             {
@@ -371,15 +375,7 @@ impl Agent {
 
     /// The address `key=ADDR` on the agent's "ready" line.
     fn ready_addr(&self, key: &str) -> Option<SocketAddr> {
-        let key = format!("{key}=");
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains(" ready "))
-            .find_map(|l| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(key.as_str()))
-                    .and_then(|a| a.parse().ok())
-            })
+        ready_addr_in(&self.log_text(), key)
     }
 
     pub fn pid(&self) -> u32 {
@@ -603,6 +599,16 @@ pub fn proc_status(pid: u32, name: &str) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The address `key=ADDR` on the "ready" line of an agent's log text.
+fn ready_addr_in(log: &str, key: &str) -> Option<SocketAddr> {
+    let key = format!("{key}=");
+    log.lines().filter(|l| l.contains(" ready ")).find_map(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(key.as_str()))
+            .and_then(|a| a.parse().ok())
+    })
 }
 
 /// Minimal HTTP/1.0 GET, enough for /readyz and /metrics without another dependency.
@@ -897,4 +903,25 @@ pub fn gib(q: &str) -> u64 {
     n.parse::<u64>()
         .unwrap_or_else(|_| panic!("{q:?} is not a whole number of Gi"))
         * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ready_addr_in;
+
+    #[test]
+    fn ready_addresses_come_from_the_ready_line_only() {
+        let log = "2026-12-07T08:00:00Z  INFO shareguard::server: listening metrics=127.0.0.1:1\n\
+                   2026-12-07T08:00:01Z  INFO shareguard::server: ready socket=/run/a.sock \
+                   metrics=127.0.0.1:4001 health=127.0.0.1:4002 shares=0\n";
+        assert_eq!(
+            ready_addr_in(log, "metrics"),
+            Some("127.0.0.1:4001".parse().unwrap())
+        );
+        assert_eq!(
+            ready_addr_in(log, "health"),
+            Some("127.0.0.1:4002".parse().unwrap())
+        );
+        assert_eq!(ready_addr_in(log.lines().next().unwrap(), "metrics"), None);
+    }
 }
