@@ -8,9 +8,8 @@
 //! token of the plugin's ServiceAccount bound to that Node (it names the node, as the
 //! pod-bound token of the DaemonSet's pod there does), a SIMULATED agent ([`shareguard_tests::sim_agent`]) that serves the
 //! inventory a real agent reported (its pool renamed for the node), and the real kubelet
-//! plugin (`shareguard_kubelet_plugin::run`) with its default settings. No kubelet calls
-//! the plugins and no share exists: this measures the fleet at rest and while it
-//! changes, not claims.
+//! plugin (`shareguard_kubelet_plugin::run`) with its default settings. The harness
+//! plays kubelet and the scheduler only in the churn phase ([`churn`]).
 //!
 //! Phases, each measured from the API server's own figures (`/metrics`:
 //! `apiserver_request_total`, and `apiserver_request_duration_seconds` for every verb but
@@ -25,20 +24,32 @@
 //!    down to one a second per 100 nodes.
 //! 3. `at rest`: `FLEET_REST_SECONDS` (default 600, two of the plugin's watch renewals
 //!    and its slices' LIST every ten resync periods) with every plugin running.
-//! 4. `rolling restart`: every plugin replaced by a new instance, `FLEET_RESTART_BATCH`
+//! 4. `churn`: claims prepared and released across the fleet for `FLEET_CHURN_SECONDS`
+//!    (default 300; 0 leaves the phase out), `FLEET_CLAIMS_PER_NODE_MINUTE` new claims a
+//!    minute on each node (default 1), each prepared for `FLEET_CLAIM_SECONDS` (default
+//!    60), its share ENFORCED `FLEET_ENFORCE_MS` after its Prepare (default 1000, as a
+//!    pod's sandbox follows its Prepare); until every claim is gone and the plugins'
+//!    requests are down again.
+//! 5. `rolling restart`: every plugin replaced by a new instance, `FLEET_RESTART_BATCH`
 //!    nodes at a time (default 50; a DaemonSet's `maxSurge`): the new instance starts
 //!    beside the old, takes the agent's epoch, and the old one is stopped; until the
 //!    plugins' requests are down again as after the start.
 //!
 //! Prints markdown for docs/benchmarks.md; asserts only that each phase ends (every
-//! slice published, every instance replaced), not how fast. `FLEET_LOG` (default `warn`)
+//! slice published, every claim prepared and released, every instance replaced), not
+//! how fast. `FLEET_LOG` (default `warn`)
 //! filters the plugins' logs on stderr.
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up has nothing to report.
 
+// In a folder of its own: a file beside this one would be taken for a benchmark.
+#[path = "fleet/churn.rs"]
+mod churn;
+
 use std::{
     collections::BTreeMap,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -73,11 +84,22 @@ struct Instance {
 struct SimNode {
     name: String,
     dir: PathBuf,
+    /// Where kubelet finds this node's plugin: `dra-<instance>.sock` of the instance
+    /// kubelet last registered.
+    endpoint: Option<String>,
     agent: SimAgent,
     plugin: Option<Instance>,
 }
 
 impl SimNode {
+    fn kubelet(&self) -> churn::NodeRef {
+        churn::NodeRef {
+            name: self.name.clone(),
+            registry_dir: self.dir.join("registry"),
+            plugins_dir: self.dir.join("plugins"),
+        }
+    }
+
     fn start_plugin(&mut self, instance: &str) -> Instance {
         let args = PluginArgs {
             agent_socket: self.dir.join("agent.sock"),
@@ -365,6 +387,10 @@ fn main() {
     let quiet = (n as f64 / 100.0).max(1.0);
     let rest = Duration::from_secs(env_or::<u64>("FLEET_REST_SECONDS", 600));
     let batch = env_or::<usize>("FLEET_RESTART_BATCH", 50).max(1);
+    let churn_for = Duration::from_secs(env_or::<u64>("FLEET_CHURN_SECONDS", 300));
+    let claims_per_node_minute = env_or::<f64>("FLEET_CLAIMS_PER_NODE_MINUTE", 1.0);
+    let claim_lifetime = Duration::from_secs(env_or::<u64>("FLEET_CLAIM_SECONDS", 60));
+    let enforce_after = Duration::from_millis(env_or::<u64>("FLEET_ENFORCE_MS", 1000));
     let kubeconfig_path = PathBuf::from(
         std::env::var_os("SGC_KUBECONFIG")
             .expect("SGC_KUBECONFIG is not set: run this with tests/cluster/fleet.sh"),
@@ -376,7 +402,7 @@ fn main() {
     // The inventory every simulated agent serves: what a real agent reports for one
     // NIC share device.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let inventory = {
+    let (inventory, ask) = {
         let pins = net::PinDir::new();
         let agent = net::start_agent(
             net::net_device(
@@ -386,13 +412,23 @@ fn main() {
             &pins,
             "",
         );
-        rt.block_on(async {
+        let inventory = rt.block_on(async {
             let mut c = agent.client().await;
             c.list_devices(shareguard_tests::proto::ListDevicesRequest {})
                 .await
                 .unwrap()
                 .into_inner()
-        })
+        });
+        // Every churn claim asks for one share of the device at its policy's default.
+        let d = &inventory.devices[0];
+        let (capacity, policy) = d.policy.iter().next().unwrap();
+        let ask = churn::ShareAsk {
+            driver: d.driver.clone(),
+            device: d.name.clone(),
+            capacity: capacity.clone(),
+            amount: policy.default.clone(),
+        };
+        (inventory, Arc::new(ask))
     };
     let dir = tempfile::tempdir().unwrap();
     let admin_kc = Kubeconfig::read_from(&kubeconfig_path).unwrap();
@@ -429,10 +465,12 @@ fn main() {
                     &api_server,
                     &token,
                 );
-                let agent = SimAgent::serve(&d.join("agent.sock"), &name, &inventory);
+                let agent =
+                    SimAgent::serve(&d.join("agent.sock"), &name, &inventory, enforce_after);
                 SimNode {
                     name,
                     dir: d,
+                    endpoint: None,
                     agent,
                     plugin: None,
                 }
@@ -480,7 +518,66 @@ fn main() {
         check_running(&nodes);
         phases.push(measure("at rest", t0, s0, m0).await);
 
-        // 4. A rolling restart, `batch` nodes at a time.
+        // 4. Churn.
+        let mut churned = None;
+        if !churn_for.is_zero() {
+            churn::create_namespace(&admin).await;
+            // kubelet's plugin watcher registers each node's plugin first.
+            for chunk in nodes.chunks_mut(SETUP_CONCURRENCY) {
+                let endpoints = futures::future::join_all(
+                    chunk
+                        .iter()
+                        .map(|node| churn::register(node.kubelet(), &ask.driver, "a")),
+                )
+                .await;
+                for (node, e) in chunk.iter_mut().zip(endpoints) {
+                    node.endpoint = Some(e);
+                }
+            }
+            let refs: Vec<Arc<churn::NodeRef>> =
+                nodes.iter().map(|n| Arc::new(n.kubelet())).collect();
+            let every = Duration::from_secs_f64(60.0 / (claims_per_node_minute * n as f64));
+            let (t0, s0, m0) = (Instant::now(), Scrape::take(&admin).await, audit.mark());
+            let mut lives = Vec::new();
+            let mut k = 0usize;
+            while t0.elapsed() < churn_for {
+                let i = k % n;
+                lives.push(tokio::spawn(churn::claim_life(
+                    admin.clone(),
+                    refs[i].clone(),
+                    nodes[i].endpoint.clone().unwrap(),
+                    ask.clone(),
+                    format!("c-{k:07}"),
+                    claim_lifetime,
+                )));
+                k += 1;
+                tokio::time::sleep_until((t0 + every * k as u32).into()).await;
+            }
+            let mut outcomes = Vec::with_capacity(lives.len());
+            for l in lives {
+                outcomes.push(l.await.unwrap());
+            }
+            eprintln!(
+                "{} claims prepared and released in {:.1?}",
+                outcomes.len(),
+                t0.elapsed()
+            );
+            for node in &nodes {
+                assert_eq!(
+                    node.agent.live_claims(),
+                    0,
+                    "node {}: claims still prepared after the churn",
+                    node.name
+                );
+            }
+            until_quiet(&audit, quiet, Duration::from_secs(600)).await;
+            check_running(&nodes);
+            phases.push(measure("churn", t0, s0, m0).await);
+            churned = Some(outcomes);
+            churn::delete_namespace(&admin).await;
+        }
+
+        // 5. A rolling restart, `batch` nodes at a time.
         let (t0, s0, m0) = (Instant::now(), Scrape::take(&admin).await, audit.mark());
         for chunk in nodes.chunks_mut(batch) {
             let mut replaced = Vec::new();
@@ -514,8 +611,9 @@ fn main() {
                 stop(&node.name, i).await;
             }
         }
-        phases
+        (phases, churned)
     });
+    let (phases, churned) = phases;
 
     println!("### A fleet of {n} simulated nodes\n");
     println!(
@@ -566,6 +664,47 @@ fn main() {
             } else {
                 ours.join(", ")
             }
+        );
+    }
+
+    if let (Some(outcomes), Some(p)) = (churned, phases.iter().find(|p| p.name == "churn")) {
+        let claims = outcomes.len();
+        let prepared: Vec<f64> = outcomes
+            .iter()
+            .filter_map(|o| Some(o.prepared_in?.as_secs_f64() * 1e3))
+            .collect();
+        let calls: u32 = outcomes.iter().map(|o| o.prepare_calls).sum();
+        let unprepared = outcomes.iter().filter(|o| o.unprepared).count();
+        println!(
+            "\n### Churn: {claims} claims, {claims_per_node_minute} a minute on each node, \
+             each prepared for {} s\n",
+            claim_lifetime.as_secs()
+        );
+        println!("| what | value |\n|---|---|");
+        println!(
+            "| prepared / released | {} / {unprepared} of {claims} |",
+            prepared.len()
+        );
+        println!(
+            "| kubelet's Prepare calls per claim | {:.2} |",
+            f64::from(calls) / claims.max(1) as f64
+        );
+        if !prepared.is_empty() {
+            println!(
+                "| kubelet's first Prepare -> prepared, p50 / p99 | {:.1} / {:.1} ms |",
+                net::percentile(&prepared, 50.0),
+                net::percentile(&prepared, 99.0)
+            );
+        }
+        for (kind, count) in &p.ours {
+            println!(
+                "| shareguard `{kind}` per claim | {:.2} |",
+                *count as f64 / claims.max(1) as f64
+            );
+        }
+        println!(
+            "| shareguard requests per claim, all (at-rest requests included) | {:.2} |",
+            p.ours_total() as f64 / claims.max(1) as f64
         );
     }
 }
