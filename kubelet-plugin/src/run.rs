@@ -6,7 +6,8 @@ use std::{collections::BTreeSet, future::Future, path::PathBuf, sync::Arc, time:
 
 use anyhow::Context;
 use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::runtime::{WatchStreamExt, watcher};
 use shareguard_proto::kubelet::{
     dra_health_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1Server,
     dra_health_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1Alpha1Server,
@@ -393,11 +394,15 @@ struct Publishing {
     gated: bool,
 }
 
-/// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the API
-/// server reports a change of one of them (a watch, so a slice someone deleted or edited
-/// comes back at once), when a reading of the agent's inventory (`inventory`, every
+/// Publishes the driver's ResourceSlices and keeps them so: a pass runs when the watch
+/// of them has listed them (at its start, and when it had to list again: the pass works
+/// from that list, with no LIST of its own), when the API server reports a change of one
+/// of them that the pass itself did not make (so a slice someone deleted or edited comes
+/// back at once), when a reading of the agent's inventory (`inventory`, every
 /// [`INVENTORY_PERIOD`]) changed what this driver's slices publish, and every
-/// `FULL_PASS_EVERY` periods in case a watch went quiet without an error.
+/// `FULL_PASS_EVERY` periods in case a watch went quiet without an error. A starting
+/// plugin thus lists its slices once, where it listed them three times (its first pass,
+/// the watch's start, and the pass its own applies' echoes started).
 async fn keep_published(
     driver: Arc<Driver>,
     agent: Arc<Agent>,
@@ -441,16 +446,36 @@ async fn keep_published(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks = 0u32;
-    let mut due: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
+    // The first pass follows the watch's first list; should that list not come within
+    // a period (the API server refuses watches), a pass lists for itself.
+    let mut due: Option<tokio::time::Instant> = Some(tokio::time::Instant::now() + period);
+    // The slices the watch is listing now, and the last complete list while no change
+    // came after it: the next pass works from it instead of listing again.
+    let mut listing: Option<Vec<ResourceSlice>> = None;
+    let mut listed: Option<Vec<ResourceSlice>> = None;
+    // Until then, a change of the inventory (its first reading, mostly) waits for the
+    // pass that follows the watch's first list, rather than listing for itself.
+    let mut watch_listed = false;
     let mut first = true;
     let mut published_for = publisher.digests(&driver.devices_now().devices);
     loop {
         let sleep_until = due.unwrap_or_else(|| tokio::time::Instant::now() + period * 1000);
         tokio::select! {
             ev = changes.next() => match ev {
-                // Our own applies come back here too; the pass after them finds nothing
-                // to do. A burst of events is one pass.
+                Some(Ok(watcher::Event::Init)) => listing = Some(Vec::new()),
+                Some(Ok(watcher::Event::InitApply(slice))) => {
+                    listing.get_or_insert_with(Vec::new).push(slice);
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    watch_listed = true;
+                    listed = Some(listing.take().unwrap_or_default());
+                    due = Some(tokio::time::Instant::now());
+                }
+                // The pass's own writes come back here too: nothing to do for them.
+                Some(Ok(ev)) if publisher.is_echo(&ev) => {}
+                // A burst of events is one pass, which lists again.
                 Some(Ok(_)) => {
+                    listed = None;
                     due.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
                 }
                 Some(Err(e)) => debug!(error = %e, "watching ResourceSlices; the watch restarts"),
@@ -472,7 +497,9 @@ async fn keep_published(
                     let now = publisher.digests(&driver.devices_now().devices);
                     if now != published_for {
                         published_for = now;
-                        due.get_or_insert_with(tokio::time::Instant::now);
+                        if watch_listed {
+                            due.get_or_insert_with(tokio::time::Instant::now);
+                        }
                     }
                 }
             }
@@ -482,7 +509,9 @@ async fn keep_published(
                 if agent.is_fenced() {
                     continue;
                 }
-                let published = publisher.publish(&driver.devices_now().devices).await;
+                let published = publisher
+                    .publish(&driver.devices_now().devices, listed.take())
+                    .await;
                 if !matches!(published, Err(PublishError::Api(_))) {
                     backoff.succeeded();
                 }

@@ -2,10 +2,12 @@
 //! applied (server-side, the driver as field manager) when missing or different, with the
 //! pool's generation raised; slices of pools that are gone deleted.
 //!
-//! Each pass lists the slices on the API server rather than trusting memory; the plugin
-//! runs one whenever the watch of its slices reports a change (so a slice someone
-//! deleted or edited comes back at once), when the agent's inventory changed, and now and
-//! then regardless. When the plugin is removed for good, kubelet deletes the driver's
+//! Each pass works from a fresh list of the slices on the API server rather than from
+//! memory: the list the watch of its slices has just made (at its start, or when it had
+//! to list again), or else one of its own. The plugin runs a pass whenever that watch
+//! reports a change someone else made (so a slice someone deleted or edited comes back
+//! at once; the echoes of the pass's own writes are told apart and start none), when
+//! the agent's inventory changed, and now and then regardless. When the plugin is removed for good, kubelet deletes the driver's
 //! slices on this node once its registration socket has been gone for 30 s; a rolling
 //! update comes back well within that.
 
@@ -122,6 +124,17 @@ pub struct Publisher {
     dropped: Mutex<BTreeMap<String, String>>,
     /// Devices carry the binding gate's conditions.
     gated: bool,
+    /// Slice name -> this publisher's last write of it, to tell its echo in the watch.
+    written: Mutex<BTreeMap<String, Written>>,
+}
+
+/// What a pass last did to one slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Written {
+    /// Applied; the API server stored it at this resourceVersion.
+    Applied(String),
+    /// Deleted, the object of this uid.
+    Deleted(String),
 }
 
 impl Publisher {
@@ -147,6 +160,7 @@ impl Publisher {
             clients,
             dropped: Mutex::new(BTreeMap::new()),
             gated,
+            written: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -170,6 +184,30 @@ impl Publisher {
         )
     }
 
+    /// Whether a watch event is only the echo of this publisher's own last write of
+    /// that slice (the object as its apply stored it, or the one it deleted): a pass for
+    /// it would find nothing to do, at the cost of a LIST.
+    pub fn is_echo(&self, event: &watcher::Event<ResourceSlice>) -> bool {
+        let (slice, seen) = match event {
+            watcher::Event::Apply(s) => {
+                (s, s.metadata.resource_version.clone().map(Written::Applied))
+            }
+            watcher::Event::Delete(s) => (s, s.metadata.uid.clone().map(Written::Deleted)),
+            _ => return false,
+        };
+        let (Some(name), Some(seen)) = (slice.metadata.name.as_deref(), seen) else {
+            return false;
+        };
+        self.written_map().get(name) == Some(&seen)
+    }
+
+    fn written_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Written>> {
+        // A poisoned lock only means a panic elsewhere while it was held; the map is whole.
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// One pass: list this driver's slices of this node, apply what differs, delete
     /// what is no longer a pool here, and check that the API server stores each slice
     /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
@@ -186,19 +224,31 @@ impl Publisher {
             .collect()
     }
 
-    pub async fn publish(&self, devices: &DriverDevices) -> Result<Pass, PublishError> {
+    ///
+    /// `listed`: this driver's slices of this node as a list the caller has just had
+    /// from the API server (the watch's), with no change since; None: the pass lists
+    /// them itself.
+    pub async fn publish(
+        &self,
+        devices: &DriverDevices,
+        listed: Option<Vec<ResourceSlice>>,
+    ) -> Result<Pass, PublishError> {
         let (mut desired, skipped) = build::desired(&self.driver, &self.node, devices, self.gated);
         for s in &skipped {
             warn!(driver = %self.driver, device = %s.device, reason = %s.reason, "device not published");
         }
-        let listed = self
-            .clients
-            .bounded(
-                self.api
-                    .list(&ListParams::default().fields(&self.selector())),
-            )
-            .await?
-            .items;
+        let listed = match listed {
+            Some(l) => l,
+            None => {
+                self.clients
+                    .bounded(
+                        self.api
+                            .list(&ListParams::default().fields(&self.selector())),
+                    )
+                    .await?
+                    .items
+            }
+        };
         let placement = names::place(
             desired.iter().map(|d| d.pool.as_str()),
             &listed,
@@ -298,7 +348,12 @@ impl Publisher {
                 ..DeleteParams::default()
             };
             match self.clients.bounded(self.api.delete(name, &dp)).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(uid) = s.metadata.uid.clone() {
+                        self.written_map()
+                            .insert(name.to_owned(), Written::Deleted(uid));
+                    }
+                }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }
@@ -322,9 +377,14 @@ impl Publisher {
         let name = slice.metadata.name.clone().unwrap_or_default();
         // force: this driver owns its slices; a field another manager set is taken over.
         let params = PatchParams::apply(&self.driver).force();
-        self.clients
+        let stored = self
+            .clients
             .bounded(self.api.patch(&name, &params, &Patch::Apply(&slice)))
-            .await
+            .await?;
+        if let Some(rv) = stored.metadata.resource_version.clone() {
+            self.written_map().insert(name, Written::Applied(rv));
+        }
+        Ok(stored)
     }
 
     /// Logs each dropped field at error level, naming the slice, device and field, and

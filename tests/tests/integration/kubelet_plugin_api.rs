@@ -174,6 +174,7 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
     // A restarted plugin finds its slices as they should be and writes nothing.
     p.kill9();
     let before = api.applies().len();
+    let lists_before = slice_lists(&api);
     p.restart();
     wait_for("the restarted plugin's first pass", WAIT, || {
         p.log_text().contains("ResourceSlices up to date")
@@ -189,6 +190,25 @@ async fn publishes_the_inventory_as_resource_slices_and_keeps_them_there() {
         "nothing changed, nothing applied"
     );
     assert_eq!(ours(&api).len(), 1);
+
+    // Deleted again: the pass that puts it back lists the slices itself (the watch's
+    // list is no longer current), and its own apply's echo starts no pass. So the
+    // restarted plugin listed its slices twice in all: its watch's start, whose list
+    // its first pass worked from, and this pass.
+    let name = ours(&api)[0].metadata.name.clone().unwrap();
+    api.delete_cluster::<ResourceSlice>(&name);
+    wait_for("the deleted slice published again", WAIT, || {
+        ours(&api).len() == 1
+    });
+    assert_eq!(slice_lists(&api) - lists_before, 2, "{:#?}", api.requests());
+}
+
+/// LISTs of ResourceSlices the stand-in has served (watches are counted apart).
+fn slice_lists(api: &ApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.as_str() == "GET /apis/resource.k8s.io/v1/resourceslices")
+        .count()
 }
 
 #[tokio::test]
