@@ -6,9 +6,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 . "$here/lib.sh"
 out="$("$here/up.sh" | tail -n 2)"
-SGC_KUBECONFIG="$(echo "$out" | sed -n 's/^KUBECONFIG=//p')"
-SGC_KUBECTL="$(echo "$out" | sed -n 's/^KUBECTL=//p')"
-export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
+sgc_export_cluster "$out"
 status=0
 (cd "$repo" && cargo bench --locked -p shareguard-tests --bench cluster) || status=$?
 "$here/down.sh" || status=1

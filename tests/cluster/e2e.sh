@@ -52,9 +52,7 @@ out="$("$here/up.sh" | tail -n 2)" || {
   exit 1
 }
 echo "e2e: cluster up in $((SECONDS - started)) s" >&2
-SGC_KUBECONFIG="$(echo "$out" | sed -n 's/^KUBECONFIG=//p')"
-SGC_KUBECTL="$(echo "$out" | sed -n 's/^KUBECTL=//p')"
-export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
+sgc_export_cluster "$out"
 
 status=0
 # One scenario at a time: they share two nodes' capacity and measure traffic.

@@ -192,3 +192,11 @@ sgc_wait() {
     sleep 0.5
   done
 }
+
+# Exports SGC_KUBECONFIG and SGC_KUBECTL (and SGC_AUDIT_LOG) for the tests, from what
+# up.sh or control-plane.sh printed last: KUBECONFIG=<path> and KUBECTL=<path>.
+sgc_export_cluster() {
+  SGC_KUBECONFIG="$(echo "$1" | sed -n 's/^KUBECONFIG=//p')"
+  SGC_KUBECTL="$(echo "$1" | sed -n 's/^KUBECTL=//p')"
+  export SGC_KUBECONFIG SGC_KUBECTL SGC_AUDIT_LOG
+}
