@@ -7,9 +7,10 @@
 //! to list again), or else one of its own. The plugin runs a pass whenever that watch
 //! reports a change someone else made (so a slice someone deleted or edited comes back
 //! at once; the echoes of the pass's own writes are told apart and start none), when
-//! the agent's inventory changed, and now and then regardless. When the plugin is removed for good, kubelet deletes the driver's
-//! slices on this node once its registration socket has been gone for 30 s; a rolling
-//! update comes back well within that.
+//! the agent's inventory changed, and now and then regardless. When the plugin is
+//! removed for good, kubelet deletes the driver's slices on this node once its
+//! registration socket has been gone for 30 s; a rolling update comes back well within
+//! that.
 
 use std::{collections::BTreeMap, sync::Mutex};
 
@@ -208,11 +209,6 @@ impl Publisher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// One pass: list this driver's slices of this node, apply what differs, delete
-    /// what is no longer a pool here, and check that the API server stores each slice
-    /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
-    /// [`PublishError::FieldsDropped`] once everything else is done; such a slice is
-    /// applied again at every pass, at its generation, until it is stored whole.
     /// Each pool's slice digest for `devices`, as a pass would publish them: what tells
     /// a change worth a pass (a device's fault, capacity, attributes) from one that is
     /// not (its shares' allocations, which no slice shows).
@@ -224,6 +220,11 @@ impl Publisher {
             .collect()
     }
 
+    /// One pass: list this driver's slices of this node, apply what differs, delete
+    /// what is no longer a pool here, and check that the API server stores each slice
+    /// as applied (see [`super::compare`]). Fields it dropped fail the pass with
+    /// [`PublishError::FieldsDropped`] once everything else is done; such a slice is
+    /// applied again at every pass, at its generation, until it is stored whole.
     ///
     /// `listed`: this driver's slices of this node as a list the caller has just had
     /// from the API server (the watch's), with no change since; None: the pass lists
