@@ -64,7 +64,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 use shareguard_kubelet_plugin::PluginArgs;
-use shareguard_tests::{audit::AuditLog, env_or, net, sim_agent::SimAgent};
+use shareguard_tests::{audit::AuditLog, env_or, kubelet::Kubelet, net, sim_agent::SimAgent};
 use tokio::{sync::oneshot, task::JoinHandle};
 
 const DEVICE: &str = "nic-fleet";
@@ -84,17 +84,13 @@ struct Instance {
 struct SimNode {
     name: String,
     dir: PathBuf,
-    /// Where kubelet finds this node's plugin: `dra-<instance>.sock` of the instance
-    /// kubelet last registered.
-    endpoint: Option<String>,
     agent: SimAgent,
     plugin: Option<Instance>,
 }
 
 impl SimNode {
-    fn kubelet(&self) -> churn::NodeRef {
-        churn::NodeRef {
-            name: self.name.clone(),
+    fn kubelet(&self) -> Kubelet {
+        Kubelet {
             registry_dir: self.dir.join("registry"),
             plugins_dir: self.dir.join("plugins"),
         }
@@ -463,7 +459,6 @@ fn main() {
                 SimNode {
                     name,
                     dir: d,
-                    endpoint: None,
                     agent,
                     plugin: None,
                 }
@@ -516,19 +511,14 @@ fn main() {
         if !churn_for.is_zero() {
             churn::create_namespace(&admin).await;
             // kubelet's plugin watcher registers each node's plugin first.
-            for chunk in nodes.chunks_mut(SETUP_CONCURRENCY) {
-                let endpoints = futures::future::join_all(
-                    chunk
-                        .iter()
-                        .map(|node| churn::register(node.kubelet(), &ask.driver, "a")),
-                )
+            let mut refs: Vec<Arc<churn::NodeRef>> = Vec::with_capacity(n);
+            for chunk in nodes.chunks(SETUP_CONCURRENCY) {
+                let registered = futures::future::join_all(chunk.iter().map(|node| {
+                    churn::register(node.name.clone(), node.kubelet(), &ask.driver, "a")
+                }))
                 .await;
-                for (node, e) in chunk.iter_mut().zip(endpoints) {
-                    node.endpoint = Some(e);
-                }
+                refs.extend(registered.into_iter().map(Arc::new));
             }
-            let refs: Vec<Arc<churn::NodeRef>> =
-                nodes.iter().map(|n| Arc::new(n.kubelet())).collect();
             let every = Duration::from_secs_f64(60.0 / (claims_per_node_minute * n as f64));
             let (t0, s0, m0) = (Instant::now(), Scrape::take(&admin).await, audit.mark());
             let mut lives = Vec::new();
@@ -538,7 +528,6 @@ fn main() {
                 lives.push(tokio::spawn(churn::claim_life(
                     admin.clone(),
                     refs[i].clone(),
-                    nodes[i].endpoint.clone().unwrap(),
                     ask.clone(),
                     format!("c-{k:07}"),
                     claim_lifetime,

@@ -40,7 +40,17 @@ async fn channel(path: &Path) -> Channel {
 
 impl Kubelet {
     pub fn registration_socket(&self, driver: &str) -> PathBuf {
-        self.registry_dir.join(driver).join("reg.sock")
+        self.instance_registration_socket(driver, None)
+    }
+
+    /// The registration socket of the plugin instance `instance` (None: a plugin run
+    /// without an instance id) for `driver`.
+    pub fn instance_registration_socket(&self, driver: &str, instance: Option<&str>) -> PathBuf {
+        let file = match instance {
+            Some(id) => format!("reg-{id}.sock"),
+            None => "reg.sock".to_owned(),
+        };
+        self.registry_dir.join(driver).join(file)
     }
 
     /// What the plugin watcher does on finding the socket: GetInfo, then (when it

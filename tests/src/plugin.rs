@@ -286,14 +286,8 @@ impl Plugin {
 
     /// This instance's registration socket for `driver`.
     pub fn registration_socket(&self, driver: &str) -> PathBuf {
-        match &self.instance_id {
-            Some(id) => self
-                .kubelet
-                .registry_dir
-                .join(driver)
-                .join(format!("reg-{id}.sock")),
-            None => self.kubelet.registration_socket(driver),
-        }
+        self.kubelet
+            .instance_registration_socket(driver, self.instance_id.as_deref())
     }
 
     /// The address of `/healthz` and `/readyz`, from the log (the port is the kernel's

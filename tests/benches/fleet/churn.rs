@@ -10,7 +10,6 @@
 //! requests are counted on the real cluster (docs/kubernetes.md).
 
 use std::{
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -32,12 +31,12 @@ const DEVICE_CLASS: &str = "shareguard-net-bandwidth";
 /// counts it failed (kubelet itself retries for as long as the pod exists).
 const PREPARE_PATIENCE: Duration = Duration::from_secs(120);
 
-/// What the harness needs of one node to play its kubelet.
-#[derive(Clone)]
+/// What the harness needs of one node to play its kubelet: its folders, and the DRA
+/// endpoint its plugin registered.
 pub struct NodeRef {
     pub name: String,
-    pub registry_dir: PathBuf,
-    pub plugins_dir: PathBuf,
+    pub kubelet: Kubelet,
+    pub endpoint: String,
 }
 
 /// The share every claim asks for: the device's name and driver, and one capacity at
@@ -70,26 +69,24 @@ pub async fn delete_namespace(admin: &Client) {
     let _ = api.delete(NAMESPACE, &DeleteParams::default()).await;
 }
 
-/// kubelet's registration of the node's plugin (the plugin watcher's GetInfo and
-/// NotifyRegistrationStatus), giving the DRA endpoint kubelet then calls.
-pub async fn register(node: NodeRef, driver: &str, instance: &str) -> String {
-    let kubelet = Kubelet {
-        registry_dir: node.registry_dir.clone(),
-        plugins_dir: node.plugins_dir.clone(),
-    };
-    let socket = node
-        .registry_dir
-        .join(driver)
-        .join(format!("reg-{instance}.sock"));
-    kubelet.register_at(&socket, Ok(())).await.endpoint
+/// kubelet's registration of the node's plugin instance `instance` (the plugin
+/// watcher's GetInfo and NotifyRegistrationStatus), giving the DRA endpoint kubelet then
+/// calls.
+pub async fn register(name: String, kubelet: Kubelet, driver: &str, instance: &str) -> NodeRef {
+    let socket = kubelet.instance_registration_socket(driver, Some(instance));
+    let endpoint = kubelet.register_at(&socket, Ok(())).await.endpoint;
+    NodeRef {
+        name,
+        kubelet,
+        endpoint,
+    }
 }
 
-/// One claim from creation to deletion on `node`, whose plugin serves kubelet's DRA API
-/// on `endpoint`; `lifetime` from its Prepare to its Unprepare.
+/// One claim from creation to deletion on `node`; `lifetime` from its Prepare to its
+/// Unprepare.
 pub async fn claim_life(
     admin: Client,
     node: Arc<NodeRef>,
-    endpoint: String,
     ask: Arc<ShareAsk>,
     name: String,
     lifetime: Duration,
@@ -149,11 +146,7 @@ pub async fn claim_life(
         .await
         .unwrap();
 
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(
-        shareguard_uds::client::connect(std::path::Path::new(&endpoint))
-            .await
-            .unwrap(),
-    );
+    let mut dra = node.kubelet.v1(&node.endpoint).await;
     let ask_claim = || vec![shareguard_tests::kubelet::v1_claim(NAMESPACE, &name, &uid)];
     let started = Instant::now();
     let mut out = Outcome {
