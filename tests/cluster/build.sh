@@ -16,6 +16,11 @@
 # Usage: build.sh            build what is missing; print the bin directory
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/../../scripts/lib.sh"
+# runc is built with cgo and seccomp (below): a C compiler, and libseccomp's headers
+# and pkg-config file. Here rather than in each caller: control-plane.sh (the fleet)
+# builds runc too.
+ensure_debs libseccomp-dev pkg-config gcc libc6-dev >&2
 cache="${SGC_CACHE:-/var/cache/shareguard-cluster}"
 bin="$cache/bin"
 mkdir -p "$bin"

@@ -7,6 +7,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 . "$here/lib.sh"
+# The bench starts a real agent for the devices' inventory (target/release/shareguard,
+# beside the bench binary); built first, before the control plane is up.
+(cd "$repo" && cargo build --release --locked -p shareguard)
 out="$("$here/control-plane.sh" | tail -n 2)"
 sgc_export_cluster "$out"
 status=0

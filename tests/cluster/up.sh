@@ -16,10 +16,10 @@ fi
 
 "$here/down.sh"
 . "$repo/scripts/lib.sh"
-# libseccomp for runc; nftables for kube-proxy; openssl for the certificates; busybox
-# for the test images' shell; iproute2 (tc) and iperf3 go into the images too; gcc
-# builds the simulated driver's libraries and the tools image's cuda-probe.
-ensure_debs libseccomp-dev nftables conntrack openssl busybox-static iproute2 iperf3 \
+# nftables for kube-proxy; openssl for the certificates; busybox for the test images'
+# shell; iproute2 (tc) and iperf3 go into the images too; gcc builds the simulated
+# driver's libraries and the tools image's cuda-probe (build.sh ensures what it needs).
+ensure_debs nftables conntrack openssl busybox-static iproute2 iperf3 \
   iputils-ping ca-certificates gcc libc6-dev
 
 bin="$("$here/build.sh" | tail -n 1)"
