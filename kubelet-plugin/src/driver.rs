@@ -23,6 +23,7 @@ use crate::{
     forward::Successors,
     inventory::DriverDevices,
     policy::PolicySnapshot,
+    status::PodClaims,
 };
 
 /// Why the binding gate did not admit a claim.
@@ -64,6 +65,8 @@ pub struct Driver {
     successors: Successors,
     /// Where a refused claim is told to its owner.
     events: Events,
+    /// Claims made for one pod, whose release the status writer leaves out.
+    pod_claims: PodClaims,
     /// Calls being answered now. kubelet drops its connection to an instance as soon
     /// as it unregisters, failing the calls still on it: a stop waits for these first.
     in_flight: tokio::sync::watch::Sender<usize>,
@@ -94,6 +97,7 @@ impl Driver {
         devices: Devices,
         successors: Successors,
         events: Events,
+        pod_claims: PodClaims,
     ) -> Self {
         Self {
             name: name.to_owned(),
@@ -102,6 +106,7 @@ impl Driver {
             devices: RwLock::new(Arc::new(devices)),
             successors,
             events,
+            pod_claims,
             in_flight: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -360,6 +365,8 @@ impl Driver {
         // The claim read is the one asked for (`claims::build` checked its uid): the
         // Events of its shares name these pods without reading it again.
         self.events.know_pods(&c.uid, reserved);
+        self.pod_claims
+            .read(&c.uid, claims::owning_pod(claim).is_some());
         Ok(prepared)
     }
 

@@ -31,7 +31,7 @@ use crate::{
     inventory::{DriverDevices, Inventory},
     kubelet::{HealthV1, HealthV1Alpha1, Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
-    status::{StatusWriter, Written},
+    status::{PodClaims, StatusWriter, Written},
     stop::{stopped, until_stopped},
 };
 
@@ -131,6 +131,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     let (events, events_task) =
         Events::start(cluster.clients().clone(), &args.node_name, stop_rx.clone());
     tokio::spawn(events_task.instrument(info_span!("events")));
+    let pod_claims = PodClaims::default();
     let mut servers = JoinSet::new();
     let mut dra_sockets = Vec::new();
     let mut reg_sockets = Vec::new();
@@ -145,6 +146,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             Devices::new(devices.clone()),
             Successors::new(&dra_path),
             events.clone(),
+            pod_claims.clone(),
         ));
         let (dra_listener, dra_socket) = SocketFile::bind(&dra_path)?;
         let dra = tonic::transport::Server::builder()
@@ -211,6 +213,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             agent.clone(),
             inventory.drivers.keys().cloned().collect(),
             events.clone(),
+            pod_claims,
             written,
         )
         .run(stop_rx.clone()),

@@ -7,7 +7,7 @@ mod pods;
 
 pub use allocation_id::allocation_id;
 pub use build::{KubeletDevice, Prepared, build};
-pub use pods::{ReservedPod, reserved_pods};
+pub use pods::{ReservedPod, owning_pod, reserved_pods};
 
 /// The name of the claim's request an allocation result belongs to: a result of a
 /// `firstAvailable` subrequest names `<request>/<subrequest>`, and everything from the

@@ -37,3 +37,72 @@ pub fn reserved_pods(claim: &ResourceClaim) -> Vec<ReservedPod> {
         })
         .collect()
 }
+
+/// The uid of the pod the claim was made for (from the pod's resourceClaimTemplate):
+/// the Pod that is the claim's controlling owner, as the resource claim controller
+/// itself tells such a claim from one made by hand.
+pub fn owning_pod(claim: &ResourceClaim) -> Option<&str> {
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.api_version == "v1" && o.kind == "Pod")
+        .map(|o| o.uid.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    fn owned_by(refs: Vec<OwnerReference>) -> ResourceClaim {
+        let mut c = ResourceClaim::default();
+        c.metadata.owner_references = Some(refs);
+        c
+    }
+
+    fn owner(kind: &str, api_version: &str, controller: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "p".into(),
+            uid: format!("{kind}-uid"),
+            controller,
+            ..OwnerReference::default()
+        }
+    }
+
+    #[test]
+    fn only_a_controlling_pod_owns_a_claim() {
+        let pod = owner("Pod", "v1", Some(true));
+        assert_eq!(owning_pod(&owned_by(vec![pod.clone()])), Some("Pod-uid"));
+        // Made by hand: no owner.
+        assert_eq!(owning_pod(&ResourceClaim::default()), None);
+        // A pod that owns it without being its controller, another kind of controller
+        // (a workload's group), or something else called Pod: not made for one pod.
+        assert_eq!(owning_pod(&owned_by(vec![owner("Pod", "v1", None)])), None);
+        assert_eq!(
+            owning_pod(&owned_by(vec![owner("Pod", "v1", Some(false))])),
+            None
+        );
+        assert_eq!(
+            owning_pod(&owned_by(vec![owner(
+                "PodGroup",
+                "scheduling.k8s.io/v1alpha1",
+                Some(true)
+            )])),
+            None
+        );
+        assert_eq!(
+            owning_pod(&owned_by(vec![owner("Pod", "example.com/v1", Some(true))])),
+            None
+        );
+        // Found among other owners.
+        assert_eq!(
+            owning_pod(&owned_by(vec![owner("ConfigMap", "v1", None), pod])),
+            Some("Pod-uid")
+        );
+    }
+}

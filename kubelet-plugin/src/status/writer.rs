@@ -25,6 +25,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::{
+    PodClaims,
     build::{self, Target},
     written::{self, Written},
 };
@@ -174,6 +175,8 @@ pub struct StatusWriter {
     claims: BTreeMap<Target, ClaimState>,
     /// Where a share's move worth telling its owner goes.
     events: Events,
+    /// Claims made for one pod: their release is not written (`super::pod_claims`).
+    pod_claims: PodClaims,
     /// What was written, kept on the node for the next start.
     written: Written,
     recorded_at: Instant,
@@ -227,6 +230,7 @@ impl StatusWriter {
         agent: Arc<Agent>,
         drivers: BTreeSet<String>,
         events: Events,
+        pod_claims: PodClaims,
         written: Written,
     ) -> Self {
         Self {
@@ -236,6 +240,7 @@ impl StatusWriter {
             shares: HashMap::new(),
             claims: BTreeMap::new(),
             events,
+            pod_claims,
             written,
             recorded_at: Instant::now(),
             jitter: backoff::seed(),
@@ -257,6 +262,7 @@ impl StatusWriter {
         self.shares.remove(t);
         self.written.remove(t);
         self.events.forget_pods(&t.uid);
+        self.pod_claims.forget(&t.uid);
     }
 
     /// The record to disk, if it changed and `RECORD_EVERY` passed (or `now`).
@@ -430,6 +436,11 @@ impl StatusWriter {
         }
         let digest = written::digest(&body);
         if state.last_written.as_ref() == Some(&digest) {
+            return;
+        }
+        if !live && self.pod_claims.holds(&t.uid) {
+            info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "the release is not written: the claim was made for its pod alone, and its deallocation removes the entries");
+            self.forget(&t);
             return;
         }
         let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), &t.namespace);

@@ -1,10 +1,10 @@
 //! The fleet's churn phase: claims prepared and released across the fleet, as kubelets
 //! would, at a steady rate. The harness plays the scheduler and kubelet for each claim:
-//! it creates the claim and a Pod bound to a node that uses it, writes the allocation
-//! and reservation as the scheduler does (one share of the node's device, the node in
-//! the allocation's node selector), calls the node's plugin's `NodePrepareResources`
-//! over its DRA socket, and after the claim's lifetime `NodeUnprepareResources`, then
-//! deletes the Pod and the claim. The plugin reads the claim, prepares it on its
+//! it creates a Pod bound to a node and the claim it uses (owned by the Pod, as one made
+//! from the pod's template is), writes the allocation and reservation as the scheduler
+//! does (one share of the node's device, the node in the allocation's node selector),
+//! calls the node's plugin's `NodePrepareResources` over its DRA socket, and after the
+//! claim's lifetime `NodeUnprepareResources`, then deletes the Pod and the claim. The plugin reads the claim, prepares it on its
 //! (simulated) agent and writes its status as it does on a real node. No scheduler
 //! places these pods (they are created bound), so the binding gate takes no part: its
 //! requests are counted on the real cluster (docs/kubernetes.md).
@@ -93,19 +93,6 @@ pub async fn claim_life(
 ) -> Outcome {
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-    let claim: ResourceClaim = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{
-            "name": "bw",
-            "exactly": {
-                "deviceClassName": DEVICE_CLASS,
-                "capacity": {"requests": {ask.capacity.as_str(): ask.amount}},
-            },
-        }]}},
-    }))
-    .unwrap();
-    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
-    let uid = claim.metadata.uid.clone().unwrap();
     // Bound to the node from the start, and tolerating its being unreachable (no
     // kubelet reports it), so nothing evicts it during the run.
     let pod: Pod = serde_json::from_value(json!({
@@ -124,6 +111,28 @@ pub async fn claim_life(
     .unwrap();
     let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
     let pod_uid = pod.metadata.uid.clone().unwrap();
+    // Owned by its pod, as the resource claim controller makes a claim from a pod's
+    // template (most claims are): the plugin leaves such a claim's release to its
+    // deallocation.
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid,
+                "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {"devices": {"requests": [{
+            "name": "bw",
+            "exactly": {
+                "deviceClassName": DEVICE_CLASS,
+                "capacity": {"requests": {ask.capacity.as_str(): ask.amount}},
+            },
+        }]}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let uid = claim.metadata.uid.clone().unwrap();
     // What the scheduler writes: the allocation, on this node, and the reservation.
     let status = json!({"status": {
         "allocation": {
@@ -199,6 +208,12 @@ pub async fn claim_life(
         ..DeleteParams::default()
     };
     pods.delete(&name, &now).await.unwrap();
-    claims.delete(&name, &now).await.unwrap();
+    // The garbage collector may have taken the claim with its pod already.
+    match claims.delete(&name, &now).await {
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        r => {
+            r.unwrap_or_else(|e| panic!("deleting claim {name}: {e}"));
+        }
+    }
     out
 }

@@ -976,3 +976,93 @@ async fn a_share_enforced_after_waiting_gets_an_event() {
     );
     assert_eq!(about_claim.len(), 5, "{about_claim:#?}");
 }
+
+/// A claim made for its pod (a Pod its controlling owner, as the resource claim
+/// controller makes one from a template) costs no apply for its release: the controller
+/// deallocates it once the pod is done, and the API server then drops its status
+/// entries itself. A claim made by hand may stay allocated for another pod: its release
+/// is written. Both in one plugin, so that the written release of the one shows the
+/// writer had the other's release in hand too.
+#[tokio::test]
+async fn the_release_of_a_claim_made_for_its_pod_is_left_to_its_deallocation() {
+    let agent = agent();
+    let (api, pod_uid) = api_with_pod();
+    let (by_hand, _) = share_claim(&api, "by-hand", &pod_uid, "1Gi");
+    let (for_pod, _) = share_claim(&api, "for-pod", &pod_uid, "1Gi");
+    let mut c = api
+        .get::<k8s_openapi::api::resource::v1::ResourceClaim>(NS, "for-pod")
+        .unwrap();
+    c.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: "p1".into(),
+            uid: pod_uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
+    api.put(&c);
+    let p = Plugin::start(&agent, &api, NODE, &[DRIVER]);
+    let mut kubelet = p.kubelet.v1(&p.endpoint(DRIVER)).await;
+    let claims = || {
+        vec![
+            v1_claim(NS, "by-hand", &by_hand),
+            v1_claim(NS, "for-pod", &for_pod),
+        ]
+    };
+    let r = kubelet
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: claims() })
+        .await
+        .unwrap()
+        .into_inner();
+    for uid in [&by_hand, &for_pod] {
+        assert_eq!(r.claims[uid].error, "", "{r:?}\n{}", p.log_text());
+    }
+    let entries = |name: &str| {
+        api.get::<k8s_openapi::api::resource::v1::ResourceClaim>(NS, name)
+            .and_then(|c| c.status?.devices)
+            .map_or(0, |d| d.len())
+    };
+    shareguard_tests::net::wait_for("both claims' status written", WAIT, || {
+        entries("by-hand") == 1 && entries("for-pod") == 1
+    });
+    let applies = |name: &str| {
+        let path = format!("/namespaces/{NS}/resourceclaims/{name}/status");
+        api.applies()
+            .iter()
+            .filter(|a| a.path.ends_with(&path))
+            .count()
+    };
+    assert_eq!((applies("by-hand"), applies("for-pod")), (1, 1));
+
+    let u = kubelet
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: claims() })
+        .await
+        .unwrap()
+        .into_inner();
+    for uid in [&by_hand, &for_pod] {
+        assert_eq!(u.claims[uid].error, "", "{u:?}");
+    }
+    const LEFT: &str = "the release is not written: the claim was made for its pod alone";
+    shareguard_tests::net::wait_for("the releases handled", WAIT, || {
+        entries("by-hand") == 0
+            && p.log_text()
+                .lines()
+                .any(|l| l.contains(LEFT) && l.contains("for-pod"))
+    });
+    assert_eq!(
+        (applies("by-hand"), applies("for-pod")),
+        (2, 1),
+        "the release written to the claim made by hand alone:\n{}",
+        p.log_text()
+    );
+    assert_eq!(entries("for-pod"), 1, "left for the deallocation to remove");
+    assert!(
+        !p.log_text()
+            .lines()
+            .any(|l| l.contains(LEFT) && l.contains("by-hand")),
+        "{}",
+        p.log_text()
+    );
+}
