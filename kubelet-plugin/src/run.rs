@@ -128,8 +128,12 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Events on claims and pods, written by a task of their own (events/mod.rs).
-    let (events, events_task) =
-        Events::start(cluster.clients().clone(), &args.node_name, stop_rx.clone());
+    let (events, events_task) = Events::start(
+        cluster.clients().clone(),
+        &args.node_name,
+        args.enforced_events,
+        stop_rx.clone(),
+    );
     tokio::spawn(events_task.instrument(info_span!("events")));
     let pod_claims = PodClaims::default();
     let mut servers = JoinSet::new();

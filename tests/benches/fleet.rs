@@ -29,7 +29,8 @@
 //!    minute on each node (default 1), each prepared for `FLEET_CLAIM_SECONDS` (default
 //!    60), its share ENFORCED `FLEET_ENFORCE_MS` after its Prepare (default 1000, as a
 //!    pod's sandbox follows its Prepare); until every claim is gone and the plugins'
-//!    requests are down again.
+//!    requests are down again. `FLEET_ENFORCED_EVENTS=false` runs the plugins with
+//!    `--enforced-events=false`.
 //! 5. `rolling restart`: every plugin replaced by a new instance, `FLEET_RESTART_BATCH`
 //!    nodes at a time (default 50; a DaemonSet's `maxSurge`): the new instance starts
 //!    beside the old, takes the agent's epoch, and the old one is stopped; until the
@@ -111,6 +112,7 @@ impl SimNode {
             resync_seconds: 30,
             max_slices_per_node: 16,
             binding_conditions: true,
+            enforced_events: env_or("FLEET_ENFORCED_EVENTS", true),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let span = tracing::info_span!("node", node = %self.name, instance);

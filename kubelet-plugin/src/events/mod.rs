@@ -67,6 +67,8 @@ pub struct Events {
     tx: Option<mpsc::Sender<Job>>,
     node: String,
     known: KnownPods,
+    /// Whether a share enforced after it waited is told (`--enforced-events`).
+    enforced: bool,
 }
 
 impl Events {
@@ -76,13 +78,16 @@ impl Events {
             tx: None,
             node: String::new(),
             known: KnownPods::default(),
+            enforced: true,
         }
     }
 
     /// The writer task for node `node`, until `stop` turns true; and its handle.
+    /// `enforced`: whether a share enforced after it waited is told.
     pub fn start(
         clients: Clients,
         node: &str,
+        enforced: bool,
         mut stop: watch::Receiver<bool>,
     ) -> (Self, impl Future<Output = ()> + use<>) {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
@@ -109,6 +114,7 @@ impl Events {
                 tx: Some(tx),
                 node: node.to_owned(),
                 known,
+                enforced,
             },
             task,
         )
@@ -148,10 +154,17 @@ impl Events {
         );
     }
 
+    /// The Event a share's move calls for, unless it is one this plugin was told not to
+    /// write.
+    fn to_tell(&self, before: Option<&pb::ShareStatus>, now: &pb::ShareStatus) -> Option<Notice> {
+        notice::on_change(before, now, &self.node)
+            .filter(|n| self.enforced || n.kind != notice::Kind::Normal)
+    }
+
     /// A share moved from `before` to `now` (as the agent's WatchShares said).
     pub fn share_changed(&self, before: Option<&pb::ShareStatus>, now: &pb::ShareStatus) {
         let Some(c) = now.claim.as_ref() else { return };
-        if let Some(n) = notice::on_change(before, now, &self.node) {
+        if let Some(n) = self.to_tell(before, now) {
             self.send(
                 ClaimObject {
                     namespace: c.namespace.clone(),
@@ -211,5 +224,39 @@ impl EventApi for KubeEvents {
             return Ok(Vec::new());
         }
         Ok(reserved_pods(&claim))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(phase: pb::Phase) -> pb::ShareStatus {
+        pb::ShareStatus {
+            share_id: "0b6a4c9e-1111-4c3e-9f00-000000000001".into(),
+            device: "nic-0".into(),
+            phase: phase as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_enforced_events_only_warnings_are_told() {
+        let told = |enforced: bool, from: pb::Phase, to: pb::Phase| {
+            let events = Events {
+                enforced,
+                ..Events::disabled()
+            };
+            events
+                .to_tell(Some(&share(from)), &share(to))
+                .map(|n| n.reason)
+        };
+        use pb::Phase::*;
+        assert_eq!(told(true, Pending, Enforced), Some("ShareEnforced"));
+        assert_eq!(told(false, Pending, Enforced), None);
+        assert_eq!(told(false, Degraded, Enforced), None);
+        assert_eq!(told(true, Enforced, Degraded), Some("ShareDegraded"));
+        assert_eq!(told(false, Enforced, Degraded), Some("ShareDegraded"));
+        assert_eq!(told(false, Pending, Failed), Some("ShareFailed"));
     }
 }

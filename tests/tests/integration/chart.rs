@@ -338,6 +338,7 @@ agent:
     "shareguard-accounted" = "observe"
 kubeletPlugin:
   maxSlicesPerNode: 4
+  enforcedEvents: false
   nodeSelector:
     acme.io/shareguard: "true"
 podMonitor:
@@ -549,6 +550,10 @@ fn other_values_render_valid_manifests_that_use_them() {
     }
     assert!(
         plugin.contains("\"--max-slices-per-node\",\"4\""),
+        "{plugin}"
+    );
+    assert!(
+        plugin.contains("\"--enforced-events\",\"false\""),
         "{plugin}"
     );
 }
