@@ -1213,6 +1213,7 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
             "--agent-socket",
             "--binding-conditions",
             "--driver",
+            "--enforced-events",
             "--health-addr",
             "--instance-id",
             "--max-slices-per-node",
@@ -1236,6 +1237,8 @@ fn kubelet_plugin_container_is_unprivileged_and_serves_kubelets_directories() {
     );
     // The binding gate, on by default: no pod bound to a node that refused its share.
     assert_eq!(f["--binding-conditions"], "true");
+    // The ShareEnforced Event, on by default (kubeletPlugin.enforcedEvents).
+    assert_eq!(f["--enforced-events"], "true");
     let node_env = c
         .env
         .iter()
