@@ -34,8 +34,8 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, Options, agent_bin, alloc, claim, claim_ref, generic_device, http_get, proto as pb,
-    share_id,
+    Agent, Options, agent_bin, alloc, claim, claim_ref, env_or, generic_device, http_get,
+    proto as pb, share_id,
 };
 use tokio::{runtime::Runtime, task::JoinSet};
 
@@ -91,16 +91,16 @@ impl Settings {
         let s = Settings {
             quick,
             sizes: env_list("BENCH_SIZES", sizes),
-            samples: env_usize("BENCH_SAMPLES", samples),
-            fsync_samples: env_usize("BENCH_FSYNC_SAMPLES", fsync_samples),
-            warmup: env_usize("BENCH_WARMUP", warmup),
+            samples: env_or("BENCH_SAMPLES", samples),
+            fsync_samples: env_or("BENCH_FSYNC_SAMPLES", fsync_samples),
+            warmup: env_or("BENCH_WARMUP", warmup),
             clients: env_list("BENCH_CLIENTS", vec![1, 4, 16]),
-            throughput_ops: env_usize("BENCH_THROUGHPUT_OPS", ops),
-            restarts: env_usize("BENCH_RESTARTS", restarts),
+            throughput_ops: env_or("BENCH_THROUGHPUT_OPS", ops),
+            restarts: env_or("BENCH_RESTARTS", restarts),
             // One client: concurrent Prepares can hang the agent (docs/benchmarks.md), and
             // the preload is set-up, not a measurement.
-            preload_clients: env_usize("BENCH_PRELOAD_CLIENTS", 1),
-            hang: Duration::from_secs(env_usize("BENCH_HANG_S", 20) as u64),
+            preload_clients: env_or("BENCH_PRELOAD_CLIENTS", 1),
+            hang: Duration::from_secs(env_or("BENCH_HANG_S", 20)),
         };
         assert!(!s.sizes.is_empty(), "BENCH_SIZES is empty");
         assert!(
@@ -125,16 +125,6 @@ fn env_list(name: &str, default: Vec<usize>) -> Vec<usize> {
                     .unwrap_or_else(|_| panic!("{name}={v:?}: {s:?} is not a whole number"))
             })
             .collect(),
-        Err(_) => default,
-    }
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
         Err(_) => default,
     }
 }

@@ -34,18 +34,11 @@ use std::{
 };
 
 use shareguard_tests::{
-    Agent, alloc, claim, generic_device,
+    Agent, alloc, claim, env_or, generic_device,
     net::{self, PinDir, Pod, TrafficLock},
     pod::{Layout, pod_uid},
     proto as pb, share_id,
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -265,9 +258,9 @@ fn main() {
     if !net::privileged("bench pods") {
         return;
     }
-    let pods = env_usize("SHAREGUARD_BENCH_PODS", 100);
-    let rounds = env_usize("SHAREGUARD_BENCH_ROUNDS", 5);
-    let per_round = env_usize("SHAREGUARD_BENCH_PREPARES", 300);
+    let pods = env_or("SHAREGUARD_BENCH_PODS", 100);
+    let rounds = env_or("SHAREGUARD_BENCH_ROUNDS", 5);
+    let per_round = env_or("SHAREGUARD_BENCH_PREPARES", 300);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -308,7 +301,7 @@ fn main() {
         ms(tenth(9)),
         pods - 1
     );
-    let busy = env_usize("SHAREGUARD_BENCH_BUSY", 10).min(pods);
+    let busy = env_or("SHAREGUARD_BENCH_BUSY", 10).min(pods);
     let cpu = agent_cpu(&a, &pods_live[..busy]);
     println!("\n## The agent's CPU with {pods} live bandwidth shares\n");
     println!(
