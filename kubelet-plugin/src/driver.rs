@@ -320,6 +320,9 @@ impl Driver {
     /// An Event on the claim and its pods for a refusal, unless this instance was only
     /// replaced (the call is passed on, and the successor answers it).
     fn tell_refused(&self, c: &pb::ClaimRef, code: Option<&str>, e: &ClaimError) {
+        // The status writer forgets a claim once its shares are released; a refused
+        // claim may have none to be forgotten with. Read again if kubelet retries.
+        self.pod_claims.forget(&c.uid);
         if matches!(e, ClaimError::Fenced(_)) {
             return;
         }
