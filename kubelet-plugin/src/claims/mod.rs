@@ -4,10 +4,12 @@
 mod allocation_id;
 mod build;
 mod pods;
+mod seen;
 
 pub use allocation_id::allocation_id;
 pub use build::{KubeletDevice, Prepared, build};
 pub use pods::{ReservedPod, owning_pod, reserved_pods};
+pub use seen::SeenClaims;
 
 /// The name of the claim's request an allocation result belongs to: a result of a
 /// `firstAvailable` subrequest names `<request>/<subrequest>`, and everything from the

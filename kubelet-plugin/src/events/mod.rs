@@ -19,11 +19,6 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use shareguard_proto::v1 as pb;
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
-
 use tokio::sync::{mpsc, watch};
 use tracing::debug;
 
@@ -31,31 +26,12 @@ pub use notice::Notice;
 pub use recorder::{ClaimObject, EventApi, Recorder};
 
 use crate::{
-    claims::{ReservedPod, reserved_pods},
+    claims::{ReservedPod, SeenClaims, reserved_pods},
     cluster::Clients,
 };
 
 /// Jobs waiting for the writer; beyond this, new ones are dropped.
 const QUEUE: usize = 256;
-/// Claims whose pods are kept from the plugin's own read of the claim; beyond this, an
-/// Event reads them from the API server as it did before there was a memory.
-const KNOWN_CLAIMS: usize = 4096;
-
-/// Claim uid -> the pods its `status.reservedFor` named when the plugin last read it
-/// (kubelet's Prepare, the binding gate): the pods of a ShareEnforced Event without a
-/// GET of the claim, which every claim's first enforcement would otherwise cost.
-#[derive(Clone, Default)]
-struct KnownPods(Arc<Mutex<HashMap<String, Vec<ReservedPod>>>>);
-
-impl KnownPods {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<ReservedPod>>> {
-        // A panic while holding it leaves a map of plain values, still usable.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 struct Job {
     claim: ClaimObject,
     notice: Notice,
@@ -66,7 +42,7 @@ struct Job {
 pub struct Events {
     tx: Option<mpsc::Sender<Job>>,
     node: String,
-    known: KnownPods,
+    known: SeenClaims,
     /// Whether a share enforced after it waited is told (`--enforced-events`).
     enforced: bool,
 }
@@ -77,7 +53,7 @@ impl Events {
         Self {
             tx: None,
             node: String::new(),
-            known: KnownPods::default(),
+            known: SeenClaims::default(),
             enforced: true,
         }
     }
@@ -91,7 +67,7 @@ impl Events {
         mut stop: watch::Receiver<bool>,
     ) -> (Self, impl Future<Output = ()> + use<>) {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
-        let known = KnownPods::default();
+        let known = SeenClaims::default();
         let mut recorder = Recorder::new(
             KubeEvents {
                 clients,
@@ -122,16 +98,13 @@ impl Events {
 
     /// The pods claim `uid` is reserved for, as the plugin just read it.
     pub fn know_pods(&self, uid: &str, pods: Vec<ReservedPod>) {
-        let mut m = self.known.map();
-        if m.len() < KNOWN_CLAIMS || m.contains_key(uid) {
-            m.insert(uid.to_owned(), pods);
-        }
+        self.known.know_pods(uid, pods);
     }
 
     /// Claim `uid` is done with on this node (unprepared, or nothing of ours is left in
     /// it).
     pub fn forget_pods(&self, uid: &str) {
-        self.known.map().remove(uid);
+        self.known.forget(uid);
     }
 
     fn send(&self, claim: ClaimObject, notice: Notice) {
@@ -180,7 +153,7 @@ impl Events {
 /// The API server's events.k8s.io/v1 Events, and the claim's pods.
 struct KubeEvents {
     clients: Clients,
-    known: KnownPods,
+    known: SeenClaims,
 }
 
 impl EventApi for KubeEvents {
@@ -214,8 +187,8 @@ impl EventApi for KubeEvents {
         uid: &str,
         recent: bool,
     ) -> Result<Vec<ReservedPod>, kube::Error> {
-        if recent && let Some(pods) = self.known.map().get(uid) {
-            return Ok(pods.clone());
+        if recent && let Some(pods) = self.known.pods(uid) {
+            return Ok(pods);
         }
         let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), namespace);
         let claim = self.clients.bounded(api.get(name)).await?;
