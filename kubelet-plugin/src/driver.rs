@@ -16,14 +16,13 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::{
     agent::Agent,
     answer::{Answers, Caller, DeviceAnswer},
-    claims::{self, KubeletDevice, Prepared},
+    claims::{self, KubeletDevice, Prepared, SeenClaims},
     cluster::Cluster,
     error::ClaimError,
     events::Events,
     forward::Successors,
     inventory::DriverDevices,
     policy::PolicySnapshot,
-    status::PodClaims,
 };
 
 /// Why the binding gate did not admit a claim.
@@ -65,8 +64,8 @@ pub struct Driver {
     successors: Successors,
     /// Where a refused claim is told to its owner.
     events: Events,
-    /// Claims made for one pod, whose release the status writer leaves out.
-    pod_claims: PodClaims,
+    /// What its reads of a claim found, for Events and the status writer.
+    seen: SeenClaims,
     /// Calls being answered now. kubelet drops its connection to an instance as soon
     /// as it unregisters, failing the calls still on it: a stop waits for these first.
     in_flight: tokio::sync::watch::Sender<usize>,
@@ -97,7 +96,7 @@ impl Driver {
         devices: Devices,
         successors: Successors,
         events: Events,
-        pod_claims: PodClaims,
+        seen: SeenClaims,
     ) -> Self {
         Self {
             name: name.to_owned(),
@@ -106,7 +105,7 @@ impl Driver {
             devices: RwLock::new(Arc::new(devices)),
             successors,
             events,
-            pod_claims,
+            seen,
             in_flight: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -322,7 +321,7 @@ impl Driver {
     fn tell_refused(&self, c: &pb::ClaimRef, code: Option<&str>, e: &ClaimError) {
         // The status writer forgets a claim once its shares are released; a refused
         // claim may have none to be forgotten with. Read again if kubelet retries.
-        self.pod_claims.forget(&c.uid);
+        self.seen.forget(&c.uid);
         if matches!(e, ClaimError::Fenced(_)) {
             return;
         }
@@ -367,9 +366,8 @@ impl Driver {
         )?;
         // The claim read is the one asked for (`claims::build` checked its uid): the
         // Events of its shares name these pods without reading it again.
-        self.events.know_pods(&c.uid, reserved);
-        self.pod_claims
-            .read(&c.uid, claims::owning_pod(claim).is_some());
+        self.seen
+            .read(&c.uid, reserved, claims::owning_pod(claim).is_some());
         Ok(prepared)
     }
 
@@ -429,7 +427,7 @@ impl Driver {
                         None => Err("the node agent gave no answer for the claim".to_owned()),
                         Some(e) if e.code.is_empty() => {
                             info!(claim = %format!("{}/{}", c.namespace, c.name), claim_uid = %c.uid, "unprepared");
-                            self.events.forget_pods(&c.uid);
+                            self.seen.unprepared(&c.uid);
                             Ok(())
                         }
                         Some(e) => Err(self.agent.claim_error(&e).to_string()),

@@ -22,6 +22,7 @@ use crate::{
     PluginArgs,
     agent::Agent,
     backoff::Backoff,
+    claims::SeenClaims,
     cluster::{self, Cluster},
     driver::{Devices, Driver},
     error::PluginError,
@@ -31,7 +32,7 @@ use crate::{
     inventory::{DriverDevices, Inventory},
     kubelet::{HealthV1, HealthV1Alpha1, Registration, RegistrationState, SocketFile, V1, V1Beta1},
     slices::{PublishError, Publisher},
-    status::{PodClaims, StatusWriter, Written},
+    status::{StatusWriter, Written},
     stop::{stopped, until_stopped},
 };
 
@@ -128,14 +129,16 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Events on claims and pods, written by a task of their own (events/mod.rs).
+    // What the drivers' reads of claims found, for Events and the status writer.
+    let seen = SeenClaims::default();
     let (events, events_task) = Events::start(
         cluster.clients().clone(),
         &args.node_name,
         args.enforced_events,
+        seen.clone(),
         stop_rx.clone(),
     );
     tokio::spawn(events_task.instrument(info_span!("events")));
-    let pod_claims = PodClaims::default();
     let mut servers = JoinSet::new();
     let mut dra_sockets = Vec::new();
     let mut reg_sockets = Vec::new();
@@ -150,7 +153,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             Devices::new(devices.clone()),
             Successors::new(&dra_path),
             events.clone(),
-            pod_claims.clone(),
+            seen.clone(),
         ));
         let (dra_listener, dra_socket) = SocketFile::bind(&dra_path)?;
         let dra = tonic::transport::Server::builder()
@@ -217,7 +220,7 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
             agent.clone(),
             inventory.drivers.keys().cloned().collect(),
             events.clone(),
-            pod_claims,
+            seen,
             written,
         )
         .run(stop_rx.clone()),

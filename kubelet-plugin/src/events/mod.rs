@@ -42,7 +42,6 @@ struct Job {
 pub struct Events {
     tx: Option<mpsc::Sender<Job>>,
     node: String,
-    known: SeenClaims,
     /// Whether a share enforced after it waited is told (`--enforced-events`).
     enforced: bool,
 }
@@ -53,25 +52,25 @@ impl Events {
         Self {
             tx: None,
             node: String::new(),
-            known: SeenClaims::default(),
             enforced: true,
         }
     }
 
     /// The writer task for node `node`, until `stop` turns true; and its handle.
-    /// `enforced`: whether a share enforced after it waited is told.
+    /// `enforced`: whether a share enforced after it waited is told; `seen`: the pods of
+    /// the claims the plugin read, named without reading the claim again.
     pub fn start(
         clients: Clients,
         node: &str,
         enforced: bool,
+        seen: SeenClaims,
         mut stop: watch::Receiver<bool>,
     ) -> (Self, impl Future<Output = ()> + use<>) {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
-        let known = SeenClaims::default();
         let mut recorder = Recorder::new(
             KubeEvents {
                 clients,
-                known: known.clone(),
+                known: seen,
             },
             node,
         );
@@ -89,22 +88,10 @@ impl Events {
             Self {
                 tx: Some(tx),
                 node: node.to_owned(),
-                known,
                 enforced,
             },
             task,
         )
-    }
-
-    /// The pods claim `uid` is reserved for, as the plugin just read it.
-    pub fn know_pods(&self, uid: &str, pods: Vec<ReservedPod>) {
-        self.known.know_pods(uid, pods);
-    }
-
-    /// Claim `uid` is done with on this node (unprepared, or nothing of ours is left in
-    /// it).
-    pub fn forget_pods(&self, uid: &str) {
-        self.known.forget(uid);
     }
 
     fn send(&self, claim: ClaimObject, notice: Notice) {
@@ -153,6 +140,7 @@ impl Events {
 /// The API server's events.k8s.io/v1 Events, and the claim's pods.
 struct KubeEvents {
     clients: Clients,
+    /// The pods of the claims the plugin read.
     known: SeenClaims,
 }
 

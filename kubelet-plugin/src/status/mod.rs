@@ -2,10 +2,8 @@
 //! `status.devices`, so that `kubectl get resourceclaim` says what is enforced.
 
 pub mod build;
-mod pod_claims;
 mod writer;
 mod written;
 
-pub use pod_claims::PodClaims;
 pub use writer::StatusWriter;
 pub use written::Written;

@@ -25,11 +25,13 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::{
-    PodClaims,
     build::{self, Target},
     written::{self, Written},
 };
-use crate::{agent::Agent, backoff, cluster::Clients, events::Events, stop::until_stopped};
+use crate::{
+    agent::Agent, backoff, claims::SeenClaims, cluster::Clients, events::Events,
+    stop::until_stopped,
+};
 
 /// A claim's status is written at most this often on average; changes in between are
 /// merged.
@@ -175,8 +177,9 @@ pub struct StatusWriter {
     claims: BTreeMap<Target, ClaimState>,
     /// Where a share's move worth telling its owner goes.
     events: Events,
-    /// Claims made for one pod: their release is not written (`super::pod_claims`).
-    pod_claims: PodClaims,
+    /// What the plugin's reads of a claim found; a claim made for one pod has its
+    /// release left out (`crate::claims::SeenClaims`).
+    seen: SeenClaims,
     /// What was written, kept on the node for the next start.
     written: Written,
     recorded_at: Instant,
@@ -230,7 +233,7 @@ impl StatusWriter {
         agent: Arc<Agent>,
         drivers: BTreeSet<String>,
         events: Events,
-        pod_claims: PodClaims,
+        seen: SeenClaims,
         written: Written,
     ) -> Self {
         Self {
@@ -240,7 +243,7 @@ impl StatusWriter {
             shares: HashMap::new(),
             claims: BTreeMap::new(),
             events,
-            pod_claims,
+            seen,
             written,
             recorded_at: Instant::now(),
             jitter: backoff::seed(),
@@ -261,8 +264,7 @@ impl StatusWriter {
         self.claims.remove(t);
         self.shares.remove(t);
         self.written.remove(t);
-        self.events.forget_pods(&t.uid);
-        self.pod_claims.forget(&t.uid);
+        self.seen.forget(&t.uid);
     }
 
     /// The record to disk, if it changed and `RECORD_EVERY` passed (or `now`).
@@ -438,7 +440,7 @@ impl StatusWriter {
         if state.last_written.as_ref() == Some(&digest) {
             return;
         }
-        if !live && self.pod_claims.holds(&t.uid) {
+        if !live && self.seen.for_one_pod(&t.uid) {
             info!(claim = %t.name, namespace = %t.namespace, driver = %t.driver, "the release is not written: the claim was made for its pod alone, and its deallocation removes the entries");
             self.forget(&t);
             return;
