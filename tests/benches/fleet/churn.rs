@@ -4,10 +4,11 @@
 //! from the pod's template is), writes the allocation and reservation as the scheduler
 //! does (one share of the node's device, the node in the allocation's node selector),
 //! calls the node's plugin's `NodePrepareResources` over its DRA socket, and after the
-//! claim's lifetime `NodeUnprepareResources`, then deletes the Pod and the claim. The plugin reads the claim, prepares it on its
-//! (simulated) agent and writes its status as it does on a real node. No scheduler
-//! places these pods (they are created bound), so the binding gate takes no part: its
-//! requests are counted on the real cluster (docs/kubernetes.md).
+//! claim's lifetime `NodeUnprepareResources`, then deletes the Pod and the claim. The
+//! plugin reads the claim, prepares it on its (simulated) agent and writes its status as
+//! it does on a real node. No scheduler places these pods (they are created bound), so
+//! the binding gate takes no part: its requests are counted on the real cluster
+//! (docs/kubernetes.md).
 
 use std::{
     sync::Arc,
