@@ -78,11 +78,17 @@ pub fn env_list(name: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// Environment variable `name` parsed as a `T`, or `default` when it is unset; a value
-/// that does not parse fails the benchmark, naming it.
+/// Environment variable `name` parsed as a `T` (spaces around it ignored), or `default`
+/// when it is unset; a value that does not parse fails the benchmark, naming it.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().map_or(default, |v| {
-        v.parse()
+    setting_or(name, std::env::var(name).ok().as_deref(), default)
+}
+
+/// [`env_or`] of the value `raw` found for `name`.
+fn setting_or<T: std::str::FromStr>(name: &str, raw: Option<&str>, default: T) -> T {
+    raw.map_or(default, |v| {
+        v.trim()
+            .parse()
             .unwrap_or_else(|_| panic!("{name}={v:?} does not parse"))
     })
 }
@@ -907,7 +913,20 @@ pub fn gib(q: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::ready_addr_in;
+    use super::{ready_addr_in, setting_or};
+
+    #[test]
+    fn a_setting_is_trimmed_defaulted_or_refused_by_name() {
+        assert_eq!(setting_or("N", Some(" 12\n"), 3usize), 12);
+        assert_eq!(setting_or("N", None, 3usize), 3);
+        let refused = std::panic::catch_unwind(|| setting_or("FLEET_NODES", Some("ten"), 3usize))
+            .expect_err("a value that does not parse is refused");
+        let message = refused
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(message.contains("FLEET_NODES=\"ten\""), "{message}");
+    }
 
     #[test]
     fn ready_addresses_come_from_the_ready_line_only() {
