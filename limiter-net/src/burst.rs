@@ -205,10 +205,7 @@ impl Registry {
     /// share's class holds the idle bucket ([`tc::htb_tree_commands`]), and the share is
     /// armed, so that its first packet starts the window that gives the full one back.
     pub fn installed(&self, bpf: &mut Bpf, index: u32, g: Governed) -> Result<(), NetError> {
-        let seen = bpf
-            .activity(index)
-            .map_err(|e| NetError::Bpf(e.to_string()))?;
-        arm(bpf, index, seen)?;
+        arm(bpf, index)?;
         self.map().insert(
             index,
             Governed {
@@ -243,15 +240,21 @@ impl Registry {
             if (g.bucket == Bucket::Idle && !all) || now_ns < g.retry_after_ns {
                 continue;
             }
-            let read = bpf
-                .activity(index)
-                .and_then(|a| Ok((a, bpf.index_counters(index)?.bytes)));
+            // Only an idle share's decision reads the activity entry (`at_tick`); arming
+            // a busy one reads it then. Busy shares are ticked every TICK: one map read
+            // a tick fewer for each.
+            let seen = if g.bucket == Bucket::Idle {
+                bpf.activity(index)
+            } else {
+                Ok(Activity::default())
+            };
+            let read = seen.and_then(|a| Ok((a, bpf.index_counters(index)?.bytes)));
             let result =
                 read.map_err(|e| NetError::Bpf(e.to_string()))
                     .and_then(|(seen, bytes)| {
                         let now_ns = monotonic_ns();
                         let step = at_tick(g.bucket, seen, bytes, now_ns, g.bytes_per_sec);
-                        apply(bpf, index, g, step, seen, bytes, now_ns)
+                        apply(bpf, index, g, step, bytes, now_ns)
                     });
             if let Err(e) = result {
                 // Its interface or class is gone or changed: the reconciler finds that
@@ -288,10 +291,7 @@ impl Registry {
             let result = bpf
                 .index_counters(*index)
                 .map_err(|e| NetError::Bpf(e.to_string()))
-                .and_then(|c| {
-                    let seen = Activity::default();
-                    apply(bpf, *index, g, Step::Wake, seen, c.bytes, monotonic_ns())
-                });
+                .and_then(|c| apply(bpf, *index, g, Step::Wake, c.bytes, monotonic_ns()));
             if let Err(e) = result {
                 warn!(share = %g.share_key, direction = %g.direction, error = %e, "waking the share");
             }
@@ -304,7 +304,6 @@ fn apply(
     index: u32,
     g: &mut Governed,
     step: Step,
-    seen: Activity,
     bytes: u64,
     now_ns: u64,
 ) -> Result<(), NetError> {
@@ -323,12 +322,12 @@ fn apply(
         }
         Step::Shrink => {
             rtnl::set_htb_burst(g.ifindex, tc::MAJOR, tc::SHARE_MINOR, g.idle_bytes)?;
-            arm(bpf, index, seen)?;
+            arm(bpf, index)?;
             g.bucket = Bucket::Idle;
             debug!(share = %g.share_key, direction = %g.direction, bytes = g.idle_bytes, "rate unused: idle bucket");
         }
         Step::Arm => {
-            arm(bpf, index, seen)?;
+            arm(bpf, index)?;
             g.bucket = Bucket::Idle;
         }
         Step::Wake => {
@@ -350,10 +349,14 @@ fn apply(
     Ok(())
 }
 
-/// Arms the entry at `index`: the share's next packet wakes the governor. A packet
-/// between the read of `seen` and this finds the entry unarmed; the next tick sees it
-/// sent ([`at_tick`] wakes it).
-fn arm(bpf: &mut Bpf, index: u32, seen: Activity) -> Result<(), NetError> {
+/// Arms the entry at `index`: the share's next packet wakes the governor. The entry is
+/// read just before and its `last_ns` written back as it was; a packet between the
+/// read and the write finds the entry unarmed, and the next tick sees it sent
+/// ([`at_tick`] wakes it).
+fn arm(bpf: &mut Bpf, index: u32) -> Result<(), NetError> {
+    let seen = bpf
+        .activity(index)
+        .map_err(|e| NetError::Bpf(e.to_string()))?;
     bpf.arm(index, seen)
         .map_err(|e| NetError::Bpf(e.to_string()))
 }
