@@ -6,10 +6,11 @@
 //! ServiceAccount, RBAC, admission policies and DeviceClasses) and runs this. It then
 //! plays `FLEET_NODES` nodes (default 1,000) in one process: for each, a Node object, a
 //! token of the plugin's ServiceAccount bound to that Node (it names the node, as the
-//! pod-bound token of the DaemonSet's pod there does), a SIMULATED agent ([`shareguard_tests::sim_agent`]) that serves the
-//! inventory a real agent reported (its pool renamed for the node), and the real kubelet
-//! plugin (`shareguard_kubelet_plugin::run`) with its default settings. The harness
-//! plays kubelet and the scheduler only in the churn phase ([`churn`]).
+//! pod-bound token of the DaemonSet's pod there does), a SIMULATED agent
+//! ([`shareguard_tests::sim_agent`]) that serves the inventory a real agent reported (its
+//! pool renamed for the node), and the real kubelet plugin
+//! (`shareguard_kubelet_plugin::run`) with its default settings. The harness plays
+//! kubelet and the scheduler only in the churn phase ([`churn`]).
 //!
 //! Phases, each measured from the API server's own figures (`/metrics`:
 //! `apiserver_request_total`, and `apiserver_request_duration_seconds` for every verb but
@@ -38,8 +39,7 @@
 //!
 //! Prints markdown for docs/benchmarks.md; asserts only that each phase ends (every
 //! slice published, every claim prepared and released, every instance replaced), not
-//! how fast. `FLEET_LOG` (default `warn`)
-//! filters the plugins' logs on stderr.
+//! how fast. `FLEET_LOG` (default `warn`) filters the plugins' logs on stderr.
 
 #![allow(clippy::unwrap_used)] // A benchmark that cannot set up has nothing to report.
 
