@@ -128,9 +128,9 @@ pub async fn run(args: PluginArgs, shutdown: impl Future<Output = ()>) -> anyhow
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    // Events on claims and pods, written by a task of their own (events/mod.rs).
     // What the drivers' reads of claims found, for Events and the status writer.
     let seen = SeenClaims::default();
+    // Events on claims and pods, written by a task of their own (events/mod.rs).
     let (events, events_task) = Events::start(
         cluster.clients().clone(),
         &args.node_name,
