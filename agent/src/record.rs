@@ -11,9 +11,15 @@ use shareguard_common::Quantity;
 
 use crate::{amounts::Amounts, error::ClaimError};
 
-/// Current value format. Bump it, and teach `decode` the old one, when a field changes
-/// meaning; adding an optional field with a serde default needs no bump.
+/// Value formats. Bump the one a record is written in, and teach `decode` the old one,
+/// when a field changes meaning; adding an optional field with a serde default needs no
+/// bump. Format 1: every record. Format 2: the same JSON, written for share records since
+/// the store stopped keeping an index record for every claim (see `store`): an agent
+/// that knows only format 1 would find those shares without their claim's index and
+/// could not release them, so it quarantines them instead, which keeps what they hold
+/// reserved and lets an Unprepare of their claim release them.
 pub const FORMAT_V1: u8 = 1;
+pub const FORMAT_V2: u8 = 2;
 
 /// The largest encoded value the store accepts. sled 0.34 writes a value larger than a
 /// quarter of a log segment (512 KiB by default, so about 128 KiB) to a blob file of its
@@ -336,8 +342,18 @@ pub struct ClaimRecord {
 
 pub use crate::error::DecodeError;
 
+/// A record other than a share's, in format 1.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![FORMAT_V1];
+    encode_as(FORMAT_V1, value)
+}
+
+/// A share's record, in format 2.
+pub fn encode_share(r: &ShareRecord) -> Vec<u8> {
+    encode_as(FORMAT_V2, r)
+}
+
+fn encode_as<T: Serialize>(format: u8, value: &T) -> Vec<u8> {
+    let mut out = vec![format];
     // Serializing these plain structs (string keys, no non-finite floats) cannot fail.
     serde_json::to_writer(&mut out, value).expect("record types always serialize to JSON");
     out
@@ -388,10 +404,10 @@ pub fn salvage(bytes: &[u8]) -> Salvage {
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
-        Some((&FORMAT_V1, rest)) => Ok(serde_json::from_slice(rest)?),
+        Some((&(FORMAT_V1 | FORMAT_V2), rest)) => Ok(serde_json::from_slice(rest)?),
         Some((&v, _)) => Err(DecodeError::UnknownFormat {
             found: v,
-            max: FORMAT_V1,
+            max: FORMAT_V2,
         }),
     }
 }

@@ -5,7 +5,7 @@
 //! | tree     | key                         | value                                   |
 //! |----------|-----------------------------|-----------------------------------------|
 //! | `shares` | share key (shareID, or `dedicated/<claim uid>/<device>`) | [`ShareRecord`], versioned |
-//! | `claims` | claim uid                   | [`ClaimRecord`] (the per-claim index), versioned |
+//! | `claims` | claim uid                   | [`ClaimRecord`], versioned: only for a claim whose record carries what its shares do not (the CDI device ids of its spec) |
 //! | `meta`   | `epoch`                     | u64 big-endian: highest epoch accepted  |
 //! | `meta`   | `boot_id`                   | kernel boot id the live shares were verified under |
 //! | `meta`   | `config`                    | JSON `{"digest", "devices"}`: the config the last start ran with (SHA-256 of its text, device names) |
@@ -20,9 +20,19 @@
 //! Values are encoded by [`crate::record`] (format byte + JSON). Released shares stay in
 //! `shares` as tombstones (phase RELEASED) until the retention period ends.
 //!
-//! Every change that must go together (a claim and its shares, a phase change of all
-//! shares of a claim, the epoch) is one [`Batch`] applied in one multi-tree transaction,
-//! and nothing is acknowledged before its [`Durable`] handle resolved.
+//! The claims' index (which shares a claim has, under which allocation) is rebuilt from
+//! the share records at load ([`index_claims`]); the engine keeps it in memory. Storing
+//! it for every claim made a Prepare of one share write two trees in one transaction,
+//! which sled logs as a manifest and the batch, each synced on its own, where one key
+//! is one plain insert. An index record an earlier version wrote for a claim without
+//! CDI ids still loads and goes when its claim is next written; share records written
+//! since are format 2, which an agent that expects the index for every claim does not
+//! read (see [`crate::record::FORMAT_V2`]).
+//!
+//! Every change that must go together (a claim's shares, a phase change of all shares
+//! of a claim, the epoch) is one [`Batch`], applied as one plain write when it is one
+//! key and otherwise in one multi-tree transaction, and nothing is acknowledged before
+//! its [`Durable`] handle resolved.
 //!
 //! All writes go through one writer thread, in the order they were submitted (which is
 //! the order the engine decided them in, under its state lock). The thread applies every
@@ -94,7 +104,7 @@ impl Batch {
     /// Every value is within [`record::MAX_RECORD_BYTES`] (see the module comment).
     pub fn check_sizes(&self) -> Result<(), StoreError> {
         for r in &self.put_shares {
-            bounded("shares", &r.key, record::encode(r))?;
+            bounded("shares", &r.key, record::encode_share(r))?;
         }
         for c in &self.put_claims {
             bounded("claims", &c.claim.uid, record::encode(c))?;
@@ -110,12 +120,17 @@ impl Batch {
             && self.delete_shares.is_empty()
             && self.put_claims.is_empty()
             && self.delete_claims.is_empty()
-            && self.epoch.is_none()
-            && self.boot_id.is_none()
-            && self.quarantine.is_empty()
-            && self.config.is_none()
-            && self.stages.is_empty()
-            && self.slo.is_empty()
+            && !self.writes_meta()
+    }
+
+    /// Whether it writes anything but shares and claims.
+    fn writes_meta(&self) -> bool {
+        self.epoch.is_some()
+            || self.boot_id.is_some()
+            || !self.quarantine.is_empty()
+            || self.config.is_some()
+            || !self.stages.is_empty()
+            || !self.slo.is_empty()
     }
 }
 
@@ -307,7 +322,7 @@ impl Store {
         out.shares = shares;
         out.quarantined.append(&mut bad);
         let (claims, mut bad) = load_tree(&t.claims, "claims")?;
-        out.claims = claims;
+        out.claims = index_claims(&out.shares, claims);
         out.quarantined.append(&mut bad);
         let new = out
             .quarantined
@@ -416,7 +431,7 @@ fn apply_group(t: &Trees, batches: &[&Batch], failed: &Failure) -> Vec<Result<()
             if failed.is_set() {
                 return Err(StoreError::Failed);
             }
-            let r = apply(t, b);
+            let r = apply(t, b).map(|_| ());
             if let Err(e) = &r {
                 failed.set(e);
             }
@@ -479,23 +494,58 @@ fn writer(t: Trees, log: File, rx: mpsc::Receiver<Job>, failed: Failure, gate: &
     }
 }
 
-fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
+/// How [`apply`] wrote a batch.
+#[derive(Debug, PartialEq, Eq)]
+enum Written {
+    Nothing,
+    OneKey,
+    Transaction,
+}
+
+fn apply(t: &Trees, batch: &Batch) -> Result<Written, StoreError> {
     if batch.is_empty() {
-        return Ok(());
+        return Ok(Written::Nothing);
     }
     // Encode outside the transaction: sled may run the closure more than once.
     let shares: Vec<(&[u8], Vec<u8>)> = batch
         .put_shares
         .iter()
-        .map(|r| bounded("shares", &r.key, record::encode(r)).map(|v| (r.key.as_bytes(), v)))
+        .map(|r| bounded("shares", &r.key, record::encode_share(r)).map(|v| (r.key.as_bytes(), v)))
         .collect::<Result<_, _>>()?;
-    let claims: Vec<(&[u8], Vec<u8>)> = batch
-        .put_claims
-        .iter()
-        .map(|c| {
-            bounded("claims", &c.claim.uid, record::encode(c)).map(|v| (c.claim.uid.as_bytes(), v))
-        })
-        .collect::<Result<_, _>>()?;
+    // A claim's record is written only when it carries CDI ids; otherwise one that is
+    // there (an earlier version's, or one whose ids are gone) is removed. The writer is
+    // the store's only one, so what it reads here stays true until it writes.
+    let mut claims: Vec<(&[u8], Option<Vec<u8>>)> = Vec::new();
+    for c in &batch.put_claims {
+        let key = c.claim.uid.as_bytes();
+        if !c.cdi_device_ids.is_empty() {
+            claims.push((
+                key,
+                Some(bounded("claims", &c.claim.uid, record::encode(c))?),
+            ));
+        } else if t.claims.contains_key(key)? {
+            claims.push((key, None));
+        }
+    }
+    for k in &batch.delete_claims {
+        if t.claims.contains_key(k.as_bytes())? {
+            claims.push((k.as_bytes(), None));
+        }
+    }
+    if claims.is_empty() && !batch.writes_meta() {
+        // One share: a plain write of one key, which sled logs without a manifest.
+        match (shares.as_slice(), batch.delete_shares.as_slice()) {
+            ([(k, v)], []) => {
+                t.shares.insert(*k, v.as_slice())?;
+                return Ok(Written::OneKey);
+            }
+            ([], [k]) => {
+                t.shares.remove(k.as_bytes())?;
+                return Ok(Written::OneKey);
+            }
+            _ => {}
+        }
+    }
     let config = batch
         .config
         .as_ref()
@@ -525,10 +575,10 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
             s.remove(k.as_bytes())?;
         }
         for (k, v) in &claims {
-            c.insert(*k, v.as_slice())?;
-        }
-        for k in &batch.delete_claims {
-            c.remove(k.as_bytes())?;
+            match v {
+                Some(v) => c.insert(*k, v.as_slice())?,
+                None => c.remove(*k)?,
+            };
         }
         if let Some(e) = batch.epoch {
             m.insert(EPOCH_KEY, &e.to_be_bytes())?;
@@ -556,11 +606,82 @@ fn apply(t: &Trees, batch: &Batch) -> Result<(), StoreError> {
         Ok::<(), ConflictableTransactionError<()>>(())
     });
     match result {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(Written::Transaction),
         Err(TransactionError::Storage(e)) => Err(StoreError::Sled(e)),
         // The closure never aborts; sled retries conflicts internally.
         Err(TransactionError::Abort(())) => Err(StoreError::Meta("transaction aborted")),
     }
+}
+
+/// The claims' index, from the shares (see the module comment): for each claim its
+/// shares, oldest first (then by key), under the allocation of its newest one, and what
+/// a stored record of it adds: its CDI ids, when it names the same allocation, and keys
+/// of shares it lists that did not load (unreadable ones, which recovery puts back
+/// under the claim). A stored record of a claim without a share that loaded is kept as
+/// it is.
+fn index_claims(shares: &[ShareRecord], stored: Vec<ClaimRecord>) -> Vec<ClaimRecord> {
+    use std::collections::{HashMap, HashSet, hash_map::Entry};
+    // Nearly every claim has one share: grouped in one pass, and only a claim with
+    // several sorts them (oldest first, then by key).
+    let mut out: Vec<ClaimRecord> = Vec::with_capacity(shares.len() + stored.len());
+    let mut at: HashMap<&str, usize> = HashMap::with_capacity(shares.len());
+    let mut several = false;
+    for r in shares {
+        match at.entry(r.claim.uid.as_str()) {
+            Entry::Occupied(e) => {
+                out[*e.get()].share_keys.push(r.key.clone());
+                several = true;
+            }
+            Entry::Vacant(e) => {
+                e.insert(out.len());
+                out.push(ClaimRecord {
+                    claim: r.claim.clone(),
+                    allocation_id: r.allocation_id.clone(),
+                    share_keys: vec![r.key.clone()],
+                    cdi_device_ids: Vec::new(),
+                    updated_at_ms: r.updated_at_ms,
+                });
+            }
+        }
+    }
+    if several {
+        let by_key: HashMap<&str, &ShareRecord> =
+            shares.iter().map(|r| (r.key.as_str(), r)).collect();
+        for c in out.iter_mut().filter(|c| c.share_keys.len() > 1) {
+            let mut rs: Vec<&ShareRecord> = c
+                .share_keys
+                .iter()
+                .filter_map(|k| by_key.get(k.as_str()).copied())
+                .collect();
+            rs.sort_by(|a, b| (a.created_at_ms, &a.key).cmp(&(b.created_at_ms, &b.key)));
+            if let Some(newest) = rs.last() {
+                c.allocation_id = newest.allocation_id.clone();
+            }
+            c.updated_at_ms = rs.iter().map(|r| r.updated_at_ms).max().unwrap_or(0);
+            c.share_keys = rs.iter().map(|r| r.key.clone()).collect();
+        }
+    }
+    if stored.is_empty() {
+        return out;
+    }
+    let loaded: HashSet<&str> = shares.iter().map(|r| r.key.as_str()).collect();
+    for s in stored {
+        let Some(&i) = at.get(s.claim.uid.as_str()) else {
+            // sled's keys are unique: no second stored record of this claim follows.
+            out.push(s);
+            continue;
+        };
+        let c = &mut out[i];
+        if c.allocation_id == s.allocation_id {
+            c.cdi_device_ids = s.cdi_device_ids;
+        }
+        for k in s.share_keys {
+            if !loaded.contains(k.as_str()) && !c.share_keys.contains(&k) {
+                c.share_keys.push(k);
+            }
+        }
+    }
+    out
 }
 
 /// `value`, unless it is over [`record::MAX_RECORD_BYTES`].

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::record::{ClaimId, Phase, SandboxRecord, ShareRecord, TargetRecord};
+use crate::record::{ClaimId, ClaimRecord, Phase, SandboxRecord, ShareRecord, TargetRecord};
 
 fn trees(dir: &Path) -> Trees {
     let db = sled::Config::new().path(dir).open().unwrap();
@@ -217,4 +217,137 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
         "{bytes} bytes > {}",
         record::MAX_RECORD_BYTES
     );
+}
+
+fn of_claim(key: &str, uid: &str, allocation: &str, created_at_ms: u64) -> ShareRecord {
+    let mut r = share(key, String::new());
+    r.claim.uid = uid.into();
+    r.allocation_id = allocation.into();
+    r.created_at_ms = created_at_ms;
+    r
+}
+
+fn index(uid: &str, allocation: &str, keys: &[&str], cdi: &[&str]) -> ClaimRecord {
+    ClaimRecord {
+        claim: ClaimId {
+            uid: uid.into(),
+            ..Default::default()
+        },
+        allocation_id: allocation.into(),
+        share_keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        cdi_device_ids: cdi.iter().map(|k| (*k).to_owned()).collect(),
+        updated_at_ms: 0,
+    }
+}
+
+/// A Prepare's batch (its shares and the claim's index) writes the shares alone, in
+/// format 2; an index with CDI ids is kept, and goes once a write of it has none. At
+/// load every claim is known from its shares.
+#[test]
+fn a_claims_index_is_stored_only_for_its_cdi_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let write = |b: Batch| store.submit(b).wait_blocking().unwrap();
+    let prepare = Batch {
+        put_shares: vec![of_claim("s1", "c1", "a1", 1)],
+        put_claims: vec![index("c1", "a1", &["s1"], &[])],
+        ..Default::default()
+    };
+    assert_eq!(apply(&store.trees, &prepare).unwrap(), Written::OneKey);
+    assert!(store.trees.claims.is_empty());
+    assert_eq!(store.trees.shares.get("s1").unwrap().unwrap()[0], 2);
+    write(Batch {
+        put_shares: vec![of_claim("s2", "c2", "a1", 1), of_claim("s3", "c2", "a1", 1)],
+        put_claims: vec![index("c2", "a1", &["s2", "s3"], &["k8s.example/gpu=x"])],
+        ..Default::default()
+    });
+    assert_eq!(store.trees.claims.len(), 1);
+    let loaded = store.load().unwrap();
+    let mut claims = loaded.claims.clone();
+    claims.sort_by(|a, b| a.claim.uid.cmp(&b.claim.uid));
+    assert_eq!(claims.len(), 2);
+    assert_eq!(claims[0].share_keys, ["s1"]);
+    assert_eq!(claims[0].allocation_id, "a1");
+    assert_eq!(claims[1].share_keys, ["s2", "s3"]);
+    assert_eq!(claims[1].cdi_device_ids, ["k8s.example/gpu=x"]);
+    let gone = Batch {
+        put_claims: vec![index("c2", "a1", &["s2", "s3"], &[])],
+        ..Default::default()
+    };
+    assert_eq!(apply(&store.trees, &gone).unwrap(), Written::Transaction);
+    assert!(store.trees.claims.is_empty());
+    let epoch = Batch {
+        epoch: Some(7),
+        put_shares: vec![of_claim("s1", "c1", "a1", 1)],
+        ..Default::default()
+    };
+    assert_eq!(apply(&store.trees, &epoch).unwrap(), Written::Transaction);
+}
+
+/// A store an earlier version wrote (format 1, an index record for every claim) loads:
+/// each claim's shares, under its newest allocation, the index's CDI ids where it names
+/// that allocation, and the keys it lists of shares that did not load; the record goes
+/// once its claim is written again.
+#[test]
+fn an_earlier_versions_index_loads_and_goes_when_its_claim_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = &store.trees;
+    for r in [
+        of_claim("old", "c1", "a1", 1),
+        of_claim("new-b", "c1", "a2", 5),
+        of_claim("new-a", "c1", "a2", 5),
+        of_claim("x1", "c3", "a1", 1),
+    ] {
+        t.shares
+            .insert(r.key.as_bytes(), record::encode(&r))
+            .unwrap();
+    }
+    t.shares.insert("lost", &b"\x01{not json"[..]).unwrap();
+    for c in [
+        index("c1", "a2", &["new-b", "lost", "new-a"], &["cdi=1"]),
+        index("c3", "a0", &["x1"], &["cdi=stale"]),
+        index("c4", "a1", &[], &[]),
+    ] {
+        t.claims
+            .insert(c.claim.uid.as_bytes(), record::encode(&c))
+            .unwrap();
+    }
+    let mut claims = store.load().unwrap().claims;
+    claims.sort_by(|a, b| a.claim.uid.cmp(&b.claim.uid));
+    assert_eq!(claims.len(), 3, "{claims:?}");
+    assert_eq!(claims[0].allocation_id, "a2");
+    assert_eq!(claims[0].share_keys, ["old", "new-a", "new-b", "lost"]);
+    assert_eq!(claims[0].cdi_device_ids, ["cdi=1"]);
+    assert_eq!(claims[1].allocation_id, "a1");
+    assert!(claims[1].cdi_device_ids.is_empty(), "another allocation's");
+    assert_eq!(claims[2].claim.uid, "c4", "no share: kept as stored");
+    store
+        .submit(Batch {
+            put_shares: vec![of_claim("x1", "c3", "a1", 1)],
+            put_claims: vec![claims[1].clone()],
+            ..Default::default()
+        })
+        .wait_blocking()
+        .unwrap();
+    assert!(t.claims.get("c3").unwrap().is_none());
+    assert!(t.claims.get("c1").unwrap().is_some());
+}
+
+#[test]
+fn share_records_are_format_2_and_a_newer_format_is_refused() {
+    let r = share("s", String::new());
+    let v2 = record::encode_share(&r);
+    assert_eq!(v2[0], record::FORMAT_V2);
+    assert_eq!(record::decode::<ShareRecord>(&v2).unwrap(), r);
+    assert_eq!(
+        record::decode::<ShareRecord>(&record::encode(&r)).unwrap(),
+        r
+    );
+    let mut v3 = v2;
+    v3[0] = 3;
+    assert!(matches!(
+        record::decode::<ShareRecord>(&v3),
+        Err(record::DecodeError::UnknownFormat { found: 3, max: 2 })
+    ));
 }

@@ -331,9 +331,11 @@ fn record_seeds(dir: &Path) {
     };
 
     let mut seeds: Vec<(&str, Vec<u8>)> = vec![
-        ("share-accounted", record::encode(&accounted)),
-        ("share-enforced", record::encode(&enforced)),
-        ("share-failed-dedicated", record::encode(&failed)),
+        ("share-accounted", record::encode_share(&accounted)),
+        ("share-enforced", record::encode_share(&enforced)),
+        ("share-failed-dedicated", record::encode_share(&failed)),
+        // As releases before format 2 wrote shares.
+        ("share-format-1", record::encode(&accounted)),
         ("claim", record::encode(&claim_record)),
     ];
     // A record as agents wrote it before pods were discovered: one `pod_uid` and a
@@ -345,14 +347,14 @@ fn record_seeds(dir: &Path) {
     seeds.push(("share-legacy-target", bytes));
     // A format this agent does not know, refused rather than misread.
     let mut future = record::encode(&claim_record);
-    future[0] = 2;
-    seeds.push(("claim-format-2", future));
+    future[0] = 3;
+    seeds.push(("claim-format-3", future));
 
     fs::create_dir_all(dir).expect("create the corpus directory");
     for (name, bytes) in seeds {
         let decodes = record::decode::<ShareRecord>(&bytes).is_ok()
             || record::decode::<ClaimRecord>(&bytes).is_ok();
-        assert_eq!(decodes, name != "claim-format-2", "seed {name}");
+        assert_eq!(decodes, name != "claim-format-3", "seed {name}");
         fs::write(dir.join(format!("seed-{name}")), bytes).expect("write a seed");
     }
 }

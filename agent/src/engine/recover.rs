@@ -74,7 +74,7 @@ pub(super) fn recover(
 /// of it: with its device and amounts readable, its capacity stays reserved there as any
 /// unverifiable share's does; without them, the ledger cannot know what it held, so no
 /// device admits anything until its claim is unprepared (see `ledger::check_claim`).
-/// A claim record is rebuilt from the shares that name its claim.
+/// A claim's index is rebuilt from the shares that name its claim (at load).
 fn quarantine(
     engine: &Engine,
     loaded: &mut Loaded,
@@ -87,6 +87,8 @@ fn quarantine(
         batch.quarantine.push((q.name(), q.bytes.clone()));
         tracing::error!(record = %q.name(), error = %q.error, "unreadable record quarantined");
         if q.tree == "claims" {
+            // The index itself was rebuilt from the shares at load; what only such a
+            // record held (a GPU claim's CDI ids) is not recovered.
             let shares: Vec<&ShareRecord> = loaded
                 .shares
                 .iter()
@@ -103,15 +105,6 @@ fn quarantine(
                 shares.len()
             );
             audit_quarantine(engine, &q, &claim, "", &Default::default(), &reason);
-            if let Some(first) = shares.first() {
-                loaded.claims.push(ClaimRecord {
-                    claim: claim.clone(),
-                    allocation_id: first.allocation_id.clone(),
-                    share_keys: shares.iter().map(|r| r.key.clone()).collect(),
-                    cdi_device_ids: Vec::new(),
-                    updated_at_ms: now,
-                });
-            }
             continue;
         }
         let s = record::salvage(&q.bytes);

@@ -533,6 +533,88 @@ fn restart_reverifies_and_never_frees() {
     );
 }
 
+/// The store keeps no index record for a claim without CDI ids: a restarted agent knows
+/// each claim from its shares, under its newest allocation, with every share of it,
+/// the released ones of an earlier allocation too.
+#[test]
+fn a_claims_index_is_rebuilt_from_its_shares_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    let refs = vec![request::ClaimRef {
+        uid: "m".into(),
+        ..Default::default()
+    }];
+    let first = claim(
+        "m",
+        "a1",
+        vec![
+            alloc("gen-0", &share(1), "1Gi"),
+            alloc("gen-1", &share(2), "1Gi"),
+        ],
+    );
+    let second = claim(
+        "m",
+        "a2",
+        vec![
+            alloc("gen-0", &share(3), "2Gi"),
+            alloc("gen-1", &share(4), "2Gi"),
+        ],
+    );
+    {
+        let e = open(&cfg, Some(&k), "boot-a");
+        assert_eq!(
+            rt.block_on(e.prepare(0, std::slice::from_ref(&first), 0))
+                .unwrap()[0]
+                .error,
+            None
+        );
+        let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
+        assert_eq!(out[0].1, None);
+        assert_eq!(
+            rt.block_on(e.prepare(0, std::slice::from_ref(&second), 0))
+                .unwrap()[0]
+                .error,
+            None
+        );
+    }
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert_eq!(allocated(&e, "gen-0"), q("2Gi"));
+    // Prepared under a2: a repeat is answered as stored, a1 is refused.
+    let out = rt.block_on(e.prepare(0, &[second], 0)).unwrap();
+    assert_eq!(out[0].error, None);
+    assert_eq!(out[0].shares.len(), 2);
+    assert_eq!(
+        allocated(&e, "gen-0"),
+        q("2Gi"),
+        "a repeat never counts twice"
+    );
+    let out = rt.block_on(e.prepare(0, &[first], 0)).unwrap();
+    let err = out[0]
+        .error
+        .clone()
+        .expect("another allocation of a prepared claim");
+    assert_eq!(err.code, Code::FailedPrecondition, "{err:?}");
+    // Its Unprepare finds both shares of a2.
+    let out = rt.block_on(e.unprepare(0, &refs, 0, false)).unwrap();
+    assert_eq!(out[0].1, None);
+    for n in 1..=4 {
+        assert_eq!(
+            e.get_share(&share(n)).unwrap().phase,
+            Phase::Released,
+            "share {n}"
+        );
+    }
+    assert_eq!(allocated(&e, "gen-0"), Quantity::ZERO);
+    assert_eq!(allocated(&e, "gen-1"), Quantity::ZERO);
+    assert_eq!(
+        lock(&e.state).claims.get("m").unwrap().share_keys.len(),
+        4,
+        "every share of the claim, the earlier allocation's tombstones too"
+    );
+}
+
 /// The binding gate's admission holds capacity like any Prepare and marks the share
 /// `pre_bind`; kubelet's Prepare of the same allocation clears the mark (durably), and a
 /// late gate repeat does not put it back.
