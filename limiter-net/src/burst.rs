@@ -6,7 +6,8 @@
 //! (a window cut, a late dequeue); without 10 ms of it TCP loses goodput on this kind of
 //! node. But HTB, like every token bucket, also fills it during any idle spell, so a new
 //! flow could send 10 ms of the rate at once: 1.03 to 1.05 of the limit in its first
-//! 100 ms. HTB cannot tell the two apart; the programs can, because they see every packet.
+//! 100 ms. HTB cannot tell the two apart; the programs can, because they see every
+//! packet.
 //!
 //! HTB keeps the tokens a class holds when its bucket changes, and clips them to the
 //! bucket at the class's next packet. So the bucket may be shrunk while the share is

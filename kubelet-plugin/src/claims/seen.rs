@@ -31,7 +31,7 @@ use super::ReservedPod;
 /// the API server, and its release is written.
 const MAX: usize = 4096;
 
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 struct Seen {
     /// None once kubelet unprepared the claim: no Event of it names pods any more.
     pods: Option<Vec<ReservedPod>>,

@@ -67,13 +67,7 @@ impl Events {
         mut stop: watch::Receiver<bool>,
     ) -> (Self, impl Future<Output = ()> + use<>) {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE);
-        let mut recorder = Recorder::new(
-            KubeEvents {
-                clients,
-                known: seen,
-            },
-            node,
-        );
+        let mut recorder = Recorder::new(KubeEvents { clients, seen }, node);
         let task = async move {
             loop {
                 let job = tokio::select! {
@@ -141,7 +135,7 @@ impl Events {
 struct KubeEvents {
     clients: Clients,
     /// The pods of the claims the plugin read.
-    known: SeenClaims,
+    seen: SeenClaims,
 }
 
 impl EventApi for KubeEvents {
@@ -175,7 +169,7 @@ impl EventApi for KubeEvents {
         uid: &str,
         recent: bool,
     ) -> Result<Vec<ReservedPod>, kube::Error> {
-        if recent && let Some(pods) = self.known.pods(uid) {
+        if recent && let Some(pods) = self.seen.pods(uid) {
             return Ok(pods);
         }
         let api = Api::<ResourceClaim>::namespaced(self.clients.calls.clone(), namespace);
