@@ -118,14 +118,18 @@ pub struct ClaimId {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "RawTarget")]
 pub struct TargetRecord {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pod_uids: Vec<String>,
     /// cgroup hints, relative to the cgroup v2 mount, each verified to be a pod's cgroup
     /// or below it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cgroup_paths: Vec<String>,
     /// A network namespace hint, resolved once at admission and kept by inode (a
     /// `/proc/<pid>/ns/net` path is never looked up again: pids are reused).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub netns_inode: Option<u64>,
     /// The pod's interface inside its namespace; `eth0` when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
 }
 
@@ -205,15 +209,21 @@ pub struct ShareRecord {
     /// Limits read back from the kernel or driver; empty when nothing enforces the share.
     pub enforced: Amounts,
     pub reason: String,
-    pub error: Option<ClaimError>,
+    /// Boxed, as with `sandbox`: most records have none, and a record is kept in memory
+    /// for every live share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Box<ClaimError>>,
     pub epoch: u64,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at_ms: Option<u64>,
     /// The sandbox the share is enforced on; None while it waits for one or needs none.
     /// With several pods of the claim running here, the first of them by pod uid.
-    #[serde(default)]
-    pub sandbox: Option<SandboxRecord>,
+    /// Boxed: a share that needs no sandbox, or waits for one, then pays 8 bytes for it
+    /// instead of 128, and one that has one pays 8 more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Box<SandboxRecord>>,
     /// The sandboxes of the claim's other pods running here: one limit holds them all
     /// together with `sandbox`'s. Empty in records written before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -257,7 +267,8 @@ impl ShareRecord {
     /// Every sandbox the share is enforced on, the first one first.
     pub fn sandboxes(&self) -> Vec<SandboxRecord> {
         self.sandbox
-            .iter()
+            .as_deref()
+            .into_iter()
             .chain(&self.more_sandboxes)
             .cloned()
             .collect()
@@ -265,7 +276,7 @@ impl ShareRecord {
 
     /// Sets the sandboxes the share is enforced on (none: it waits, or needs none).
     pub fn set_sandboxes(&mut self, mut sandboxes: Vec<SandboxRecord>) {
-        self.sandbox = (!sandboxes.is_empty()).then(|| sandboxes.remove(0));
+        self.sandbox = (!sandboxes.is_empty()).then(|| Box::new(sandboxes.remove(0)));
         self.more_sandboxes = sandboxes;
     }
 

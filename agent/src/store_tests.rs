@@ -199,7 +199,7 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
         netns_inode: Some(u64::MAX),
         interface: Some(long(15)),
     };
-    r.sandbox = Some(SandboxRecord {
+    r.sandbox = Some(Box::new(SandboxRecord {
         pod_uid: long(36),
         cgroup: long(MAX_PATH_LEN),
         cgroup_inode: u64::MAX,
@@ -207,8 +207,10 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
         netns_inode: Some(u64::MAX),
         host_ifindex: Some(u32::MAX),
         host_ifname: Some(long(15).into()),
-    });
-    r.error = Some(crate::error::ClaimError::internal("é".repeat(10_000)));
+    }));
+    r.error = Some(Box::new(crate::error::ClaimError::internal(
+        "é".repeat(10_000),
+    )));
     r.bound();
     let bytes = record::encode(&r).len();
     eprintln!("largest record: {bytes} bytes");
@@ -350,4 +352,75 @@ fn share_records_are_format_2_and_a_newer_format_is_refused() {
         record::decode::<ShareRecord>(&v3),
         Err(record::DecodeError::UnknownFormat { found: 3, max: 2 })
     ));
+}
+
+/// Fields a record lacks are left out of its JSON, which keeps sled's cached copy of
+/// every live record smaller, and the record still reads the same here and in an agent
+/// of the previous version, whose share record had these fields without serde defaults
+/// (a missing `Option` reads as None) and read the target through defaults.
+#[test]
+fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)] // Read only to prove that it deserializes.
+    struct PreviousShape {
+        error: Option<crate::error::ClaimError>,
+        released_at_ms: Option<u64>,
+        #[serde(default)]
+        sandbox: Option<SandboxRecord>,
+        target: TargetRecord,
+        reason: String,
+    }
+    let bare = share("s", "r".into());
+    let text = String::from_utf8(record::encode_share(&bare)[1..].to_vec()).unwrap();
+    for absent in [
+        "\"error\"",
+        "\"released_at_ms\"",
+        "\"sandbox\"",
+        "\"pod_uids\"",
+        "\"cgroup_paths\"",
+        "\"netns_inode\"",
+        "\"interface\"",
+        "null",
+    ] {
+        assert!(!text.contains(absent), "{absent} in {text}");
+    }
+    assert!(text.contains("\"target\":{}"), "{text}");
+    assert_eq!(
+        record::decode::<ShareRecord>(&record::encode_share(&bare)).unwrap(),
+        bare
+    );
+    let old: PreviousShape = serde_json::from_str(&text).unwrap();
+    assert!(old.error.is_none() && old.sandbox.is_none() && old.released_at_ms.is_none());
+    assert_eq!(old.target, TargetRecord::default());
+
+    let mut full = bare.clone();
+    full.error = Some(Box::new(crate::error::ClaimError::internal("boom")));
+    full.released_at_ms = Some(7);
+    full.target = TargetRecord {
+        pod_uids: vec!["p".into()],
+        cgroup_paths: vec!["c".into()],
+        netns_inode: Some(9),
+        interface: Some("eth1".into()),
+    };
+    full.set_sandboxes(vec![SandboxRecord {
+        pod_uid: "p".into(),
+        cgroup: "c".into(),
+        cgroup_inode: 3,
+        ..Default::default()
+    }]);
+    let bytes = record::encode_share(&full);
+    assert_eq!(record::decode::<ShareRecord>(&bytes).unwrap(), full);
+    let old: PreviousShape = serde_json::from_slice(&bytes[1..]).unwrap();
+    assert_eq!(old.error.as_ref(), full.error.as_deref());
+    assert_eq!(old.sandbox.as_ref(), full.sandbox.as_deref());
+    assert_eq!((old.released_at_ms, &old.target), (Some(7), &full.target));
+    // A record an earlier version wrote with explicit nulls reads the same.
+    let with_nulls = text.replacen(
+        '{',
+        "{\"error\":null,\"released_at_ms\":null,\"sandbox\":null,",
+        1,
+    );
+    let mut v = vec![record::FORMAT_V2];
+    v.extend(with_nulls.replace("\"target\":{}", "\"target\":{\"pod_uids\":[],\"cgroup_paths\":[],\"netns_inode\":null,\"interface\":null}").into_bytes());
+    assert_eq!(record::decode::<ShareRecord>(&v).unwrap(), bare);
 }

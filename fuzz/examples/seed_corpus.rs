@@ -293,7 +293,7 @@ fn record_seeds(dir: &Path) {
         ])
         .into(),
         reason: "enforced".into(),
-        sandbox: Some(SandboxRecord {
+        sandbox: Some(Box::new(SandboxRecord {
             pod_uid: POD.into(),
             cgroup: "/kubepods.slice/pod.slice".into(),
             cgroup_inode: 12345,
@@ -301,7 +301,7 @@ fn record_seeds(dir: &Path) {
             netns_inode: Some(4_026_532_000),
             host_ifindex: Some(7),
             host_ifname: Some("veth1a2b3c".into()),
-        }),
+        })),
         device_kind: "net".into(),
         ..accounted.clone()
     };
@@ -314,10 +314,10 @@ fn record_seeds(dir: &Path) {
         phase: Phase::Failed,
         mechanism: Default::default(),
         reason: "refused".into(),
-        error: Some(ClaimError::invalid(
+        error: Some(Box::new(ClaimError::invalid(
             "claims[0].allocations[0]",
             "no such thing",
-        )),
+        ))),
         released_at_ms: Some(1_700_000_100_000),
         device_kind: "gpu".into(),
         ..accounted.clone()

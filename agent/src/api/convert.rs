@@ -137,7 +137,7 @@ pub fn share_to_pb_with(
                 used: used.clone(),
             })
             .collect(),
-        error: r.error.as_ref().map(error_to_pb),
+        error: r.error.as_deref().map(error_to_pb),
         policy_version: r.policy_version.to_string(),
         allocation_id: r.allocation_id.to_string(),
         device_status_json: device_status::render(r, observed, traffic),
@@ -145,7 +145,7 @@ pub fn share_to_pb_with(
         admin_access: r.admin_access,
         reason: r.reason.clone(),
         pod_uids: r.target.pod_uids.clone(),
-        sandbox: r.sandbox.as_ref().map(sandbox_to_pb),
+        sandbox: r.sandbox.as_deref().map(sandbox_to_pb),
         more_sandboxes: r.more_sandboxes.iter().map(sandbox_to_pb).collect(),
         pre_bind: r.pre_bind,
         // Filled in Prepare's answer (outcome_to_pb), where the claim's CDI spec is known.

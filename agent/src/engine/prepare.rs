@@ -520,7 +520,7 @@ impl Engine {
         }
         let now = now_ms();
         for r in &mut records {
-            r.error = Some(err.clone());
+            r.error = Some(Box::new(err.clone()));
             r.enforced.clear();
             r.updated_at_ms = now;
             if left.contains(&r.key) {
@@ -590,7 +590,7 @@ impl Engine {
                 Step::Failed(mut n, e) => {
                     n.phase = Phase::Degraded;
                     n.reason = format!("re-applying on a repeated Prepare failed: {e}");
-                    n.error = Some(ClaimError::unavailable(e.message));
+                    n.error = Some(Box::new(ClaimError::unavailable(e.message)));
                     n
                 }
             };

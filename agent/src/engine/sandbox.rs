@@ -147,8 +147,10 @@ impl Engine {
                             // but the share as a whole is not held.
                             Some(why) => {
                                 n.phase = Phase::Degraded;
-                                n.error =
-                                    Some(ClaimError::precondition("target.pod_uids", why.clone()));
+                                n.error = Some(Box::new(ClaimError::precondition(
+                                    "target.pod_uids",
+                                    why.clone(),
+                                )));
                                 n.reason = why;
                             }
                             None => n.reason = with_unwired_note(&n.reason, &sandboxes),
@@ -245,12 +247,12 @@ impl Engine {
             n.reason = format!(
                 "the pod's sandbox is gone, and removing what was installed for it failed: {e}; retrying, capacity held"
             );
-            n.error = Some(ClaimError::unavailable(e.message));
+            n.error = Some(Box::new(ClaimError::unavailable(e.message)));
             return if n == *r { Step::Same } else { Step::Next(n) };
         }
         n.phase = phase;
         n.reason = reason;
-        n.error = error;
+        n.error = error.map(Box::new);
         n.set_sandboxes(Vec::new());
         n.enforced.clear();
         Step::Next(n)
@@ -274,12 +276,12 @@ impl Engine {
                 n.reason = format!(
                     "enforcing on the pod's sandbox failed: {e}; retried on the next rescan, capacity held"
                 );
-                n.error = Some(ClaimError {
+                n.error = Some(Box::new(ClaimError {
                     code: Code::Unavailable,
                     field: String::new(),
                     message: e.message,
                     retryable: true,
-                });
+                }));
                 n
             }
         };

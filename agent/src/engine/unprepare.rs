@@ -167,7 +167,7 @@ impl Engine {
                         "removing the limit of {} failed: {e}",
                         r.key
                     ));
-                    r.error = Some(err.clone());
+                    r.error = Some(Box::new(err.clone()));
                     r.reason = format!("release incomplete, capacity still held: {e}");
                     r.updated_at_ms = now_ms();
                     self.commit_durable(Batch {
