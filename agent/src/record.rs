@@ -52,6 +52,33 @@ pub fn bound_text(s: &mut String) {
 /// JSON string.
 pub type Name = compact_str::CompactString;
 
+/// Why a share is in its phase, as its status says. Most records that stay long say one
+/// of a few fixed sentences (an accounting share's, a released share's tombstone): those
+/// point at the sentence in the binary instead of a copy of their own on the heap, also
+/// when read back from the store. Encoded as a plain JSON string.
+pub type Reason = std::borrow::Cow<'static, str>;
+
+/// The fixed reasons a decoded record shares (see [`Reason`]).
+pub mod reasons {
+    pub const ACCOUNTED: &str = "accounted (not enforced): the device has no enforcement mechanism";
+    pub const ADMITTED: &str = "admitted; applying the limit";
+    pub const RELEASING: &str = "release in progress";
+    pub const RELEASED: &str = "released";
+    pub(super) const ALL: [&str; 4] = [ACCOUNTED, ADMITTED, RELEASING, RELEASED];
+}
+
+/// `text` as a fixed reason where it is one.
+fn shared_reason(text: String) -> Reason {
+    match reasons::ALL.iter().find(|r| **r == text) {
+        Some(fixed) => Reason::Borrowed(fixed),
+        None => Reason::Owned(text),
+    }
+}
+
+fn reason_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Reason, D::Error> {
+    String::deserialize(d).map(shared_reason)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
     Preparing,
@@ -208,7 +235,8 @@ pub struct ShareRecord {
     pub mechanism: Name,
     /// Limits read back from the kernel or driver; empty when nothing enforces the share.
     pub enforced: Amounts,
-    pub reason: String,
+    #[serde(deserialize_with = "reason_from_text")]
+    pub reason: Reason,
     /// Boxed, as with `sandbox`: most records have none, and a record is kept in memory
     /// for every live share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -304,9 +332,15 @@ impl ShareRecord {
     }
 
     /// Cuts the free-text fields (reason, error message) to their bound: they carry what
-    /// limiters and the kernel said, which nothing else bounds.
+    /// limiters and the kernel said, which nothing else bounds. A reason that is one of
+    /// the fixed ones shares it, as a decoded record's does, however it was made.
     pub fn bound(&mut self) {
-        bound_text(&mut self.reason);
+        if let Reason::Owned(text) = &mut self.reason {
+            self.reason = shared_reason(std::mem::take(text));
+        }
+        if self.reason.len() > MAX_TEXT_BYTES {
+            bound_text(self.reason.to_mut());
+        }
         if let Some(e) = &mut self.error {
             bound_text(&mut e.message);
         }

@@ -31,7 +31,7 @@ fn share(key: &str, reason: String) -> ShareRecord {
         phase: Phase::Preparing,
         mechanism: Default::default(),
         enforced: Default::default(),
-        reason,
+        reason: reason.into(),
         error: None,
         epoch: 1,
         created_at_ms: 0,
@@ -423,4 +423,30 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     let mut v = vec![record::FORMAT_V2];
     v.extend(with_nulls.replace("\"target\":{}", "\"target\":{\"pod_uids\":[],\"cgroup_paths\":[],\"netns_inode\":null,\"interface\":null}").into_bytes());
     assert_eq!(record::decode::<ShareRecord>(&v).unwrap(), bare);
+}
+
+/// A fixed reason is borrowed from the binary, not copied to the heap, whether the
+/// record was read from the store or made by the engine (which bounds every record it
+/// commits); any other reason is the record's own.
+#[test]
+fn a_fixed_reason_is_shared_and_any_other_is_kept_whole() {
+    use crate::record::{Reason, reasons};
+    let shared = |r: &Reason, fixed: &str| matches!(r, Reason::Borrowed(t) if *t == fixed);
+    let r = share("s", reasons::ACCOUNTED.to_owned());
+    assert!(matches!(r.reason, Reason::Owned(_)));
+    let back: ShareRecord = record::decode(&record::encode_share(&r)).unwrap();
+    assert!(
+        shared(&back.reason, reasons::ACCOUNTED),
+        "{:?}",
+        back.reason
+    );
+    assert_eq!(back, r);
+
+    let mut made = share("t", reasons::RELEASED.to_owned());
+    made.bound();
+    assert!(shared(&made.reason, reasons::RELEASED), "{:?}", made.reason);
+
+    let own = share("u", "enforced: 100M egress".to_owned());
+    let back: ShareRecord = record::decode(&record::encode_share(&own)).unwrap();
+    assert!(matches!(&back.reason, Reason::Owned(t) if t == "enforced: 100M egress"));
 }

@@ -143,7 +143,7 @@ pub fn share_to_pb_with(
         device_status_json: device_status::render(r, observed, traffic),
         updated_at: Some(timestamp(r.updated_at_ms)),
         admin_access: r.admin_access,
-        reason: r.reason.clone(),
+        reason: r.reason.to_string(),
         pod_uids: r.target.pod_uids.clone(),
         sandbox: r.sandbox.as_deref().map(sandbox_to_pb),
         more_sandboxes: r.more_sandboxes.iter().map(sandbox_to_pb).collect(),

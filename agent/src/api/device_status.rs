@@ -45,7 +45,7 @@ pub fn render(
             .map(|(k, v)| (k.to_owned(), Value::String(v.to_string())))
             .collect::<Map<String, Value>>()
     };
-    let mut message = r.reason.clone();
+    let mut message = r.reason.to_string();
     // A message long enough to break the size bound is cut, never the structure.
     if message.len() > 1024 {
         let mut end = 1024;
@@ -172,7 +172,7 @@ mod tests {
             } else {
                 Default::default()
             },
-            reason: reason.into(),
+            reason: reason.to_owned().into(),
             error: None,
             epoch: 1,
             created_at_ms: 1,

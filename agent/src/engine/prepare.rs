@@ -41,8 +41,7 @@ enum Admission {
     New(Vec<ShareRecord>, Durable),
 }
 
-pub(crate) const ACCOUNTED_REASON: &str =
-    "accounted (not enforced): the device has no enforcement mechanism";
+pub(crate) use crate::record::reasons::ACCOUNTED as ACCOUNTED_REASON;
 
 impl Engine {
     pub(crate) fn check_batch(
@@ -367,9 +366,9 @@ impl Engine {
             },
             enforced: Default::default(),
             reason: if accounting {
-                ACCOUNTED_REASON.to_owned()
+                ACCOUNTED_REASON.into()
             } else {
-                "admitted; applying the limit".to_owned()
+                crate::record::reasons::ADMITTED.into()
             },
             error: None,
             epoch,
@@ -529,10 +528,10 @@ impl Engine {
                 r.reason = format!(
                     "claim rolled back: {}; removing what was installed failed, retrying, capacity held",
                     err.message
-                );
+                ).into();
             } else {
                 r.phase = Phase::Failed;
-                r.reason = format!("claim rolled back: {}", err.message);
+                r.reason = format!("claim rolled back: {}", err.message).into();
                 r.set_sandboxes(Vec::new());
             }
         }
@@ -589,7 +588,7 @@ impl Engine {
                 Step::Next(n) => n,
                 Step::Failed(mut n, e) => {
                     n.phase = Phase::Degraded;
-                    n.reason = format!("re-applying on a repeated Prepare failed: {e}");
+                    n.reason = format!("re-applying on a repeated Prepare failed: {e}").into();
                     n.error = Some(Box::new(ClaimError::unavailable(e.message)));
                     n
                 }

@@ -103,7 +103,8 @@ impl Engine {
                 let why = r.error.as_ref().map_or("", |e| e.message.as_str());
                 n.reason = format!(
                     "claim rolled back: {why}; what it had installed is removed, capacity freed"
-                );
+                )
+                .into();
                 if self.persist_one(&n).await {
                     info!("roll-back finished");
                     self.audit_share(&n, Decision::Release, &n.reason, None, None);
@@ -184,7 +185,7 @@ impl Engine {
             warn!(reason = %why, "enforcement drifted");
             let mut d = r.clone();
             d.phase = Phase::Degraded;
-            d.reason = format!("drift found by the reconciler: {why}; repairing");
+            d.reason = format!("drift found by the reconciler: {why}; repairing").into();
             d.updated_at_ms = now_ms();
             if !self.persist_one(&d).await {
                 return;
@@ -214,9 +215,9 @@ impl Engine {
         let mut n = r.clone();
         n.phase = phase;
         n.reason = if repaired {
-            format!("{reason} (repaired by the reconciler)")
+            format!("{reason} (repaired by the reconciler)").into()
         } else {
-            reason
+            reason.into()
         };
         n.mechanism = e.mechanism.as_str().into();
         n.enforced = e.enforced.clone().into();
@@ -248,7 +249,7 @@ impl Engine {
         }
         let mut n = r.clone();
         n.phase = Phase::Degraded;
-        n.reason = why.to_owned();
+        n.reason = why.to_owned().into();
         n.mechanism = e.mechanism.as_str().into();
         n.enforced = e.enforced.clone().into();
         n.updated_at_ms = now_ms();
@@ -274,7 +275,8 @@ impl Engine {
         }
         // Capacity stays held: the pod may be gone, but only Unprepare says so.
         n.reason =
-            format!("drift could not be repaired: {why}; capacity stays held until Unprepare");
+            format!("drift could not be repaired: {why}; capacity stays held until Unprepare")
+                .into();
         n.updated_at_ms = now_ms();
         let current = lock(&self.state).records.get(&r.key).cloned();
         if current.as_ref().map(|c| (&c.phase, &c.reason, &c.enforced))

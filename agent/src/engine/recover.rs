@@ -53,7 +53,7 @@ pub(super) fn recover(
             );
             let before = r.clone();
             r.phase = phase;
-            r.reason = reason;
+            r.reason = reason.into();
             if phase == Phase::Pending {
                 r.set_sandboxes(Vec::new());
                 r.enforced.clear();
@@ -168,7 +168,7 @@ fn quarantine(
             phase: Phase::Unknown,
             mechanism: Name::default(),
             enforced: Default::default(),
-            reason,
+            reason: reason.into(),
             error: None,
             epoch: 0,
             created_at_ms: now,

@@ -228,7 +228,8 @@ impl Engine {
                 n.reason = format!(
                     "applying the {} stage failed: {e}; retried by the reconciler, capacity held",
                     self.stage(&r.device).name()
-                );
+                )
+                .into();
                 (n, Some(e))
             }
         };

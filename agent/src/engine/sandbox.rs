@@ -123,7 +123,7 @@ impl Engine {
                             let reason = with_unwired_note(&r.reason, &sandboxes);
                             if r.phase == Phase::Enforced && reason != r.reason {
                                 let mut n = r.clone();
-                                n.reason = reason;
+                                n.reason = reason.into();
                                 return Step::Next(n);
                             }
                             return Step::Same;
@@ -151,9 +151,9 @@ impl Engine {
                                     "target.pod_uids",
                                     why.clone(),
                                 )));
-                                n.reason = why;
+                                n.reason = why.into();
                             }
-                            None => n.reason = with_unwired_note(&n.reason, &sandboxes),
+                            None => n.reason = with_unwired_note(&n.reason, &sandboxes).into(),
                         }
                         Step::Next(n)
                     }
@@ -214,7 +214,7 @@ impl Engine {
                 n.mechanism = e.mechanism.into();
                 n.enforced = e.enforced.into();
                 n.phase = phase;
-                n.reason = reason;
+                n.reason = reason.into();
                 n.error = None;
                 Step::Next(n)
             }
@@ -246,12 +246,12 @@ impl Engine {
             n.phase = Phase::Degraded;
             n.reason = format!(
                 "the pod's sandbox is gone, and removing what was installed for it failed: {e}; retrying, capacity held"
-            );
+            ).into();
             n.error = Some(Box::new(ClaimError::unavailable(e.message)));
             return if n == *r { Step::Same } else { Step::Next(n) };
         }
         n.phase = phase;
-        n.reason = reason;
+        n.reason = reason.into();
         n.error = error.map(Box::new);
         n.set_sandboxes(Vec::new());
         n.enforced.clear();
@@ -275,7 +275,7 @@ impl Engine {
                 n.phase = Phase::Degraded;
                 n.reason = format!(
                     "enforcing on the pod's sandbox failed: {e}; retried on the next rescan, capacity held"
-                );
+                ).into();
                 n.error = Some(Box::new(ClaimError {
                     code: Code::Unavailable,
                     field: String::new(),

@@ -153,7 +153,7 @@ impl Engine {
             for r in &mut enforcing {
                 r.phase = Phase::Releasing;
                 r.epoch = r.epoch.max(epoch);
-                r.reason = "release in progress".to_owned();
+                r.reason = crate::record::reasons::RELEASING.into();
                 r.updated_at_ms = now;
             }
             self.commit_durable(Batch {
@@ -168,7 +168,7 @@ impl Engine {
                         r.key
                     ));
                     r.error = Some(Box::new(err.clone()));
-                    r.reason = format!("release incomplete, capacity still held: {e}");
+                    r.reason = format!("release incomplete, capacity still held: {e}").into();
                     r.updated_at_ms = now_ms();
                     self.commit_durable(Batch {
                         put_shares: vec![r.clone()],
@@ -194,7 +194,7 @@ impl Engine {
             .map(|mut r| {
                 r.phase = Phase::Released;
                 r.rolling_back = false;
-                r.reason = "released".to_owned();
+                r.reason = crate::record::reasons::RELEASED.into();
                 r.error = None;
                 r.enforced.clear();
                 r.set_sandboxes(Vec::new());
