@@ -59,6 +59,10 @@ const TARGET_RESTART: Duration = Duration::from_secs(1);
 /// (docs/architecture.md, Targets: 100,000 shares under 256 MiB).
 const TARGET_RSS_PER_SHARE_KIB: f64 = 2.0;
 const RSS_JUDGED_FROM: usize = 100_000;
+/// ... and the most the agent is ever resident with them, a start included, under this
+/// (docs/architecture.md: 100,000 shares under 256 MiB RSS): the DaemonSet's memory limit
+/// has to fit the peak, not what is left after it.
+const TARGET_PEAK_RSS_MIB: f64 = 256.0;
 
 struct Settings {
     quick: bool,
@@ -531,6 +535,9 @@ struct RestartRun {
 struct Restarts {
     runs: Vec<RestartRun>,
     rss_kib: Option<u64>,
+    /// The most the last start's process was ever resident (its start included): what
+    /// a memory limit has to fit.
+    peak_rss_kib: Option<u64>,
 }
 
 /// A numeric `key=value` field of the agent's "ready" log line.
@@ -540,9 +547,14 @@ fn ready_field(log: &str, key: &str) -> Option<u64> {
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+/// A KiB figure of `/proc/<pid>/status`: `VmRSS` (resident now), `VmHWM` (the most
+/// ever resident).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| {
+        l.strip_prefix(field)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -568,7 +580,8 @@ fn restarts(rt: &Runtime, s: &Settings, a: &mut Agent, live: usize) -> Restarts 
     }
     Restarts {
         runs,
-        rss_kib: rss_kib(a.pid()),
+        rss_kib: status_kib(a.pid(), "VmRSS"),
+        peak_rss_kib: status_kib(a.pid(), "VmHWM"),
     }
 }
 
@@ -911,6 +924,13 @@ fn report(s: &Settings, points: &[Point]) -> String {
                 kib as f64 / 1024.0
             );
         }
+        if let Some(kib) = r.peak_rss_kib {
+            let _ = writeln!(
+                w,
+                "Agent peak resident memory, that start included: {:.1} MiB.",
+                kib as f64 / 1024.0
+            );
+        }
     }
 
     let _ = writeln!(w, "\n## Targets (docs/architecture.md)\n");
@@ -954,6 +974,22 @@ fn report(s: &Settings, points: &[Point]) -> String {
             "| agent RSS < {TARGET_RSS_PER_SHARE_KIB} KiB a live share | {} | {per_share:.2} KiB ({:.1} MiB) | {met} |",
             p.live,
             kib as f64 / 1024.0
+        );
+    }
+    for p in points {
+        let Some(kib) = p.restarts.as_ref().and_then(|r| r.peak_rss_kib) else {
+            continue;
+        };
+        let mib = kib as f64 / 1024.0;
+        let met = if p.live >= RSS_JUDGED_FROM {
+            yes(mib < TARGET_PEAK_RSS_MIB)
+        } else {
+            "not judged below 100,000 live"
+        };
+        let _ = writeln!(
+            w,
+            "| agent peak RSS, its start included, < {TARGET_PEAK_RSS_MIB} MiB | {} | {mib:.1} MiB | {met} |",
+            p.live
         );
     }
     if let Some((live, st)) = restart_summary {
