@@ -80,7 +80,13 @@ impl<T: Keyed> KeyedSet<T> {
 
     /// Puts `value` in, returning the record it replaced under the same key.
     pub fn insert(&mut self, value: T) -> Option<T> {
-        self.0.replace(ByKey(Box::new(value))).map(|b| *b.0)
+        self.insert_boxed(Box::new(value)).map(|b| *b)
+    }
+
+    /// [`Self::insert`] for a record already boxed, as a start decodes them: moved in,
+    /// not copied into a box of its own.
+    pub fn insert_boxed(&mut self, value: Box<T>) -> Option<Box<T>> {
+        self.0.replace(ByKey(value)).map(|b| b.0)
     }
 
     pub fn remove(&mut self, key: &str) -> Option<T> {
@@ -130,5 +136,17 @@ mod tests {
         assert_eq!(s.get("a"), None);
         assert_eq!(s.len(), 1);
         assert!(!s.is_empty());
+    }
+
+    #[test]
+    fn a_boxed_record_is_moved_in_not_copied() {
+        let mut s = KeyedSet::default();
+        let boxed = Box::new(rec("a", 1));
+        let at: *const Rec = &*boxed;
+        assert_eq!(s.insert_boxed(boxed), None);
+        assert!(std::ptr::eq(s.get("a").unwrap(), at));
+        let replaced = s.insert_boxed(Box::new(rec("a", 2))).unwrap();
+        assert!(std::ptr::eq(&*replaced, at));
+        assert_eq!(s.get("a").map(|r| r.n), Some(2));
     }
 }

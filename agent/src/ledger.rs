@@ -133,13 +133,18 @@ fn index_pods(pods: &mut HashMap<String, Vec<(String, u32)>>, r: &ShareRecord, a
 
 impl State {
     pub fn put(&mut self, r: ShareRecord) {
+        self.put_boxed(Box::new(r));
+    }
+
+    /// [`Self::put`] for a record already boxed (a start's).
+    pub fn put_boxed(&mut self, r: Box<ShareRecord>) {
         if let Some(old) = self.records.get(&r.key) {
             contribute(&mut self.sums, old, -1);
             index_pods(&mut self.pods, old, false);
         }
         contribute(&mut self.sums, &r, 1);
         index_pods(&mut self.pods, &r, true);
-        self.records.insert(r);
+        self.records.insert_boxed(r);
     }
 
     pub fn remove(&mut self, key: &str) -> Option<ShareRecord> {

@@ -61,9 +61,9 @@ pub(super) fn recover(
             r.updated_at_ms = now;
             // Written to the store directly, not through commit_locked.
             r.carry_condition_since(Some(&before));
-            batch.put_shares.push(r.clone());
+            batch.put_shares.push(ShareRecord::clone(&r));
         }
-        state.put(r);
+        state.put_boxed(r);
     }
     Ok((state, batch))
 }
@@ -93,6 +93,7 @@ fn quarantine(
                 .shares
                 .iter()
                 .filter(|r| r.claim.uid == q.key)
+                .map(|r| &**r)
                 .collect();
             let claim = shares.first().map(|r| r.claim.clone()).unwrap_or(ClaimId {
                 uid: q.key.clone(),
@@ -238,7 +239,7 @@ fn audit_quarantine(
 /// release them, or be judged by the wrong limiter. The message names each share, so an
 /// operator can release them under the old config first. A dropped accounting device
 /// holds nothing in the kernel: its shares become UNKNOWN and keep their capacity.
-fn check_inventory(engine: &Engine, shares: &[ShareRecord]) -> Result<(), OpenError> {
+fn check_inventory(engine: &Engine, shares: &[Box<ShareRecord>]) -> Result<(), OpenError> {
     let mut problems = Vec::new();
     for r in shares.iter().filter(|r| r.phase.holds_capacity()) {
         let who = format!(

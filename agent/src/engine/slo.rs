@@ -150,7 +150,7 @@ impl Engine {
     /// Recovery is measured against the shares the store held in a phase to verify
     /// (see [`to_verify`]), by class. Only the first call counts: a store reopened later
     /// is not a start.
-    pub(super) fn slo_expect_recovery(&self, stored: &[ShareRecord]) {
+    pub(super) fn slo_expect_recovery(&self, stored: &[Box<ShareRecord>]) {
         let mut by_class: BTreeMap<String, BTreeSet<String>> = self
             .cfg
             .devices
