@@ -141,7 +141,8 @@ pub struct Loaded {
     /// are: decoded into a vector and boxed from there, 100,000 records were in memory
     /// twice at the peak of a start (about 70 MiB more than after it).
     pub shares: Vec<Box<ShareRecord>>,
-    pub claims: Vec<ClaimRecord>,
+    /// Boxed for the same reason: one for every claim.
+    pub claims: Vec<Box<ClaimRecord>>,
     pub epoch: u64,
     pub boot_id: Option<String>,
     /// Records that did not decode, left where they are.
@@ -325,8 +326,7 @@ impl Store {
         out.shares = shares;
         out.quarantined.append(&mut bad);
         let (claims, mut bad) = load_tree::<ClaimRecord>(&t.claims, "claims")?;
-        // Few: only GPU claims keep a record of their own.
-        out.claims = index_claims(&out.shares, claims.into_iter().map(|c| *c).collect());
+        out.claims = index_claims(&out.shares, claims);
         out.quarantined.append(&mut bad);
         let new = out
             .quarantined
@@ -623,11 +623,16 @@ fn apply(t: &Trees, batch: &Batch) -> Result<Written, StoreError> {
 /// of shares it lists that did not load (unreadable ones, which recovery puts back
 /// under the claim). A stored record of a claim without a share that loaded is kept as
 /// it is.
-fn index_claims(shares: &[Box<ShareRecord>], stored: Vec<ClaimRecord>) -> Vec<ClaimRecord> {
+// Boxed: each is moved into the agent's set as it is (see [`Loaded`]).
+#[allow(clippy::vec_box)]
+fn index_claims(
+    shares: &[Box<ShareRecord>],
+    stored: Vec<Box<ClaimRecord>>,
+) -> Vec<Box<ClaimRecord>> {
     use std::collections::{HashMap, HashSet, hash_map::Entry};
     // Nearly every claim has one share: grouped in one pass, and only a claim with
     // several sorts them (oldest first, then by key).
-    let mut out: Vec<ClaimRecord> = Vec::with_capacity(shares.len() + stored.len());
+    let mut out: Vec<Box<ClaimRecord>> = Vec::with_capacity(shares.len() + stored.len());
     let mut at: HashMap<&str, usize> = HashMap::with_capacity(shares.len());
     let mut several = false;
     for r in shares {
@@ -638,13 +643,13 @@ fn index_claims(shares: &[Box<ShareRecord>], stored: Vec<ClaimRecord>) -> Vec<Cl
             }
             Entry::Vacant(e) => {
                 e.insert(out.len());
-                out.push(ClaimRecord {
+                out.push(Box::new(ClaimRecord {
                     claim: r.claim.clone(),
                     allocation_id: r.allocation_id.clone(),
                     share_keys: vec![r.key.clone()],
                     cdi_device_ids: Vec::new(),
                     updated_at_ms: r.updated_at_ms,
-                });
+                }));
             }
         }
     }

@@ -327,7 +327,7 @@ fn an_earlier_versions_index_loads_and_goes_when_its_claim_is_written() {
     store
         .submit(Batch {
             put_shares: vec![of_claim("x1", "c3", "a1", 1)],
-            put_claims: vec![claims[1].clone()],
+            put_claims: vec![ClaimRecord::clone(&claims[1])],
             ..Default::default()
         })
         .wait_blocking()

@@ -35,7 +35,7 @@ pub(super) fn recover(
     state.claims.reserve(loaded.claims.len());
     state.records.reserve(loaded.shares.len() + stand_ins.len());
     for c in loaded.claims {
-        state.claims.insert(c);
+        state.claims.insert_boxed(c);
     }
     for r in stand_ins {
         state.put(r);
@@ -143,13 +143,13 @@ fn quarantine(
         match loaded.claims.iter_mut().find(|c| c.claim.uid == claim.uid) {
             Some(c) if !c.share_keys.contains(&q.key) => c.share_keys.push(q.key.clone()),
             Some(_) => {}
-            None => loaded.claims.push(ClaimRecord {
+            None => loaded.claims.push(Box::new(ClaimRecord {
                 claim: claim.clone(),
                 allocation_id: Name::default(),
                 share_keys: vec![q.key.clone()],
                 cdi_device_ids: Vec::new(),
                 updated_at_ms: now,
-            }),
+            })),
         }
         stand_ins.push(ShareRecord {
             key: q.key.clone(),
