@@ -75,6 +75,19 @@ fn shared_reason(text: String) -> Reason {
     }
 }
 
+/// `reason` as a record keeps it: one of the fixed sentences shared, any other cut to
+/// [`MAX_TEXT_BYTES`].
+pub fn bounded_reason(reason: Reason) -> Reason {
+    let mut reason = match reason {
+        Reason::Owned(text) => shared_reason(text),
+        fixed => fixed,
+    };
+    if reason.len() > MAX_TEXT_BYTES {
+        bound_text(reason.to_mut());
+    }
+    reason
+}
+
 fn reason_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Reason, D::Error> {
     String::deserialize(d).map(shared_reason)
 }
@@ -335,12 +348,7 @@ impl ShareRecord {
     /// limiters and the kernel said, which nothing else bounds. A reason that is one of
     /// the fixed ones shares it, as a decoded record's does, however it was made.
     pub fn bound(&mut self) {
-        if let Reason::Owned(text) = &mut self.reason {
-            self.reason = shared_reason(std::mem::take(text));
-        }
-        if self.reason.len() > MAX_TEXT_BYTES {
-            bound_text(self.reason.to_mut());
-        }
+        self.reason = bounded_reason(std::mem::take(&mut self.reason));
         if let Some(e) = &mut self.error {
             bound_text(&mut e.message);
         }

@@ -8,11 +8,11 @@ use crate::{
     audit::{AuditLine, Decision, now_rfc3339},
     config::DeviceKind,
     ledger::State,
-    record::{self, ClaimId, ClaimRecord, Name, Phase, ShareRecord},
+    record::{self, ClaimId, ClaimRecord, Name, Phase, Reason, ShareRecord, reasons},
     store::{Batch, Loaded},
 };
 
-use super::{Engine, OpenError, now_ms, prepare::ACCOUNTED_REASON};
+use super::{Engine, OpenError, now_ms};
 
 pub(super) fn recover(
     engine: &Engine,
@@ -41,7 +41,10 @@ pub(super) fn recover(
         state.put(r);
     }
     for mut r in loaded.shares {
+        // Bounded before the comparison, so that a long reason stored cut is not found
+        // changed, and rewritten, at every start.
         if let Some((phase, reason)) = reverify(engine, &r, rebooted)
+            .map(|(phase, reason)| (phase, record::bounded_reason(reason)))
             && (phase != r.phase || reason != r.reason)
         {
             engine.audit_share(
@@ -53,7 +56,7 @@ pub(super) fn recover(
             );
             let before = r.clone();
             r.phase = phase;
-            r.reason = reason.into();
+            r.reason = reason;
             if phase == Phase::Pending {
                 r.set_sandboxes(Vec::new());
                 r.enforced.clear();
@@ -274,7 +277,7 @@ fn check_inventory(engine: &Engine, shares: &[Box<ShareRecord>]) -> Result<(), O
 }
 
 /// The phase a live record should have now, or None to leave it as it is.
-fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, String)> {
+fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, Reason)> {
     if !r.phase.holds_capacity() {
         return None;
     }
@@ -284,7 +287,8 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
             format!(
                 "device {} is no longer in the inventory; capacity stays reserved until Unprepare",
                 r.device
-            ),
+            )
+            .into(),
         ));
     };
     if limiter.accounting_only() {
@@ -292,7 +296,7 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         // (UNKNOWN while the device was missing from the inventory) is resolved by the
         // device being back.
         return (r.phase != Phase::Accounted)
-            .then(|| (Phase::Accounted, ACCOUNTED_REASON.to_owned()));
+            .then_some((Phase::Accounted, Reason::Borrowed(reasons::ACCOUNTED)));
     }
     let spec = engine.spec_of(r);
     if r.phase == Phase::Releasing {
@@ -312,7 +316,9 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         }
         return Some((
             Phase::Pending,
-            "node rebooted: no enforcement survives a reboot; waiting for the pod's sandbox, capacity held".to_owned(),
+            Reason::Borrowed(
+                "node rebooted: no enforcement survives a reboot; waiting for the pod's sandbox, capacity held",
+            ),
         ));
     }
     if matches!(r.phase, Phase::Pending | Phase::Preparing) {
@@ -320,10 +326,13 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         return None;
     }
     Some(match limiter.verify(&spec) {
-        Ok(e) => engine.judge(r, &e),
+        Ok(e) => {
+            let (phase, reason) = engine.judge(r, &e);
+            (phase, reason.into())
+        }
         Err(e) => (
             Phase::Unknown,
-            format!("could not be verified after restart: {e}"),
+            format!("could not be verified after restart: {e}").into(),
         ),
     })
 }

@@ -76,6 +76,8 @@ struct FakeKernel {
     /// The next read-back says it began, then waits until told to go on: a driver that
     /// answers slowly.
     hold_verify: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+    /// What a read-back of a share with no limit says (default: "no limit installed").
+    verify_error: Mutex<Option<String>>,
 }
 
 struct FakeLimiter(Arc<FakeKernel>);
@@ -138,7 +140,11 @@ impl Limiter for FakeLimiter {
                 enforced: l.clone(),
                 ..Enforcement::default()
             }),
-            None => Err(LimiterError::retryable("no limit installed")),
+            None => Err(LimiterError::retryable(
+                lock(&self.0.verify_error)
+                    .clone()
+                    .unwrap_or_else(|| "no limit installed".to_owned()),
+            )),
         }
     }
     fn remove(&self, key: &str) -> Result<(), LimiterError> {
@@ -478,6 +484,31 @@ fn a_store_reopen_holds_no_lock_across_the_read_back() {
     assert_eq!(e.store_problem(), None);
     assert_eq!(e.get_share(&share(1)).unwrap().phase, Phase::Enforced);
     assert_eq!(allocated(&e, "gen-0"), q("2Gi"));
+}
+
+/// A start writes what it re-verified straight to the store, past `commit_locked`: the
+/// reason it found still keeps the record's bound, and a fixed one is shared.
+#[test]
+fn a_reason_found_at_start_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1h");
+    let k = Arc::new(FakeKernel::default());
+    let rt = rt();
+    enforce_three(&cfg, &k, &rt);
+    lock(&k.installed).remove(&share(2));
+    *lock(&k.verify_error) = Some("x".repeat(3 * crate::record::MAX_TEXT_BYTES));
+    let e = open(&cfg, Some(&k), "boot-a");
+    let r = e.get_share(&share(2)).unwrap();
+    assert_eq!(r.phase, Phase::Unknown);
+    assert!(
+        r.reason.len() <= crate::record::MAX_TEXT_BYTES && r.reason.ends_with("..."),
+        "{} bytes",
+        r.reason.len()
+    );
+    drop(e);
+    // Read back from the store as written.
+    let e = open(&cfg, Some(&k), "boot-a");
+    assert!(e.get_share(&share(2)).unwrap().reason.len() <= crate::record::MAX_TEXT_BYTES);
 }
 
 #[test]
