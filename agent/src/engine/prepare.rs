@@ -41,8 +41,6 @@ enum Admission {
     New(Vec<ShareRecord>, Durable),
 }
 
-pub(crate) use crate::record::reasons::ACCOUNTED as ACCOUNTED_REASON;
-
 impl Engine {
     pub(crate) fn check_batch(
         &self,
@@ -366,7 +364,7 @@ impl Engine {
             },
             enforced: Default::default(),
             reason: if accounting {
-                ACCOUNTED_REASON.into()
+                crate::record::reasons::ACCOUNTED.into()
             } else {
                 crate::record::reasons::ADMITTED.into()
             },
