@@ -155,22 +155,87 @@ pub struct ClaimId {
 /// The pods a share belongs to, and the caller's hints as the agent verified them at
 /// admission. Nothing here is a place to act on: the agent finds each pod's sandbox
 /// itself (`SandboxRecord`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Stored as one JSON object with the fields `pod_uids`, `cgroup_paths`, `netns_inode`
+/// and `interface`, each left out when absent (see [`TargetOut`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(from = "RawTarget")]
 pub struct TargetRecord {
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pod_uids: Vec<String>,
+    /// Boxed: the kubelet plugin sends no hints, so nearly every share has none, and a
+    /// record is kept in memory for every live share (8 bytes instead of 64).
+    hints: Option<Box<TargetHints>>,
+}
+
+/// What a caller may add to the pods: verified at admission, kept as verified.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetHints {
     /// cgroup hints, relative to the cgroup v2 mount, each verified to be a pod's cgroup
     /// or below it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cgroup_paths: Vec<String>,
     /// A network namespace hint, resolved once at admission and kept by inode (a
     /// `/proc/<pid>/ns/net` path is never looked up again: pids are reused).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub netns_inode: Option<u64>,
     /// The pod's interface inside its namespace; `eth0` when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
+}
+
+impl TargetRecord {
+    pub fn new(pod_uids: Vec<String>, hints: TargetHints) -> Self {
+        let hints = (hints != TargetHints::default()).then(|| Box::new(hints));
+        TargetRecord { pod_uids, hints }
+    }
+
+    pub fn cgroup_paths(&self) -> &[String] {
+        self.hints.as_ref().map_or(&[], |h| &h.cgroup_paths)
+    }
+
+    pub fn netns_inode(&self) -> Option<u64> {
+        self.hints.as_ref().and_then(|h| h.netns_inode)
+    }
+
+    pub fn interface(&self) -> Option<&str> {
+        self.hints.as_ref().and_then(|h| h.interface.as_deref())
+    }
+
+    /// Replaces the hints, as the admission verified them.
+    pub fn set_verified(&mut self, netns_inode: Option<u64>, cgroup_paths: Vec<String>) {
+        let interface = self.hints.take().and_then(|h| h.interface);
+        self.hints = TargetRecord::new(
+            Vec::new(),
+            TargetHints {
+                cgroup_paths,
+                netns_inode,
+                interface,
+            },
+        )
+        .hints;
+    }
+}
+
+/// A target as it is stored: the same JSON as when the hints were fields of their own.
+#[derive(Serialize)]
+struct TargetOut<'a> {
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pod_uids: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    cgroup_paths: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    netns_inode: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interface: Option<&'a str>,
+}
+
+impl Serialize for TargetRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TargetOut {
+            pod_uids: &self.pod_uids,
+            cgroup_paths: self.cgroup_paths(),
+            netns_inode: self.netns_inode(),
+            interface: self.interface(),
+        }
+        .serialize(s)
+    }
 }
 
 /// [`TargetRecord`] as any format version stored it: records written before pods were
@@ -196,12 +261,14 @@ impl From<RawTarget> for TargetRecord {
         if pod_uids.is_empty() && !r.pod_uid.is_empty() {
             pod_uids.push(r.pod_uid);
         }
-        TargetRecord {
+        TargetRecord::new(
             pod_uids,
-            cgroup_paths: r.cgroup_paths,
-            netns_inode: r.netns_inode,
-            interface: r.interface,
-        }
+            TargetHints {
+                cgroup_paths: r.cgroup_paths,
+                netns_inode: r.netns_inode,
+                interface: r.interface,
+            },
+        )
     }
 }
 

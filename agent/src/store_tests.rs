@@ -1,7 +1,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::record::{ClaimId, ClaimRecord, Phase, SandboxRecord, ShareRecord, TargetRecord};
+use crate::record::{
+    ClaimId, ClaimRecord, Phase, SandboxRecord, ShareRecord, TargetHints, TargetRecord,
+};
 
 fn trees(dir: &Path) -> Trees {
     let db = sled::Config::new().path(dir).open().unwrap();
@@ -193,12 +195,14 @@ fn the_largest_record_the_agent_can_make_fits_the_bound() {
     r.consumed = caps.clone().into();
     r.enforced = caps.into();
     r.mechanism = long(64).into();
-    r.target = TargetRecord {
-        pod_uids: (0..MAX_PODS).map(|_| long(36)).collect(),
-        cgroup_paths: paths.clone(),
-        netns_inode: Some(u64::MAX),
-        interface: Some(long(15)),
-    };
+    r.target = TargetRecord::new(
+        (0..MAX_PODS).map(|_| long(36)).collect(),
+        TargetHints {
+            cgroup_paths: paths.clone(),
+            netns_inode: Some(u64::MAX),
+            interface: Some(long(15)),
+        },
+    );
     r.sandbox = Some(Box::new(SandboxRecord {
         pod_uid: long(36),
         cgroup: long(MAX_PATH_LEN),
@@ -367,8 +371,17 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
         released_at_ms: Option<u64>,
         #[serde(default)]
         sandbox: Option<SandboxRecord>,
-        target: TargetRecord,
+        target: PreviousTarget,
         reason: String,
+    }
+    /// The target before its hints were boxed: its fields read through defaults.
+    #[derive(serde::Deserialize, Debug, Default, PartialEq)]
+    #[serde(default)]
+    struct PreviousTarget {
+        pod_uids: Vec<String>,
+        cgroup_paths: Vec<String>,
+        netns_inode: Option<u64>,
+        interface: Option<String>,
     }
     let bare = share("s", "r".into());
     let text = String::from_utf8(record::encode_share(&bare)[1..].to_vec()).unwrap();
@@ -391,17 +404,19 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     );
     let old: PreviousShape = serde_json::from_str(&text).unwrap();
     assert!(old.error.is_none() && old.sandbox.is_none() && old.released_at_ms.is_none());
-    assert_eq!(old.target, TargetRecord::default());
+    assert_eq!(old.target, PreviousTarget::default());
 
     let mut full = bare.clone();
     full.error = Some(Box::new(crate::error::ClaimError::internal("boom")));
     full.released_at_ms = Some(7);
-    full.target = TargetRecord {
-        pod_uids: vec!["p".into()],
-        cgroup_paths: vec!["c".into()],
-        netns_inode: Some(9),
-        interface: Some("eth1".into()),
-    };
+    full.target = TargetRecord::new(
+        vec!["p".into()],
+        TargetHints {
+            cgroup_paths: vec!["c".into()],
+            netns_inode: Some(9),
+            interface: Some("eth1".into()),
+        },
+    );
     full.set_sandboxes(vec![SandboxRecord {
         pod_uid: "p".into(),
         cgroup: "c".into(),
@@ -413,7 +428,16 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     let old: PreviousShape = serde_json::from_slice(&bytes[1..]).unwrap();
     assert_eq!(old.error.as_ref(), full.error.as_deref());
     assert_eq!(old.sandbox.as_ref(), full.sandbox.as_deref());
-    assert_eq!((old.released_at_ms, &old.target), (Some(7), &full.target));
+    let previous_target = PreviousTarget {
+        pod_uids: vec!["p".into()],
+        cgroup_paths: vec!["c".into()],
+        netns_inode: Some(9),
+        interface: Some("eth1".into()),
+    };
+    assert_eq!(
+        (old.released_at_ms, &old.target),
+        (Some(7), &previous_target)
+    );
     // A record an earlier version wrote with explicit nulls reads the same.
     let with_nulls = text.replacen(
         '{',
@@ -449,4 +473,38 @@ fn a_fixed_reason_is_shared_and_any_other_is_kept_whole() {
     let own = share("u", "enforced: 100M egress".to_owned());
     let back: ShareRecord = record::decode(&record::encode_share(&own)).unwrap();
     assert!(matches!(&back.reason, Reason::Owned(t) if t == "enforced: 100M egress"));
+}
+
+/// Every live share's record is kept in memory (docs/benchmarks.md sizes the agent by
+/// it): the hints, which the kubelet plugin never sends, cost a share without them one
+/// pointer, and verifying hints keeps the interface the caller named.
+#[test]
+fn a_target_boxes_its_hints_only_when_it_has_some() {
+    assert!(
+        std::mem::size_of::<ShareRecord>() <= 512,
+        "a share record grew to {} bytes inline; box what most records lack",
+        std::mem::size_of::<ShareRecord>()
+    );
+    assert_eq!(std::mem::size_of::<TargetRecord>(), 32);
+    let pods = vec!["p".to_owned()];
+    let bare = TargetRecord::new(pods.clone(), TargetHints::default());
+    let mut t = bare.clone();
+    t.set_verified(None, Vec::new());
+    assert_eq!(t, bare, "no hints: nothing boxed");
+    let mut t = TargetRecord::new(
+        pods.clone(),
+        TargetHints {
+            interface: Some("eth1".into()),
+            ..TargetHints::default()
+        },
+    );
+    t.set_verified(Some(7), vec!["c".into()]);
+    assert_eq!(
+        (t.interface(), t.netns_inode(), t.cgroup_paths()),
+        (Some("eth1"), Some(7), &["c".to_owned()][..])
+    );
+    assert_eq!(t.pod_uids, pods);
+    t.set_verified(None, Vec::new());
+    assert_eq!((t.interface(), t.netns_inode()), (Some("eth1"), None));
+    assert!(t.cgroup_paths().is_empty());
 }

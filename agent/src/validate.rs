@@ -9,7 +9,7 @@ use crate::{
     config::Config,
     error::ClaimError,
     policy::Policy,
-    record::{ClaimId, TargetRecord},
+    record::{ClaimId, TargetHints, TargetRecord},
     request,
 };
 
@@ -274,12 +274,14 @@ fn validate_target(
         }
     }
     Ok((
-        TargetRecord {
-            pod_uids: t.pod_uids.clone(),
-            cgroup_paths: t.cgroup_paths.clone(),
-            netns_inode: None,
-            interface,
-        },
+        TargetRecord::new(
+            t.pod_uids.clone(),
+            TargetHints {
+                cgroup_paths: t.cgroup_paths.clone(),
+                netns_inode: None,
+                interface,
+            },
+        ),
         netns_path,
     ))
 }

@@ -17,7 +17,9 @@ use std::{collections::BTreeMap, fs, path::Path};
 use prost::Message;
 use shareguard::{
     error::ClaimError,
-    record::{self, ClaimId, ClaimRecord, Phase, SandboxRecord, ShareRecord, TargetRecord},
+    record::{
+        self, ClaimId, ClaimRecord, Phase, SandboxRecord, ShareRecord, TargetHints, TargetRecord,
+    },
     validate::{authorize, validate_claim},
 };
 use shareguard_common::Quantity;
@@ -249,10 +251,7 @@ fn record_seeds(dir: &Path) {
         .into(),
         policy_version: "v1".into(),
         admin_access: false,
-        target: TargetRecord {
-            pod_uids: vec![POD.into()],
-            ..Default::default()
-        },
+        target: TargetRecord::new(vec![POD.into()], TargetHints::default()),
         phase: Phase::Accounted,
         mechanism: "accounting".into(),
         enforced: Default::default(),
@@ -279,12 +278,14 @@ fn record_seeds(dir: &Path) {
             ("ingressBandwidth".into(), q("1.5G")),
         ])
         .into(),
-        target: TargetRecord {
-            pod_uids: vec![POD.into()],
-            cgroup_paths: vec!["/kubepods.slice/pod.slice".into()],
-            netns_inode: Some(4_026_532_000),
-            interface: Some("eth0".into()),
-        },
+        target: TargetRecord::new(
+            vec![POD.into()],
+            TargetHints {
+                cgroup_paths: vec!["/kubepods.slice/pod.slice".into()],
+                netns_inode: Some(4_026_532_000),
+                interface: Some("eth0".into()),
+            },
+        ),
         phase: Phase::Enforced,
         mechanism: "edt-fq".into(),
         enforced: BTreeMap::from([

@@ -333,7 +333,7 @@ impl Discovery {
         // A cgroup hint (verified at admission to be the pod's or below it) narrows the
         // limit to those cgroups while they exist.
         let hinted: Vec<PathBuf> = target
-            .cgroup_paths
+            .cgroup_paths()
             .iter()
             .map(|p| self.mount.join(p.trim_start_matches('/')))
             .filter(|p| p.starts_with(&dir) && p.is_dir())
@@ -407,9 +407,9 @@ impl Discovery {
             }
             return PodState::HostNetwork;
         }
-        let ifname = target.interface.as_deref().unwrap_or(DEFAULT_POD_IFACE);
+        let ifname = target.interface().unwrap_or(DEFAULT_POD_IFACE);
         let others = spaces.len() - 1;
-        let (netns, pid) = match (spaces.len(), target.netns_inode) {
+        let (netns, pid) = match (spaces.len(), target.netns_inode()) {
             (1, _) => spaces.pop_first().unwrap_or_default(),
             (_, Some(hint)) if spaces.contains_key(&hint) => (hint, spaces[&hint]),
             // A process of the pod made a namespace of its own (`unshare -n`, which the

@@ -69,10 +69,7 @@ impl Node {
             self.host_netns,
             None,
         );
-        let target = TargetRecord {
-            pod_uids: vec![POD.to_owned()],
-            ..TargetRecord::default()
-        };
+        let target = TargetRecord::new(vec![POD.to_owned()], Default::default());
         d.find(&target, Needs::Network, &[])
     }
 }

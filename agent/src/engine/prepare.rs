@@ -150,7 +150,7 @@ impl Engine {
     /// Verifies the caller's netns and cgroup hints against the pods' sandboxes (I9) and
     /// keeps them in the form they are remembered in.
     async fn verify_hints(&self, v: &mut ValidClaim) -> Result<(), ClaimError> {
-        if v.netns_path.is_none() && v.target.cgroup_paths.is_empty() {
+        if v.netns_path.is_none() && v.target.cgroup_paths().is_empty() {
             return Ok(());
         }
         let d = self.discovery.clone();
@@ -158,15 +158,14 @@ impl Engine {
         let (pods, netns, cgroups) = (
             v.target.pod_uids.clone(),
             v.netns_path.clone(),
-            v.target.cgroup_paths.clone(),
+            v.target.cgroup_paths().to_vec(),
         );
         let (inode, kept) = tokio::task::spawn_blocking(move || {
             d.verify_hints(&field, &pods, netns.as_deref(), &cgroups)
         })
         .await
         .map_err(|e| ClaimError::internal(format!("hint check failed: {e}")))??;
-        v.target.netns_inode = inode;
-        v.target.cgroup_paths = kept;
+        v.target.set_verified(inode, kept);
         Ok(())
     }
 
