@@ -295,12 +295,21 @@ pub struct SandboxRecord {
     pub host_ifname: Option<Name>,
 }
 
-/// One allocation result of a claim as the agent holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One allocation result of a claim as the agent holds it. Stored as the JSON object
+/// [`ShareOut`] writes.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct ShareRecord {
     /// Store key: the shareID, or `dedicated/<claim uid>/<device>` for a dedicated allocation.
     pub key: String,
-    pub share_id: Option<String>,
+    /// A share of a device, whose shareID is its key, rather than a whole device. Kept
+    /// as a flag rather than a second copy of the key: every live share's record is in
+    /// memory. Stored as `share_id`, the key or absent, as every version reads it.
+    #[serde(
+        rename = "share_id",
+        default,
+        deserialize_with = "shared_from_share_id"
+    )]
+    pub shared: bool,
     pub claim: ClaimId,
     pub allocation_id: Name,
     pub request: Name,
@@ -365,6 +374,123 @@ pub struct ShareRecord {
     pub pre_bind: bool,
 }
 
+/// A stored `share_id` says the allocation is a share. Any record this or an earlier
+/// version wrote has it equal to its key; the key, which is what the store and every
+/// lookup go by, is what a share's id is taken from.
+fn shared_from_share_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<serde::de::IgnoredAny>::deserialize(d)?.is_some())
+}
+
+/// A share record as it is stored: the fields of [`ShareRecord`], each under its own
+/// name, with `share_id` written out from the key. Listed here, and filled by
+/// destructuring, so that a field added to the record fails to compile until it is
+/// stored too.
+#[derive(Serialize)]
+struct ShareOut<'a> {
+    key: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share_id: Option<&'a str>,
+    claim: &'a ClaimId,
+    allocation_id: &'a Name,
+    request: &'a Name,
+    driver: &'a Name,
+    pool: &'a Name,
+    device: &'a Name,
+    consumed: &'a Amounts,
+    policy_version: &'a Name,
+    admin_access: bool,
+    target: &'a TargetRecord,
+    phase: Phase,
+    mechanism: &'a Name,
+    enforced: &'a Amounts,
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a ClaimError>,
+    epoch: u64,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<&'a SandboxRecord>,
+    #[serde(skip_serializing_if = "<[SandboxRecord]>::is_empty")]
+    more_sandboxes: &'a [SandboxRecord],
+    device_kind: &'a Name,
+    condition_since_ms: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    quarantined: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    rolling_back: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pre_bind: bool,
+}
+
+impl Serialize for ShareRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let ShareRecord {
+            key,
+            shared,
+            claim,
+            allocation_id,
+            request,
+            driver,
+            pool,
+            device,
+            consumed,
+            policy_version,
+            admin_access,
+            target,
+            phase,
+            mechanism,
+            enforced,
+            reason,
+            error,
+            epoch,
+            created_at_ms,
+            updated_at_ms,
+            released_at_ms,
+            sandbox,
+            more_sandboxes,
+            device_kind,
+            condition_since_ms,
+            quarantined,
+            rolling_back,
+            pre_bind,
+        } = self;
+        ShareOut {
+            key,
+            share_id: shared.then_some(key.as_str()),
+            claim,
+            allocation_id,
+            request,
+            driver,
+            pool,
+            device,
+            consumed,
+            policy_version,
+            admin_access: *admin_access,
+            target,
+            phase: *phase,
+            mechanism,
+            enforced,
+            reason,
+            error: error.as_deref(),
+            epoch: *epoch,
+            created_at_ms: *created_at_ms,
+            updated_at_ms: *updated_at_ms,
+            released_at_ms: *released_at_ms,
+            sandbox: sandbox.as_deref(),
+            more_sandboxes,
+            device_kind,
+            condition_since_ms: *condition_since_ms,
+            quarantined: *quarantined,
+            rolling_back: *rolling_back,
+            pre_bind: *pre_bind,
+        }
+        .serialize(s)
+    }
+}
+
 impl crate::keyed::Keyed for ShareRecord {
     fn key(&self) -> &str {
         &self.key
@@ -427,8 +553,13 @@ impl ShareRecord {
         self.phase.holds_capacity() && !self.admin_access
     }
 
+    /// The shareID the scheduler gave the allocation; None for a whole device.
+    pub fn share_id(&self) -> Option<&str> {
+        self.shared.then_some(self.key.as_str())
+    }
+
     pub fn is_dedicated(&self) -> bool {
-        self.share_id.is_none()
+        !self.shared
     }
 
     /// Same allocation result: what the scheduler decided, not what happened to it since.

@@ -19,7 +19,7 @@ fn trees(dir: &Path) -> Trees {
 fn share(key: &str, reason: String) -> ShareRecord {
     ShareRecord {
         key: key.into(),
-        share_id: Some(key.into()),
+        shared: true,
         claim: ClaimId::default(),
         allocation_id: "a".into(),
         request: "r".into(),
@@ -367,6 +367,8 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     #[derive(serde::Deserialize)]
     #[allow(dead_code)] // Read only to prove that it deserializes.
     struct PreviousShape {
+        key: String,
+        share_id: Option<String>,
         error: Option<crate::error::ClaimError>,
         released_at_ms: Option<u64>,
         #[serde(default)]
@@ -404,6 +406,9 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     );
     let old: PreviousShape = serde_json::from_str(&text).unwrap();
     assert!(old.error.is_none() && old.sandbox.is_none() && old.released_at_ms.is_none());
+    // A share's id is written out from its key, which the record keeps once.
+    assert_eq!(old.share_id.as_deref(), Some(old.key.as_str()));
+    assert_eq!(bare.share_id(), Some("s"));
     assert_eq!(old.target, PreviousTarget::default());
 
     let mut full = bare.clone();
@@ -447,6 +452,23 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     let mut v = vec![record::FORMAT_V2];
     v.extend(with_nulls.replace("\"target\":{}", "\"target\":{\"pod_uids\":[],\"cgroup_paths\":[],\"netns_inode\":null,\"interface\":null}").into_bytes());
     assert_eq!(record::decode::<ShareRecord>(&v).unwrap(), bare);
+
+    // A whole device's allocation has no share id: left out, read as none by both, and
+    // an earlier version's explicit null reads the same.
+    let mut dedicated = bare.clone();
+    dedicated.key = "dedicated/u/gen-0".into();
+    dedicated.shared = false;
+    let bytes = record::encode_share(&dedicated);
+    let text = std::str::from_utf8(&bytes[1..]).unwrap();
+    assert!(!text.contains("share_id"), "{text}");
+    let old: PreviousShape = serde_json::from_str(text).unwrap();
+    assert_eq!(old.share_id, None);
+    assert_eq!(record::decode::<ShareRecord>(&bytes).unwrap(), dedicated);
+    assert_eq!(dedicated.share_id(), None);
+    let with_null = text.replacen('{', "{\"share_id\":null,", 1);
+    let mut v = vec![record::FORMAT_V2];
+    v.extend(with_null.into_bytes());
+    assert_eq!(record::decode::<ShareRecord>(&v).unwrap(), dedicated);
 }
 
 /// A fixed reason is borrowed from the binary, not copied to the heap, whether the
@@ -475,16 +497,22 @@ fn a_fixed_reason_is_shared_and_any_other_is_kept_whole() {
     assert!(matches!(&back.reason, Reason::Owned(t) if t == "enforced: 100M egress"));
 }
 
-/// Every live share's record is kept in memory (docs/benchmarks.md sizes the agent by
-/// it): the hints, which the kubelet plugin never sends, cost a share without them one
-/// pointer, and verifying hints keeps the interface the caller named.
+/// Every live share's record is kept in memory, boxed, and the agent's memory limit is
+/// sized by it (docs/benchmarks.md): what most records lack is boxed, and the share id
+/// is not a second copy of the key.
+#[test]
+fn a_share_record_stays_within_its_inline_size() {
+    let size = std::mem::size_of::<ShareRecord>();
+    assert!(
+        size <= 488,
+        "a share record grew to {size} bytes inline; box what most records lack"
+    );
+}
+
+/// The caller's hints, which the kubelet plugin never sends, cost a share without them
+/// one pointer, and verifying hints keeps the interface the caller named.
 #[test]
 fn a_target_boxes_its_hints_only_when_it_has_some() {
-    assert!(
-        std::mem::size_of::<ShareRecord>() <= 512,
-        "a share record grew to {} bytes inline; box what most records lack",
-        std::mem::size_of::<ShareRecord>()
-    );
     assert_eq!(std::mem::size_of::<TargetRecord>(), 32);
     let pods = vec!["p".to_owned()];
     let bare = TargetRecord::new(pods.clone(), TargetHints::default());

@@ -237,7 +237,7 @@ fn record_seeds(dir: &Path) {
     };
     let accounted = ShareRecord {
         key: SHARE_A.into(),
-        share_id: Some(SHARE_A.into()),
+        shared: true,
         claim: claim.clone(),
         allocation_id: "alloc-1".into(),
         request: "req-0".into(),
@@ -271,7 +271,7 @@ fn record_seeds(dir: &Path) {
     };
     let enforced = ShareRecord {
         key: SHARE_B.into(),
-        share_id: Some(SHARE_B.into()),
+        shared: true,
         device: "nic-0".into(),
         consumed: BTreeMap::from([
             ("egressBandwidth".into(), q("100M")),
@@ -308,7 +308,7 @@ fn record_seeds(dir: &Path) {
     };
     let failed = ShareRecord {
         key: "dedicated/claim-1/gpu-0".into(),
-        share_id: None,
+        shared: false,
         device: "gpu-0".into(),
         consumed: Default::default(),
         admin_access: true,

@@ -98,7 +98,7 @@ pub fn share_to_pb_with(
     traffic: Option<&Measured>,
 ) -> pb::ShareStatus {
     pb::ShareStatus {
-        share_id: r.share_id.clone().unwrap_or_default(),
+        share_id: r.share_id().unwrap_or_default().to_owned(),
         claim: Some(pb::ClaimRef {
             uid: r.claim.uid.clone(),
             namespace: r.claim.namespace.to_string(),

@@ -119,8 +119,8 @@ pub fn render(
             }),
         );
     }
-    if let (Some(id), Some(obj)) = (&r.share_id, status.as_object_mut()) {
-        obj.insert("shareID".to_owned(), Value::String(id.clone()));
+    if let (Some(id), Some(obj)) = (r.share_id(), status.as_object_mut()) {
+        obj.insert("shareID".to_owned(), Value::String(id.to_owned()));
     }
     status.to_string()
 }
@@ -154,7 +154,7 @@ mod tests {
         let q = |s: &str| Quantity::parse(s).unwrap();
         ShareRecord {
             key: "3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c".into(),
-            share_id: Some("3f1c2a4e-8b7d-4c1e-9a2b-0d1e2f3a4b5c".into()),
+            shared: true,
             claim: ClaimId::default(),
             allocation_id: "a".into(),
             request: "r".into(),

@@ -113,7 +113,7 @@ impl Engine {
             tenant: &r.claim.namespace,
             claim_uid: &r.claim.uid,
             claim_name: &r.claim.name,
-            share_id: r.share_id.as_deref().unwrap_or(""),
+            share_id: r.share_id().unwrap_or(""),
             device: &r.device,
             amounts: r
                 .consumed

@@ -221,9 +221,8 @@ impl Engine {
         let d = self.cdi_device(r)?;
         Some(CdiShare {
             share_id: r
-                .share_id
-                .clone()
-                .unwrap_or_else(|| r.key.replace('/', "-")),
+                .share_id()
+                .map_or_else(|| r.key.replace('/', "-"), str::to_owned),
             device: r.device.to_string(),
             gpu_uuid: d.gpu_uuid,
             mps: d.mps,

@@ -331,7 +331,7 @@ impl Engine {
         let accounting = self.accounting_only(&a.device);
         ShareRecord {
             key: a.key.clone(),
-            share_id: a.share_id.clone(),
+            shared: a.share_id.is_some(),
             claim: v.claim.clone(),
             allocation_id: v.allocation_id.as_str().into(),
             request: a.request.as_str().into(),

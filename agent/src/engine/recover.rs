@@ -156,9 +156,7 @@ fn quarantine(
         }
         stand_ins.push(ShareRecord {
             key: q.key.clone(),
-            share_id: s
-                .share_id
-                .or_else(|| (!q.key.starts_with("dedicated/")).then(|| q.key.clone())),
+            shared: s.share_id.is_some() || !q.key.starts_with("dedicated/"),
             claim,
             allocation_id: Name::default(),
             request: Name::default(),
