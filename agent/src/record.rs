@@ -581,15 +581,21 @@ impl crate::keyed::Keyed for ClaimRecord {
     }
 }
 
-/// The per-claim index: which shares a claim prepared, under which allocation.
+/// The per-claim index: which shares a claim prepared, under which allocation. One is
+/// kept in memory for every claim with a live share: its keys sit inline when it has
+/// one share, as nearly every claim does, and its CDI ids (a GPU claim's only) cost the
+/// others no more than an empty slice. Stored as JSON lists, as when both were vectors.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRecord {
     pub claim: ClaimId,
     pub allocation_id: Name,
-    pub share_keys: Vec<String>,
-    pub cdi_device_ids: Vec<String>,
+    pub share_keys: ShareKeys,
+    pub cdi_device_ids: Box<[String]>,
     pub updated_at_ms: u64,
 }
+
+/// A claim's share keys (see [`ClaimRecord`]).
+pub type ShareKeys = smallvec::SmallVec<[String; 1]>;
 
 pub use crate::error::DecodeError;
 

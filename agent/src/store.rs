@@ -647,8 +647,8 @@ fn index_claims(
                 out.push(Box::new(ClaimRecord {
                     claim: r.claim.clone(),
                     allocation_id: r.allocation_id.clone(),
-                    share_keys: vec![r.key.clone()],
-                    cdi_device_ids: Vec::new(),
+                    share_keys: smallvec::smallvec![r.key.clone()],
+                    cdi_device_ids: Box::default(),
                     updated_at_ms: r.updated_at_ms,
                 }));
             }

@@ -246,6 +246,29 @@ fn index(uid: &str, allocation: &str, keys: &[&str], cdi: &[&str]) -> ClaimRecor
     }
 }
 
+/// A claim's index is in memory for every claim: one share's key sits inline and no
+/// CDI ids cost nothing, and it is stored as the same JSON lists as before.
+#[test]
+fn a_claims_index_keeps_one_key_inline_and_stores_plain_lists() {
+    assert!(std::mem::size_of::<ClaimRecord>() <= 152);
+    let one = index("u", "a", &["s1"], &[]);
+    assert!(!one.share_keys.spilled());
+    let bytes = record::encode(&one);
+    let text = std::str::from_utf8(&bytes[1..]).unwrap();
+    assert!(
+        text.contains("\"share_keys\":[\"s1\"],\"cdi_device_ids\":[]"),
+        "{text}"
+    );
+    let back: ClaimRecord = record::decode(&bytes).unwrap();
+    assert!(!back.share_keys.spilled());
+    assert_eq!(back, one);
+    let two = index("u", "a", &["s1", "s2"], &["k8s.example/gpu=x"]);
+    assert_eq!(
+        record::decode::<ClaimRecord>(&record::encode(&two)).unwrap(),
+        two
+    );
+}
+
 /// A Prepare's batch (its shares and the claim's index) writes the shares alone, in
 /// format 2; an index with CDI ids is kept, and goes once a write of it has none. At
 /// load every claim is known from its shares.
@@ -272,10 +295,11 @@ fn a_claims_index_is_stored_only_for_its_cdi_ids() {
     let mut claims = loaded.claims.clone();
     claims.sort_by(|a, b| a.claim.uid.cmp(&b.claim.uid));
     assert_eq!(claims.len(), 2);
-    assert_eq!(claims[0].share_keys, ["s1"]);
+    assert_eq!(claims[0].share_keys.as_slice(), ["s1"]);
+    assert!(!claims[0].share_keys.spilled(), "one key is kept inline");
     assert_eq!(claims[0].allocation_id, "a1");
-    assert_eq!(claims[1].share_keys, ["s2", "s3"]);
-    assert_eq!(claims[1].cdi_device_ids, ["k8s.example/gpu=x"]);
+    assert_eq!(claims[1].share_keys.as_slice(), ["s2", "s3"]);
+    assert_eq!(&*claims[1].cdi_device_ids, ["k8s.example/gpu=x"]);
     let gone = Batch {
         put_claims: vec![index("c2", "a1", &["s2", "s3"], &[])],
         ..Default::default()
@@ -323,8 +347,11 @@ fn an_earlier_versions_index_loads_and_goes_when_its_claim_is_written() {
     claims.sort_by(|a, b| a.claim.uid.cmp(&b.claim.uid));
     assert_eq!(claims.len(), 3, "{claims:?}");
     assert_eq!(claims[0].allocation_id, "a2");
-    assert_eq!(claims[0].share_keys, ["old", "new-a", "new-b", "lost"]);
-    assert_eq!(claims[0].cdi_device_ids, ["cdi=1"]);
+    assert_eq!(
+        claims[0].share_keys.as_slice(),
+        ["old", "new-a", "new-b", "lost"]
+    );
+    assert_eq!(&*claims[0].cdi_device_ids, ["cdi=1"]);
     assert_eq!(claims[1].allocation_id, "a1");
     assert!(claims[1].cdi_device_ids.is_empty(), "another allocation's");
     assert_eq!(claims[2].claim.uid, "c4", "no share: kept as stored");

@@ -326,8 +326,8 @@ fn record_seeds(dir: &Path) {
     let claim_record = ClaimRecord {
         claim,
         allocation_id: "alloc-1".into(),
-        share_keys: vec![SHARE_A.into(), SHARE_B.into()],
-        cdi_device_ids: vec![format!("{DRIVER}/gpu=gpu-0-{SHARE_A}")],
+        share_keys: [SHARE_A.into(), SHARE_B.into()].into_iter().collect(),
+        cdi_device_ids: Box::new([format!("{DRIVER}/gpu=gpu-0-{SHARE_A}")]),
         updated_at_ms: 1_700_000_000_000,
     };
 

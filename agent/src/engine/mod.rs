@@ -373,7 +373,7 @@ impl Engine {
                 expired.iter().map(String::as_str).collect();
             let mut batch = Batch::default();
             for c in st.claims.values() {
-                let left: Vec<String> = c
+                let left: crate::record::ShareKeys = c
                     .share_keys
                     .iter()
                     .filter(|k| !expired_set.contains(k.as_str()) && st.records.contains_key(k))

@@ -306,7 +306,7 @@ impl Engine {
             claim: v.claim.clone(),
             allocation_id: v.allocation_id.as_str().into(),
             share_keys: wanted.iter().map(|r| r.key.clone()).collect(),
-            cdi_device_ids: Vec::new(),
+            cdi_device_ids: Box::default(),
             updated_at_ms: now,
         };
         let durable = self.commit_locked(
@@ -443,7 +443,7 @@ impl Engine {
                 .get(&v.claim.uid)
                 .cloned()
                 .map(|mut c| {
-                    c.cdi_device_ids = ids;
+                    c.cdi_device_ids = ids.into_boxed_slice();
                     c.updated_at_ms = now_ms();
                     c
                 }),
@@ -647,7 +647,7 @@ impl Engine {
         let cdi_device_ids = lock(&self.state)
             .claims
             .get(&v.claim.uid)
-            .map(|c| c.cdi_device_ids.clone())
+            .map(|c| c.cdi_device_ids.to_vec())
             .unwrap_or_default();
         let share_cdi_ids = shares
             .iter()

@@ -149,8 +149,8 @@ fn quarantine(
             None => loaded.claims.push(Box::new(ClaimRecord {
                 claim: claim.clone(),
                 allocation_id: Name::default(),
-                share_keys: vec![q.key.clone()],
-                cdi_device_ids: Vec::new(),
+                share_keys: smallvec::smallvec![q.key.clone()],
+                cdi_device_ids: Box::default(),
                 updated_at_ms: now,
             })),
         }
