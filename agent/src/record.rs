@@ -4,7 +4,7 @@
 //! readable with standard tools during an incident; the version byte lets a later agent
 //! refuse, rather than misread, a record it does not understand.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, num::NonZeroU64};
 
 use serde::{Deserialize, Serialize};
 use shareguard_common::Quantity;
@@ -333,8 +333,10 @@ pub struct ShareRecord {
     pub epoch: u64,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub released_at_ms: Option<u64>,
+    /// 8 bytes rather than 16: no share is released at the epoch's first millisecond
+    /// (a stored 0 reads as unknown, and the update time stands in, as for none).
+    #[serde(default, deserialize_with = "nonzero_ms")]
+    pub released_at_ms: Option<NonZeroU64>,
     /// The sandbox the share is enforced on; None while it waits for one or needs none.
     /// With several pods of the claim running here, the first of them by pod uid.
     /// Boxed: a share that needs no sandbox, or waits for one, then pays 8 bytes for it
@@ -343,8 +345,11 @@ pub struct ShareRecord {
     pub sandbox: Option<Box<SandboxRecord>>,
     /// The sandboxes of the claim's other pods running here: one limit holds them all
     /// together with `sandbox`'s. Empty in records written before it was kept.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub more_sandboxes: Vec<SandboxRecord>,
+    /// Boxed, and only when there are any: one pod of a claim per node is the rule, so
+    /// nearly every record pays 8 bytes for this instead of an empty vector's 24.
+    #[serde(default, deserialize_with = "boxed_unless_empty")]
+    #[allow(clippy::box_collection)]
+    pub more_sandboxes: Option<Box<Vec<SandboxRecord>>>,
     /// The device's kind when the share was admitted ("generic", "net", "gpu"), so a
     /// config that changes it under live shares is caught at start. Empty in records
     /// written before it was kept.
@@ -372,6 +377,19 @@ pub struct ShareRecord {
     /// prepared it; no other share is ever released without kubelet's Unprepare.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pre_bind: bool,
+}
+
+fn nonzero_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
+    Ok(Option::<u64>::deserialize(d)?.and_then(NonZeroU64::new))
+}
+
+// A boxed vector on purpose: see `ShareRecord::more_sandboxes`.
+#[allow(clippy::box_collection)]
+fn boxed_unless_empty<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<Vec<SandboxRecord>>>, D::Error> {
+    let v = Vec::<SandboxRecord>::deserialize(d)?;
+    Ok((!v.is_empty()).then(|| Box::new(v)))
 }
 
 /// A stored `share_id` says the allocation is a share. Any record this or an earlier
@@ -410,7 +428,7 @@ struct ShareOut<'a> {
     created_at_ms: u64,
     updated_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    released_at_ms: Option<u64>,
+    released_at_ms: Option<NonZeroU64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sandbox: Option<&'a SandboxRecord>,
     #[serde(skip_serializing_if = "<[SandboxRecord]>::is_empty")]
@@ -480,7 +498,7 @@ impl Serialize for ShareRecord {
             updated_at_ms: *updated_at_ms,
             released_at_ms: *released_at_ms,
             sandbox: sandbox.as_deref(),
-            more_sandboxes,
+            more_sandboxes: more_sandboxes.as_deref().map_or(&[], Vec::as_slice),
             device_kind,
             condition_since_ms: *condition_since_ms,
             quarantined: *quarantined,
@@ -503,7 +521,7 @@ impl ShareRecord {
         self.sandbox
             .as_deref()
             .into_iter()
-            .chain(&self.more_sandboxes)
+            .chain(self.more_sandboxes())
             .cloned()
             .collect()
     }
@@ -511,7 +529,12 @@ impl ShareRecord {
     /// Sets the sandboxes the share is enforced on (none: it waits, or needs none).
     pub fn set_sandboxes(&mut self, mut sandboxes: Vec<SandboxRecord>) {
         self.sandbox = (!sandboxes.is_empty()).then(|| Box::new(sandboxes.remove(0)));
-        self.more_sandboxes = sandboxes;
+        self.more_sandboxes = (!sandboxes.is_empty()).then(|| Box::new(sandboxes));
+    }
+
+    /// The sandboxes of the claim's other pods (see `more_sandboxes`).
+    pub fn more_sandboxes(&self) -> &[SandboxRecord] {
+        self.more_sandboxes.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// The status of the share's `Enforced` condition: True only while ENFORCED.

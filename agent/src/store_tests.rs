@@ -40,7 +40,7 @@ fn share(key: &str, reason: String) -> ShareRecord {
         updated_at_ms: 0,
         released_at_ms: None,
         sandbox: None,
-        more_sandboxes: Vec::new(),
+        more_sandboxes: None,
         device_kind: "generic".into(),
         condition_since_ms: 0,
         quarantined: false,
@@ -440,7 +440,7 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
 
     let mut full = bare.clone();
     full.error = Some(Box::new(crate::error::ClaimError::internal("boom")));
-    full.released_at_ms = Some(7);
+    full.released_at_ms = std::num::NonZeroU64::new(7);
     full.target = TargetRecord::new(
         vec!["p".into()],
         TargetHints {
@@ -473,12 +473,46 @@ fn absent_fields_are_left_out_and_read_back_in_this_and_the_previous_version() {
     // A record an earlier version wrote with explicit nulls reads the same.
     let with_nulls = text.replacen(
         '{',
-        "{\"error\":null,\"released_at_ms\":null,\"sandbox\":null,",
+        "{\"error\":null,\"released_at_ms\":null,\"sandbox\":null,\"more_sandboxes\":[],",
         1,
     );
     let mut v = vec![record::FORMAT_V2];
     v.extend(with_nulls.replace("\"target\":{}", "\"target\":{\"pod_uids\":[],\"cgroup_paths\":[],\"netns_inode\":null,\"interface\":null}").into_bytes());
     assert_eq!(record::decode::<ShareRecord>(&v).unwrap(), bare);
+
+    // Several pods' sandboxes: the rest are stored as a list beside the first, as the
+    // previous version keeps them; a release time of 0 (which no release has) reads as
+    // unknown rather than failing the record.
+    let mut several = full.clone();
+    let second = SandboxRecord {
+        pod_uid: "q".into(),
+        cgroup: "d".into(),
+        cgroup_inode: 4,
+        ..Default::default()
+    };
+    several.set_sandboxes(vec![full.sandboxes()[0].clone(), second.clone()]);
+    assert_eq!(several.more_sandboxes(), std::slice::from_ref(&second));
+    let bytes = record::encode_share(&several);
+    assert_eq!(record::decode::<ShareRecord>(&bytes).unwrap(), several);
+    #[derive(serde::Deserialize)]
+    struct PreviousSandboxes {
+        more_sandboxes: Vec<SandboxRecord>,
+        released_at_ms: Option<u64>,
+    }
+    let old: PreviousSandboxes = serde_json::from_slice(&bytes[1..]).unwrap();
+    assert_eq!(
+        (old.more_sandboxes, old.released_at_ms),
+        (vec![second], Some(7))
+    );
+    let zero = String::from_utf8(bytes[1..].to_vec())
+        .unwrap()
+        .replace("\"released_at_ms\":7", "\"released_at_ms\":0");
+    let mut v = vec![record::FORMAT_V2];
+    v.extend(zero.into_bytes());
+    assert_eq!(
+        record::decode::<ShareRecord>(&v).unwrap().released_at_ms,
+        None
+    );
 
     // A whole device's allocation has no share id: left out, read as none by both, and
     // an earlier version's explicit null reads the same.
@@ -531,7 +565,7 @@ fn a_fixed_reason_is_shared_and_any_other_is_kept_whole() {
 fn a_share_record_stays_within_its_inline_size() {
     let size = std::mem::size_of::<ShareRecord>();
     assert!(
-        size <= 488,
+        size <= 464,
         "a share record grew to {size} bytes inline; box what most records lack"
     );
 }

@@ -262,7 +262,7 @@ fn record_seeds(dir: &Path) {
         updated_at_ms: 1_700_000_000_000,
         released_at_ms: None,
         sandbox: None,
-        more_sandboxes: Vec::new(),
+        more_sandboxes: None,
         device_kind: "generic".into(),
         condition_since_ms: 1_700_000_000_000,
         quarantined: false,
@@ -319,7 +319,7 @@ fn record_seeds(dir: &Path) {
             "claims[0].allocations[0]",
             "no such thing",
         ))),
-        released_at_ms: Some(1_700_000_100_000),
+        released_at_ms: std::num::NonZeroU64::new(1_700_000_100_000),
         device_kind: "gpu".into(),
         ..accounted.clone()
     };

@@ -146,7 +146,7 @@ pub fn share_to_pb_with(
         reason: r.reason.to_string(),
         pod_uids: r.target.pod_uids.clone(),
         sandbox: r.sandbox.as_deref().map(sandbox_to_pb),
-        more_sandboxes: r.more_sandboxes.iter().map(sandbox_to_pb).collect(),
+        more_sandboxes: r.more_sandboxes().iter().map(sandbox_to_pb).collect(),
         pre_bind: r.pre_bind,
         // Filled in Prepare's answer (outcome_to_pb), where the claim's CDI spec is known.
         cdi_device_ids: Vec::new(),

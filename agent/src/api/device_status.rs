@@ -179,7 +179,7 @@ mod tests {
             updated_at_ms: 1_795_956_110_233,
             released_at_ms: None,
             sandbox: None,
-            more_sandboxes: Vec::new(),
+            more_sandboxes: None,
             device_kind: "gpu".into(),
             condition_since_ms: 0,
             quarantined: false,

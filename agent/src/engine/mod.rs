@@ -348,7 +348,7 @@ impl Engine {
             u64::try_from(self.cfg.agent.tombstone_retention.as_millis()).unwrap_or(u64::MAX);
         let removed = {
             let mut st = lock(&self.state);
-            let since = |r: &ShareRecord| r.released_at_ms.unwrap_or(r.updated_at_ms);
+            let since = |r: &ShareRecord| r.released_at_ms.map_or(r.updated_at_ms, |t| t.get());
             let mut tombstones: Vec<(u64, &String)> = st
                 .records
                 .values()
@@ -397,7 +397,7 @@ impl Engine {
         };
         removed.1.wait().await?;
         for r in &removed.0 {
-            let age = now_ms.saturating_sub(r.released_at_ms.unwrap_or(r.updated_at_ms));
+            let age = now_ms.saturating_sub(r.released_at_ms.map_or(r.updated_at_ms, |t| t.get()));
             let why = if age >= retention {
                 format!(
                     "after its retention of {}",

@@ -343,7 +343,7 @@ impl Engine {
             admin_access: a.admin_access,
             target: v.target.clone(),
             sandbox: None,
-            more_sandboxes: Vec::new(),
+            more_sandboxes: None,
             device_kind: self
                 .cfg
                 .device(&a.device)

@@ -177,7 +177,7 @@ fn quarantine(
             updated_at_ms: now,
             released_at_ms: None,
             sandbox: None,
-            more_sandboxes: Vec::new(),
+            more_sandboxes: None,
             device_kind: s.device_kind,
             condition_since_ms: now,
             quarantined: true,

@@ -986,7 +986,12 @@ fn tombstones_expire_after_retention_only() {
         false,
     ))
     .unwrap();
-    let released = e.get_share(&share(1)).unwrap().released_at_ms.unwrap();
+    let released = e
+        .get_share(&share(1))
+        .unwrap()
+        .released_at_ms
+        .unwrap()
+        .get();
     assert_eq!(
         rt.block_on(e.sweep_tombstones(released + 9_999)).unwrap(),
         0

@@ -199,7 +199,7 @@ impl Engine {
                 r.enforced.clear();
                 r.set_sandboxes(Vec::new());
                 r.updated_at_ms = now;
-                r.released_at_ms = Some(now);
+                r.released_at_ms = std::num::NonZeroU64::new(now);
                 r
             })
             .collect();
