@@ -54,9 +54,11 @@ pub type Name = compact_str::CompactString;
 
 /// Why a share is in its phase, as its status says. Most records that stay long say one
 /// of a few fixed sentences (an accounting share's, a released share's tombstone): those
-/// point at the sentence in the binary instead of a copy of their own on the heap, also
-/// when read back from the store. Encoded as a plain JSON string.
-pub type Reason = std::borrow::Cow<'static, str>;
+/// share one copy (see [`reasons`]) instead of a copy of their own on the heap, also
+/// when read back from the store. Reference-counted rather than a `Cow` of a static
+/// sentence or a `String`: 16 bytes in every record rather than 24. Encoded as a plain
+/// JSON string.
+pub type Reason = std::sync::Arc<str>;
 
 /// The fixed reasons a decoded record shares (see [`Reason`]).
 pub mod reasons {
@@ -67,29 +69,32 @@ pub mod reasons {
     pub(super) const ALL: [&str; 4] = [ACCOUNTED, ADMITTED, RELEASING, RELEASED];
 }
 
-/// `text` as a fixed reason where it is one.
-fn shared_reason(text: String) -> Reason {
-    match reasons::ALL.iter().find(|r| **r == text) {
-        Some(fixed) => Reason::Borrowed(fixed),
-        None => Reason::Owned(text),
-    }
+/// The one copy of each fixed reason that records share.
+static FIXED_REASONS: std::sync::LazyLock<[Reason; 4]> =
+    std::sync::LazyLock::new(|| reasons::ALL.map(Reason::from));
+
+/// The shared copy of `text`, when it is one of the fixed reasons.
+pub fn fixed_reason(text: &str) -> Option<&'static Reason> {
+    FIXED_REASONS.iter().find(|r| ***r == *text)
 }
 
 /// `reason` as a record keeps it: one of the fixed sentences shared, any other cut to
 /// [`MAX_TEXT_BYTES`].
 pub fn bounded_reason(reason: Reason) -> Reason {
-    let mut reason = match reason {
-        Reason::Owned(text) => shared_reason(text),
-        fixed => fixed,
-    };
     if reason.len() > MAX_TEXT_BYTES {
-        bound_text(reason.to_mut());
+        let mut text = reason.to_string();
+        bound_text(&mut text);
+        return text.into();
     }
-    reason
+    match fixed_reason(&reason) {
+        Some(fixed) => fixed.clone(),
+        None => reason,
+    }
 }
 
 fn reason_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Reason, D::Error> {
-    String::deserialize(d).map(shared_reason)
+    let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+    Ok(fixed_reason(&text).map_or_else(|| Reason::from(&*text), Reason::clone))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -244,7 +244,7 @@ impl Engine {
         e: &shareguard_common::limiter::Enforcement,
         why: &str,
     ) {
-        if r.phase == Phase::Degraded && r.reason == why && r.enforced == e.enforced {
+        if r.phase == Phase::Degraded && *r.reason == *why && r.enforced == e.enforced {
             return;
         }
         let mut n = r.clone();

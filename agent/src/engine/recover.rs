@@ -294,7 +294,7 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         // (UNKNOWN while the device was missing from the inventory) is resolved by the
         // device being back.
         return (r.phase != Phase::Accounted)
-            .then_some((Phase::Accounted, Reason::Borrowed(reasons::ACCOUNTED)));
+            .then(|| (Phase::Accounted, reasons::ACCOUNTED.into()));
     }
     let spec = engine.spec_of(r);
     if r.phase == Phase::Releasing {
@@ -314,9 +314,7 @@ fn reverify(engine: &Engine, r: &ShareRecord, rebooted: bool) -> Option<(Phase, 
         }
         return Some((
             Phase::Pending,
-            Reason::Borrowed(
-                "node rebooted: no enforcement survives a reboot; waiting for the pod's sandbox, capacity held",
-            ),
+            "node rebooted: no enforcement survives a reboot; waiting for the pod's sandbox, capacity held".into(),
         ));
     }
     if matches!(r.phase, Phase::Pending | Phase::Preparing) {

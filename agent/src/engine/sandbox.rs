@@ -116,12 +116,12 @@ impl Engine {
                     // limit does not hold, may have changed.
                     let was_partly = r.phase == Phase::Degraded && r.reason.starts_with(PARTLY);
                     match &partly {
-                        Some(why) if was_partly && r.reason == *why => return Step::Same,
+                        Some(why) if was_partly && *r.reason == **why => return Step::Same,
                         Some(_) => {}
                         None if was_partly => {}
                         None => {
                             let reason = with_unwired_note(&r.reason, &sandboxes);
-                            if r.phase == Phase::Enforced && reason != r.reason {
+                            if r.phase == Phase::Enforced && *reason != *r.reason {
                                 let mut n = r.clone();
                                 n.reason = reason.into();
                                 return Step::Next(n);
@@ -231,7 +231,7 @@ impl Engine {
         reason: String,
         error: Option<ClaimError>,
     ) -> Step {
-        if r.sandbox.is_none() && r.phase == phase && r.reason == reason {
+        if r.sandbox.is_none() && r.phase == phase && *r.reason == *reason {
             return Step::Same;
         }
         let mut n = r.clone();
