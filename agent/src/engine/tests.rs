@@ -487,7 +487,7 @@ fn a_store_reopen_holds_no_lock_across_the_read_back() {
 }
 
 /// A start writes what it re-verified straight to the store, past `commit_locked`: the
-/// reason it found still keeps the record's bound, and a fixed one is shared.
+/// reason it found (here a driver's long error) still keeps the record's bound.
 #[test]
 fn a_reason_found_at_start_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
